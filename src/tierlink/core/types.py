@@ -1,0 +1,262 @@
+"""The vocabulary every part of tierlink shares: requests, views, placements, plans, outcomes.
+
+Everything here is a plain frozen dataclass or enum with no I/O and no heavy imports, so the
+live system, the policies and (later) the simulator all speak the same types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from types import MappingProxyType
+from typing import Literal, Mapping
+
+
+class Tier(IntEnum):
+    """Where a node sits. Ordered: a higher value is further from the data."""
+
+    DEVICE = 0
+    EDGE = 1
+    CLOUD = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: str | int | Tier) -> Tier:
+        if isinstance(value, Tier):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown tier {value!r}; expected device, edge or cloud") from None
+
+
+class Privacy(str, Enum):
+    """How far a request's raw input may travel. A hard constraint, never traded off."""
+
+    LOCAL = "local"  # never leaves the origin device
+    SITE = "site"  # device or the site's edge, never the cloud
+    ANY = "any"
+
+    def allows(self, tier: Tier, *, at_origin: bool) -> bool:
+        """May a node of ``tier`` hold this input? ``at_origin``: it is the origin device."""
+        if self is Privacy.LOCAL:
+            return at_origin
+        if self is Privacy.SITE:
+            return tier <= Tier.EDGE
+        return True
+
+    @classmethod
+    def parse(cls, value: str | Privacy) -> Privacy:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown privacy {value!r}; expected local, site or any") from None
+
+
+class Priority(IntEnum):
+    """Queue order: a lower value is served first."""
+
+    REALTIME = 0
+    INTERACTIVE = 1
+    BATCH = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: str | int | Priority) -> Priority:
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            raise ValueError(
+                f"unknown priority {value!r}; expected realtime, interactive or batch"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a policy knows about one inference request, as seen at the node deciding it.
+
+    ``deadline_ms`` is the budget *remaining* when this node received the request; every hop
+    forwards what is left of it.
+    """
+
+    request_id: str
+    task: str
+    deadline_ms: float
+    origin: str  # node id of the device where the input was produced
+    privacy: Privacy = Privacy.ANY
+    priority: Priority = Priority.INTERACTIVE
+    input_bytes: int = 0
+    version: str | None = None  # pin to a model version; None = any
+    hops: int = 0  # forwarding hops before reaching this node
+    policy: str | None = None  # name of a policy override (benchmark baselines)
+
+
+@dataclass(frozen=True, slots=True)
+class CascadePoint:
+    """On the calibration split: answering when confidence >= threshold."""
+
+    threshold: float
+    answered_share: float
+    answered_accuracy: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """A model variant as a policy sees it (from its model card and the node's profile)."""
+
+    name: str  # variant, e.g. "fmnist-small"
+    task: str  # e.g. "fmnist"
+    version: str
+    accuracy: float  # top-1 on the task's test split, 0..1
+    latency_ms: float  # measured compute per sample on this node (p50)
+    output_bytes: int = 64
+    cascade: tuple[CascadePoint, ...] = ()
+
+    def cascade_at(self, threshold: float) -> CascadePoint | None:
+        """The profiled cascade point with the largest threshold <= ``threshold``."""
+        best: CascadePoint | None = None
+        for point in self.cascade:
+            if point.threshold <= threshold + 1e-9 and (
+                best is None or point.threshold > best.threshold
+            ):
+                best = point
+        return best
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node as the registry last heard of it (possibly a little stale)."""
+
+    node_id: str
+    tier: Tier
+    models: tuple[ModelView, ...]
+    queue_depth: int = 0
+    inflight: int = 0
+    workers: int = 1
+    healthy: bool = True  # False when this router's circuit breaker to it is open
+    age_s: float = 0.0  # how stale this entry is
+
+    def model_for(self, task: str, version: str | None = None) -> ModelView | None:
+        for model in self.models:
+            if model.task == task and (version is None or model.version == version):
+                return model
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LinkView:
+    """A directed link as estimated from real traffic (seeded from the fleet's declaration)."""
+
+    src: str
+    dst: str
+    rtt_ms: float
+    bandwidth_mbit: float
+    loss: float = 0.0
+
+
+def _empty_counts() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The snapshot a policy decides over. Built by the node from its cached registry view,
+    its link estimates and its circuit breakers; never mutated by a policy.
+
+    ``upstream[n]`` lists the nodes ``n`` can send to directly (its declared links).
+    ``outstanding`` is this router's own count of requests in flight to each node: live
+    knowledge that the registry's heartbeat (up to a second old) does not have yet.
+    """
+
+    self_id: str
+    nodes: Mapping[str, NodeView]
+    links: Mapping[tuple[str, str], LinkView]
+    upstream: Mapping[str, tuple[str, ...]]
+    outstanding: Mapping[str, int] = field(default_factory=_empty_counts)
+
+    @property
+    def me(self) -> NodeView:
+        return self.nodes[self.self_id]
+
+    def link(self, src: str, dst: str) -> LinkView | None:
+        return self.links.get((src, dst))
+
+    def upstream_of(self, node_id: str) -> tuple[NodeView, ...]:
+        return tuple(self.nodes[n] for n in self.upstream.get(node_id, ()) if n in self.nodes)
+
+
+PlacementKind = Literal["local", "remote"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One place to try. ``escalate_below`` turns it into a cascade stage: an answer whose
+    confidence is below it is passed on to the next placement of the plan."""
+
+    kind: PlacementKind
+    node_id: str
+    tier: Tier
+    model: str | None = None  # variant to run when local
+    escalate_below: float | None = None
+    est_ms: float = 0.0
+    est_cost: float = 0.0
+    est_accuracy: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A ranked list of placements for one request, as a policy returns it.
+
+    Execution (by the dispatcher): try ``placements[0]``; on failure fall back to the next;
+    if a placement answers below its ``escalate_below`` confidence, escalate to the next and
+    keep the answer in hand in case every later placement fails. An empty plan is a refusal
+    and ``reason`` says why.
+    """
+
+    placements: tuple[Placement, ...]
+    policy: str
+    reason: str = ""
+    hedge_after_ms: float | None = None
+    respects_privacy: bool = True
+    respects_deadline: bool = True
+
+    @property
+    def empty(self) -> bool:
+        return not self.placements
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """One thing that did not go to plan, recorded in the outcome and counted in a metric."""
+
+    node_id: str
+    reason: str  # "error", "timeout", "refused", "breaker_open", "low_confidence", ...
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request was answered: by whom, along which path, at what cost."""
+
+    served_by: str
+    tier: Tier
+    model: str
+    path: tuple[str, ...]
+    confidence: float
+    escalations: int = 0
+    fallbacks: tuple[Fallback, ...] = ()
+    timings_ms: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    cost: float = 0.0
+    degraded: str = ""  # why a lower-quality answer was returned, "" when none

@@ -1,0 +1,166 @@
+"""The one exception tree of tierlink.
+
+Every error a caller can see is a :class:`TierlinkError`. Each class carries a stable
+machine-readable ``code``, the HTTP status it maps to at the OIP boundary, and a ``hint``
+telling the caller what to do about it. Third-party errors (httpx, onnxruntime, sqlite3)
+are converted at the adapter that calls them, with ``raise ... from exc``.
+
+    TierlinkError
+    ├── ConfigError                 bad fleet file / flag (names the field and the fix)
+    ├── InvalidRequest              400: malformed OIP body, tensors, shapes, dtypes
+    │   └── TensorError             400: one tensor is malformed
+    ├── ModelNotFound               404: unknown model / task / version
+    ├── PrivacyViolation            403: the input may not be held by this node
+    ├── Refused                     a request refused at once (not left to time out)
+    │   ├── AdmissionRefused        429: queue full, or the deadline cannot be met here
+    │   ├── NoFeasiblePlacement     503: no placement meets privacy + model + deadline
+    │   └── DeadlineExceeded        504: the deadline passed before an answer
+    ├── UpstreamError               502: an upstream hop failed (after fallbacks)
+    │   ├── UpstreamTimeout         504
+    │   └── UpstreamUnavailable     503: connection refused / reset / breaker open
+    ├── RuntimeFailure              500: the model runtime raised
+    ├── ControlPlaneError           503: registry unreachable or refused
+    ├── LinkEmulationError          link emulator misconfigured or failed
+    └── ZooError                    model zoo could not be built or loaded
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TierlinkError(Exception):
+    """Base of every tierlink error."""
+
+    code: str = "tierlink_error"
+    http_status: int = 500
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error body returned over HTTP (OIP uses ``{"error": msg}``; we add fields)."""
+        body: dict[str, Any] = {"error": self.message, "code": self.code}
+        if self.hint:
+            body["hint"] = self.hint
+        if self.details:
+            body["details"] = self.details
+        return body
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class ConfigError(TierlinkError):
+    code = "config_error"
+    http_status = 400
+    hint = "fix the named field in the fleet file or flag"
+
+
+class InvalidRequest(TierlinkError):
+    code = "invalid_request"
+    http_status = 400
+    hint = "send an Open Inference Protocol v2 request: see /v2/models/{name} for inputs"
+
+
+class TensorError(InvalidRequest):
+    code = "invalid_tensor"
+
+
+class ModelNotFound(TierlinkError):
+    code = "model_not_found"
+    http_status = 404
+    hint = "list the served models with GET /v2/repository/index"
+
+
+class PrivacyViolation(TierlinkError):
+    code = "privacy_violation"
+    http_status = 403
+    hint = "this node's tier may not hold inputs of this privacy level"
+
+
+class Refused(TierlinkError):
+    code = "refused"
+    http_status = 503
+
+
+class AdmissionRefused(Refused):
+    code = "admission_refused"
+    http_status = 429
+    hint = "retry later, raise the deadline, or send it to another node"
+
+
+class NoFeasiblePlacement(Refused):
+    code = "no_feasible_placement"
+    http_status = 503
+    hint = "relax the deadline or privacy level, or add capacity that holds the model"
+
+
+class DeadlineExceeded(Refused):
+    code = "deadline_exceeded"
+    http_status = 504
+    hint = "the deadline passed before an answer; raise it or lower the load"
+
+
+class UpstreamError(TierlinkError):
+    code = "upstream_error"
+    http_status = 502
+    hint = "an upstream node failed; the response lists the fallbacks tried"
+
+
+class UpstreamTimeout(UpstreamError):
+    code = "upstream_timeout"
+    http_status = 504
+
+
+class UpstreamUnavailable(UpstreamError):
+    code = "upstream_unavailable"
+    http_status = 503
+
+
+class RuntimeFailure(TierlinkError):
+    code = "runtime_failure"
+    http_status = 500
+    hint = "the model runtime failed on this input; check the node's log"
+
+
+class ControlPlaneError(TierlinkError):
+    code = "control_plane_error"
+    http_status = 503
+    hint = "is `tierlink control` running at the configured URL?"
+
+
+class LinkEmulationError(TierlinkError):
+    code = "link_emulation_error"
+    hint = "check the link definitions in the fleet file"
+
+
+class ZooError(TierlinkError):
+    code = "zoo_error"
+    hint = "rebuild the zoo with `tierlink zoo build`"
+
+
+_BY_CODE: dict[str, type[TierlinkError]] = {}
+
+
+def _index(cls: type[TierlinkError]) -> None:
+    _BY_CODE[cls.code] = cls
+    for sub in cls.__subclasses__():
+        _index(sub)
+
+
+def error_from_dict(body: dict[str, Any], status: int) -> TierlinkError:
+    """Rebuild an error received over HTTP (used by the transport at its boundary)."""
+    if not _BY_CODE:
+        _index(TierlinkError)
+    cls = _BY_CODE.get(str(body.get("code", "")), None)
+    if cls is None:
+        cls = UpstreamError if status >= 500 else InvalidRequest
+    message = str(body.get("error", f"HTTP {status}"))
+    details = body.get("details") or {}
+    return cls(message, hint=body.get("hint"), **(details if isinstance(details, dict) else {}))

@@ -1,0 +1,1 @@
+"""tierlink.estimate"""
