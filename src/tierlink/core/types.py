@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Iterable, Literal, Mapping
 
 
 class Tier(IntEnum):
@@ -175,7 +175,8 @@ class ClusterView:
     """The snapshot a policy decides over. Built by the node from its cached registry view,
     its link estimates and its circuit breakers; never mutated by a policy.
 
-    ``upstream[n]`` lists the nodes ``n`` can send to directly (its declared links).
+    ``upstream[n][tier]`` lists the nodes of ``tier`` that ``n`` can send to directly (its
+    declared links), precomputed so a decision over hundreds of nodes stays cheap.
     ``outstanding`` is this router's own count of requests in flight to each node: live
     knowledge that the registry's heartbeat (up to a second old) does not have yet.
     """
@@ -183,8 +184,35 @@ class ClusterView:
     self_id: str
     nodes: Mapping[str, NodeView]
     links: Mapping[tuple[str, str], LinkView]
-    upstream: Mapping[str, tuple[str, ...]]
+    upstream: Mapping[str, Mapping[Tier, tuple[str, ...]]]
     outstanding: Mapping[str, int] = field(default_factory=_empty_counts)
+
+    @classmethod
+    def build(
+        cls,
+        self_id: str,
+        nodes: Iterable[NodeView],
+        links: Iterable[LinkView],
+        outstanding: Mapping[str, int] | None = None,
+    ) -> ClusterView:
+        """Index nodes and links; links to unknown (expired) nodes are dropped."""
+        by_id = {n.node_id: n for n in nodes}
+        link_map = {(l.src, l.dst): l for l in links if l.src in by_id and l.dst in by_id}
+        grouped: dict[str, dict[Tier, list[str]]] = {}
+        for src, dst in sorted(link_map):
+            grouped.setdefault(src, {}).setdefault(by_id[dst].tier, []).append(dst)
+        upstream = {
+            src: MappingProxyType({tier: tuple(ids) for tier, ids in tiers.items()})
+            for src, tiers in grouped.items()
+        }
+        return cls(
+            self_id=self_id,
+            nodes=MappingProxyType(by_id),
+            links=MappingProxyType(link_map),
+            upstream=MappingProxyType(upstream),
+            # Wrapped, not copied: the router's live in-flight counts (read-only here).
+            outstanding=MappingProxyType(outstanding if outstanding is not None else {}),
+        )
 
     @property
     def me(self) -> NodeView:
@@ -194,7 +222,8 @@ class ClusterView:
         return self.links.get((src, dst))
 
     def upstream_of(self, node_id: str) -> tuple[NodeView, ...]:
-        return tuple(self.nodes[n] for n in self.upstream.get(node_id, ()) if n in self.nodes)
+        tiers = self.upstream.get(node_id, {})
+        return tuple(self.nodes[n] for tier in sorted(tiers) for n in tiers[tier])
 
 
 PlacementKind = Literal["local", "remote"]

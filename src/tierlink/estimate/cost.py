@@ -1,0 +1,60 @@
+"""The default cost model, applied identically to every run and every policy.
+
+Prices (USD), documented in ``docs/cost-model.md``:
+
+* cloud: one A100 on demand at $2.00 per hour (the seeds quote $1.5-3/h), charged per
+  second of compute a request uses: $5.56e-4 per compute-second;
+* edge: a consumer-GPU box (~$2,000 over 3 years, plus ~300 W at $0.15/kWh), ~$0.12/h:
+  $3.4e-5 per compute-second;
+* device: energy only, ~5 W at $0.15/kWh: $2.1e-7 per compute-second (the device is
+  already paid for by its owner);
+* transfer: the site's LAN is free; device or edge to cloud pays WAN transfer at
+  $0.05 per GB (a typical inter-region / internet egress price).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from tierlink.core.types import Tier
+
+_GB = 1e9
+
+
+def _compute_prices() -> Mapping[Tier, float]:
+    return MappingProxyType({Tier.DEVICE: 2.1e-7, Tier.EDGE: 3.4e-5, Tier.CLOUD: 5.56e-4})
+
+
+def _transfer_prices() -> Mapping[Tier, float]:
+    # Keyed by the destination tier: uploads into the cloud cross the WAN.
+    return MappingProxyType({Tier.DEVICE: 0.0, Tier.EDGE: 0.0, Tier.CLOUD: 0.05})
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """USD per compute-second by tier and per GB transferred into a tier."""
+
+    compute_usd_per_s: Mapping[Tier, float] = field(default_factory=_compute_prices)
+    transfer_usd_per_gb: Mapping[Tier, float] = field(default_factory=_transfer_prices)
+
+    def compute(self, tier: Tier, ms: float) -> float:
+        return self.compute_usd_per_s[tier] * ms / 1000.0
+
+    def transfer(self, dst_tier: Tier, nbytes: int) -> float:
+        return self.transfer_usd_per_gb[dst_tier] * nbytes / _GB
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Mapping[str, float]]) -> CostModel:
+        """Build from config: ``{"compute_usd_per_s": {"cloud": ..}, "transfer_usd_per_gb": {..}}``."""
+        compute = dict(_compute_prices())
+        transfer = dict(_transfer_prices())
+        for key, value in data.get("compute_usd_per_s", {}).items():
+            compute[Tier.parse(key)] = float(value)
+        for key, value in data.get("transfer_usd_per_gb", {}).items():
+            transfer[Tier.parse(key)] = float(value)
+        return cls(MappingProxyType(compute), MappingProxyType(transfer))
+
+
+DEFAULT_COST_MODEL = CostModel()

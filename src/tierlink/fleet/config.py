@@ -1,0 +1,263 @@
+"""One YAML file per fleet: nodes, tiers, models, links, routing weights.
+
+Validated once here (every error names the field and the fix) and passed down frozen.
+Example: ``examples/fleet.yaml``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from tierlink.core.types import Tier
+from tierlink.errors import ConfigError
+from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.policy.base import PolicyConfig, Weights
+
+_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    failure_threshold: int = 3
+    cooldown_s: float = 2.0
+    max_cooldown_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """How every node of the fleet routes (one policy, one set of weights)."""
+
+    policy: str = "tierlink"
+    weights: Weights = field(default_factory=Weights)
+    thresholds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    default_threshold: float = 0.9
+    max_hops: int = 3
+    allow_policy_override: bool = False  # let a request name a baseline policy (benchmarks)
+    retry_budget: float = 0.2  # retries may add at most this share of requests
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    cost: CostModel = DEFAULT_COST_MODEL
+
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
+                            default_threshold=self.default_threshold, max_hops=self.max_hops,
+                            cost=self.cost)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: str
+    tier: Tier
+    models: tuple[str, ...]
+    workers: int = 1
+    max_queue: int = 256
+    cpu_quota: float | None = None  # fraction of one core, enforced with a cgroup
+
+
+@dataclass(frozen=True, slots=True)
+class LinkConfig:
+    src: str
+    dst: str
+    delay_ms: float = 0.0  # one way: RTT = 2 x delay
+    jitter_ms: float = 0.0
+    bandwidth_mbit: float | None = None
+    loss: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+    @property
+    def rtt_ms(self) -> float:
+        return 2.0 * self.delay_ms
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    name: str
+    nodes: tuple[NodeConfig, ...]
+    links: tuple[LinkConfig, ...]
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    zoo_profile: str = "full"
+    control_port: int = 0
+    control_ttl_s: float = 5.0
+    seed: int = 0
+
+    def node(self, node_id: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise ConfigError(f"no node {node_id!r} in fleet {self.name!r}")
+
+    def links_from(self, node_id: str) -> tuple[LinkConfig, ...]:
+        return tuple(link for link in self.links if link.src == node_id)
+
+
+def load_fleet(path: str | Path) -> FleetConfig:
+    """Read and validate a fleet file."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"fleet file {p} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"fleet file {p} is not valid YAML: {exc}") from exc
+    return parse_fleet(data, source=str(p))
+
+
+def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with 'nodes' and 'links'")
+    nodes = tuple(_node(n, f"nodes[{i}]") for i, n in enumerate(_list(data, "nodes", source)))
+    _unique([n.node_id for n in nodes], "nodes[].id")
+    by_id = {n.node_id: n for n in nodes}
+    links = tuple(l for i, raw in enumerate(data.get("links") or [])
+                  for l in _links(raw, f"links[{i}]", by_id))
+    _unique([l.name for l in links], "links (from -> to pairs)")
+    control = _mapping(data.get("control") or {}, "control")
+    zoo = _mapping(data.get("zoo") or {}, "zoo")
+    return FleetConfig(
+        name=str(data.get("name", Path(source).stem)),
+        nodes=nodes,
+        links=links,
+        routing=_routing(_mapping(data.get("routing") or {}, "routing"),
+                         _mapping(data.get("cost") or {}, "cost")),
+        zoo_profile=str(zoo.get("profile", "full")),
+        control_port=_int(control.get("port", 0), "control.port", 0),
+        control_ttl_s=_float(control.get("ttl_s", 5.0), "control.ttl_s", 0.5),
+        seed=_int(data.get("seed", 0), "seed", 0),
+    )
+
+
+def _node(raw: Any, where: str) -> NodeConfig:
+    raw = _mapping(raw, where)
+    node_id = str(raw.get("id", ""))
+    if not _ID.match(node_id):
+        raise ConfigError(f"{where}.id {node_id!r} is not a valid node id",
+                          hint="use lowercase letters, digits, '.', '_' or '-' (max 63)")
+    try:
+        tier = Tier.parse(raw.get("tier", ""))
+    except ValueError as exc:
+        raise ConfigError(f"{where}.tier: {exc}") from None
+    models = raw.get("models") or []
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise ConfigError(f"{where}.models must be a list of model names, e.g. [fmnist-small]")
+    quota = raw.get("cpu_quota")
+    return NodeConfig(
+        node_id=node_id, tier=tier, models=tuple(models),
+        workers=_int(raw.get("workers", 1), f"{where}.workers", 1),
+        max_queue=_int(raw.get("max_queue", 256), f"{where}.max_queue", 1),
+        cpu_quota=None if quota is None else _float(quota, f"{where}.cpu_quota", 0.01, 64.0),
+    )
+
+
+def _links(raw: Any, where: str, nodes: Mapping[str, NodeConfig]) -> list[LinkConfig]:
+    raw = _mapping(raw, where)
+    srcs, dsts = _ids(raw.get("from"), f"{where}.from"), _ids(raw.get("to"), f"{where}.to")
+    for node_id in (*srcs, *dsts):
+        if node_id not in nodes:
+            raise ConfigError(f"{where} names unknown node {node_id!r}",
+                              hint="declare it under 'nodes' first")
+    bandwidth = raw.get("bandwidth_mbit")
+    common = dict(
+        delay_ms=_float(raw.get("delay_ms", 0.0), f"{where}.delay_ms", 0.0),
+        jitter_ms=_float(raw.get("jitter_ms", 0.0), f"{where}.jitter_ms", 0.0),
+        bandwidth_mbit=None if bandwidth is None else _float(bandwidth, f"{where}.bandwidth_mbit",
+                                                             0.001),
+        loss=_float(raw.get("loss", 0.0), f"{where}.loss", 0.0, 0.99),
+    )
+    out = [LinkConfig(src=s, dst=d, **common) for s in srcs for d in dsts if s != d]
+    if not out:
+        raise ConfigError(f"{where} declares no link (from and to are the same node)")
+    return out
+
+
+def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
+    weights = _mapping(raw.get("weights") or {}, "routing.weights")
+    thresholds = _mapping(raw.get("thresholds") or {}, "routing.thresholds")
+    breaker = _mapping(raw.get("breaker") or {}, "routing.breaker")
+    return RoutingConfig(
+        policy=str(raw.get("policy", "tierlink")),
+        weights=Weights(**{k: _float(v, f"routing.weights.{k}", 0.0) for k, v in weights.items()
+                           if _known(k, ("accuracy", "latency", "cost"), "routing.weights")}),
+        thresholds=MappingProxyType({str(k): _float(v, f"routing.thresholds.{k}", 0.0, 1.0)
+                                     for k, v in thresholds.items()}),
+        default_threshold=_float(raw.get("default_threshold", 0.9),
+                                 "routing.default_threshold", 0.0, 1.0),
+        max_hops=_int(raw.get("max_hops", 3), "routing.max_hops", 0),
+        allow_policy_override=bool(raw.get("allow_policy_override", False)),
+        retry_budget=_float(raw.get("retry_budget", 0.2), "routing.retry_budget", 0.0, 1.0),
+        breaker=BreakerConfig(
+            failure_threshold=_int(breaker.get("failure_threshold", 3),
+                                   "routing.breaker.failure_threshold", 1),
+            cooldown_s=_float(breaker.get("cooldown_s", 2.0), "routing.breaker.cooldown_s", 0.0),
+            max_cooldown_s=_float(breaker.get("max_cooldown_s", 30.0),
+                                  "routing.breaker.max_cooldown_s", 0.0),
+        ),
+        cost=_cost(cost),
+    )
+
+
+def _cost(raw: Mapping[str, Any]) -> CostModel:
+    try:
+        return CostModel.from_mapping(raw) if raw else DEFAULT_COST_MODEL
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"cost: {exc}", hint="see docs/cost-model.md for the format") from exc
+
+
+# -- small validators -----------------------------------------------------------------------
+
+
+def _list(data: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    value = data.get(key)
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{source}: '{key}' must be a non-empty list")
+    return value
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _ids(value: Any, where: str) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(i, str) and i for i in items):
+        raise ConfigError(f"{where} must be a node id or a list of node ids")
+    return items
+
+
+def _known(key: str, allowed: tuple[str, ...], where: str) -> bool:
+    if key not in allowed:
+        raise ConfigError(f"{where}.{key} is not a known field", hint=f"use {', '.join(allowed)}")
+    return True
+
+
+def _float(value: Any, where: str, lo: float | None = None, hi: float | None = None) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if (lo is not None and out < lo) or (hi is not None and out > hi):
+        raise ConfigError(f"{where} = {out} is out of range [{lo}, {hi}]")
+    return out
+
+
+def _int(value: Any, where: str, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"{where} must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+def _unique(values: list[str], where: str) -> None:
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            raise ConfigError(f"{where}: {v!r} appears twice")
+        seen.add(v)

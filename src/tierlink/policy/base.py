@@ -1,0 +1,106 @@
+"""The policy contract and its typed registry.
+
+A policy is a pure decision: ``plan(request, view, rng) -> Plan``. It reads only its
+arguments (no I/O, no clock, no environment) and returns ranked placements; the dispatcher
+around it does every send, timeout, retry and fallback. Randomness (power-of-two choices)
+comes from the ``rng`` the caller passes, so a run is reproducible from its seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import MappingProxyType
+from typing import Callable, Mapping, Protocol, runtime_checkable
+
+from tierlink.core.types import ClusterView, Plan, Request
+from tierlink.errors import ConfigError
+from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.estimate.latency import EstimateParams
+
+ENTRY_POINT_GROUP = "tierlink.policies"
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Trade-off between objectives once hard constraints are met.
+
+    score = accuracy·(expected accuracy in points) − latency·(expected latency / deadline)
+            − cost·(expected cost / the dearest option's cost)
+    """
+
+    accuracy: float = 1.0
+    latency: float = 1.0
+    cost: float = 2.0
+
+
+def _no_thresholds() -> Mapping[str, float]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Everything a built-in policy is configured with; validated once, passed down frozen."""
+
+    weights: Weights = field(default_factory=Weights)
+    thresholds: Mapping[str, float] = field(default_factory=_no_thresholds)  # by model name
+    default_threshold: float = 0.9
+    max_hops: int = 3
+    estimates: EstimateParams = field(default_factory=EstimateParams)
+    cost: CostModel = DEFAULT_COST_MODEL
+
+    def threshold_for(self, model: str) -> float:
+        return self.thresholds.get(model, self.default_threshold)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Places one request. Called once per request on the node's event loop: keep it fast
+    (microseconds) and never block."""
+
+    name: str
+    respects_privacy: bool  # False only for benchmark baselines that ignore placement rules
+    respects_deadline: bool
+
+    def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan: ...
+
+
+PolicyFactory = Callable[[PolicyConfig], Policy]
+
+
+class PolicyRegistry:
+    """Name → factory. Duplicate names are an error (never a silent overwrite); third-party
+    policies register through the ``tierlink.policies`` entry-point group."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, PolicyFactory] = {}
+        self._entry_points_loaded = False
+
+    def register(self, name: str, factory: PolicyFactory) -> None:
+        if name in self._factories:
+            raise ConfigError(f"policy {name!r} is already registered", hint="pick another name")
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        self._load_entry_points()
+        return sorted(self._factories)
+
+    def create(self, name: str, config: PolicyConfig | None = None) -> Policy:
+        self._load_entry_points()
+        factory = self._factories.get(name)
+        if factory is None:
+            raise ConfigError(
+                f"unknown policy {name!r}", hint=f"choose one of {', '.join(self.names())}"
+            )
+        return factory(config or PolicyConfig())
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            self.register(ep.name, ep.load())
+
+
+REGISTRY = PolicyRegistry()

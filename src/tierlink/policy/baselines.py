@@ -1,0 +1,56 @@
+"""Baseline policies for benchmarks. They ignore placement rules by definition (privacy and
+deadlines), so a report can show what sending everything to one tier costs."""
+
+from __future__ import annotations
+
+import random
+
+from tierlink.core.types import ClusterView, Placement, Plan, Request
+from tierlink.policy.base import PolicyConfig
+from tierlink.policy.placement import two_choices
+
+
+class CloudOnlyPolicy:
+    """Forward toward the highest tier reachable; serve locally only at the top."""
+
+    name = "cloud_only"
+    respects_privacy = False
+    respects_deadline = False
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._cfg = config
+
+    def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
+        tiers = view.upstream.get(view.self_id, {})
+        for tier in sorted(tiers, reverse=True):
+            pick, spare = two_choices(tiers[tier], view, request.task, rng)
+            if pick is not None:
+                chosen = [pick] + ([spare] if spare else [])
+                return Plan(tuple(Placement("remote", n.node_id, n.tier) for n in chosen),
+                            self.name, "forward to the top tier", respects_privacy=False,
+                            respects_deadline=False)
+        return _local_or_refuse(self.name, request, view)
+
+
+class DeviceOnlyPolicy:
+    """Answer on the node that received the request, never forward."""
+
+    name = "device_only"
+    respects_privacy = False
+    respects_deadline = False
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._cfg = config
+
+    def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
+        return _local_or_refuse(self.name, request, view)
+
+
+def _local_or_refuse(name: str, request: Request, view: ClusterView) -> Plan:
+    me = view.me
+    model = me.model_for(request.task, request.version)
+    if model is None:
+        return Plan((), name, f"{me.node_id} holds no model for task {request.task!r}",
+                    respects_privacy=False, respects_deadline=False)
+    return Plan((Placement("local", me.node_id, me.tier, model.name),), name, "local",
+                respects_privacy=False, respects_deadline=False)

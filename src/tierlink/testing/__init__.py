@@ -1,0 +1,1 @@
+"""Fakes and builders that ship with the package (used by tests, benchmarks, the simulator)."""
