@@ -83,6 +83,8 @@ class FleetConfig:
     nodes: tuple[NodeConfig, ...]
     links: tuple[LinkConfig, ...]
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    raw_routing: Mapping[str, Any] = field(default_factory=dict)  # as written, for node specs
+    raw_cost: Mapping[str, Any] = field(default_factory=dict)
     zoo_profile: str = "full"
     control_port: int = 0
     control_ttl_s: float = 5.0
@@ -127,6 +129,8 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         links=links,
         routing=_routing(_mapping(data.get("routing") or {}, "routing"),
                          _mapping(data.get("cost") or {}, "cost")),
+        raw_routing=dict(data.get("routing") or {}),
+        raw_cost=dict(data.get("cost") or {}),
         zoo_profile=str(zoo.get("profile", "full")),
         control_port=_int(control.get("port", 0), "control.port", 0),
         control_ttl_s=_float(control.get("ttl_s", 5.0), "control.ttl_s", 0.5),
@@ -175,6 +179,11 @@ def _links(raw: Any, where: str, nodes: Mapping[str, NodeConfig]) -> list[LinkCo
     if not out:
         raise ConfigError(f"{where} declares no link (from and to are the same node)")
     return out
+
+
+def parse_routing(raw: Mapping[str, Any], cost: Mapping[str, Any] | None = None) -> RoutingConfig:
+    """The ``routing:`` (and ``cost:``) sections alone, e.g. from a node spec file."""
+    return _routing(_mapping(raw, "routing"), _mapping(cost or {}, "cost"))
 
 
 def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:

@@ -1,0 +1,229 @@
+"""The ``tierlink`` command line (typer). Heavy imports happen inside each command."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierlink.errors import TierlinkError
+
+app = typer.Typer(help="tierlink: cloud-edge-device collaborative inference.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+zoo_app = typer.Typer(help="Build and inspect the model zoo.", no_args_is_help=True)
+app.add_typer(zoo_app, name="zoo")
+console = Console(stderr=True)
+EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
+
+
+def _fail(exc: TierlinkError) -> None:
+    console.print(f"[red]error:[/red] {exc.message}")
+    if exc.hint:
+        console.print(f"[yellow]hint:[/yellow] {exc.hint}")
+    raise typer.Exit(2)
+
+
+def zoo_models(profile: str, progress: bool = True) -> tuple[dict[str, tuple[Path, Path]], dict]:
+    """Build the zoo if needed; model name -> (onnx, card) and a summary for reports."""
+    from tierlink.zoo import ensure_zoo
+
+    zoo = ensure_zoo(task="fmnist", profile=profile, progress=progress)
+    models = {name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards}
+    summary = {name: {"params": c.params, "test_accuracy": c.test_accuracy,
+                      "latency_ms_batch1_p50": c.latency_ms["batch1_p50"], "tier": c.tier}
+               for name, c in zoo.cards.items()}
+    return models, summary
+
+
+@zoo_app.command("build")
+def zoo_build(profile: str = typer.Option("full", help="full (the real models) or test"),
+              force: bool = typer.Option(False, help="retrain even if cached"),
+              as_json: bool = typer.Option(False, "--json", help="print the cards as JSON")) -> None:
+    """Train, export and profile the Fashion-MNIST models (cached after the first run)."""
+    from tierlink.zoo import ensure_zoo
+
+    try:
+        zoo = ensure_zoo(task="fmnist", profile=profile, progress=not as_json, force=force)
+    except TierlinkError as exc:
+        _fail(exc)
+    _print_cards(zoo, as_json)
+
+
+@zoo_app.command("list")
+def zoo_list(profile: str = typer.Option("full"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show the model cards of a built zoo."""
+    zoo_build(profile=profile, force=False, as_json=as_json)
+
+
+def _print_cards(zoo: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({n: c.to_dict() for n, c in zoo.cards.items()}, indent=2))
+        return
+    table = Table(title="model zoo (Fashion-MNIST test split)")
+    for col in ("model", "tier", "params", "accuracy", "ms/sample (b1 p50)", "ms/sample (b32)"):
+        table.add_column(col)
+    for name, c in zoo.cards.items():
+        table.add_row(name, c.tier, f"{c.params:,}", f"{100 * c.test_accuracy:.2f}%",
+                      f"{c.latency_ms['batch1_p50']:.3f}", f"{c.latency_ms['batch32_per_sample']:.3f}")
+    Console().print(table)
+
+
+@app.command()
+def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 min)"),
+         json_path: Optional[Path] = typer.Option(None, "--json", help="write the report here"),
+         fleet_file: Path = typer.Option(EXAMPLE_FLEET, "--fleet"),
+         requests: Optional[int] = typer.Option(None, help="requests per run"),
+         rate: Optional[float] = typer.Option(None, help="requests per second")) -> None:
+    """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
+    from tierlink.cli.demo import run_demo
+
+    try:
+        run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate)
+    except TierlinkError as exc:
+        _fail(exc)
+
+
+@app.command()
+def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
+       run_dir: Optional[Path] = typer.Option(None, help="logs and state (default: temp dir)"),
+       as_json: bool = typer.Option(False, "--json", help="print the endpoints as JSON")) -> None:
+    """Run a fleet declared in FLEET_FILE until Ctrl-C."""
+    from tierlink.fleet.config import load_fleet
+    from tierlink.fleet.launcher import launch
+
+    try:
+        config = load_fleet(fleet_file)
+        models, _ = zoo_models(config.zoo_profile)
+        rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
+        fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"))
+    except TierlinkError as exc:
+        _fail(exc)
+    with fleet:
+        info = {"control": fleet.control_url, "links": fleet.links_url, "nodes": fleet.node_urls,
+                "run_dir": str(rd), "device_cpu_throttle": fleet.cpu_mode}
+        print(json.dumps(info, indent=2)) if as_json else _print_endpoints(info)
+        _wait_for_signal(fleet)
+
+
+def _print_endpoints(info: dict[str, Any]) -> None:
+    table = Table(title="fleet up (Ctrl-C to stop)")
+    table.add_column("node")
+    table.add_column("OIP endpoint")
+    for node_id, url in info["nodes"].items():
+        table.add_row(node_id, url)
+    Console().print(table)
+    console.print(f"control plane {info['control']}  ·  links {info['links']}  ·  "
+                  f"logs {info['run_dir']}/logs")
+
+
+def _wait_for_signal(fleet: Any) -> None:
+    stop = {"now": False}
+
+    def handler(signum: int, frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        while not stop["now"]:
+            for name, proc in fleet.procs.items():
+                if proc.poll() is not None:
+                    console.print(f"[yellow]{name} exited with code {proc.returncode}[/yellow]")
+                    fleet.procs.pop(name)
+                    break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def node(spec: Optional[Path] = typer.Option(None, help="a node spec JSON (as `up` writes)"),
+         node_id: Optional[str] = typer.Option(None, "--id"),
+         tier: str = typer.Option("edge"),
+         model: list[str] = typer.Option([], help="zoo model name (repeatable)"),
+         port: int = typer.Option(8000),
+         host: str = typer.Option("127.0.0.1"),
+         control: Optional[str] = typer.Option(None, help="control plane URL"),
+         upstream: list[str] = typer.Option([], help="ID=URL[@RTT_MS] (repeatable)"),
+         profile: str = typer.Option("full", help="zoo profile")) -> None:
+    """Run one node serving OIP v2 (and routing tasks upstream)."""
+    from tierlink.core.types import Tier
+    from tierlink.node.main import run_node
+    from tierlink.node.spec import ModelSource, NodeSpec
+
+    try:
+        if spec is not None:
+            run_node(NodeSpec.load(spec))
+            return
+        if not node_id:
+            raise typer.BadParameter("give --id (or --spec)")
+        models, _ = zoo_models(profile) if model else ({}, {})
+        sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in model)
+        run_node(NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=sources, host=host,
+                          port=port, control_url=control,
+                          upstreams=tuple(_upstream(u) for u in upstream)))
+    except TierlinkError as exc:
+        _fail(exc)
+
+
+def _upstream(text: str) -> Any:
+    from tierlink.node.spec import UpstreamSpec
+
+    node_id, _, rest = text.partition("=")
+    url, _, rtt = rest.partition("@")
+    if not node_id or not url:
+        raise typer.BadParameter(f"--upstream {text!r}: expected ID=URL[@RTT_MS]")
+    return UpstreamSpec(node_id, url, rtt_ms=float(rtt) if rtt else 1.0)
+
+
+@app.command("control")
+def control_cmd(port: int = typer.Option(7000), host: str = typer.Option("127.0.0.1"),
+                db: Path = typer.Option(Path("tierlink-registry.db")),
+                ttl: float = typer.Option(5.0, help="seconds before a silent node expires")) -> None:
+    """Run the control plane (fleet registry, SQLite)."""
+    from tierlink.control.server import run_control
+
+    run_control(host, port, db, ttl)
+
+
+@app.command()
+def status(control: str = typer.Argument(..., help="control plane URL"),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """The fleet as the control plane sees it."""
+    import httpx
+
+    try:
+        nodes = httpx.get(f"{control.rstrip('/')}/v1/nodes", timeout=3.0).json()["nodes"]
+    except httpx.HTTPError as exc:
+        console.print(f"[red]error:[/red] cannot reach the control plane at {control}: {exc}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        print(json.dumps(nodes, indent=2))
+        return
+    table = Table(title=f"fleet at {control}")
+    for col in ("node", "tier", "models", "queue", "in flight", "age s", "address"):
+        table.add_column(col)
+    for n in sorted(nodes, key=lambda n: (n["tier"], n["node_id"])):
+        table.add_row(n["node_id"], n["tier"], ",".join(m["name"] for m in n["models"]),
+                      str(n["queue_depth"]), str(n["inflight"]), f"{n.get('age_s', 0):.1f}",
+                      n["address"])
+    Console().print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

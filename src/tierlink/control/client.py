@@ -1,0 +1,303 @@
+"""What a node uses to talk to the control plane: a client, a cached view, a heartbeat loop.
+
+- :class:`ControlClient`: async HTTP calls; every failure (refused connection, timeout,
+  error status, unreadable answer) becomes one :class:`~tierlink.errors.ControlPlaneError`
+  naming the URL.
+- :class:`RegistryCache`: the last cluster view fetched successfully. The control plane is
+  not on the request path, so a failed refresh keeps the old view (and counts the failure);
+  readers judge it by :meth:`RegistryCache.stale_s`.
+- :class:`HeartbeatLoop`: heartbeats and refreshes the cache every interval; it never dies
+  on an error and logs once per outage, not once per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import httpx
+
+from tierlink.core.types import CascadePoint, LinkView, ModelView, NodeView, Tier
+from tierlink.errors import ControlPlaneError, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class ControlClient:
+    """Async client of the control plane's ``/v1/nodes`` API at ``base_url``.
+
+    ``timeout_s`` bounds each call as a whole (connect, send, answer). Proxy variables in
+    the environment are ignored: fleet traffic stays on the fleet's own network.
+    ``transport`` lets tests plug in ``httpx.MockTransport`` or ``httpx.ASGITransport``.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 1.0, *,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
+                                       transport=transport, trust_env=False)
+
+    async def heartbeat(self, body: Mapping[str, Any]) -> None:
+        """Send one heartbeat (a :class:`~tierlink.control.schemas.Heartbeat` as a dict)."""
+        node_id = body.get("node_id")
+        if not isinstance(node_id, str) or not node_id:
+            raise InvalidRequest("heartbeat body has no 'node_id'",
+                                 hint="build the body with the node's stable id")
+        await self._call("POST", f"/v1/nodes/{node_id}/heartbeat", "a heartbeat", json=body)
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """The alive nodes, as ``NodeRecord`` dicts sorted by node id."""
+        response = await self._call("GET", "/v1/nodes", "the node list")
+        payload = _json(response, self._url("/v1/nodes"))
+        nodes = payload.get("nodes") if isinstance(payload, dict) else None
+        if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
+            raise ControlPlaneError(
+                f"control plane at {self._url('/v1/nodes')} answered without a 'nodes' list",
+                hint="is the URL a tierlink control plane of a compatible version?",
+            )
+        return nodes
+
+    async def deregister(self, node_id: str) -> bool:
+        """Remove this node from the registry; False if it was not registered (fine)."""
+        response = await self._call("DELETE", f"/v1/nodes/{node_id}", "a deregistration",
+                                    allow={404})
+        return response.status_code != 404
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> ControlClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    def _url(self, path: str) -> str:
+        return self.base_url + path
+
+    async def _call(self, method: str, path: str, what: str, *,
+                    json: Mapping[str, Any] | None = None,
+                    allow: frozenset[int] | set[int] = frozenset()) -> httpx.Response:
+        """One request, with every httpx failure and error status mapped here, once."""
+        url = self._url(path)
+        try:
+            response = await self._http.request(method, path, json=json)
+        except httpx.TimeoutException as exc:
+            raise ControlPlaneError(
+                f"control plane at {url} did not answer {what} within {self.timeout_s:g} s"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise ControlPlaneError(
+                f"cannot reach the control plane at {url} for {what}: "
+                f"{type(exc).__name__}: {exc or 'no detail'}"
+            ) from exc
+        if response.status_code >= 400 and response.status_code not in allow:
+            raise _refused(response, url, what)
+        return response
+
+
+def _refused(response: httpx.Response, url: str, what: str) -> ControlPlaneError:
+    """The control plane answered with an error status: keep its message and hint."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    detail = body.get("error") or response.text[:200] or response.reason_phrase
+    hint = body.get("hint") if isinstance(body.get("hint"), str) else None
+    return ControlPlaneError(
+        f"control plane at {url} refused {what}: HTTP {response.status_code}: {detail}",
+        hint=hint, status=response.status_code, code=body.get("code", ""),
+    )
+
+
+def _json(response: httpx.Response, url: str) -> Any:
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ControlPlaneError(f"control plane at {url} answered with invalid JSON: {exc}",
+                                hint="is the URL a tierlink control plane?") from exc
+
+
+class NodeSource(Protocol):
+    """Where a :class:`RegistryCache` fetches from (a :class:`ControlClient`, or a fake)."""
+
+    async def nodes(self) -> list[dict[str, Any]]: ...
+
+
+class RegistryCache:
+    """The last successfully fetched cluster view, kept through control plane outages.
+
+    ``nodes`` is the list of ``NodeRecord`` dicts (treat as read-only; it is replaced, not
+    mutated, on refresh). ``revision`` grows on each successful refresh, so a reader can
+    rebuild derived state (a ``ClusterView``) only when it changed.
+    """
+
+    def __init__(self, source: NodeSource, clock: Clock = time.time) -> None:
+        self.source = source
+        self.clock = clock
+        self.nodes: list[dict[str, Any]] = []
+        self.fetched_at: float | None = None
+        self.revision = 0
+        self.failures = 0  # failed refreshes, ever
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+
+    async def refresh(self) -> bool:
+        """Fetch the view; on failure keep the previous one and count. True on success."""
+        try:
+            nodes = await self.source.nodes()
+        except ControlPlaneError as exc:
+            self.failures += 1
+            self.consecutive_failures += 1
+            self.last_error = str(exc)
+            return False
+        self.nodes = nodes
+        self.fetched_at = self.clock()
+        self.revision += 1
+        self.consecutive_failures = 0
+        return True
+
+    def stale_s(self, now: float) -> float:
+        """Seconds since the last successful fetch; ``inf`` before the first one."""
+        return math.inf if self.fetched_at is None else max(0.0, now - self.fetched_at)
+
+    def addresses(self) -> dict[str, str]:
+        """``node_id -> address`` (base URL of the node's OIP endpoint)."""
+        return {str(n["node_id"]): str(n["address"]) for n in self.nodes}
+
+    def views(self, now: float) -> tuple[list[NodeView], list[LinkView]]:
+        """The cached view as core types, for ``ClusterView.build``. Each node's ``age_s``
+        is its age at the fetch plus the cache's own staleness."""
+        stale = self.stale_s(now)
+        return node_views(self.nodes, extra_age_s=0.0 if math.isinf(stale) else stale)
+
+
+def node_views(records: list[dict[str, Any]], extra_age_s: float = 0.0
+               ) -> tuple[list[NodeView], list[LinkView]]:
+    """Convert ``NodeRecord`` dicts (as served by ``GET /v1/nodes``) to core views."""
+    nodes: list[NodeView] = []
+    links: list[LinkView] = []
+    for rec in records:
+        models = tuple(_model_view(m) for m in rec.get("models", ()))
+        nodes.append(NodeView(
+            node_id=rec["node_id"], tier=Tier.parse(rec["tier"]), models=models,
+            queue_depth=int(rec.get("queue_depth", 0)), inflight=int(rec.get("inflight", 0)),
+            workers=int(rec.get("workers", 1)),
+            age_s=float(rec.get("age_s", 0.0)) + extra_age_s,
+        ))
+        links.extend(
+            LinkView(src=rec["node_id"], dst=link["dst"], rtt_ms=float(link["rtt_ms"]),
+                     bandwidth_mbit=float(link["bandwidth_mbit"]),
+                     loss=float(link.get("loss", 0.0)))
+            for link in rec.get("links", ())
+        )
+    return nodes, links
+
+
+def _model_view(model: Mapping[str, Any]) -> ModelView:
+    cascade = tuple(
+        CascadePoint(float(p["threshold"]), float(p["answered_share"]),
+                     float(p["answered_accuracy"]))
+        for p in model.get("cascade", ())
+    )
+    return ModelView(
+        name=model["name"], task=model["task"], version=str(model["version"]),
+        accuracy=float(model["accuracy"]), latency_ms=float(model["latency_ms"]),
+        output_bytes=int(model.get("output_bytes", 64)), cascade=cascade,
+    )
+
+
+class HeartbeatLoop:
+    """Heartbeat (and refresh ``cache``) every ``interval_s`` until stopped.
+
+    Each beat calls ``get_body()`` for the node's current state, so load and models are
+    fresh. The loop survives every error: an outage is logged once when it starts and once
+    when it ends, and counted in ``failures`` (failed beats) and ``outages``.
+    """
+
+    def __init__(self, client: ControlClient, cache: RegistryCache | None = None) -> None:
+        self.client = client
+        self.cache = cache
+        self.sent = 0  # heartbeats accepted
+        self.failures = 0  # beats that failed, ever
+        self.outages = 0  # runs of consecutive failures
+        self._failing_since: int | None = None  # self.failures when the outage began
+        self._node_id: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self, get_body: Callable[[], dict[str, Any]], interval_s: float = 1.0
+              ) -> asyncio.Task[None]:
+        """Start beating now, then every ``interval_s``. Call from a running event loop."""
+        if self.running:
+            raise RuntimeError("HeartbeatLoop is already running; stop() it first")
+        self._task = asyncio.create_task(self._run(get_body, interval_s),
+                                         name="tierlink-heartbeat")
+        return self._task
+
+    async def stop(self, *, deregister: bool = True) -> None:
+        """Cancel the loop, then deregister best-effort (a failure is logged, not raised)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if deregister and self._node_id is not None:
+            try:
+                await self.client.deregister(self._node_id)
+            except ControlPlaneError as exc:
+                log.info("could not deregister %s on shutdown (it will expire): %s",
+                         self._node_id, exc)
+
+    async def beat(self, get_body: Callable[[], dict[str, Any]]) -> bool:
+        """One heartbeat and one cache refresh; True when the heartbeat was accepted."""
+        try:
+            body = get_body()
+            self._node_id = body.get("node_id", self._node_id)
+            await self.client.heartbeat(body)
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any failure
+            self._failed(exc)
+            ok = False
+        else:
+            self._succeeded()
+            ok = True
+        if self.cache is not None:
+            await self.cache.refresh()  # keeps the old view on failure
+        return ok
+
+    async def _run(self, get_body: Callable[[], dict[str, Any]], interval_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            await self.beat(get_body)
+            # A fixed rate, not a fixed pause: slow beats do not stretch the period.
+            next_at = max(next_at + interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        if self._failing_since is None:
+            self._failing_since = self.failures - 1
+            self.outages += 1
+            log.warning("heartbeat to the control plane failed: %s; retrying every beat, "
+                        "routing from the cached view (outage %d)", exc, self.outages)
+
+    def _succeeded(self) -> None:
+        self.sent += 1
+        if self._failing_since is not None:
+            missed = self.failures - self._failing_since
+            log.info("control plane at %s reachable again after %d failed heartbeats",
+                        self.client.base_url, missed)
+            self._failing_since = None

@@ -1,0 +1,145 @@
+"""Run the control plane as a process: ``python -m tierlink.control.server --port P --db PATH``.
+
+:func:`run_control` serves :func:`tierlink.control.app.create_app` over a
+:class:`~tierlink.control.store.SqliteRegistryStore` with uvicorn, and returns when it
+receives SIGTERM or SIGINT (after finishing in-flight requests and closing the store).
+
+Readiness: with ``ready_file`` it writes ``{"port": <actual port>}`` there (atomically) once
+the socket listens and the app has started, so a launcher binding port 0 learns the real
+port; the file is removed again on a clean exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from tierlink.errors import ConfigError, TierlinkError
+
+# Named, not __name__: run with -m, this module is "__main__".
+log = logging.getLogger("tierlink.control.server")
+
+
+def run_control(
+    host: str,
+    port: int,
+    db_path: str | Path,
+    ttl_s: float = 5.0,
+    ready_file: Path | None = None,
+) -> None:
+    """Serve the registry on ``host:port`` (0: any free port) until SIGTERM/SIGINT.
+
+    Raises :class:`~tierlink.errors.ConfigError` when the port cannot be bound and
+    :class:`~tierlink.errors.ControlPlaneError` when the database cannot be opened.
+    """
+    from tierlink.control.app import create_app
+    from tierlink.control.store import SqliteRegistryStore
+
+    sock = _bind(host, port)
+    actual_port = sock.getsockname()[1]
+    try:
+        store = SqliteRegistryStore(db_path)
+        try:
+            _serve(create_app(store, ttl_s=ttl_s), sock,
+                   on_ready=lambda: _announce(ready_file, host, actual_port))
+        finally:
+            store.close()
+    finally:
+        sock.close()
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket bound here, so port 0 resolves before uvicorn starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="pick another --port (0 picks a free one) or stop what is using it",
+        ) from exc
+
+
+def _announce(ready_file: Path | None, host: str, port: int) -> None:
+    log.info("tierlink control plane listening on http://%s:%d", host, port)
+    if ready_file is None:
+        return
+    # Write then rename: a launcher polling for the file never reads half of it.
+    tmp = ready_file.with_name(ready_file.name + ".tmp")
+    tmp.write_text(json.dumps({"port": port}))
+    os.replace(tmp, ready_file)
+
+
+def _serve(app: object, sock: socket.socket, on_ready: Callable[[], None]) -> None:
+    """Run uvicorn on ``sock`` until a signal stops it; ``on_ready`` once it accepts."""
+    import uvicorn
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # False when the app's startup failed
+                on_ready()
+
+    config = uvicorn.Config(app, log_level="warning", lifespan="on",  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=5)
+    with _quiet_after_shutdown():
+        ReadyServer(config).run(sockets=[sock])
+
+
+@contextmanager
+def _quiet_after_shutdown() -> Iterator[None]:
+    """uvicorn re-raises the signal that stopped it once it has shut down, which would kill
+    the process before the store is closed (SIGTERM) or raise KeyboardInterrupt (SIGINT).
+    Handlers installed here receive that re-raise instead, so we exit with status 0."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals belong to the main thread; the embedding program handles them
+        return
+
+    def note(sig: int, _frame: FrameType | None) -> None:
+        log.info("received %s; shutting down", signal.Signals(sig).name)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tierlink.control.server``: parse flags, serve, exit 0 on SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m tierlink.control.server",
+                                     description="tierlink control plane (fleet registry)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True, help="0 picks a free port")
+    parser.add_argument("--db", required=True, type=Path, help="SQLite file (created if absent)")
+    parser.add_argument("--ttl", type=float, default=5.0,
+                        help="seconds without a heartbeat before a node expires (default 5)")
+    parser.add_argument("--ready-file", type=Path, default=None,
+                        help='write {"port": N} here once listening')
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Our own lines are rare (start, registrations, expiries), not one per heartbeat.
+    logging.getLogger("tierlink").setLevel(logging.INFO)
+    try:
+        run_control(args.host, args.port, args.db, args.ttl, args.ready_file)
+    except TierlinkError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,259 @@
+"""Where the registry keeps its nodes: a small store interface and its SQLite implementation.
+
+The control plane calls a :class:`RegistryStore` from request handlers (a worker thread
+each) and from its expiry task (the event loop), so an implementation must be thread-safe.
+Time is never read here: every time-dependent method takes ``now`` (epoch seconds) from the
+app's injected clock, which is what lets tests and the simulator drive expiry.
+
+Life of an entry (one row per node id, ever):
+
+    (none) --upsert--> alive --expire / silent > ttl--> expired --upsert--> alive (generation+1)
+                         |  \\--upsert with a new started_at--> alive (generation+1)
+                         \\--remove--> deregistered --upsert--> alive (generation+1)
+
+Expired and deregistered rows are kept as tombstones (for ``tombstone_retention_s``) so a
+node that comes back gets a *higher* generation rather than starting over at 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from tierlink.control.schemas import Heartbeat, NodeRecord
+from tierlink.errors import ControlPlaneError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id       TEXT PRIMARY KEY,
+    tier          TEXT NOT NULL,
+    heartbeat     TEXT NOT NULL,   -- JSON: the last Heartbeat, extras included
+    started_at    REAL NOT NULL,
+    registered_at REAL NOT NULL,   -- when the current generation registered
+    last_seen     REAL NOT NULL,
+    generation    INTEGER NOT NULL,
+    state         TEXT NOT NULL    -- 'alive' | 'expired' | 'deregistered'
+)
+"""
+
+_COLUMNS = "node_id, heartbeat, registered_at, last_seen, generation"
+
+
+class RegistryStore(Protocol):
+    """The registry's storage. Implementations: :class:`SqliteRegistryStore` (embedded
+    default); an etcd store later, for a control plane that spans machines."""
+
+    def upsert(self, heartbeat: Heartbeat, now: float, ttl_s: float | None = None) -> NodeRecord:
+        """Record a heartbeat. Starts a new generation when the node is new, was expired
+        or deregistered, restarted (new ``started_at``), or has been silent longer than
+        ``ttl_s`` (when given) even if no expiry sweep ran yet."""
+        ...
+
+    def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
+        """Nodes heard from within ``ttl_s`` of ``now`` and not removed, by node id."""
+        ...
+
+    def get(self, node_id: str, now: float) -> NodeRecord | None:
+        """The node's entry if it is registered (not expired by a sweep, not removed).
+        Staleness is not judged here: callers compare ``age_s`` with their ttl."""
+        ...
+
+    def remove(self, node_id: str) -> bool:
+        """Deregister a node; False when it was not registered."""
+        ...
+
+    def expire(self, now: float, ttl_s: float) -> list[str]:
+        """Mark nodes silent for longer than ``ttl_s`` as expired; returns their ids, sorted."""
+        ...
+
+    def close(self) -> None:
+        """Release the store; it must not be used afterwards."""
+        ...
+
+
+class SqliteRegistryStore:
+    """:class:`RegistryStore` in one SQLite file (WAL mode), or ``":memory:"`` for tests.
+
+    One connection guarded by a lock: every operation is a single tiny statement or
+    transaction, so serialising them costs less than a connection per thread would.
+    WAL with ``synchronous=NORMAL`` survives a crash of the process (not necessarily a power
+    loss, which only costs the last heartbeats: nodes send them again every second).
+    """
+
+    def __init__(self, path: str | Path, *, tombstone_retention_s: float = 86_400.0) -> None:
+        self.path = str(path)
+        self.tombstone_retention_s = tombstone_retention_s
+        self._lock = threading.Lock()
+        self._conn = _connect(self.path)
+
+    # -- RegistryStore ---------------------------------------------------------------------
+
+    def upsert(self, heartbeat: Heartbeat, now: float, ttl_s: float | None = None) -> NodeRecord:
+        body = heartbeat.model_dump_json()
+        with self._lock, self._guard("record a heartbeat"), self._conn:
+            row = self._conn.execute(
+                "SELECT started_at, registered_at, last_seen, generation, state"
+                " FROM nodes WHERE node_id = ?",
+                (heartbeat.node_id,),
+            ).fetchone()
+            registered_at, generation = _next_generation(row, heartbeat, now, ttl_s)
+            self._conn.execute(
+                "INSERT INTO nodes (node_id, tier, heartbeat, started_at, registered_at,"
+                " last_seen, generation, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive')"
+                " ON CONFLICT(node_id) DO UPDATE SET tier = excluded.tier,"
+                " heartbeat = excluded.heartbeat, started_at = excluded.started_at,"
+                " registered_at = excluded.registered_at, last_seen = excluded.last_seen,"
+                " generation = excluded.generation, state = 'alive'",
+                (heartbeat.node_id, heartbeat.tier, body, heartbeat.started_at,
+                 registered_at, now, generation),
+            )
+        return _record(heartbeat.model_dump(), registered_at, now, generation, now)
+
+    def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
+        with self._lock, self._guard("list nodes"):
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM nodes WHERE state = 'alive' AND last_seen >= ?"
+                " ORDER BY node_id",
+                (now - ttl_s,),
+            ).fetchall()
+        return [_record_from_row(row, now) for row in rows]
+
+    def get(self, node_id: str, now: float) -> NodeRecord | None:
+        with self._lock, self._guard("read a node"):
+            row = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM nodes WHERE node_id = ? AND state = 'alive'",
+                (node_id,),
+            ).fetchone()
+        return None if row is None else _record_from_row(row, now)
+
+    def remove(self, node_id: str) -> bool:
+        with self._lock, self._guard("deregister a node"), self._conn:
+            cursor = self._conn.execute(
+                "UPDATE nodes SET state = 'deregistered' WHERE node_id = ? AND state = 'alive'",
+                (node_id,),
+            )
+        return cursor.rowcount > 0
+
+    def expire(self, now: float, ttl_s: float) -> list[str]:
+        with self._lock, self._guard("expire silent nodes"), self._conn:
+            ids = [
+                row[0]
+                for row in self._conn.execute(
+                    "UPDATE nodes SET state = 'expired' WHERE state = 'alive' AND last_seen < ?"
+                    " RETURNING node_id",
+                    (now - ttl_s,),
+                )
+            ]
+            # Forget tombstones nobody came back for, so ephemeral ids do not pile up.
+            self._conn.execute(
+                "DELETE FROM nodes WHERE state != 'alive' AND last_seen < ?",
+                (now - self.tombstone_retention_s,),
+            )
+        return sorted(ids)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _guard(self, action: str) -> _SqliteErrors:
+        return _SqliteErrors(self.path, action)
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    """Open (creating if needed) the registry database and check its schema version."""
+    try:
+        # Used from several threads, serialised by the store's lock.
+        conn = sqlite3.connect(path, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise _open_failed(path, exc) from exc
+    try:
+        _prepare(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise _open_failed(path, exc) from exc
+    except ControlPlaneError:
+        conn.close()
+        raise
+    return conn
+
+
+def _prepare(conn: sqlite3.Connection, path: str) -> None:
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=2000")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise ControlPlaneError(
+            f"registry database {path} has schema version {version}, newer than this "
+            f"tierlink's {SCHEMA_VERSION}",
+            hint="upgrade tierlink, or point --db at a new file",
+        )
+    with conn:
+        conn.execute(_SCHEMA)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _open_failed(path: str, exc: sqlite3.Error) -> ControlPlaneError:
+    return ControlPlaneError(
+        f"cannot open the registry database {path}: {exc}",
+        hint="check that the directory exists and is writable, or pass another --db path",
+    )
+
+
+def _next_generation(
+    row: tuple[float, float, float, int, str] | None,
+    heartbeat: Heartbeat,
+    now: float,
+    ttl_s: float | None,
+) -> tuple[float, int]:
+    """``(registered_at, generation)`` after this heartbeat; see the module's state diagram."""
+    if row is None:
+        return now, 1
+    started_at, registered_at, last_seen, generation, state = row
+    silent_too_long = ttl_s is not None and now - last_seen > ttl_s
+    if state != "alive" or started_at != heartbeat.started_at or silent_too_long:
+        return now, generation + 1
+    return registered_at, generation
+
+
+def _record_from_row(row: tuple[str, str, float, float, int], now: float) -> NodeRecord:
+    _node_id, body, registered_at, last_seen, generation = row
+    return _record(json.loads(body), registered_at, last_seen, generation, now)
+
+
+def _record(
+    body: dict[str, Any], registered_at: float, last_seen: float, generation: int, now: float
+) -> NodeRecord:
+    # A clock that steps back must not produce a negative age.
+    age_s = max(0.0, now - last_seen)
+    return NodeRecord.model_validate(
+        {**body, "registered_at": registered_at, "last_seen": last_seen,
+         "age_s": age_s, "generation": generation}
+    )
+
+
+class _SqliteErrors:
+    """Context manager converting sqlite3 errors into :class:`ControlPlaneError`."""
+
+    def __init__(self, path: str, action: str) -> None:
+        self.path = path
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        if isinstance(exc, sqlite3.Error):
+            raise ControlPlaneError(
+                f"registry database {self.path} failed to {self.action}: {exc}",
+                hint="check the disk and the file's permissions; restart `tierlink control`",
+            ) from exc
+        return False

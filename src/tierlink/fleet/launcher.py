@@ -1,0 +1,222 @@
+"""Start a fleet on one machine as real processes: control plane, link emulator, nodes.
+
+``launch(config, zoo_models, run_dir)`` returns a ``RunningFleet``; ``stop()`` (or leaving the
+``with`` block, or Ctrl-C) ends every process it started, by pid, and removes its cgroups.
+Device nodes run under a real CPU quota (cgroup) when the fleet gives them ``cpu_quota``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from tierlink.errors import TierlinkError
+from tierlink.fleet.config import FleetConfig, LinkConfig, NodeConfig
+from tierlink.node.spec import ModelSource, NodeSpec, UpstreamSpec
+
+HOST = "127.0.0.1"
+Say = Callable[[str], None]
+
+
+class LaunchError(TierlinkError):
+    code = "launch_error"
+    hint = "see the process logs in the run directory"
+
+
+@dataclass
+class RunningFleet:
+    config: FleetConfig
+    run_dir: Path
+    control_url: str = ""
+    links_url: str = ""
+    node_urls: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    throttles: list[Any] = field(default_factory=list)
+    cpu_mode: str = "none"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Terminate every process this fleet started (nodes first), then clean cgroups."""
+        order = [n for n in self.procs if n not in ("control", "links")] + ["links", "control"]
+        for name in order:
+            proc = self.procs.get(name)
+            if proc and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name in order:
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        for throttle in self.throttles:
+            throttle.close()
+        self.throttles.clear()
+
+    def kill(self, node_id: str) -> None:
+        """kill -9 one node (fault injection)."""
+        proc = self.procs[node_id]
+        proc.kill()
+        proc.wait(5)
+
+    def __enter__(self) -> RunningFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: Path,
+           say: Say = lambda _: None, ready_timeout_s: float = 60.0) -> RunningFleet:
+    """Start everything; ``models`` maps a model name to its (onnx, card) paths."""
+    _check_models(config, models)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    fleet = RunningFleet(config, run_dir)
+    try:
+        _start_control(fleet, ready_timeout_s)
+        say(f"control plane at {fleet.control_url}")
+        ports = {n.node_id: _free_port() for n in config.nodes}
+        link_ports = _start_links(fleet, ports, ready_timeout_s)
+        say(f"{len(link_ports)} emulated links up")
+        _start_nodes(fleet, ports, link_ports, models)
+        _wait_nodes(fleet, ports, ready_timeout_s)
+        say(f"{len(config.nodes)} nodes ready (device CPU: {fleet.cpu_mode})")
+        _wait_views(fleet, ready_timeout_s)
+    except BaseException:
+        fleet.stop()
+        raise
+    return fleet
+
+
+def _check_models(config: FleetConfig, models: dict[str, tuple[Path, Path]]) -> None:
+    for node in config.nodes:
+        for name in node.models:
+            if name not in models:
+                raise LaunchError(f"node {node.node_id} wants model {name!r}, which the zoo "
+                                  f"does not have", hint=f"available: {sorted(models)}")
+
+
+def _spawn(fleet: RunningFleet, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    log = open(fleet.run_dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (owned by child)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    log.close()
+    fleet.procs[name] = proc
+    return proc
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        if proc.poll() is not None:
+            raise LaunchError(f"{what} exited with code {proc.returncode} before it was ready")
+        time.sleep(0.05)
+    raise LaunchError(f"{what} was not ready after {timeout_s:.0f} s")
+
+
+def _start_control(fleet: RunningFleet, timeout_s: float) -> None:
+    ready = fleet.run_dir / "control.ready"
+    proc = _spawn(fleet, "control", [
+        "-m", "tierlink.control.server", "--host", HOST, "--port", str(fleet.config.control_port),
+        "--db", str(fleet.run_dir / "registry.db"), "--ttl", str(fleet.config.control_ttl_s),
+        "--ready-file", str(ready)])
+    info = _wait_file(ready, proc, "control plane", timeout_s)
+    fleet.control_url = f"http://{HOST}:{info['port']}"
+
+
+def _link_spec(link: LinkConfig, ports: dict[str, int]) -> dict[str, Any]:
+    return {"name": link.name, "listen_host": HOST, "listen_port": 0, "target_host": HOST,
+            "target_port": ports[link.dst], "delay_ms": link.delay_ms,
+            "jitter_ms": link.jitter_ms, "bandwidth_mbit": link.bandwidth_mbit,
+            "loss": link.loss}
+
+
+def _start_links(fleet: RunningFleet, ports: dict[str, int], timeout_s: float) -> dict[str, int]:
+    if not fleet.config.links:
+        return {}
+    spec_file = fleet.run_dir / "links.json"
+    spec_file.write_text(json.dumps([_link_spec(l, ports) for l in fleet.config.links], indent=2))
+    ready = fleet.run_dir / "links.ready"
+    proc = _spawn(fleet, "links", ["-m", "tierlink.netem.server", "--spec", str(spec_file),
+                                   "--control-port", "0", "--ready-file", str(ready)])
+    info = _wait_file(ready, proc, "link emulator", timeout_s)
+    fleet.links_url = f"http://{HOST}:{info['control_port']}"
+    return {name: int(port) for name, port in info["links"].items()}
+
+
+def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dict[str, int],
+               models: dict[str, tuple[Path, Path]]) -> NodeSpec:
+    cfg = fleet.config
+    upstreams = tuple(
+        UpstreamSpec(l.dst, f"http://{HOST}:{link_ports[l.name]}", rtt_ms=l.rtt_ms,
+                     bandwidth_mbit=l.bandwidth_mbit or 10_000.0, loss=l.loss)
+        for l in cfg.links_from(node.node_id))
+    sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.models)
+    return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, host=HOST, port=port,
+                    control_url=fleet.control_url, upstreams=upstreams,
+                    routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),
+                    workers=node.workers, max_queue=node.max_queue,
+                    seed=cfg.seed + zlib.crc32(node.node_id.encode()) % 1000,
+                    ready_file=str(fleet.run_dir / f"{node.node_id}.ready"))
+
+
+def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],
+                 models: dict[str, tuple[Path, Path]]) -> None:
+    from tierlink.netem.cgroup import CpuThrottle
+
+    for node in fleet.config.nodes:
+        spec = _node_spec(fleet, node, ports[node.node_id], link_ports, models)
+        spec_file = fleet.run_dir / f"{node.node_id}.json"
+        spec_file.write_text(spec.to_json())
+        proc = _spawn(fleet, node.node_id, ["-m", "tierlink.node.main", "--spec", str(spec_file)])
+        fleet.node_urls[node.node_id] = f"http://{HOST}:{ports[node.node_id]}"
+        if node.cpu_quota:
+            throttle = CpuThrottle.create(f"{fleet.run_dir.name}-{node.node_id}", node.cpu_quota)
+            throttle.add(proc.pid)
+            fleet.throttles.append(throttle)
+            fleet.cpu_mode = throttle.mode
+
+
+def _wait_nodes(fleet: RunningFleet, ports: dict[str, int], timeout_s: float) -> None:
+    for node in fleet.config.nodes:
+        _wait_file(fleet.run_dir / f"{node.node_id}.ready", fleet.procs[node.node_id],
+                   f"node {node.node_id}", timeout_s)
+
+
+def _wait_views(fleet: RunningFleet, timeout_s: float) -> None:
+    """Every node sees every node it links to (so the first requests route as planned)."""
+    deadline = time.monotonic() + timeout_s
+    pending = {n.node_id: {l.dst for l in fleet.config.links_from(n.node_id)}
+               for n in fleet.config.nodes}
+    with httpx.Client(timeout=2.0) as client:
+        while pending and time.monotonic() < deadline:
+            for node_id in list(pending):
+                status = client.get(f"{fleet.node_urls[node_id]}/tierlink/v1/status").json()
+                if pending[node_id] <= set(status["view_nodes"]):
+                    del pending[node_id]
+            time.sleep(0.1)
+    if pending:
+        raise LaunchError(f"nodes did not learn their upstreams in time: {sorted(pending)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])

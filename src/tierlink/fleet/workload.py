@@ -1,0 +1,149 @@
+"""A mixed, seeded workload and the open-loop driver that sends it through a fleet.
+
+Each request comes from one device, with an SLA class (deadline + priority) and a privacy
+level drawn from a documented mix. The driver sends at a steady rate (open loop: a slow
+fleet does not slow the arrivals) and records what came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tierlink.core.types import Priority, Privacy
+from tierlink.errors import TierlinkError, UpstreamTimeout, UpstreamUnavailable
+from tierlink.node import protocol
+
+# (deadline ms, priority, share): realtime inspection, interactive app, batch analytics.
+SLA_CLASSES = ((30.0, Priority.REALTIME, 0.3), (150.0, Priority.INTERACTIVE, 0.4),
+               (1000.0, Priority.BATCH, 0.3))
+PRIVACY_MIX = ((Privacy.LOCAL, 0.2), (Privacy.SITE, 0.3), (Privacy.ANY, 0.5))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    seq: int
+    sample: int  # index into the test split
+    origin: str  # device node id
+    deadline_ms: float
+    priority: Priority
+    privacy: Privacy
+    at_s: float  # send time, from the start of the run
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    item: WorkItem
+    label: int
+    answered: bool
+    lost: bool
+    error: str  # error code when refused, "" when answered
+    latency_ms: float
+    pred: int = -1
+    tier: str = ""
+    served_by: str = ""
+    cost: float = 0.0
+    fallbacks: int = 0
+    escalations: int = 0
+    degraded: str = ""
+
+    @property
+    def correct(self) -> bool:
+        return self.answered and self.pred == self.label
+
+    @property
+    def in_sla(self) -> bool:
+        return self.answered and self.latency_ms <= self.item.deadline_ms
+
+
+def _draw(rng: random.Random, table: tuple, weight_index: int) -> tuple:
+    return rng.choices(table, weights=[row[weight_index] for row in table])[0]
+
+
+def make_workload(n: int, rate_per_s: float, devices: list[str], n_samples: int,
+                  seed: int) -> list[WorkItem]:
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        deadline, priority, _ = _draw(rng, SLA_CLASSES, 2)
+        privacy, _ = _draw(rng, PRIVACY_MIX, 1)
+        items.append(WorkItem(i, rng.randrange(n_samples), rng.choice(devices), deadline,
+                              priority, privacy, i / rate_per_s))
+    return items
+
+
+async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
+                device_urls: dict[str, str], task: str, policy: str | None,
+                on_done: Callable[[Record], None] = lambda r: None,
+                grace_s: float = 5.0) -> list[Record]:
+    """Send every item at its time; wait for every answer (or error, or give up as lost)."""
+    from tierlink.transport.client import OipClient
+
+    async with OipClient(max_connections=256) as client:
+        start = time.monotonic()
+
+        async def one(item: WorkItem) -> Record:
+            await asyncio.sleep(max(0.0, start + item.at_s - time.monotonic()))
+            record = await _send(client, item, images, labels, device_urls[item.origin], task,
+                                 policy, grace_s)
+            on_done(record)
+            return record
+
+        return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.ndarray,
+                url: str, task: str, policy: str | None, grace_s: float) -> Record:
+    params = {protocol.DEADLINE: item.deadline_ms, protocol.PRIVACY: item.privacy.value,
+              protocol.PRIORITY: item.priority.label, protocol.ORIGIN: item.origin}
+    if policy:
+        params[protocol.POLICY] = policy
+    x = images[item.sample: item.sample + 1]  # (1, 1, 28, 28)
+    label = int(labels[item.sample])
+    t0 = time.monotonic()
+    try:
+        resp = await client.infer(url, task, {"input": x}, params,  # type: ignore[attr-defined]
+                                  timeout_s=item.deadline_ms / 1000.0 + grace_s)
+    except (UpstreamTimeout, UpstreamUnavailable) as exc:
+        # No answer and no refusal came back: the request was lost.
+        return Record(item, label, False, True, exc.code, (time.monotonic() - t0) * 1000)
+    except TierlinkError as exc:
+        return Record(item, label, False, False, exc.code, (time.monotonic() - t0) * 1000)
+    latency = (time.monotonic() - t0) * 1000.0
+    out = protocol.parse_outcome(resp.parameters)
+    return Record(item, label, True, False, "", latency,
+                  pred=int(np.asarray(resp.outputs["label"]).reshape(-1)[0]),
+                  tier=out.tier.label, served_by=out.served_by, cost=out.cost,
+                  fallbacks=len(out.fallbacks), escalations=out.escalations,
+                  degraded=out.degraded)
+
+
+def summarize(records: list[Record], violations: int) -> dict[str, object]:
+    """The demo's per-run figures (the shape the issue's JSON asks for)."""
+    answered = [r for r in records if r.answered]
+    lat = np.array([r.latency_ms for r in answered]) if answered else np.array([0.0])
+    n = max(1, len(records))
+    shares = {t: sum(r.tier == t for r in answered) / max(1, len(answered))
+              for t in ("device", "edge", "cloud")}
+    return {
+        "requests": len(records),
+        "answered": len(answered),
+        "refused": sum(not r.answered and not r.lost for r in records),
+        "lost": sum(r.lost for r in records),
+        "accuracy": sum(r.correct for r in answered) / max(1, len(answered)),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p95_ms": float(np.percentile(lat, 95)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "sla_attainment": sum(r.in_sla for r in records) / n,
+        "cost_per_1k": 1000.0 * sum(r.cost for r in answered) / n,
+        "tier_share": shares,
+        "privacy_violations": violations,
+        "fallbacks": sum(r.fallbacks for r in answered),
+        "escalated": sum(r.escalations > 0 for r in answered),
+        "degraded": sum(bool(r.degraded) for r in answered),
+    }

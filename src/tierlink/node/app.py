@@ -1,0 +1,184 @@
+"""The node's HTTP face: Open Inference Protocol v2 (REST) + ``/metrics`` + status.
+
+Routes (KServe/Triton REST; binary tensor data extension supported both ways):
+
+* ``GET  /v2``, ``/v2/health/live``, ``/v2/health/ready``
+* ``GET  /v2/models/{name}[/versions/{v}]`` (metadata), ``.../ready``
+* ``POST /v2/models/{name}[/versions/{v}]/infer``
+* ``POST /v2/repository/index``
+* ``GET  /metrics`` (Prometheus), ``GET /tierlink/v1/status`` (JSON)
+
+``{name}`` is either a model variant this node serves (run here, raw outputs) or a *task*
+(e.g. ``fmnist``): then the request is routed by the fleet's policy and answered with
+``probabilities`` and ``label`` plus the outcome's routing parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from tierlink import __version__
+from tierlink.errors import ModelNotFound, TensorError, TierlinkError
+from tierlink.node import protocol
+from tierlink.node.runtime import ModelRuntime
+from tierlink.node.service import NodeService
+from tierlink.transport import oip
+
+log = logging.getLogger("tierlink.node")
+
+_ROUTED_OUTPUTS = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, -1]},
+                   {"name": "label", "datatype": "INT64", "shape": [-1]}]
+
+
+def create_app(service: NodeService) -> FastAPI:
+    app = FastAPI(title=f"tierlink node {service.spec.node_id}", version=__version__)
+    app.state.ready = False
+
+    @app.exception_handler(TierlinkError)
+    async def _tierlink_error(_: Request, exc: TierlinkError) -> Response:
+        return _error(exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unexpected error")  # the process keeps serving
+        return JSONResponse({"error": f"internal error: {exc}", "code": "internal"}, 500)
+
+    _health_routes(app, service)
+    _model_routes(app, service)
+    return app
+
+
+def _error(exc: TierlinkError) -> Response:
+    return Response(oip.error_body(exc), exc.http_status, media_type="application/json")
+
+
+def _health_routes(app: FastAPI, service: NodeService) -> None:
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "tierlink", "version": __version__,
+                "extensions": ["binary_tensor_data", "model_repository", "tierlink_routing"]}
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        ok = bool(app.state.ready)
+        return JSONResponse({"ready": ok}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/tierlink/v1/status")
+    async def status() -> dict[str, Any]:
+        return service.status()
+
+    @app.post("/v2/repository/index")
+    async def repository_index() -> list[dict[str, Any]]:
+        models = [{"name": n, "version": rt.info.version, "state": "READY"}
+                  for n, rt in service.runtimes.items()]
+        return models + [{"name": t, "version": "", "state": "READY", "reason": "routed task"}
+                         for t in sorted(service.tasks())]
+
+
+def _model_routes(app: FastAPI, service: NodeService) -> None:
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
+        return _metadata(service, name, version)
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> Response:
+        _metadata(service, name, version)  # raises ModelNotFound (404) when unknown
+        return JSONResponse({"name": name, "ready": bool(app.state.ready)},
+                            200 if app.state.ready else 503)
+
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(name: str, request: Request, version: str | None = None) -> Response:
+        body = await request.body()
+        data = oip.decode_infer_request(body, _header_length(request),
+                                        request.headers.get("content-encoding"))
+        if name in service.runtimes:
+            return await _infer_model(service, name, version, data)
+        if name in service.tasks():
+            return await _infer_task(service, name, version, data)
+        raise ModelNotFound(f"{name!r} is neither a model served by {service.spec.node_id} "
+                            f"nor a task of the fleet",
+                            hint=f"models: {sorted(service.runtimes)}; tasks: "
+                                 f"{sorted(service.tasks())}")
+
+
+async def _infer_model(service: NodeService, name: str, version: str | None,
+                       data: oip.InferRequestData) -> Response:
+    rt = service.runtime(name, version)
+    outputs = await service.infer_model(name, version, data.inputs, data.parameters)
+    selected = _select(outputs, data)
+    body, headers = oip.encode_infer_response(name, rt.info.version, data.id, selected, None,
+                                              _binary(data, selected))
+    return Response(body, headers=headers, media_type=headers.get("Content-Type"))
+
+
+async def _infer_task(service: NodeService, task: str, version: str | None,
+                      data: oip.InferRequestData) -> Response:
+    params = dict(data.parameters)
+    if version is not None:
+        params.setdefault(protocol.VERSION, version)
+    outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params, data.id)
+    selected = _select(outputs, data)
+    body, headers = oip.encode_infer_response(task, None, data.id, selected,
+                                              protocol.outcome_params(outcome, server_ms),
+                                              _binary(data, selected))
+    return Response(body, headers=headers, media_type=headers.get("Content-Type"))
+
+
+def _select(outputs: dict[str, Any], data: oip.InferRequestData) -> dict[str, Any]:
+    if not data.outputs:
+        return outputs
+    unknown = [o.name for o in data.outputs if o.name not in outputs]
+    if unknown:
+        raise TensorError(f"unknown output(s) {unknown}; this model has {sorted(outputs)}")
+    return {o.name: outputs[o.name] for o in data.outputs}
+
+
+def _binary(data: oip.InferRequestData, outputs: dict[str, Any]) -> set[str]:
+    wanted = {o.name: o.binary for o in data.outputs}
+    return {n for n in outputs
+            if (wanted.get(n) if wanted.get(n) is not None else data.binary_output_default)}
+
+
+def _header_length(request: Request) -> int | None:
+    raw = request.headers.get("inference-header-content-length")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise TensorError(f"Inference-Header-Content-Length must be an integer, got {raw!r}") \
+            from None
+
+
+def _metadata(service: NodeService, name: str, version: str | None) -> dict[str, Any]:
+    if name in service.runtimes:
+        rt: ModelRuntime = service.runtime(name, version)
+        return {"name": name, "versions": [rt.info.version], "platform": rt.platform,
+                "inputs": [s.as_metadata() for s in rt.inputs],
+                "outputs": [s.as_metadata() for s in rt.outputs],
+                "parameters": {"task": rt.info.task, "tier": service.spec.tier.label}}
+    if name in service.tasks():
+        inputs = next((s.as_metadata() for rt in service.runtimes.values()
+                       if rt.info.task == name for s in rt.inputs), None)
+        return {"name": name, "versions": [], "platform": "tierlink_router",
+                "inputs": [inputs] if inputs else [], "outputs": _ROUTED_OUTPUTS,
+                "parameters": {"routed": True}}
+    raise ModelNotFound(f"no model or task {name!r} on {service.spec.node_id}",
+                        hint=f"models: {sorted(service.runtimes)}; tasks: {sorted(service.tasks())}")

@@ -1,0 +1,204 @@
+"""The dispatcher executes a policy's ``Plan``: the runtime around a pure decision.
+
+For each placement in order it checks the circuit breaker, gives the hop a timeout from the
+remaining deadline, runs it, and then either answers, escalates (the answer's confidence is
+below the placement's threshold) or falls back (the placement failed). A transient upstream
+failure may be retried once on the same node within a retry budget. Every fallback and
+escalation is recorded in the ``Outcome`` and counted; nothing is swallowed. When later
+placements fail after a low-confidence answer, that answer is returned, marked degraded,
+rather than an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Awaitable, Callable, Protocol
+
+import numpy as np
+
+from tierlink.core.types import Fallback, Outcome, Placement, Plan, Request, Tier
+
+__all__ = ["Dispatcher", "Outcome", "RetryBudget", "StepResult", "reason_of"]
+from tierlink.errors import (
+    AdmissionRefused,
+    DeadlineExceeded,
+    TierlinkError,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One placement's answer: class probabilities and the outcome as seen from there."""
+
+    outputs: dict[str, np.ndarray]
+    outcome: Outcome
+
+
+Inputs = dict[str, np.ndarray]
+# local(placement, request, inputs, remaining_ms)
+LocalStep = Callable[[Placement, Request, Inputs, float], Awaitable[StepResult]]
+# remote(placement, request, inputs, remaining_ms, hop_budget_ms)
+RemoteStep = Callable[[Placement, Request, Inputs, float, float], Awaitable[StepResult]]
+
+
+class Breakers(Protocol):
+    def allow(self, node_id: str) -> bool: ...
+    def success(self, node_id: str) -> None: ...
+    def failure(self, node_id: str, kind: str) -> None: ...
+
+
+# Baselines ignore deadlines: their hops still get a finite timeout so nothing hangs.
+ADVISORY_DEADLINE_MS = 10_000.0
+
+
+class RetryBudget:
+    """Retries may add at most ``ratio`` of the request rate (Envoy-style retry budget):
+    each request deposits ``ratio`` tokens, each retry spends one."""
+
+    def __init__(self, ratio: float, cap: float = 10.0) -> None:
+        self._ratio = ratio
+        self._cap = cap
+        self._tokens = 1.0 if ratio > 0 else 0.0
+
+    def deposit(self) -> None:
+        self._tokens = min(self._cap, self._tokens + self._ratio)
+
+    def take(self) -> bool:
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class DispatchObserver(Protocol):
+    def escalated(self, model: str) -> None: ...
+    def fell_back(self, node_id: str, reason: str) -> None: ...
+    def retried(self, node_id: str) -> None: ...
+
+
+def reason_of(exc: TierlinkError) -> str:
+    """A short, bounded label for metrics and outcomes."""
+    if isinstance(exc, UpstreamTimeout | DeadlineExceeded):
+        return "timeout"
+    if isinstance(exc, AdmissionRefused):
+        return "refused"
+    if isinstance(exc, UpstreamUnavailable):
+        return "unavailable"
+    if isinstance(exc, UpstreamError):
+        return "upstream_error"
+    return exc.code
+
+
+class Dispatcher:
+    """Executes plans for one node. ``clock`` is monotonic seconds (injected)."""
+
+    def __init__(
+        self, node_id: str, tier: Tier, local: LocalStep, remote: RemoteStep,
+        breakers: Breakers, budget: RetryBudget, observer: DispatchObserver,
+        clock: Callable[[], float], margin_ms: float = 1.0,
+    ) -> None:
+        self._node_id, self._tier = node_id, tier
+        self._local, self._remote = local, remote
+        self._breakers, self._budget, self._obs = breakers, budget, observer
+        self._clock, self._margin_ms = clock, margin_ms
+
+    async def execute(
+        self, plan: Plan, req: Request, inputs: Inputs, deadline_at: float
+    ) -> StepResult:
+        """Run ``plan`` until an answer is final; ``deadline_at`` on the injected clock."""
+        self._budget.deposit()
+        in_hand: StepResult | None = None
+        fallbacks: list[Fallback] = []
+        escalations, spent = 0, 0.0  # spent: cost of answers superseded by an escalation
+        for i, placement in enumerate(plan.placements):
+            remaining_ms = (deadline_at - self._clock()) * 1000.0
+            if not plan.respects_deadline:
+                remaining_ms = max(remaining_ms, ADVISORY_DEADLINE_MS)
+            elif remaining_ms <= self._margin_ms:
+                fallbacks.append(Fallback(placement.node_id, "deadline", "no time left to try"))
+                self._obs.fell_back(placement.node_id, "deadline")
+                break
+            result = await self._attempt(placement, req, inputs, remaining_ms,
+                                         in_hand is not None, fallbacks)
+            if result is None:
+                continue
+            if in_hand is not None:
+                spent += in_hand.outcome.cost
+            in_hand = result
+            if self._escalate(placement, result, i, plan):
+                escalations += 1
+                self._obs.escalated(placement.model or "")
+                continue
+            return self._finish(result, fallbacks, escalations, spent, "")
+        if in_hand is not None:
+            return self._finish(in_hand, fallbacks, escalations, spent, "upstream_failed")
+        raise _all_failed(req, fallbacks)
+
+    def _escalate(self, placement: Placement, result: StepResult, i: int, plan: Plan) -> bool:
+        below = placement.escalate_below
+        return (below is not None and result.outcome.confidence < below
+                and i + 1 < len(plan.placements))
+
+    async def _attempt(
+        self, placement: Placement, req: Request, inputs: Inputs, remaining_ms: float,
+        holding: bool, fallbacks: list[Fallback],
+    ) -> StepResult | None:
+        if placement.kind == "local":
+            return await self._try(placement, self._local(placement, req, inputs, remaining_ms),
+                                   fallbacks)
+        if not self._breakers.allow(placement.node_id):
+            fallbacks.append(Fallback(placement.node_id, "breaker_open"))
+            self._obs.fell_back(placement.node_id, "breaker_open")
+            return None
+        # Keep a margin to still return the answer in hand if this hop times out.
+        budget_ms = remaining_ms - (self._margin_ms if holding else 0.0)
+        result = await self._try(
+            placement, self._remote(placement, req, inputs, remaining_ms, budget_ms), fallbacks)
+        if result is None and self._retryable(fallbacks[-1], placement, remaining_ms):
+            self._obs.retried(placement.node_id)
+            fallbacks[-1] = replace(fallbacks[-1], detail=fallbacks[-1].detail + " (retried)")
+            result = await self._try(
+                placement, self._remote(placement, req, inputs, remaining_ms, budget_ms),
+                fallbacks)
+        return result
+
+    async def _try(
+        self, placement: Placement, call: Awaitable[StepResult], fallbacks: list[Fallback]
+    ) -> StepResult | None:
+        try:
+            result = await call
+        except TierlinkError as exc:
+            reason = reason_of(exc)
+            fallbacks.append(Fallback(placement.node_id, reason, exc.message[:200]))
+            self._obs.fell_back(placement.node_id, reason)
+            if placement.kind == "remote":
+                self._breakers.failure(placement.node_id, reason)
+            return None
+        if placement.kind == "remote":
+            self._breakers.success(placement.node_id)
+        return result
+
+    def _retryable(self, last: Fallback, placement: Placement, remaining_ms: float) -> bool:
+        return (last.reason == "unavailable" and remaining_ms > 4 * self._margin_ms
+                and self._breakers.allow(placement.node_id) and self._budget.take())
+
+    def _finish(self, result: StepResult, fallbacks: list[Fallback], escalations: int,
+                spent: float, degraded: str) -> StepResult:
+        up = result.outcome
+        path = up.path if up.path and up.path[0] == self._node_id else (self._node_id, *up.path)
+        outcome = replace(up, path=path, escalations=up.escalations + escalations,
+                          fallbacks=(*fallbacks, *up.fallbacks), cost=up.cost + spent,
+                          degraded=degraded or up.degraded)
+        return StepResult(result.outputs, outcome)
+
+
+def _all_failed(req: Request, fallbacks: list[Fallback]) -> TierlinkError:
+    tried = ", ".join(f"{f.node_id}: {f.reason}" for f in fallbacks) or "no placement"
+    timed_out = bool(fallbacks) and all(f.reason in ("timeout", "deadline") for f in fallbacks)
+    cls: type[TierlinkError] = DeadlineExceeded if timed_out else UpstreamError
+    return cls(f"request {req.request_id} for {req.task!r} failed on every placement ({tried})",
+               fallbacks=[{"node": f.node_id, "reason": f.reason, "detail": f.detail}
+                          for f in fallbacks])

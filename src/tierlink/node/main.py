@@ -1,0 +1,97 @@
+"""Run one node process: load its models, serve OIP over HTTP, heartbeat to the control plane.
+
+``run_node(spec)`` blocks until SIGTERM/SIGINT, then deregisters and shuts down cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
+from tierlink.node.service import NodeService
+from tierlink.node.spec import NodeSpec
+
+log = logging.getLogger("tierlink.node")
+
+
+def load_runtimes(spec: NodeSpec) -> dict[str, ModelRuntime]:
+    runtimes: dict[str, ModelRuntime] = {}
+    for src in spec.models:
+        info = ModelInfo.from_card(Path(src.card))
+        runtimes[src.name] = OnnxModel(Path(src.onnx), info)
+    return runtimes
+
+
+def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.node_id} %(levelname)s "
+                                                   "%(name)s: %(message)s")
+    asyncio.run(serve_node(spec, runtimes if runtimes is not None else load_runtimes(spec)))
+
+
+async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
+    import uvicorn
+
+    from tierlink.control.client import ControlClient, HeartbeatLoop, RegistryCache
+    from tierlink.node.app import create_app
+
+    control = ControlClient(spec.control_url) if spec.control_url else None
+    cache = RegistryCache(control) if control else None
+    service = NodeService(spec, runtimes, records=(lambda: cache.nodes) if cache else list)
+    app = create_app(service)
+    server = uvicorn.Server(uvicorn.Config(app, host=spec.host, port=spec.port,
+                                           log_level="warning", access_log=False,
+                                           timeout_keep_alive=30))
+    await service.start()
+    serving = asyncio.create_task(server.serve())
+    beat = HeartbeatLoop(control, cache) if control else None
+    try:
+        port = await _wait_started(server, serving)
+        address = f"http://{spec.host}:{port}"
+        if beat:
+            # Register and learn the fleet before saying "ready"; then beat on a fixed rate.
+            await beat.beat(lambda: service.heartbeat_body(address))
+            service.refresh_view()
+            beat.start(lambda: service.heartbeat_body(address), spec.heartbeat_s)
+        app.state.ready = True
+        _write_ready(spec, port)
+        log.info("node %s (%s) serving on %s", spec.node_id, spec.tier.label, address)
+        await serving
+    finally:
+        if beat:
+            await beat.stop(deregister=True)
+        if control:
+            await control.close()
+        await service.stop()
+
+
+async def _wait_started(server: Any, serving: asyncio.Task[None]) -> int:
+    while not server.started:
+        if serving.done():
+            serving.result()  # re-raise why it could not start (e.g. port in use)
+            raise RuntimeError("HTTP server stopped before it started")
+        await asyncio.sleep(0.01)
+    return int(server.servers[0].sockets[0].getsockname()[1])
+
+
+def _write_ready(spec: NodeSpec, port: int) -> None:
+    if spec.ready_file:
+        tmp = Path(spec.ready_file + ".tmp")
+        tmp.write_text(json.dumps({"node_id": spec.node_id, "port": port}))
+        tmp.replace(spec.ready_file)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="run one tierlink node from a spec file")
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args()
+    run_node(NodeSpec.load(args.spec))
+
+
+if __name__ == "__main__":
+    main()

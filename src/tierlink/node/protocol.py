@@ -1,0 +1,136 @@
+"""What travels with a request across hops, as OIP ``parameters``.
+
+Request parameters (all optional; a client on the device may send none):
+
+==========================  ==========================================================
+``tierlink.deadline_ms``    budget left, in ms, when the request was sent (default 1000)
+``tierlink.privacy``        ``local`` | ``site`` | ``any`` (default ``any``)
+``tierlink.priority``       ``realtime`` | ``interactive`` | ``batch``
+``tierlink.origin``         node id of the device the input came from (default: receiver)
+``tierlink.hops``           forwarding hops so far
+``tierlink.version``        pin a model version
+``tierlink.policy``         name a policy for this request (only if the fleet allows it)
+``traceparent``             W3C trace context
+==========================  ==========================================================
+
+Response parameters describe the :class:`~tierlink.core.types.Outcome`: ``served_by``,
+``tier``, ``model``, ``path`` (JSON list), ``confidence``, ``escalations``, ``fallbacks``
+(JSON list of ``{node, reason, detail}``), ``cost_usd``, ``server_ms`` and ``degraded``, each
+prefixed with ``tierlink.``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Request, Tier
+from tierlink.errors import InvalidRequest
+
+DEADLINE = "tierlink.deadline_ms"
+PRIVACY = "tierlink.privacy"
+PRIORITY = "tierlink.priority"
+ORIGIN = "tierlink.origin"
+HOPS = "tierlink.hops"
+VERSION = "tierlink.version"
+POLICY = "tierlink.policy"
+TRACEPARENT = "traceparent"
+
+DEFAULT_DEADLINE_MS = 1000.0
+MAX_DEADLINE_MS = 3_600_000.0
+
+
+def parse_request(
+    task: str, params: Mapping[str, Any], *, request_id: str, receiver: str, input_bytes: int
+) -> Request:
+    """Build a ``Request`` from OIP parameters; a bad value is an ``InvalidRequest``."""
+    return Request(
+        request_id=request_id,
+        task=task,
+        deadline_ms=_deadline(params.get(DEADLINE, DEFAULT_DEADLINE_MS)),
+        origin=str(params.get(ORIGIN) or receiver),
+        privacy=_enum(Privacy.parse, params.get(PRIVACY, "any"), PRIVACY),
+        priority=_enum(Priority.parse, params.get(PRIORITY, "interactive"), PRIORITY),
+        input_bytes=input_bytes,
+        version=str(params[VERSION]) if params.get(VERSION) is not None else None,
+        hops=_int(params.get(HOPS, 0), HOPS),
+        policy=str(params[POLICY]) if params.get(POLICY) else None,
+    )
+
+
+def forward_params(req: Request, deadline_ms: float, traceparent: str | None) -> dict[str, Any]:
+    """Parameters for the next hop: what is left of the deadline, one more hop."""
+    params: dict[str, Any] = {
+        DEADLINE: round(deadline_ms, 3),
+        PRIVACY: req.privacy.value,
+        PRIORITY: req.priority.label,
+        ORIGIN: req.origin,
+        HOPS: req.hops + 1,
+    }
+    if req.version:
+        params[VERSION] = req.version
+    if req.policy:
+        params[POLICY] = req.policy
+    if traceparent:
+        params[TRACEPARENT] = traceparent
+    return params
+
+
+def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
+    return {
+        "tierlink.served_by": outcome.served_by,
+        "tierlink.tier": outcome.tier.label,
+        "tierlink.model": outcome.model,
+        "tierlink.path": json.dumps(list(outcome.path)),
+        "tierlink.confidence": round(outcome.confidence, 6),
+        "tierlink.escalations": outcome.escalations,
+        "tierlink.fallbacks": json.dumps([{"node": f.node_id, "reason": f.reason,
+                                           "detail": f.detail} for f in outcome.fallbacks]),
+        "tierlink.cost_usd": outcome.cost,
+        "tierlink.server_ms": round(server_ms, 3),
+        "tierlink.degraded": outcome.degraded,
+    }
+
+
+def parse_outcome(params: Mapping[str, Any]) -> Outcome:
+    """Rebuild an upstream's outcome from its response parameters."""
+    try:
+        return Outcome(
+            served_by=str(params["tierlink.served_by"]),
+            tier=Tier.parse(str(params["tierlink.tier"])),
+            model=str(params["tierlink.model"]),
+            path=tuple(json.loads(params["tierlink.path"])),
+            confidence=float(params["tierlink.confidence"]),
+            escalations=int(params.get("tierlink.escalations", 0)),
+            fallbacks=tuple(Fallback(f["node"], f["reason"], f.get("detail", ""))
+                            for f in json.loads(params.get("tierlink.fallbacks", "[]"))),
+            cost=float(params.get("tierlink.cost_usd", 0.0)),
+            degraded=str(params.get("tierlink.degraded", "")),
+            timings_ms={"server_ms": float(params.get("tierlink.server_ms", 0.0))},
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise InvalidRequest(f"upstream response lacks routing parameters: {exc}") from exc
+
+
+def _deadline(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise InvalidRequest(f"{DEADLINE} must be a number of milliseconds, got {value!r}") from None
+    if math.isnan(out) or out > MAX_DEADLINE_MS:
+        raise InvalidRequest(f"{DEADLINE} = {value!r} is not a usable deadline")
+    return out
+
+
+def _enum(parse: Any, value: Any, name: str) -> Any:
+    try:
+        return parse(value)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"{name}: {exc}") from None
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise InvalidRequest(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)

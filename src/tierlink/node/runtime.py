@@ -1,0 +1,190 @@
+"""Model runtimes a node serves: ONNX Runtime for real models, a deterministic fake for tests.
+
+A runtime validates inputs against its signature (a clear ``TensorError`` naming the tensor,
+never a crash inside the runtime) and runs one blocking call. The node runs that call on a
+scheduler worker thread, so ``infer`` must be thread-safe for one caller at a time per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from tierlink.core.types import CascadePoint, ModelView
+from tierlink.errors import RuntimeFailure, TensorError, ZooError
+
+MAX_BATCH = 256
+
+_ORT_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
+              "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(int8)": "INT8",
+              "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL"}
+_NP_TYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
+             "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """An input or output of a model; ``-1`` marks a dynamic dimension (the batch)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What a node knows of a model variant besides its graph: from the model card."""
+
+    name: str
+    task: str
+    version: str
+    accuracy: float = 0.0
+    latency_ms: float = 1.0
+    temperature: float = 1.0
+    cascade: tuple[CascadePoint, ...] = ()
+    labels: tuple[str, ...] = ()
+    card: dict[str, Any] = field(default_factory=dict)
+
+    def view(self, latency_ms: float | None = None) -> ModelView:
+        return ModelView(self.name, self.task, self.version, self.accuracy,
+                         latency_ms if latency_ms is not None else self.latency_ms,
+                         cascade=self.cascade)
+
+    @classmethod
+    def from_card(cls, path: Path) -> ModelInfo:
+        """Read a zoo model card (JSON written by ``tierlink zoo build``)."""
+        try:
+            card = json.loads(path.read_text())
+            cascade = tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
+                                         float(p["answered_accuracy"]))
+                            for p in card.get("cascade", []))
+            return cls(name=card["name"], task=card["task"], version=str(card["version"]),
+                       accuracy=float(card["test_accuracy"]),
+                       latency_ms=float(card["latency_ms"]["batch1_p50"]),
+                       temperature=float(card.get("temperature", 1.0)), cascade=cascade,
+                       labels=tuple(card.get("labels", ())), card=card)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ZooError(f"model card {path} is unreadable or incomplete: {exc}") from exc
+
+
+class ModelRuntime(Protocol):
+    info: ModelInfo
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    platform: str
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+def validate_inputs(
+    model: str, specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Check names, dtypes and shapes against the signature; returns the inputs to feed."""
+    expected = {s.name for s in specs}
+    if set(inputs) != expected:
+        raise TensorError(f"model {model!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
+    for spec in specs:
+        _check_tensor(model, spec, inputs[spec.name])
+    return inputs
+
+
+def _check_tensor(model: str, spec: TensorSpec, arr: np.ndarray) -> None:
+    want = _NP_TYPES.get(spec.datatype)
+    if want is not None and arr.dtype != want:
+        raise TensorError(f"input {spec.name!r} of {model!r} must be {spec.datatype}, "
+                          f"got {arr.dtype}", hint="convert the tensor before sending it")
+    if arr.ndim != len(spec.shape) or any(
+        d != -1 and d != a for d, a in zip(spec.shape, arr.shape, strict=True)
+    ):
+        raise TensorError(f"input {spec.name!r} of {model!r} must have shape "
+                          f"{list(spec.shape)} (-1 = any), got {list(arr.shape)}")
+    if arr.ndim and not 1 <= arr.shape[0] <= MAX_BATCH:
+        raise TensorError(f"input {spec.name!r}: batch size {arr.shape[0]} is outside "
+                          f"1..{MAX_BATCH}")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise TensorError(f"input {spec.name!r} of {model!r} contains NaN or infinity")
+
+
+class OnnxModel:
+    """An ONNX model in ONNX Runtime: one session, one intra-op thread, no spinning (several
+    sessions share two cores, and spinning threads starve each other)."""
+
+    platform = "onnxruntime_onnx"
+
+    def __init__(self, path: Path, info: ModelInfo, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        try:
+            self._session = ort.InferenceSession(str(path), opts,
+                                                 providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise ZooError(f"cannot load ONNX model {path}: {exc}") from exc
+        self.info = info
+        self.inputs = tuple(_spec(i) for i in self._session.get_inputs())
+        self.outputs = tuple(_spec(o) for o in self._session.get_outputs())
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = validate_inputs(self.info.name, self.inputs, inputs)
+        try:
+            values = self._session.run(None, feed)
+        except Exception as exc:  # map onnxruntime's errors at this boundary
+            raise RuntimeFailure(f"{self.info.name} failed: {exc}") from exc
+        return {spec.name: np.asarray(v) for spec, v in zip(self.outputs, values, strict=True)}
+
+
+def _spec(arg: Any) -> TensorSpec:
+    shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
+    return TensorSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type), shape)
+
+
+class FakeModel:
+    """Deterministic stand-in with the zoo's signature: logits from the input's mean, so the
+    same input always gives the same answer. ``latency_ms`` blocks for real; ``fail`` raises."""
+
+    platform = "fake"
+
+    def __init__(self, info: ModelInfo, latency_ms: float = 0.0, classes: int = 10,
+                 sharpness: float = 40.0) -> None:
+        self.info = info
+        self.latency_ms = latency_ms
+        self.fail = threading.Event()
+        self._classes = classes
+        self._sharpness = sharpness
+        self.calls = 0
+        self.inputs = (TensorSpec("input", "FP32", (-1, 1, 28, 28)),)
+        self.outputs = (TensorSpec("logits", "FP32", (-1, classes)),)
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = validate_inputs(self.info.name, self.inputs, inputs)["input"]
+        self.calls += 1
+        if self.latency_ms:
+            time.sleep(self.latency_ms / 1000.0)
+        if self.fail.is_set():
+            raise RuntimeFailure(f"{self.info.name}: injected failure")
+        means = x.reshape(x.shape[0], -1).mean(axis=1)  # (N,)
+        centers = np.linspace(0.0, 1.0, self._classes, dtype=np.float32)  # (C,)
+        logits = -self._sharpness * np.abs(means[:, None] - centers[None, :])  # (N, C)
+        return {"logits": logits.astype(np.float32)}
+
+
+def softmax_confidence(logits: np.ndarray, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Calibrated probabilities (N, C) and per-sample confidence (N,) = max probability."""
+    z = logits.astype(np.float64) / max(temperature, 1e-6)  # (N, C)
+    z -= z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    probs = e / e.sum(axis=1, keepdims=True)
+    return probs.astype(np.float32), probs.max(axis=1)

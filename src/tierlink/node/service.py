@@ -1,0 +1,354 @@
+"""One node's behaviour, independent of HTTP: serve its models, route tasks by policy.
+
+``NodeService`` owns the scheduler (priority queue + admission control), the model runtimes,
+the dispatcher with its circuit breakers and link estimators, the cached cluster view and
+the metrics. The FastAPI app in ``node/app.py`` only translates HTTP to calls on it.
+
+Two entry points:
+
+* ``infer_model(name, ...)`` — run one of *this node's* model variants (what an OIP client
+  such as tritonclient calls); raw outputs, no routing.
+* ``infer_task(task, ...)`` — the routed path: build a ``Request``, let the policy plan it,
+  let the dispatcher execute the plan across tiers; answers with class probabilities and the
+  outcome's routing parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from tierlink import __version__
+from tierlink.core.types import NodeView, Outcome, Placement, Priority, Request
+from tierlink.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    NoFeasiblePlacement,
+    PrivacyViolation,
+    TierlinkError,
+)
+from tierlink.estimate.latency import LinkEstimator
+from tierlink.core.types import LinkView
+from tierlink.node import protocol
+from tierlink.node.breaker import BreakerBoard, BreakerSettings
+from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
+from tierlink.node.runtime import ModelRuntime, softmax_confidence
+from tierlink.node.scheduler import Scheduler, SchedulerConfig
+from tierlink.node.spec import NodeSpec, UpstreamSpec
+from tierlink.node.view import build_view, model_view_to_dict
+from tierlink.policy import REGISTRY, Policy
+from tierlink.telemetry import tracing
+from tierlink.telemetry.metrics import NodeMetrics
+from tierlink.transport.client import OipClient
+
+log = logging.getLogger("tierlink.node")
+
+
+@dataclass(slots=True)
+class _Upstream:
+    spec: UpstreamSpec
+    estimator: LinkEstimator
+
+
+class NodeService:
+    """See the module docstring. Create, ``await start()``, serve, ``await stop()``."""
+
+    def __init__(
+        self, spec: NodeSpec, runtimes: dict[str, ModelRuntime], *,
+        clock: Callable[[], float] = time.monotonic, client: OipClient | None = None,
+        records: Callable[[], list[dict[str, Any]]] = list, metrics: NodeMetrics | None = None,
+    ) -> None:
+        self.spec = spec
+        self.runtimes = runtimes
+        self.routing = spec.routing()
+        self.metrics = metrics or NodeMetrics(spec.tier.label)
+        self._clock = clock
+        self._rng = random.Random(spec.seed)
+        self._records = records  # the registry cache's last view (never raises)
+        self._client = client or OipClient()
+        self._policies = {name: REGISTRY.create(name, self.routing.policy_config())
+                          for name in REGISTRY.names()}
+        self._default_policy = self._policy_named(self.routing.policy)
+        self.scheduler = Scheduler(SchedulerConfig(workers=spec.workers, max_queue=spec.max_queue,
+                                                   initial_service_ms=self._initial_ms()),
+                                   clock=clock, observer=self.metrics)
+        for name, rt in runtimes.items():
+            self.scheduler.seed_service_ms(name, rt.info.latency_ms)
+        self._upstreams = {u.node_id: _Upstream(u, LinkEstimator(
+            LinkView(spec.node_id, u.node_id, u.rtt_ms, u.bandwidth_mbit, u.loss),
+            hop_overhead_ms=self.routing.policy_config().estimates.hop_overhead_ms))
+            for u in spec.upstreams}
+        self.breakers = BreakerBoard(
+            BreakerSettings(failure_threshold=self.routing.breaker.failure_threshold,
+                            cooldown_s=self.routing.breaker.cooldown_s,
+                            max_cooldown_s=self.routing.breaker.max_cooldown_s),
+            clock=clock, on_transition=self._on_breaker)
+        self._outstanding: dict[str, int] = {}
+        self._inflight = 0
+        self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
+                                     _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
+                                     _Observer(self.metrics), clock)
+        self.refresh_view()
+        self._refresher: asyncio.Task[None] | None = None
+        self.started_at = time.time()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.scheduler.start()
+        self._register_gauges()
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="view-refresh")
+
+    async def stop(self) -> None:
+        if self._refresher:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        await self.scheduler.close()
+        await self._client.close()
+
+    # -- direct model inference (OIP, no routing) ------------------------------------------
+
+    def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
+        rt = self.runtimes.get(name)
+        if rt is None or (version is not None and rt.info.version != version):
+            want = f"{name!r}" + (f" version {version!r}" if version else "")
+            raise ModelNotFound(f"model {want} is not served by {self.spec.node_id}",
+                                hint=f"served: {sorted(self.runtimes)}; routed tasks: "
+                                     f"{sorted(self.tasks())}")
+        return rt
+
+    async def infer_model(
+        self, name: str, version: str | None, inputs: dict[str, np.ndarray],
+        params: dict[str, Any],
+    ) -> dict[str, np.ndarray]:
+        rt = self.runtime(name, version)
+        priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
+        deadline_ms = params.get(protocol.DEADLINE)
+        deadline_s = None if deadline_ms is None else self._clock() + float(deadline_ms) / 1000
+        out, _ = await self._submit(rt, inputs, priority, deadline_s)
+        return out
+
+    # -- routed inference -----------------------------------------------------------------
+
+    def tasks(self) -> set[str]:
+        local = {rt.info.task for rt in self.runtimes.values()}
+        return local | {m.task for n in self.view.nodes.values() for m in n.models}
+
+    async def infer_task(
+        self, task: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
+        request_id: str | None,
+    ) -> tuple[dict[str, np.ndarray], Outcome, float]:
+        """Route one request. Returns outputs, the outcome and this node's time in ms."""
+        t0 = self._clock()
+        req = protocol.parse_request(task, params, request_id=request_id or uuid.uuid4().hex,
+                                     receiver=self.spec.node_id,
+                                     input_bytes=sum(a.nbytes for a in inputs.values()))
+        policy = self._policy_for(req)
+        self._check_receipt(req, policy)
+        self._inflight += 1
+        try:
+            with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
+                              {"tierlink.node": self.spec.node_id, "tierlink.task": task}):
+                result = await self._route(req, policy, inputs, t0)
+        finally:
+            self._inflight -= 1
+        return result.outputs, result.outcome, (self._clock() - t0) * 1000.0
+
+    async def _route(self, req: Request, policy: Policy, inputs: dict[str, np.ndarray],
+                     t0: float) -> StepResult:
+        plan = policy.plan(req, self.view, self._rng)
+        if plan.empty:
+            raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
+                                      request_id=req.request_id)
+        self.metrics.placements.labels(self.spec.tier.label, plan.policy, plan.reason).inc()
+        return await self.dispatcher.execute(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+
+    def _policy_for(self, req: Request) -> Policy:
+        if req.policy is None or req.policy == self._default_policy.name:
+            return self._default_policy
+        if not self.routing.allow_policy_override:
+            raise InvalidRequest(f"this fleet does not allow choosing the policy per request "
+                                 f"({protocol.POLICY}={req.policy!r})",
+                                 hint="set routing.allow_policy_override in the fleet file")
+        return self._policy_named(req.policy)
+
+    def _policy_named(self, name: str) -> Policy:
+        if name not in self._policies:
+            raise InvalidRequest(f"unknown policy {name!r}", hint=f"one of {sorted(self._policies)}")
+        return self._policies[name]
+
+    def _check_receipt(self, req: Request, policy: Policy) -> None:
+        """Count what this node actually received; refuse what it may not hold."""
+        allowed = req.privacy.allows(self.spec.tier, at_origin=req.origin == self.spec.node_id)
+        verdict = "allowed" if allowed else "violation"
+        self.metrics.inputs_received.labels(self.spec.tier.label, req.privacy.value, verdict).inc()
+        if not allowed and policy.respects_privacy:
+            raise PrivacyViolation(f"{self.spec.node_id} ({self.spec.tier.label}) may not hold "
+                                   f"a {req.privacy.value!r} input from {req.origin}")
+        if req.deadline_ms <= 0 and policy.respects_deadline:
+            raise DeadlineExceeded(f"request {req.request_id} arrived with its deadline spent "
+                                   f"({req.deadline_ms:.1f} ms left)")
+
+    # -- the dispatcher's steps ------------------------------------------------------------
+
+    async def _run_local(self, placement: Placement, req: Request,
+                         inputs: dict[str, np.ndarray], remaining_ms: float) -> StepResult:
+        rt = self.runtime(placement.model or "")
+        out, compute_ms = await self._submit(rt, inputs, req.priority,
+                                             self._clock() + remaining_ms / 1000.0)
+        probs, conf = softmax_confidence(out[rt.outputs[0].name], rt.info.temperature)
+        confidence = float(conf.min())
+        self.metrics.confidence.labels(self.spec.tier.label, rt.info.name).observe(confidence)
+        cost = self.routing.cost.compute(self.spec.tier, compute_ms)
+        self.metrics.cost.labels(self.spec.tier.label).inc(cost)
+        outcome = Outcome(self.spec.node_id, self.spec.tier, rt.info.name, (self.spec.node_id,),
+                          confidence, cost=cost, timings_ms={"compute_ms": compute_ms})
+        return StepResult({"probabilities": probs, "label": probs.argmax(axis=1).astype(np.int64)},
+                          outcome)
+
+    async def _submit(self, rt: ModelRuntime, inputs: dict[str, np.ndarray], priority: Priority,
+                      deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:
+        timing: list[float] = []
+
+        def call() -> dict[str, np.ndarray]:
+            start = time.perf_counter()
+            try:
+                return rt.infer(inputs)
+            finally:
+                timing.append((time.perf_counter() - start) * 1000.0)
+
+        out = await self.scheduler.submit(call, priority=priority, deadline_s=deadline_s,
+                                          key=rt.info.name)
+        self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(timing[0] / 1000)
+        return out, timing[0]
+
+    async def _run_remote(self, placement: Placement, req: Request,
+                          inputs: dict[str, np.ndarray], remaining_ms: float,
+                          budget_ms: float) -> StepResult:
+        up = self._upstreams[placement.node_id]
+        link = up.estimator.view()
+        send_ms = budget_ms - link.rtt_ms - self.dispatcher_margin_ms
+        if send_ms <= 0:
+            raise DeadlineExceeded(f"no time left for the hop to {placement.node_id} "
+                                   f"({budget_ms:.1f} ms left, link RTT {link.rtt_ms:.1f} ms)")
+        params = protocol.forward_params(req, send_ms, tracing.current_traceparent())
+        node = placement.node_id
+        self._outstanding[node] = self._outstanding.get(node, 0) + 1
+        start = self._clock()
+        try:
+            resp = await self._client.infer(up.spec.url, req.task, inputs, params,
+                                            timeout_s=budget_ms / 1000.0)
+        finally:
+            self._outstanding[node] -= 1
+        total_ms = (self._clock() - start) * 1000.0
+        outcome = protocol.parse_outcome(resp.parameters)
+        up.estimator.observe(total_ms, outcome.timings_ms.get("server_ms", 0.0), req.input_bytes)
+        transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
+        return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
+
+    dispatcher_margin_ms = 1.0
+
+    # -- view, heartbeat, metrics ----------------------------------------------------------
+
+    def me(self) -> NodeView:
+        stats = self.scheduler.snapshot()
+        models = tuple(rt.info.view(stats.service_ms_by_key.get(name, rt.info.latency_ms))
+                       for name, rt in self.runtimes.items())
+        return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
+                        inflight=stats.inflight, workers=stats.workers)
+
+    def refresh_view(self) -> None:
+        """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""
+        self.view = build_view(self.me(), self._records(),
+                          [u.estimator.view() for u in self._upstreams.values()],
+                          self.breakers.healthy, self._outstanding)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.view_refresh_s)
+            try:
+                self.refresh_view()
+            except Exception:  # never let the refresher die; the old view stays
+                log.exception("view refresh failed; keeping the previous view")
+
+    def heartbeat_body(self, address: str) -> dict[str, Any]:
+        me = self.me()
+        return {
+            "node_id": me.node_id, "tier": me.tier.label, "address": address,
+            "models": [model_view_to_dict(m) for m in me.models],
+            "queue_depth": me.queue_depth, "inflight": me.inflight + self._inflight,
+            "workers": me.workers, "upstream": sorted(self._upstreams),
+            "links": [{"dst": l.dst, "rtt_ms": round(l.rtt_ms, 3),
+                       "bandwidth_mbit": l.bandwidth_mbit, "loss": l.loss}
+                      for l in (u.estimator.view() for u in self._upstreams.values())],
+            "started_at": self.started_at, "software": __version__,
+        }
+
+    def status(self) -> dict[str, Any]:
+        stats = self.scheduler.snapshot()
+        return {"node_id": self.spec.node_id, "tier": self.spec.tier.label,
+                "models": sorted(self.runtimes), "tasks": sorted(self.tasks()),
+                "queue_depth": stats.queue_depth, "inflight": stats.inflight,
+                "breakers": self.breakers.states(), "outstanding": dict(self._outstanding),
+                "view_nodes": sorted(self.view.nodes),
+                "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
+                              "samples": u.estimator.samples}
+                          for k, u in self._upstreams.items()}}
+
+    def _register_gauges(self) -> None:
+        tier = self.spec.tier.label
+        for p in Priority:
+            self.metrics.queue_depth.labels(tier, p.label).set_function(
+                lambda p=p: self.scheduler.snapshot().queue_depth_by_priority.get(p, 0))
+        self.metrics.inflight.labels(tier).set_function(lambda: self._inflight)
+
+    def _on_breaker(self, node_id: str, old: str, new: str) -> None:
+        self.metrics.breaker_state.labels(self.spec.tier.label, node_id).set(
+            1.0 if new == "open" else 0.0)
+        log.warning("breaker to %s: %s -> %s", node_id, old, new)
+        self.refresh_view()
+
+    def _initial_ms(self) -> float:
+        return max((rt.info.latency_ms for rt in self.runtimes.values()), default=5.0)
+
+
+class _Breakers:
+    """Adapts the breaker board to the dispatcher's small protocol."""
+
+    def __init__(self, board: BreakerBoard) -> None:
+        self._board = board
+
+    def allow(self, node_id: str) -> bool:
+        return self._board.allow(node_id)
+
+    def success(self, node_id: str) -> None:
+        self._board.record_success(node_id)
+
+    def failure(self, node_id: str, kind: str) -> None:
+        # A refused/reset connection means the node is gone: open at once (breaker "connect").
+        self._board.record_failure(node_id, "connect" if kind == "unavailable" else kind)
+
+
+class _Observer:
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self._m = metrics
+
+    def escalated(self, model: str) -> None:
+        self._m.escalations.labels(self._m.tier, model).inc()
+
+    def fell_back(self, node_id: str, reason: str) -> None:
+        self._m.fallbacks.labels(self._m.tier, node_id, reason).inc()
+
+    def retried(self, node_id: str) -> None:
+        self._m.retries.labels(self._m.tier, node_id).inc()
+
+
+__all__ = ["NodeService", "TierlinkError"]

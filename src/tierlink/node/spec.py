@@ -1,0 +1,77 @@
+"""Everything one node process needs to start, as a frozen dataclass with a JSON form.
+
+``tierlink up`` writes one spec file per node (with the addresses of its emulated links);
+``tierlink node`` builds one from flags.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tierlink.core.types import Tier
+from tierlink.errors import ConfigError
+from tierlink.fleet.config import RoutingConfig, parse_routing
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    name: str
+    onnx: str  # path to the .onnx file
+    card: str  # path to its model card (JSON)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSpec:
+    """A node this one can send to, and how: ``url`` is the link's address (an emulated
+    link's listen port in a local fleet), RTT/bandwidth seed the link estimator."""
+
+    node_id: str
+    url: str
+    rtt_ms: float = 1.0
+    bandwidth_mbit: float = 1000.0
+    loss: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    node_id: str
+    tier: Tier
+    models: tuple[ModelSource, ...]
+    host: str = "127.0.0.1"
+    port: int = 0
+    control_url: str | None = None
+    upstreams: tuple[UpstreamSpec, ...] = ()
+    routing_raw: dict[str, Any] = field(default_factory=dict)
+    cost_raw: dict[str, Any] = field(default_factory=dict)
+    workers: int = 1
+    max_queue: int = 256
+    seed: int = 0
+    heartbeat_s: float = 1.0
+    view_refresh_s: float = 0.25
+    ready_file: str | None = None
+
+    def routing(self) -> RoutingConfig:
+        return parse_routing(self.routing_raw, self.cost_raw)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["tier"] = self.tier.label
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeSpec:
+        try:
+            data = json.loads(text)
+            data["tier"] = Tier.parse(data["tier"])
+            data["models"] = tuple(ModelSource(**m) for m in data.get("models", []))
+            data["upstreams"] = tuple(UpstreamSpec(**u) for u in data.get("upstreams", []))
+            return cls(**data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"invalid node spec: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: str | Path) -> NodeSpec:
+        return cls.from_json(Path(path).read_text())

@@ -1,0 +1,99 @@
+"""Prometheus metrics of one node, one vocabulary on every tier.
+
+Every series carries ``tier``; Prometheus adds ``instance`` (the node) when it scrapes, so
+node ids are not a label here except where a series is *about* another node (``upstream``).
+The node's components report through :class:`NodeMetrics`; nothing in the core imports it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tierlink.core.types import Priority
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+# Latency buckets from 0.5 ms to 10 s: device answers are sub-millisecond, cloud ones ~100 ms.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class NodeMetrics:
+    """All series a node exports. Create one per node process (own registry)."""
+
+    def __init__(self, tier: str, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = registry or CollectorRegistry()
+        self.tier = tier
+        r = self.registry
+        self.requests = Counter("tierlink_requests_total",
+                                "Requests handled, by entry point, model or task, and outcome",
+                                ["tier", "kind", "model", "outcome"], registry=r)
+        self.latency = Histogram("tierlink_request_duration_seconds",
+                                 "Time from receipt to answer at this node",
+                                 ["tier", "kind", "model", "outcome"], buckets=LATENCY_BUCKETS,
+                                 registry=r)
+        self.compute = Histogram("tierlink_compute_duration_seconds",
+                                 "Model runtime time per call", ["tier", "model"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("tierlink_queue_wait_seconds", "Time waiting for a worker",
+                                    ["tier", "priority"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("tierlink_queue_depth", "Jobs waiting for a worker",
+                                 ["tier", "priority"], registry=r)
+        self.inflight = Gauge("tierlink_inflight_requests", "Requests being handled now",
+                              ["tier"], registry=r)
+        self.admission_refused = Counter("tierlink_admission_refused_total",
+                                         "Requests refused at once by admission control",
+                                         ["tier", "reason"], registry=r)
+        self.placements = Counter("tierlink_placements_total",
+                                  "Routing decisions by the option chosen",
+                                  ["tier", "policy", "option"], registry=r)
+        self.escalations = Counter("tierlink_escalations_total",
+                                   "Answers passed upstream for low confidence",
+                                   ["tier", "model"], registry=r)
+        self.fallbacks = Counter("tierlink_fallbacks_total",
+                                 "Placements that failed and were replaced by the next one",
+                                 ["tier", "upstream", "reason"], registry=r)
+        self.retries = Counter("tierlink_retries_total", "Retries on the same upstream",
+                               ["tier", "upstream"], registry=r)
+        self.breaker_state = Gauge("tierlink_breaker_open",
+                                   "1 while the circuit breaker to an upstream is open",
+                                   ["tier", "upstream"], registry=r)
+        self.inputs_received = Counter("tierlink_inputs_received_total",
+                                       "Raw inputs this node received, by privacy and verdict",
+                                       ["tier", "privacy", "verdict"], registry=r)
+        self.confidence = Histogram("tierlink_confidence", "Confidence of local answers",
+                                    ["tier", "model"],
+                                    buckets=(0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0),
+                                    registry=r)
+        self.cost = Counter("tierlink_cost_usd_total", "Cost of the work this node did (USD)",
+                            ["tier"], registry=r)
+        self.control_stale = Gauge("tierlink_view_age_seconds",
+                                   "Age of the cached cluster view", ["tier"], registry=r)
+
+    # -- scheduler observer protocol ---------------------------------------------------
+
+    # Queue depth and in-flight are read from the scheduler at scrape time (set_function),
+    # so they cannot drift when a waiting job is cancelled.
+
+    def on_admit(self, priority: Priority) -> None:
+        return None
+
+    def on_refuse(self, priority: Priority, reason: str) -> None:
+        self.admission_refused.labels(self.tier, reason).inc()
+
+    def on_start(self, priority: Priority, waited_s: float) -> None:
+        self.queue_wait.labels(self.tier, Priority(priority).label).observe(waited_s)
+
+    def on_finish(self, priority: Priority, run_s: float, ok: bool) -> None:
+        return None
+
+    def on_expire(self, priority: Priority) -> None:
+        self.admission_refused.labels(self.tier, "expired").inc()
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)

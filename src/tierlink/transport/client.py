@@ -1,0 +1,218 @@
+"""Async Open Inference Protocol v2 client that nodes use to call each other (and any OIP server).
+
+One :class:`OipClient` per process, shared by every call: it owns one ``httpx.AsyncClient`` whose
+keep-alive pool makes a hop cost one request on a warm connection. This module is the boundary
+where httpx errors become tierlink errors (``raise ... from exc``)::
+
+    timeout (ours or httpx's)                  → UpstreamTimeout
+    connect refused / reset / protocol broken  → UpstreamUnavailable
+    non-2xx with a JSON {"error": ...} body    → error_from_dict(body, status), e.g. 429
+                                                 {"code": "admission_refused"} → AdmissionRefused
+    non-2xx otherwise, malformed 2xx body      → UpstreamError
+    any other httpx error                      → UpstreamError
+
+Every error raised carries ``details["url"]``. The client sends ``Accept-Encoding: identity``
+(tensors compress poorly and the hop is CPU-bound) and ignores proxy settings from the
+environment (``trust_env=False``): node-to-node traffic goes straight to the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+
+from tierlink.errors import (
+    InvalidRequest,
+    TierlinkError,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_from_dict,
+)
+from tierlink.transport.oip import (
+    HEADER_LENGTH,
+    InferResponseData,
+    decode_infer_response,
+    encode_infer_request,
+)
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 100
+# Keys TierlinkError.__init__ takes itself: an upstream's details must not collide with them.
+_RESERVED_DETAILS = frozenset({"message", "hint"})
+
+
+class OipClient:
+    """Async OIP v2 REST client over one pooled ``httpx.AsyncClient``.
+
+    Create one per process and share it; close it with :meth:`close` or ``async with``.
+    ``timeout_s`` bounds each call end to end unless the call passes its own (the dispatcher
+    passes the remaining deadline). ``transport`` replaces the network, e.g. with
+    ``httpx.MockTransport`` in tests.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if timeout_s <= 0 or max_connections < 1:
+            raise ValueError("OipClient needs timeout_s > 0 and max_connections >= 1")
+        self._timeout_s = timeout_s
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s,
+            limits=limits,
+            transport=transport,
+            headers={"Accept-Encoding": "identity"},
+            trust_env=False,
+        )
+
+    async def close(self) -> None:
+        """Close every pooled connection. The client cannot be used afterwards."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> OipClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def infer(
+        self,
+        base_url: str,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        parameters: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        binary: bool = True,
+        headers: Mapping[str, str] | None = None,
+        *,
+        version: str | None = None,
+        outputs: list[str] | None = None,
+        request_id: str | None = None,
+    ) -> InferResponseData:
+        """POST ``{base_url}/v2/models/{model}[/versions/{version}]/infer``; all outputs unless
+        ``outputs`` names some. ``binary`` sends inputs and asks for outputs as binary data.
+
+        ``parameters`` values must be scalars (see ``oip.pack_param``). ``headers`` are added to
+        the request (deadline, trace context). Raises the errors listed in the module docstring;
+        :class:`~tierlink.errors.InvalidRequest` if ``inputs`` cannot be encoded.
+        """
+        url = _model_url(base_url, model, version) + "/infer"
+        body, request_headers = encode_infer_request(
+            inputs, parameters, outputs, binary_inputs=binary, binary_outputs=binary,
+            request_id=request_id,
+        )
+        if headers:
+            request_headers.update(headers)
+        response = await self._send("POST", url, timeout_s, content=body, headers=request_headers)
+        return _decode_infer(response, url)
+
+    async def ready(self, base_url: str, timeout_s: float | None = None) -> bool:
+        """GET ``/v2/health/ready``: True on HTTP 200; False on any other status, on timeout and
+        when the server cannot be reached. Never raises for the network."""
+        try:
+            response = await self._send("GET", f"{base_url.rstrip('/')}/v2/health/ready", timeout_s)
+        except UpstreamError:
+            return False
+        return response.status_code == 200
+
+    async def model_metadata(
+        self, base_url: str, model: str, version: str | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """GET ``/v2/models/{model}[/versions/{version}]``: the OIP model metadata object
+        (``name``, ``versions``, ``platform``, ``inputs``, ``outputs``)."""
+        url = _model_url(base_url, model, version)
+        response = await self._send("GET", url, timeout_s)
+        try:
+            doc = json.loads(response.content)
+        except ValueError as exc:
+            raise UpstreamError(f"{url} sent model metadata that is not JSON: {exc}", url=url) from exc
+        if not isinstance(doc, dict):
+            raise UpstreamError(f"{url} sent model metadata that is not a JSON object", url=url)
+        return doc
+
+    async def _send(
+        self, method: str, url: str, timeout_s: float | None, **kwargs: Any
+    ) -> httpx.Response:
+        """One HTTP exchange, bounded end to end by ``timeout_s``; non-2xx raises."""
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        try:
+            # httpx's timeout applies per phase (connect, write, each read); the outer one
+            # bounds the whole exchange, which is what a deadline means.
+            async with asyncio.timeout(timeout):
+                response = await self._http.request(method, url, timeout=timeout, **kwargs)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise UpstreamTimeout(
+                f"{method} {url} got no answer within {timeout:.3g} s", url=url, timeout_s=timeout
+            ) from exc
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            raise UpstreamUnavailable(
+                f"{method} {url} failed: {type(exc).__name__}: {str(exc) or 'connection lost'}", url=url
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url) from exc
+        if not response.is_success:
+            raise _status_error(response, url)
+        return response
+
+
+def _model_url(base_url: str, model: str, version: str | None) -> str:
+    url = f"{base_url.rstrip('/')}/v2/models/{quote(model, safe='')}"
+    return url if version is None else f"{url}/versions/{quote(version, safe='')}"
+
+
+def _decode_infer(response: httpx.Response, url: str) -> InferResponseData:
+    try:
+        header = response.headers.get(HEADER_LENGTH)
+        header_length = None if header is None else int(header)
+        # httpx has already undone any Content-Encoding the server applied.
+        return decode_infer_response(response.content, header_length)
+    except (InvalidRequest, ValueError) as exc:
+        message = exc.message if isinstance(exc, TierlinkError) else str(exc)
+        raise UpstreamError(f"{url} sent a malformed inference response: {message}", url=url) from exc
+
+
+def _status_error(response: httpx.Response, url: str) -> TierlinkError:
+    """Rebuild the error an upstream answered with; ``details["url"]`` is always ours."""
+    status = response.status_code
+    body = _error_json(response.content)
+    if body is None:
+        snippet = response.content[:200].decode("utf-8", "replace")
+        err: TierlinkError = UpstreamError(f"{url} answered HTTP {status}: {snippet}", status=status)
+    else:
+        err = error_from_dict(body, status)
+    err.details["url"] = url
+    err.details.setdefault("status", status)
+    return err
+
+
+def _error_json(content: bytes) -> dict[str, Any] | None:
+    """The OIP error object in ``content``, cleaned for ``error_from_dict``; None if none."""
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict) or "error" not in body:
+        return None
+    details = body.get("details")
+    if isinstance(details, dict):
+        body["details"] = {k: v for k, v in details.items() if isinstance(k, str) and k not in _RESERVED_DETAILS}
+    if body.get("hint") is not None and not isinstance(body["hint"], str):
+        body["hint"] = str(body["hint"])
+    return body

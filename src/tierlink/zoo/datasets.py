@@ -1,0 +1,122 @@
+"""Fashion-MNIST from the Debian package ``dataset-fashion-mnist``, read with numpy alone.
+
+The official 60,000 training images are split once, with a fixed seed, into 55,000 for
+training and 5,000 held out for calibration (cascade thresholds, temperature); the official
+10,000 test images stay the test split. Images are float32 in [0, 1], shaped (N, 1, 28, 28);
+labels are int64 in 0..9.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tierlink.errors import ZooError
+
+DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
+INSTALL_HINT = "apt-get install -y dataset-fashion-mnist"
+
+CLASS_NAMES: tuple[str, ...] = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+
+CALIB_SIZE = 5_000
+SPLIT_SEED = 20_240_601  # fixed: every build holds out the same calibration images
+
+_UBYTE = 0x08  # the IDX type code of unsigned bytes, the only one Fashion-MNIST uses
+_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """One split: ``images`` (N, 1, 28, 28) float32 in [0, 1], ``labels`` (N,) int64."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def head(self, n: int) -> Split:
+        """The first ``n`` samples (all of them when ``n`` is larger)."""
+        return Split(self.images[:n], self.labels[:n])
+
+
+@dataclass(frozen=True, slots=True)
+class Splits:
+    """Train (55k), calibration (5k, held out from the official train set), test (10k)."""
+
+    train: Split
+    calib: Split
+    test: Split
+    class_names: tuple[str, ...] = CLASS_NAMES
+
+
+def read_idx(path: Path, ndim: int) -> np.ndarray:
+    """Read a (gzipped or plain) IDX file of unsigned bytes with ``ndim`` dimensions.
+
+    Raises ``ZooError`` when the file is missing, has a wrong magic number, or its length
+    does not match the dimensions in its header.
+    """
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise ZooError(f"cannot read IDX file {path}: {exc}", hint=INSTALL_HINT) from exc
+    return _parse_idx(raw, ndim, path)
+
+
+def _parse_idx(raw: bytes, ndim: int, path: Path) -> np.ndarray:
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ZooError(f"IDX file {path} is truncated ({len(raw)} bytes)", hint=INSTALL_HINT)
+    # Magic: two zero bytes, the element type code, the number of dimensions.
+    if raw[0] != 0 or raw[1] != 0 or raw[2] != _UBYTE or raw[3] != ndim:
+        raise ZooError(
+            f"IDX file {path} has magic {raw[:4].hex()}, expected 000008{ndim:02x} "
+            f"(unsigned bytes, {ndim} dimensions)", hint=INSTALL_HINT)
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    expected = int(np.prod(dims, dtype=np.int64))
+    if len(raw) - header != expected:
+        raise ZooError(f"IDX file {path} holds {len(raw) - header} bytes of data, its header "
+                       f"says {dims} = {expected}", hint=INSTALL_HINT)
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _load_official(root: Path, which: str) -> Split:
+    image_file, label_file = _FILES[which]
+    images = read_idx(root / image_file, 3)  # (N, 28, 28) uint8
+    labels = read_idx(root / label_file, 1)  # (N,) uint8
+    if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
+        raise ZooError(f"Fashion-MNIST {which} files in {root} disagree: images "
+                       f"{images.shape}, labels {labels.shape}", hint=INSTALL_HINT)
+    pixels = (images.astype(np.float32) / 255.0)[:, None, :, :]  # (N, 1, 28, 28)
+    return Split(pixels, labels.astype(np.int64))
+
+
+def fashion_mnist(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Splits:
+    """Load Fashion-MNIST from ``root`` (default: the Debian package's directory).
+
+    ``seed`` fixes which 5,000 official training images are held out for calibration.
+    Raises ``ZooError`` with the install command when the package is missing.
+    """
+    root = DEFAULT_ROOT if root is None else Path(root)
+    if not all((root / name).is_file() for pair in _FILES.values() for name in pair):
+        raise ZooError(f"Fashion-MNIST is not installed in {root}",
+                       hint=f"install it with `{INSTALL_HINT}`")
+    official = _load_official(root, "train")
+    order = np.random.default_rng(seed).permutation(len(official))
+    calib_idx, train_idx = np.sort(order[:CALIB_SIZE]), np.sort(order[CALIB_SIZE:])
+    return Splits(
+        train=Split(official.images[train_idx], official.labels[train_idx]),
+        calib=Split(official.images[calib_idx], official.labels[calib_idx]),
+        test=_load_official(root, "test"),
+    )

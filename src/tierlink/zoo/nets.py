@@ -1,0 +1,99 @@
+"""The Fashion-MNIST network family: 3x3 conv + BatchNorm + ReLU stages, VGG style.
+
+Imports torch at module level: only the zoo builder imports this module. Every net takes raw
+pixels in [0, 1] shaped (N, 1, 28, 28) and normalises inside the graph, so the exported ONNX
+model needs no preprocessing beyond scaling bytes to [0, 1]; it returns logits (N, 10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tierlink.errors import ZooError
+
+# Per-pixel statistics of the Fashion-MNIST training images (baked into the graph).
+PIXEL_MEAN = 0.2860
+PIXEL_STD = 0.3530
+NUM_CLASSES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class NetSpec:
+    """Architecture of one variant.
+
+    ``stages``: conv widths per stage; every stage but the last ends in a 2x2 max-pool, so
+    three stages run at 28x28, 14x14 and 7x7. ``head``: ``"gap"`` (global average pool ->
+    linear) or ``"flatten"`` (a 2x2 max-pool to 3x3, flatten -> hidden -> linear).
+    """
+
+    stages: tuple[tuple[int, ...], ...]
+    head: str = "gap"
+    hidden: int = 0
+    dropout: float = 0.0
+
+
+SPECS: dict[str, NetSpec] = {
+    # device: ~23k params, ~1.8M MACs per image.
+    "small": NetSpec(stages=((16,), (32,), (64,))),
+    # edge: ~157k params, ~12M MACs per image.
+    "medium": NetSpec(stages=((24,), (48, 48), (96, 96))),
+    # cloud: ~0.58M params, ~29M MACs per image (VGG: two convs per stage, dense head).
+    "large": NetSpec(stages=((32, 32), (64, 64), (128, 128)), head="flatten", hidden=256,
+                     dropout=0.3),
+}
+
+
+class Normalize(nn.Module):
+    """(x - mean) / std with constants, exported into the ONNX graph."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - PIXEL_MEAN) / PIXEL_STD
+
+
+def _conv(cin: int, cout: int) -> list[nn.Module]:
+    # No conv bias: BatchNorm's shift replaces it (and folds into the conv on export).
+    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True)]
+
+
+def _features(spec: NetSpec) -> tuple[list[nn.Module], int]:
+    layers: list[nn.Module] = [Normalize()]
+    cin = 1
+    for i, widths in enumerate(spec.stages):
+        for cout in widths:
+            layers += _conv(cin, cout)
+            cin = cout
+        if i < len(spec.stages) - 1:
+            layers.append(nn.MaxPool2d(2))  # (N, C, H, W) -> (N, C, H/2, W/2)
+    return layers, cin
+
+
+def _head(spec: NetSpec, channels: int) -> list[nn.Module]:
+    if spec.head == "gap":
+        # (N, C, 7, 7) -> (N, C) -> (N, 10)
+        return [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(spec.dropout),
+                nn.Linear(channels, NUM_CLASSES)]
+    if spec.head == "flatten":
+        # (N, C, 7, 7) -> (N, C, 3, 3) -> (N, 9C) -> (N, hidden) -> (N, 10)
+        return [nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(spec.dropout),
+                nn.Linear(channels * 9, spec.hidden), nn.BatchNorm1d(spec.hidden),
+                nn.ReLU(inplace=True), nn.Dropout(spec.dropout),
+                nn.Linear(spec.hidden, NUM_CLASSES)]
+    raise ZooError(f"unknown head {spec.head!r}; expected 'gap' or 'flatten'")
+
+
+def build_net(variant: str) -> nn.Sequential:
+    """A freshly initialised net for ``variant`` (``small``, ``medium`` or ``large``)."""
+    spec = SPECS.get(variant)
+    if spec is None:
+        raise ZooError(f"unknown zoo variant {variant!r}; expected one of {sorted(SPECS)}")
+    layers, channels = _features(spec)
+    return nn.Sequential(*layers, *_head(spec, channels))
+
+
+def count_params(net: nn.Module) -> int:
+    """Trainable parameters (BatchNorm running statistics excluded)."""
+    return sum(p.numel() for p in net.parameters() if p.requires_grad)

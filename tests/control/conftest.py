@@ -1,0 +1,59 @@
+"""Shared helpers for the control plane tests: a fake clock and heartbeat bodies."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+
+class FakeClock:
+    """An injected clock (epoch seconds) that only moves when a test advances it."""
+
+    def __init__(self, start: float = 1_733_140_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+_BODY: dict[str, Any] = {
+    "node_id": "edge-1",
+    "tier": "edge",
+    "address": "http://127.0.0.1:8101",
+    "models": [{
+        "name": "fmnist-medium", "task": "fmnist", "version": "1", "accuracy": 0.925,
+        "latency_ms": 0.9, "output_bytes": 64,
+        "cascade": [{"threshold": 0.9, "answered_share": 0.8, "answered_accuracy": 0.97}],
+    }],
+    "queue_depth": 0,
+    "inflight": 0,
+    "workers": 1,
+    "upstream": ["cloud-1"],
+    "links": [{"dst": "cloud-1", "rtt_ms": 80.0, "bandwidth_mbit": 50.0, "loss": 0.0}],
+    "started_at": 1_733_139_000.0,
+    "software": "0.1.0",
+}
+
+
+def heartbeat_body(**overrides: Any) -> dict[str, Any]:
+    """A valid heartbeat body (edge-1 → cloud-1) with top-level fields overridden."""
+    body = copy.deepcopy(_BODY)
+    body.update(overrides)
+    return body
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_body() -> Any:
+    """``make_body(**overrides)``: see :func:`heartbeat_body`."""
+    return heartbeat_body

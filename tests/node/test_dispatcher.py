@@ -1,0 +1,161 @@
+import asyncio
+
+import numpy as np
+import pytest
+
+from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
+from tierlink.errors import DeadlineExceeded, UpstreamError, UpstreamUnavailable
+from tierlink.node.breaker import BreakerBoard
+from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Obs:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def escalated(self, model: str) -> None:
+        self.events.append(("escalated", model))
+
+    def fell_back(self, node_id: str, reason: str) -> None:
+        self.events.append((reason, node_id))
+
+    def retried(self, node_id: str) -> None:
+        self.events.append(("retried", node_id))
+
+
+class Boards:
+    def __init__(self, clock) -> None:
+        self.board = BreakerBoard(clock=clock)
+
+    def allow(self, n):
+        return self.board.allow(n)
+
+    def success(self, n):
+        self.board.record_success(n)
+
+    def failure(self, n, kind):
+        self.board.record_failure(n, "connect" if kind == "unavailable" else kind)
+
+
+def answer(node: str, tier: Tier, conf: float, cost: float = 1.0) -> StepResult:
+    return StepResult({"label": np.array([1])}, Outcome(node, tier, f"{node}-m", (node,), conf,
+                                                        cost=cost))
+
+
+def make(local_conf=0.5, remote=None, clock=None):
+    clock = clock or Clock()
+    calls: list[str] = []
+    remote = remote or {}
+
+    async def local(p, req, inputs, remaining):
+        calls.append(p.node_id)
+        return answer(p.node_id, p.tier, local_conf, cost=0.1)
+
+    async def remote_step(p, req, inputs, remaining, budget):
+        calls.append(p.node_id)
+        behaviour = remote.get(p.node_id, 0.99)
+        if isinstance(behaviour, Exception):
+            raise behaviour
+        return answer(p.node_id, p.tier, behaviour)
+
+    obs = Obs()
+    boards = Boards(clock)
+    d = Dispatcher("dev-1", Tier.DEVICE, local, remote_step, boards, RetryBudget(0.0), obs, clock)
+    return d, calls, obs, boards
+
+
+REQ = Request("r", "fmnist", 150.0, "dev-1")
+CASCADE = Plan((Placement("local", "dev-1", Tier.DEVICE, "s", 0.9),
+                Placement("remote", "edge-1", Tier.EDGE), Placement("remote", "edge-2", Tier.EDGE)),
+               "tierlink")
+
+
+def run(d, plan=CASCADE, deadline_at=100.15):
+    return asyncio.run(d.execute(plan, REQ, {}, deadline_at))
+
+
+def test_confident_local_answer_is_final():
+    d, calls, obs, _ = make(local_conf=0.95)
+    out = run(d)
+    assert calls == ["dev-1"] and out.outcome.served_by == "dev-1" and out.outcome.escalations == 0
+
+
+def test_low_confidence_escalates_and_sums_cost():
+    d, calls, obs, _ = make(local_conf=0.5)
+    out = run(d)
+    assert calls == ["dev-1", "edge-1"]
+    assert out.outcome.served_by == "edge-1" and out.outcome.escalations == 1
+    assert out.outcome.path == ("dev-1", "edge-1")
+    assert out.outcome.cost == pytest.approx(1.1)
+    assert ("escalated", "s") in obs.events
+
+
+def test_failed_upstream_falls_back_and_is_recorded():
+    d, calls, obs, _ = make(remote={"edge-1": UpstreamUnavailable("refused")})
+    out = run(d)
+    assert calls == ["dev-1", "edge-1", "edge-2"]
+    assert out.outcome.served_by == "edge-2"
+    assert [(f.node_id, f.reason) for f in out.outcome.fallbacks] == [("edge-1", "unavailable")]
+    assert ("unavailable", "edge-1") in obs.events
+
+
+def test_open_breaker_skips_the_dead_node_on_later_requests():
+    d, calls, _, boards = make(remote={"edge-1": UpstreamUnavailable("refused")})
+    run(d)
+    calls.clear()
+    out = run(d)
+    assert "edge-1" not in calls
+    assert ("edge-1", "breaker_open") in [(f.node_id, f.reason) for f in out.outcome.fallbacks]
+
+
+def test_low_confidence_answer_is_returned_degraded_when_upstream_fails():
+    err = UpstreamUnavailable("down")
+    d, _, _, _ = make(remote={"edge-1": err, "edge-2": UpstreamUnavailable("down")})
+    out = run(d)
+    assert out.outcome.served_by == "dev-1" and out.outcome.degraded == "upstream_failed"
+
+
+def test_every_placement_failing_raises_with_the_fallbacks():
+    plan = Plan((Placement("remote", "edge-1", Tier.EDGE),), "tierlink")
+    d, _, _, _ = make(remote={"edge-1": UpstreamUnavailable("down")})
+    with pytest.raises(UpstreamError) as info:
+        run(d, plan)
+    assert info.value.details["fallbacks"][0]["node"] == "edge-1"
+
+
+def test_no_time_left_after_local_answers_degraded_instead_of_late():
+    clock = Clock()
+    d, calls, _, _ = make(local_conf=0.5, clock=clock)
+    original = d._local
+
+    async def slow_local(p, req, inputs, remaining):
+        clock.t += 0.1495  # the local model used almost all of the 150 ms
+        return await original(p, req, inputs, remaining)
+
+    d._local = slow_local
+    out = asyncio.run(d.execute(CASCADE, REQ, {}, clock.t + 0.150))
+    assert calls == ["dev-1"] and out.outcome.degraded == "upstream_failed"
+    assert out.outcome.fallbacks[0].reason == "deadline"
+
+
+def test_deadline_error_when_nothing_could_run():
+    clock = Clock()
+    d, _, _, _ = make(clock=clock)
+    with pytest.raises(DeadlineExceeded):
+        asyncio.run(d.execute(CASCADE, REQ, {}, clock.t - 1))
+
+
+def test_retry_budget_spends_tokens():
+    b = RetryBudget(0.5)
+    assert b.take() and not b.take()
+    b.deposit()
+    b.deposit()
+    assert b.take()
