@@ -67,6 +67,11 @@ async def _exercise_api(http: httpx.AsyncClient, emulator: LinkEmulator) -> None
     assert fixed.status_code == 400 and "target_port" in fixed.json()["error"]
     assert (await http.put("/links/nope", json={"delay_ms": 1})).status_code == 404
     assert (await http.put(f"/links/{name}", content=b"[1]")).status_code == 400
+    broken = await http.put(f"/links/{name}", content=b"{",
+                            headers={"content-type": "application/json"})
+    assert broken.status_code == 400 and "not JSON" in broken.json()["error"]
+    unknown = await http.put(f"/links/{name}", json={"delay": 3})
+    assert unknown.status_code == 400 and "unknown field" in unknown.json()["error"]
 
 
 def test_duplicate_link_names_are_refused() -> None:

@@ -127,6 +127,11 @@ class LinkSpec:
 
     def updated(self, **changes: Any) -> LinkSpec:
         """A copy with runtime fields changed (``RUNTIME_FIELDS``); others are errors."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise LinkEmulationError(
+                f"link {self.name!r}: unknown field(s) {unknown}; "
+                f"the runtime fields are {sorted(RUNTIME_FIELDS)}", hint=_HINT)
         fixed = sorted(set(changes) - RUNTIME_FIELDS)
         if fixed:
             raise LinkEmulationError(

@@ -15,8 +15,10 @@ Routes (KServe/Triton REST; binary tensor data extension supported both ways):
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+import time
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -34,9 +36,20 @@ _ROUTED_OUTPUTS = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, -
                    {"name": "label", "datatype": "INT64", "shape": [-1]}]
 
 
-def create_app(service: NodeService) -> FastAPI:
-    app = FastAPI(title=f"tierlink node {service.spec.node_id}", version=__version__)
-    app.state.ready = False
+def create_app(service: NodeService, ready: bool = False) -> FastAPI:
+    """The app owns the service's lifetime (started and stopped in its lifespan)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title=f"tierlink node {service.spec.node_id}", version=__version__,
+                  lifespan=lifespan)
+    app.state.ready = ready
 
     @app.exception_handler(TierlinkError)
     async def _tierlink_error(_: Request, exc: TierlinkError) -> Response:
@@ -105,17 +118,33 @@ def _model_routes(app: FastAPI, service: NodeService) -> None:
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        body = await request.body()
-        data = oip.decode_infer_request(body, _header_length(request),
-                                        request.headers.get("content-encoding"))
-        if name in service.runtimes:
-            return await _infer_model(service, name, version, data)
-        if name in service.tasks():
-            return await _infer_task(service, name, version, data)
-        raise ModelNotFound(f"{name!r} is neither a model served by {service.spec.node_id} "
-                            f"nor a task of the fleet",
-                            hint=f"models: {sorted(service.runtimes)}; tasks: "
-                                 f"{sorted(service.tasks())}")
+        start = time.perf_counter()
+        kind = "model" if name in service.runtimes else "task"
+        outcome = "ok"
+        try:
+            return await _infer(service, name, version, request)
+        except TierlinkError as exc:
+            outcome = exc.code
+            raise
+        finally:
+            known = name in service.runtimes or name in service.tasks()
+            service.record_request(kind, name if known else "unknown", outcome,
+                                   time.perf_counter() - start)
+
+
+async def _infer(service: NodeService, name: str, version: str | None,
+                 request: Request) -> Response:
+    body = await request.body()
+    data = oip.decode_infer_request(body, _header_length(request),
+                                    request.headers.get("content-encoding"))
+    if name in service.runtimes:
+        return await _infer_model(service, name, version, data)
+    if name in service.tasks():
+        return await _infer_task(service, name, version, data)
+    raise ModelNotFound(f"{name!r} is neither a model served by {service.spec.node_id} "
+                        f"nor a task of the fleet",
+                        hint=f"models: {sorted(service.runtimes)}; tasks: "
+                             f"{sorted(service.tasks())}")
 
 
 async def _infer_model(service: NodeService, name: str, version: str | None,

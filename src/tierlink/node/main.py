@@ -45,7 +45,6 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     server = uvicorn.Server(uvicorn.Config(app, host=spec.host, port=spec.port,
                                            log_level="warning", access_log=False,
                                            timeout_keep_alive=30))
-    await service.start()
     serving = asyncio.create_task(server.serve())
     beat = HeartbeatLoop(control, cache) if control else None
     try:
@@ -65,7 +64,6 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
             await beat.stop(deregister=True)
         if control:
             await control.close()
-        await service.stop()
 
 
 async def _wait_started(server: Any, serving: asyncio.Task[None]) -> int:

@@ -292,6 +292,11 @@ class NodeService:
             "started_at": self.started_at, "software": __version__,
         }
 
+    def record_request(self, kind: str, name: str, outcome: str, seconds: float) -> None:
+        tier = self.spec.tier.label
+        self.metrics.requests.labels(tier, kind, name, outcome).inc()
+        self.metrics.latency.labels(tier, kind, name, outcome).observe(seconds)
+
     def status(self) -> dict[str, Any]:
         stats = self.scheduler.snapshot()
         return {"node_id": self.spec.node_id, "tier": self.spec.tier.label,

@@ -1,0 +1,107 @@
+"""The node's OIP app in-process (Starlette TestClient) with the package's fake model."""
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from tierlink.core.types import Tier
+from tierlink.node.app import create_app
+from tierlink.node.runtime import FakeModel, ModelInfo
+from tierlink.node.service import NodeService
+from tierlink.node.spec import NodeSpec
+from tierlink.transport import oip
+
+
+@pytest.fixture()
+def client():
+    info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
+    service = NodeService(NodeSpec("dev-1", Tier.DEVICE, ()), {"fmnist-small": FakeModel(info)})
+    with TestClient(create_app(service, ready=True)) as c:
+        yield c
+
+
+def x(batch=1):
+    return np.full((batch, 1, 28, 28), 0.5, dtype=np.float32)
+
+
+def infer(client, model, params=None, arr=None, binary=True):
+    body, headers = oip.encode_infer_request({"input": x() if arr is None else arr}, params,
+                                             None, binary_inputs=binary, binary_outputs=binary)
+    return client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+
+
+def decode(resp):
+    return oip.decode_infer_response(resp.content, oip.parse_header_length(
+        resp.headers.get("inference-header-content-length")))
+
+
+def test_health_and_metadata(client):
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v2/health/ready").status_code == 200
+    meta = client.get("/v2/models/fmnist-small").json()
+    assert meta["inputs"][0] == {"name": "input", "datatype": "FP32", "shape": [-1, 1, 28, 28]}
+    assert client.get("/v2/models/fmnist").json()["platform"] == "tierlink_router"
+    assert client.get("/v2/models/nope").status_code == 404
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_direct_infer_returns_raw_logits(client, binary):
+    resp = infer(client, "fmnist-small", binary=binary)
+    assert resp.status_code == 200, resp.text
+    assert decode(resp).outputs["logits"].shape == (1, 10)
+
+
+def test_routed_infer_answers_with_outcome(client):
+    resp = infer(client, "fmnist", {"tierlink.privacy": "local", "tierlink.deadline_ms": 100})
+    assert resp.status_code == 200, resp.text
+    out = decode(resp)
+    assert out.outputs["probabilities"].shape == (1, 10)
+    assert out.parameters["tierlink.served_by"] == "dev-1"
+    assert json.loads(out.parameters["tierlink.path"]) == ["dev-1"]
+
+
+def test_wrong_shape_is_a_clear_400_and_the_node_keeps_serving(client):
+    resp = infer(client, "fmnist-small", arr=np.zeros((1, 3, 28, 28), np.float32))
+    assert resp.status_code == 400 and "shape" in resp.json()["error"]
+    assert infer(client, "fmnist-small").status_code == 200
+
+
+def test_malformed_body_is_400(client):
+    resp = client.post("/v2/models/fmnist-small/infer", content=b"{not json")
+    assert resp.status_code == 400 and resp.json()["code"] in ("invalid_request", "invalid_tensor")
+
+
+def test_privacy_violation_on_receipt_is_refused_and_counted(client):
+    params = {"tierlink.privacy": "local", "tierlink.origin": "dev-9"}
+    resp = infer(client, "fmnist", params)
+    assert resp.status_code == 403 and resp.json()["code"] == "privacy_violation"
+    metrics = client.get("/metrics").text
+    assert 'tierlink_inputs_received_total{privacy="local",tier="device",verdict="violation"} 1.0' \
+        in metrics
+
+
+def test_expired_deadline_is_refused_at_once(client):
+    resp = infer(client, "fmnist", {"tierlink.deadline_ms": 0})
+    assert resp.status_code == 504 and resp.json()["code"] == "deadline_exceeded"
+
+
+def test_bad_parameter_names_the_field(client):
+    resp = infer(client, "fmnist", {"tierlink.privacy": "secret"})
+    assert resp.status_code == 400 and "tierlink.privacy" in resp.json()["error"]
+
+
+def test_policy_override_needs_fleet_permission(client):
+    resp = infer(client, "fmnist", {"tierlink.policy": "cloud_only"})
+    assert resp.status_code == 400 and "allow_policy_override" in resp.json()["hint"]
+
+
+def test_metrics_exposition_has_the_vocabulary(client):
+    infer(client, "fmnist")
+    text = client.get("/metrics").text
+    assert "tierlink_requests_total{kind=\"task\",model=\"fmnist\",outcome=\"ok\",tier=\"device\"} 1.0" in text
+    for name in ("tierlink_requests_total", "tierlink_request_duration_seconds",
+                 "tierlink_queue_depth", "tierlink_inflight_requests",
+                 "tierlink_escalations_total", "tierlink_fallbacks_total"):
+        assert name in text
