@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import httpx
 
@@ -74,7 +74,7 @@ class ControlClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> ControlClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:

@@ -15,8 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
-from pydantic import model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 NODE_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 """A stable node ID: lower-case letters, digits, ``.``, ``_``, ``-``; 1..63 characters."""

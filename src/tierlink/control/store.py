@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -162,8 +164,8 @@ class SqliteRegistryStore:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _guard(self, action: str) -> _SqliteErrors:
-        return _SqliteErrors(self.path, action)
+    def _guard(self, action: str) -> AbstractContextManager[None]:
+        return _sqlite_errors(self.path, action)
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -239,21 +241,13 @@ def _record(
     )
 
 
-class _SqliteErrors:
-    """Context manager converting sqlite3 errors into :class:`ControlPlaneError`."""
-
-    def __init__(self, path: str, action: str) -> None:
-        self.path = path
-        self.action = action
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> bool:
-        if isinstance(exc, sqlite3.Error):
-            raise ControlPlaneError(
-                f"registry database {self.path} failed to {self.action}: {exc}",
-                hint="check the disk and the file's permissions; restart `tierlink control`",
-            ) from exc
-        return False
+@contextmanager
+def _sqlite_errors(path: str, action: str) -> Iterator[None]:
+    """Convert sqlite3 errors raised inside into :class:`ControlPlaneError`."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise ControlPlaneError(
+            f"registry database {path} failed to {action}: {exc}",
+            hint="check the disk and the file's permissions; restart `tierlink control`",
+        ) from exc
