@@ -95,7 +95,7 @@ class RegistryService:
         now = self.clock()
         record = self.store.upsert(heartbeat, now, self.ttl_s)
         self.metrics.heartbeats.inc()
-        if record.registered_at == now:
+        if record.registered_at == now:  # the store starts a generation at exactly ``now``
             log.info("node %s (%s, %s) registered, generation %d", record.node_id,
                      record.tier, record.address, record.generation)
         return record
@@ -108,6 +108,12 @@ class RegistryService:
         record = self.store.get(node_id, self.clock())
         # Silent past the ttl but not swept yet: as good as expired.
         return record if record is not None and record.age_s <= self.ttl_s else None
+
+    def deregister(self, node_id: str) -> bool:
+        removed = self.store.remove(node_id)
+        if removed:
+            log.info("node %s deregistered", node_id)
+        return removed
 
     def sweep(self) -> list[str]:
         """Expire silent nodes now; returns their ids. The background task calls this."""
@@ -187,9 +193,8 @@ def _install_routes(app: FastAPI, service: RegistryService) -> None:
 
     @app.delete("/v1/nodes/{node_id}", status_code=204, response_class=Response)
     def deregister(node_id: str) -> Response:
-        if not service.store.remove(node_id):
+        if not service.deregister(node_id):
             return _unknown(node_id)
-        log.info("node %s deregistered", node_id)
         return Response(status_code=204)
 
     @app.get("/healthz")

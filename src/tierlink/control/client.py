@@ -240,7 +240,8 @@ class HeartbeatLoop:
 
     def start(self, get_body: Callable[[], dict[str, Any]], interval_s: float = 1.0
               ) -> asyncio.Task[None]:
-        """Start beating now, then every ``interval_s``. Call from a running event loop."""
+        """Start beating now, then every ``interval_s``. Call from a running event loop.
+        ``get_body`` runs on the loop at every beat: it must be cheap (read counters)."""
         if self.running:
             raise RuntimeError("HeartbeatLoop is already running; stop() it first")
         self._task = asyncio.create_task(self._run(get_body, interval_s),

@@ -266,7 +266,7 @@ class CpuThrottle:
         if self.group is None or self._hierarchy_root is None:
             return
         for pid in self.pids():
-            self._release(pid)
+            self._release(self._hierarchy_root, pid)
         try:
             self._fs.rmdir(self.group)
         except OSError as exc:
@@ -277,10 +277,9 @@ class CpuThrottle:
         except OSError:
             pass  # another run still has a group there
 
-    def _release(self, pid: int) -> None:
-        assert self._hierarchy_root is not None  # only called when a group exists
+    def _release(self, root: Path, pid: int) -> None:
         try:
-            self._fs.write(self._hierarchy_root / "cgroup.procs", str(pid))
+            self._fs.write(root / "cgroup.procs", str(pid))
         except ProcessLookupError:
             pass  # it exited meanwhile
         except OSError as exc:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up tierlink on a fresh Debian machine: system packages (as root), a virtualenv, the
+# package with its zoo and test extras. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=(dataset-fashion-mnist prometheus)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: please install as root: apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+# torch is pinned: the CPU wheel of 2.13.0 is what these machines carry.
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,test]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http" \
+  || { echo "setup: the virtualenv is incomplete" >&2; exit 1; }
+echo "setup: ok (.venv ready; run .venv/bin/tierlink --help)"

@@ -1,0 +1,230 @@
+"""OipClient against a real loopback server (conftest.py) and httpx's MockTransport: tensors
+round-trip, and every failure is mapped to the right tierlink error carrying the url."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+import pytest
+
+from tierlink.errors import (
+    AdmissionRefused,
+    InvalidRequest,
+    ModelNotFound,
+    RuntimeFailure,
+    TierlinkError,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from tierlink.transport.client import OipClient
+from tierlink.transport.oip import pack_param
+
+T = TypeVar("T")
+
+IMAGE = np.random.default_rng(0).standard_normal((2, 1, 28, 28)).astype(np.float32)
+TOKENS = np.array([[b"hello", "w\u00f6rld".encode()]], dtype=object)
+
+
+def run(scenario: Callable[[OipClient], Awaitable[T]], **client_kwargs: Any) -> T:
+    """Run ``scenario`` with a fresh client in a fresh loop; check nothing is left running."""
+
+    async def main() -> T:
+        async with OipClient(**client_kwargs) as client:
+            result = await scenario(client)
+        assert asyncio.all_tasks() == {asyncio.current_task()}, "tasks leaked"
+        return result
+
+    return asyncio.run(main())
+
+
+def raised(scenario: Callable[[OipClient], Awaitable[Any]], **client_kwargs: Any) -> TierlinkError:
+    with pytest.raises(TierlinkError) as caught:
+        run(scenario, **client_kwargs)
+    return caught.value
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_round_trips_tensors(oip_server, binary: bool) -> None:
+    async def scenario(client: OipClient):
+        return await client.infer(
+            oip_server.url, "echo", {"image": IMAGE, "tokens": TOKENS},
+            parameters={"trace": "t-1", "path": pack_param(["dev-1"])}, binary=binary,
+            headers={"X-Deadline-Ms": "50"}, request_id="r-1",
+        )
+
+    response = run(scenario)
+    assert (response.model_name, response.id) == ("echo", "r-1")
+    assert response.parameters == {"trace": "t-1", "path": '["dev-1"]'}
+    assert response.outputs["image"].dtype == np.float32
+    assert response.outputs["image"].tobytes() == IMAGE.tobytes()
+    assert response.outputs["tokens"].tolist() == TOKENS.tolist()
+    sent = oip_server.received[-1]
+    assert sent.headers["x-deadline-ms"] == "50"
+    assert sent.headers["accept-encoding"] == "identity"
+    assert ("inference-header-content-length" in sent.headers) == binary
+
+
+def test_infer_selects_version_and_outputs(oip_server) -> None:
+    async def scenario(client: OipClient):
+        return await client.infer(
+            oip_server.url + "/", "echo", {"a": IMAGE, "b": TOKENS}, version="3", outputs=["b"]
+        )
+
+    response = run(scenario)
+    assert response.model_version == "3" and list(response.outputs) == ["b"]
+    assert oip_server.received[-1].path == "/v2/models/echo/versions/3/infer"
+
+
+def test_calls_reuse_one_pooled_connection(oip_server) -> None:
+    async def scenario(client: OipClient) -> None:
+        for _ in range(5):
+            await client.infer(oip_server.url, "echo", {"x": IMAGE})
+        assert await client.ready(oip_server.url)
+
+    run(scenario)
+    assert oip_server.connections == 1
+
+
+def test_ready_and_metadata(oip_server) -> None:
+    async def scenario(client: OipClient):
+        return await client.ready(oip_server.url), await client.model_metadata(oip_server.url, "echo")
+
+    ready, meta = run(scenario)
+    assert ready is True and meta["name"] == "echo"
+
+
+def test_ready_is_false_when_nobody_listens() -> None:
+    async def scenario(client: OipClient) -> bool:
+        return await client.ready(closed_port_url())
+
+    assert run(scenario) is False
+
+
+def test_admission_refused_is_rebuilt_from_the_error_body(oip_server) -> None:
+    err = raised(lambda c: c.infer(oip_server.url, "busy", {"x": IMAGE}))
+    assert isinstance(err, AdmissionRefused) and err.http_status == 429
+    assert err.message == "queue full on edge-1"
+    assert err.details == {"node": "edge-1", "queue": 64, "url": f"{oip_server.url}/v2/models/busy/infer",
+                           "status": 429}
+
+
+def test_unknown_model_is_rebuilt_as_model_not_found(oip_server) -> None:
+    err = raised(lambda c: c.model_metadata(oip_server.url, "nope"))
+    assert isinstance(err, ModelNotFound) and err.details["url"] == f"{oip_server.url}/v2/models/nope"
+
+
+def test_error_without_json_body_is_an_upstream_error_with_the_status(oip_server) -> None:
+    err = raised(lambda c: c.infer(oip_server.url, "crash", {"x": IMAGE}))
+    assert type(err) is UpstreamError and err.details["status"] == 500 and "boom" in err.message
+
+
+def test_malformed_success_body_is_an_upstream_error(oip_server) -> None:
+    err = raised(lambda c: c.infer(oip_server.url, "garbage", {"x": IMAGE}))
+    assert type(err) is UpstreamError and "malformed inference response" in err.message
+    assert err.details["url"].endswith("/v2/models/garbage/infer")
+
+
+def test_slow_upstream_times_out(oip_server) -> None:
+    err = raised(lambda c: c.infer(oip_server.url, "slow", {"x": IMAGE}, timeout_s=0.2))
+    assert isinstance(err, UpstreamTimeout) and err.http_status == 504
+    assert err.details["timeout_s"] == 0.2 and err.details["url"].endswith("/slow/infer")
+
+
+def test_default_timeout_applies_when_the_call_gives_none(oip_server) -> None:
+    err = raised(lambda c: c.infer(oip_server.url, "slow", {"x": IMAGE}), timeout_s=0.2)
+    assert isinstance(err, UpstreamTimeout)
+
+
+def test_hang_up_is_upstream_unavailable(oip_server) -> None:
+    err = raised(lambda c: c.infer(oip_server.url, "hangup", {"x": IMAGE}))
+    assert isinstance(err, UpstreamUnavailable)
+    assert err.details["url"] == f"{oip_server.url}/v2/models/hangup/infer"
+    assert isinstance(err.__cause__, httpx.RemoteProtocolError)
+
+
+def test_connection_refused_is_upstream_unavailable() -> None:
+    url = closed_port_url()
+    err = raised(lambda c: c.infer(url, "echo", {"x": IMAGE}))
+    assert isinstance(err, UpstreamUnavailable) and err.http_status == 503
+    assert err.details["url"] == f"{url}/v2/models/echo/infer"
+    assert isinstance(err.__cause__, httpx.ConnectError)
+
+
+def test_unencodable_input_is_refused_before_sending() -> None:
+    with pytest.raises(InvalidRequest, match="pack_param"):
+        run(lambda c: c.infer("http://127.0.0.1:9", "m", {"x": IMAGE}, parameters={"p": [1]}))
+
+
+# ----------------------------------------------------------------------------- MockTransport
+
+
+def mock(handler: Callable[[httpx.Request], httpx.Response]) -> dict[str, Any]:
+    return {"transport": httpx.MockTransport(handler)}
+
+
+def test_upstream_error_codes_map_to_their_classes() -> None:
+    body = {"error": "model crashed", "code": "runtime_failure", "details": {"hint": "x", "message": "y", "n": 1}}
+    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}),
+                 **mock(lambda _: httpx.Response(500, json=body)))
+    # Colliding detail keys from a remote are dropped instead of breaking the rebuild.
+    assert isinstance(err, RuntimeFailure) and err.details == {"n": 1, "url": "http://up/v2/models/m/infer",
+                                                               "status": 500}
+
+
+def test_plain_oip_error_without_code_maps_by_status() -> None:
+    # Triton answers {"error": msg} only.
+    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}),
+                 **mock(lambda _: httpx.Response(400, json={"error": "bad shape"})))
+    assert isinstance(err, InvalidRequest) and err.message == "bad shape"
+    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}),
+                 **mock(lambda _: httpx.Response(503, json={"error": "not ready"})))
+    assert type(err) is UpstreamError
+
+
+def test_transport_errors_map_at_the_boundary() -> None:
+    def failing(exc: Exception) -> dict[str, Any]:
+        def handler(request: httpx.Request) -> httpx.Response:
+            raise exc
+        return mock(handler)
+
+    cases: list[tuple[Exception, type[TierlinkError]]] = [
+        (httpx.ReadTimeout("slow"), UpstreamTimeout),
+        (httpx.ConnectTimeout("slow"), UpstreamTimeout),
+        (httpx.ReadError("reset"), UpstreamUnavailable),
+        (httpx.RemoteProtocolError("bad"), UpstreamUnavailable),
+        (httpx.UnsupportedProtocol("ftp"), UpstreamError),
+    ]
+    for exc, expected in cases:
+        err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}), **failing(exc))
+        assert type(err) is expected and err.__cause__ is exc and err.details["url"] == "http://up/v2/models/m/infer"
+
+
+def test_metadata_that_is_not_json_is_an_upstream_error() -> None:
+    err = raised(lambda c: c.model_metadata("http://up", "m"),
+                 **mock(lambda _: httpx.Response(200, content=b"<html>")))
+    assert type(err) is UpstreamError and "not JSON" in err.message
+
+
+def test_bad_header_length_from_upstream_is_an_upstream_error() -> None:
+    response = httpx.Response(200, content=b'{"outputs": []}', headers={"Inference-Header-Content-Length": "x"})
+    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}), **mock(lambda _: response))
+    assert type(err) is UpstreamError and "malformed" in err.message
+
+
+def test_client_validates_its_configuration() -> None:
+    with pytest.raises(ValueError, match="timeout_s > 0"):
+        OipClient(timeout_s=0)
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on (bound then released; the kernel will refuse it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
