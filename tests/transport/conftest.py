@@ -34,7 +34,13 @@ from tierlink.transport.oip import (
 )
 
 Reply = tuple[int, dict[str, str], bytes]
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+}
 
 
 @dataclass
@@ -135,7 +141,13 @@ def route_get(parts: list[str]) -> Reply:
     if parts == ["v2", "health", "ready"]:
         return 200, {}, b""
     if parts == ["v2", "models", "echo"]:
-        meta = {"name": "echo", "versions": ["1"], "platform": "tierlink", "inputs": [], "outputs": []}
+        meta = {
+            "name": "echo",
+            "versions": ["1"],
+            "platform": "tierlink",
+            "inputs": [],
+            "outputs": [],
+        }
         return 200, {"Content-Type": "application/json"}, json.dumps(meta).encode()
     return error_reply(ModelNotFound(f"unknown model {'/'.join(parts[2:])!r}"))
 

@@ -53,9 +53,13 @@ def raised(scenario: Callable[[OipClient], Awaitable[Any]], **client_kwargs: Any
 def test_infer_round_trips_tensors(oip_server, binary: bool) -> None:
     async def scenario(client: OipClient):
         return await client.infer(
-            oip_server.url, "echo", {"image": IMAGE, "tokens": TOKENS},
-            parameters={"trace": "t-1", "path": pack_param(["dev-1"])}, binary=binary,
-            headers={"X-Deadline-Ms": "50"}, request_id="r-1",
+            oip_server.url,
+            "echo",
+            {"image": IMAGE, "tokens": TOKENS},
+            parameters={"trace": "t-1", "path": pack_param(["dev-1"])},
+            binary=binary,
+            headers={"X-Deadline-Ms": "50"},
+            request_id="r-1",
         )
 
     response = run(scenario)
@@ -93,7 +97,9 @@ def test_calls_reuse_one_pooled_connection(oip_server) -> None:
 
 def test_ready_and_metadata(oip_server) -> None:
     async def scenario(client: OipClient):
-        return await client.ready(oip_server.url), await client.model_metadata(oip_server.url, "echo")
+        return await client.ready(oip_server.url), await client.model_metadata(
+            oip_server.url, "echo"
+        )
 
     ready, meta = run(scenario)
     assert ready is True and meta["name"] == "echo"
@@ -110,13 +116,19 @@ def test_admission_refused_is_rebuilt_from_the_error_body(oip_server) -> None:
     err = raised(lambda c: c.infer(oip_server.url, "busy", {"x": IMAGE}))
     assert isinstance(err, AdmissionRefused) and err.http_status == 429
     assert err.message == "queue full on edge-1"
-    assert err.details == {"node": "edge-1", "queue": 64, "url": f"{oip_server.url}/v2/models/busy/infer",
-                           "status": 429}
+    assert err.details == {
+        "node": "edge-1",
+        "queue": 64,
+        "url": f"{oip_server.url}/v2/models/busy/infer",
+        "status": 429,
+    }
 
 
 def test_unknown_model_is_rebuilt_as_model_not_found(oip_server) -> None:
     err = raised(lambda c: c.model_metadata(oip_server.url, "nope"))
-    assert isinstance(err, ModelNotFound) and err.details["url"] == f"{oip_server.url}/v2/models/nope"
+    assert (
+        isinstance(err, ModelNotFound) and err.details["url"] == f"{oip_server.url}/v2/models/nope"
+    )
 
 
 def test_error_without_json_body_is_an_upstream_error_with_the_status(oip_server) -> None:
@@ -139,6 +151,12 @@ def test_slow_upstream_times_out(oip_server) -> None:
 def test_default_timeout_applies_when_the_call_gives_none(oip_server) -> None:
     err = raised(lambda c: c.infer(oip_server.url, "slow", {"x": IMAGE}), timeout_s=0.2)
     assert isinstance(err, UpstreamTimeout)
+
+
+def test_spent_deadline_is_a_timeout_without_sending(oip_server) -> None:
+    err = raised(lambda c: c.infer(oip_server.url, "echo", {"x": IMAGE}, timeout_s=0.0))
+    assert isinstance(err, UpstreamTimeout) and "not sent" in err.message
+    assert oip_server.received == []
 
 
 def test_hang_up_is_upstream_unavailable(oip_server) -> None:
@@ -169,21 +187,34 @@ def mock(handler: Callable[[httpx.Request], httpx.Response]) -> dict[str, Any]:
 
 
 def test_upstream_error_codes_map_to_their_classes() -> None:
-    body = {"error": "model crashed", "code": "runtime_failure", "details": {"hint": "x", "message": "y", "n": 1}}
-    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}),
-                 **mock(lambda _: httpx.Response(500, json=body)))
+    body = {
+        "error": "model crashed",
+        "code": "runtime_failure",
+        "details": {"hint": "x", "message": "y", "n": 1},
+    }
+    err = raised(
+        lambda c: c.infer("http://up", "m", {"x": IMAGE}),
+        **mock(lambda _: httpx.Response(500, json=body)),
+    )
     # Colliding detail keys from a remote are dropped instead of breaking the rebuild.
-    assert isinstance(err, RuntimeFailure) and err.details == {"n": 1, "url": "http://up/v2/models/m/infer",
-                                                               "status": 500}
+    assert isinstance(err, RuntimeFailure) and err.details == {
+        "n": 1,
+        "url": "http://up/v2/models/m/infer",
+        "status": 500,
+    }
 
 
 def test_plain_oip_error_without_code_maps_by_status() -> None:
     # Triton answers {"error": msg} only.
-    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}),
-                 **mock(lambda _: httpx.Response(400, json={"error": "bad shape"})))
+    err = raised(
+        lambda c: c.infer("http://up", "m", {"x": IMAGE}),
+        **mock(lambda _: httpx.Response(400, json={"error": "bad shape"})),
+    )
     assert isinstance(err, InvalidRequest) and err.message == "bad shape"
-    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}),
-                 **mock(lambda _: httpx.Response(503, json={"error": "not ready"})))
+    err = raised(
+        lambda c: c.infer("http://up", "m", {"x": IMAGE}),
+        **mock(lambda _: httpx.Response(503, json={"error": "not ready"})),
+    )
     assert type(err) is UpstreamError
 
 
@@ -191,6 +222,7 @@ def test_transport_errors_map_at_the_boundary() -> None:
     def failing(exc: Exception) -> dict[str, Any]:
         def handler(request: httpx.Request) -> httpx.Response:
             raise exc
+
         return mock(handler)
 
     cases: list[tuple[Exception, type[TierlinkError]]] = [
@@ -202,17 +234,25 @@ def test_transport_errors_map_at_the_boundary() -> None:
     ]
     for exc, expected in cases:
         err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}), **failing(exc))
-        assert type(err) is expected and err.__cause__ is exc and err.details["url"] == "http://up/v2/models/m/infer"
+        assert (
+            type(err) is expected
+            and err.__cause__ is exc
+            and err.details["url"] == "http://up/v2/models/m/infer"
+        )
 
 
 def test_metadata_that_is_not_json_is_an_upstream_error() -> None:
-    err = raised(lambda c: c.model_metadata("http://up", "m"),
-                 **mock(lambda _: httpx.Response(200, content=b"<html>")))
+    err = raised(
+        lambda c: c.model_metadata("http://up", "m"),
+        **mock(lambda _: httpx.Response(200, content=b"<html>")),
+    )
     assert type(err) is UpstreamError and "not JSON" in err.message
 
 
 def test_bad_header_length_from_upstream_is_an_upstream_error() -> None:
-    response = httpx.Response(200, content=b'{"outputs": []}', headers={"Inference-Header-Content-Length": "x"})
+    response = httpx.Response(
+        200, content=b'{"outputs": []}', headers={"Inference-Header-Content-Length": "x"}
+    )
     err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}), **mock(lambda _: response))
     assert type(err) is UpstreamError and "malformed" in err.message
 

@@ -91,7 +91,9 @@ def test_request_round_trip_every_datatype(datatype: str, binary: bool) -> None:
 @pytest.mark.parametrize("datatype", DATATYPES)
 def test_response_round_trip_every_datatype(datatype: str, binary: bool) -> None:
     tensor = sample(datatype, (3, 1, 2), seed=1)
-    body, headers = encode_infer_response("m", "2", "r-1", {"y": tensor}, {"served_by": "e1"}, binary)
+    body, headers = encode_infer_response(
+        "m", "2", "r-1", {"y": tensor}, {"served_by": "e1"}, binary
+    )
     assert headers["Content-Type"] == (BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE)
     response = decode_infer_response(body, header_length(headers))
     assert (response.model_name, response.model_version, response.id) == ("m", "2", "r-1")
@@ -126,16 +128,28 @@ def test_mixed_request_with_hand_written_body() -> None:
     # Binary tensors take the binary section in list order, JSON tensors take none of it.
     a = np.arange(4, dtype=np.int32)
     c = np.array([1.5, -2.0], dtype=np.float64)
-    head = json.dumps({
-        "inputs": [
-            {"name": "a", "shape": [2, 2], "datatype": "INT32", "parameters": {"binary_data_size": 16}},
-            {"name": "b", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2.5], [3, 4]]},
-            {"name": "c", "shape": [2], "datatype": "FP64", "parameters": {"binary_data_size": 16}},
-            {"name": "d", "shape": [3], "datatype": "BYTES", "data": ["x", "", "\u00e9"]},
-        ],
-        "outputs": [{"name": "y", "parameters": {"binary_data": False}}, {"name": "z"}],
-        "parameters": {"binary_data_output": True, "trace": "t1"},
-    }).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "a",
+                    "shape": [2, 2],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": 16},
+                },
+                {"name": "b", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2.5], [3, 4]]},
+                {
+                    "name": "c",
+                    "shape": [2],
+                    "datatype": "FP64",
+                    "parameters": {"binary_data_size": 16},
+                },
+                {"name": "d", "shape": [3], "datatype": "BYTES", "data": ["x", "", "\u00e9"]},
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": False}}, {"name": "z"}],
+            "parameters": {"binary_data_output": True, "trace": "t1"},
+        }
+    ).encode()
     request = decode_infer_request(head + a.tobytes() + c.tobytes(), len(head))
     assert_same(request.inputs["a"], a.reshape(2, 2))
     assert_same(request.inputs["b"], np.array([[1, 2.5], [3, 4]], dtype=np.float32))
@@ -147,7 +161,9 @@ def test_mixed_request_with_hand_written_body() -> None:
 
 
 def test_binary_output_choice_follows_per_output_override() -> None:
-    request = InferRequestData(None, {}, {}, [RequestedOutput("a", True), RequestedOutput("b")], False)
+    request = InferRequestData(
+        None, {}, {}, [RequestedOutput("a", True), RequestedOutput("b")], False
+    )
     assert request.binary_outputs(["a", "b", "c"]) == {"a"}
     request.binary_output_default = True
     assert request.binary_outputs(["a", "b", "c"]) == {"a", "b", "c"}
@@ -155,7 +171,9 @@ def test_binary_output_choice_follows_per_output_override() -> None:
 
 def test_bytes_that_are_not_utf8_fall_back_to_binary_in_json_mode() -> None:
     blob = np.array([b"\xff\xfe\x00raw", b"ok"], dtype=object)
-    body, headers = encode_infer_response("m", None, None, {"blob": blob, "n": sample("INT8")}, None, False)
+    body, headers = encode_infer_response(
+        "m", None, None, {"blob": blob, "n": sample("INT8")}, None, False
+    )
     assert HEADER_LENGTH in headers
     doc = json.loads(body[: header_length(headers)])
     assert doc["outputs"][0]["parameters"]["binary_data_size"] == 4 + 6 + 4 + 2
@@ -167,16 +185,19 @@ def test_bytes_tensor_encoding_is_length_prefixed_row_major() -> None:
     strings = np.array([["ab", "c"], ["", "d\u00e9"]])  # numpy str array → BYTES
     assert datatype_of(strings.dtype) == "BYTES"
     body, headers = encode_infer_request({"s": strings.T}, None, None)
-    binary = body[header_length(headers):]
+    binary = body[header_length(headers) :]
     # strings.T in row-major order: "ab", "", "c", "dé"
-    assert binary == b"\x02\x00\x00\x00ab" + b"\x00" * 4 + b"\x01\x00\x00\x00c" + b"\x03\x00\x00\x00d\xc3\xa9"
+    assert (
+        binary
+        == b"\x02\x00\x00\x00ab" + b"\x00" * 4 + b"\x01\x00\x00\x00c" + b"\x03\x00\x00\x00d\xc3\xa9"
+    )
 
 
 def test_non_contiguous_and_big_endian_arrays_are_sent_row_major_little_endian() -> None:
     base = np.arange(12, dtype=">i4").reshape(3, 4)
     view = base[:, ::2].T  # (2, 3), non-contiguous, big-endian
     body, headers = encode_infer_request({"v": view}, None, None)
-    assert body[header_length(headers):] == np.ascontiguousarray(view, dtype="<i4").tobytes()
+    assert body[header_length(headers) :] == np.ascontiguousarray(view, dtype="<i4").tobytes()
     decoded = decode_infer_request(body, header_length(headers)).inputs["v"]
     assert decoded.tolist() == view.tolist() and decoded.dtype == np.int32
 
@@ -191,7 +212,11 @@ def test_requested_outputs_are_sent_with_their_binary_flag() -> None:
 def test_non_scalar_parameters_must_be_packed() -> None:
     with pytest.raises(InvalidRequest, match="pack_param"):
         encode_infer_request({"x": sample("FP32")}, {"path": ["dev-1", "edge-1"]}, None)
-    params = {"path": pack_param(["dev-1", "edge-1"]), "cfg": pack_param({"a": None}), "k": pack_param(3)}
+    params = {
+        "path": pack_param(["dev-1", "edge-1"]),
+        "cfg": pack_param({"a": None}),
+        "k": pack_param(3),
+    }
     body, headers = encode_infer_request({"x": sample("FP32")}, params, None)
     got = decode_infer_request(body, header_length(headers)).parameters
     assert unpack_param(got["path"]) == ["dev-1", "edge-1"]
@@ -201,9 +226,26 @@ def test_non_scalar_parameters_must_be_packed() -> None:
     assert unpack_param(pack_param(None)) is None
 
 
-def test_numpy_scalars_in_response_parameters_are_plain_json() -> None:
+def test_numpy_scalars_in_parameters_are_plain_json() -> None:
     body, _ = encode_infer_response("m", None, None, {}, {"confidence": np.float32(0.5)}, False)
     assert json.loads(body)["parameters"] == {"confidence": 0.5}
+    body, _ = encode_infer_request({"x": sample("FP32")}, {"k": np.int64(3)}, None, False, False)
+    assert json.loads(body)["parameters"] == {"k": 3}
+    with pytest.raises(InvalidRequest, match="parameter 'path' is a list"):
+        encode_infer_response("m", None, None, {}, {"path": ["a"]}, False)
+
+
+def test_binary_tensors_decode_in_place_without_a_copy() -> None:
+    # The encoder pads the JSON part to 8 bytes, so the binary section is aligned.
+    tensors = {"a": sample("FP64", (3,)), "b": sample("INT8", (5,)), "c": sample("FP32", (7,))}
+    body, headers = encode_infer_request(tensors, None, None)
+    assert header_length(headers) % 8 == 0
+    decoded = decode_infer_request(body, header_length(headers)).inputs
+    whole = np.frombuffer(body, dtype=np.uint8)
+    assert np.shares_memory(decoded["a"], whole) and np.shares_memory(decoded["b"], whole)
+    # "c" starts at 24 + 5 = 29 bytes into the binary section: unaligned, so it is copied.
+    assert not np.shares_memory(decoded["c"], whole) and decoded["c"].flags.aligned
+    assert_same(decoded["c"], tensors["c"])
 
 
 def test_datatype_names_map_both_ways() -> None:
@@ -223,7 +265,9 @@ def test_compress_only_when_asked_and_decompress_every_flavour() -> None:
     assert compress_body(body, headers, "br, identity")[0] is body
     assert compress_body(body, headers, "gzip;q=0, deflate")[1]["Content-Encoding"] == "deflate"
     zipped, zheaders = compress_body(body, headers, "deflate;q=0.5, gzip")
-    assert zheaders["Content-Encoding"] == "gzip" and zheaders[HEADER_LENGTH] == headers[HEADER_LENGTH]
+    assert (
+        zheaders["Content-Encoding"] == "gzip" and zheaders[HEADER_LENGTH] == headers[HEADER_LENGTH]
+    )
     assert gzip.decompress(zipped) == body
     raw = zlib.compressobj(6, zlib.DEFLATED, -15)
     for encoded, coding in [

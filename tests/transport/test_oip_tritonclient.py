@@ -12,6 +12,7 @@ import zlib
 
 import numpy as np
 import pytest
+from test_oip_codec import sample
 
 from tierlink.transport.oip import (
     DATATYPES,
@@ -23,23 +24,29 @@ from tierlink.transport.oip import (
 )
 
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.http._utils import _get_inference_request  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from test_oip_codec import sample  # noqa: E402
+from tritonclient.http._utils import _get_inference_request
+from tritonclient.utils import InferenceServerException
 
 
 def triton_request(inputs, outputs=None, parameters=None, request_id="", priority=0, timeout=None):
     """(body, json_size) exactly as tritonclient's InferenceServerClient.infer builds them."""
     return _get_inference_request(
-        inputs=inputs, request_id=request_id, outputs=outputs, sequence_id=0,
-        sequence_start=False, sequence_end=False, priority=priority, timeout=timeout,
+        inputs=inputs,
+        request_id=request_id,
+        outputs=outputs,
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=priority,
+        timeout=timeout,
         custom_parameters=parameters,
     )
 
 
 def triton_input(name: str, arr: np.ndarray, binary: bool, datatype: str):
-    return httpclient.InferInput(name, list(arr.shape), datatype).set_data_from_numpy(arr, binary_data=binary)
+    return httpclient.InferInput(name, list(arr.shape), datatype).set_data_from_numpy(
+        arr, binary_data=binary
+    )
 
 
 def as_wire_bytes(arr: np.ndarray) -> list[bytes]:
@@ -60,11 +67,18 @@ def test_tritonclient_request_decodes_exactly(datatype: str) -> None:
     as_binary = sample(datatype, (2, 2, 3), seed=3)
     as_json = sample(datatype, (1, 5), seed=4)
     body, json_size = triton_request(
-        [triton_input("bin", as_binary, True, datatype), triton_input("js", as_json, False, datatype)],
-        outputs=[httpclient.InferRequestedOutput("y", binary_data=True),
-                 httpclient.InferRequestedOutput("z", binary_data=False)],
+        [
+            triton_input("bin", as_binary, True, datatype),
+            triton_input("js", as_json, False, datatype),
+        ],
+        outputs=[
+            httpclient.InferRequestedOutput("y", binary_data=True),
+            httpclient.InferRequestedOutput("z", binary_data=False),
+        ],
         parameters={"tier": "edge", "budget": 3},
-        request_id="req-1", priority=2, timeout=5000,
+        request_id="req-1",
+        priority=2,
+        timeout=5000,
     )
     request = decode_infer_request(body, json_size)
     assert request.id == "req-1"
@@ -106,7 +120,9 @@ def test_tritonclient_parses_our_compressed_response(coding: str) -> None:
     body, headers = encode_infer_response("m", None, None, outputs, None, {"y"})
     zipped, zheaders = compress_body(body, headers, coding)
     result = httpclient.InferResult.from_response_body(
-        zipped, header_length=int(zheaders[HEADER_LENGTH]), content_encoding=zheaders["Content-Encoding"]
+        zipped,
+        header_length=int(zheaders[HEADER_LENGTH]),
+        content_encoding=zheaders["Content-Encoding"],
     )
     for name, tensor in outputs.items():
         assert_equal_exact(result.as_numpy(name), tensor)
@@ -127,8 +143,10 @@ def test_tritonclient_over_the_wire(oip_server) -> None:
             result = client.infer(
                 "echo",
                 [triton_input("x", x, True, "FP32"), triton_input("s", s, False, "BYTES")],
-                outputs=[httpclient.InferRequestedOutput("x"),
-                         httpclient.InferRequestedOutput("s", binary_data=False)],
+                outputs=[
+                    httpclient.InferRequestedOutput("x"),
+                    httpclient.InferRequestedOutput("s", binary_data=False),
+                ],
                 request_id="wire-1",
                 **kwargs,
             )
@@ -141,4 +159,6 @@ def test_tritonclient_over_the_wire(oip_server) -> None:
     finally:
         client.close()
     sent = oip_server.received[-2]
-    assert sent.headers["content-encoding"] == "deflate" and sent.headers["accept-encoding"] == "gzip"
+    assert (
+        sent.headers["content-encoding"] == "deflate" and sent.headers["accept-encoding"] == "gzip"
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from types import MappingProxyType
-from typing import Iterable, Literal, Mapping
+from typing import Iterable, Literal, Mapping, NamedTuple
 
 
 class Tier(IntEnum):
@@ -229,10 +229,13 @@ class ClusterView:
 PlacementKind = Literal["local", "remote"]
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
     """One place to try. ``escalate_below`` turns it into a cascade stage: an answer whose
-    confidence is below it is passed on to the next placement of the plan."""
+    confidence is below it is passed on to the next placement of the plan.
+
+    A NamedTuple rather than a dataclass: policies build several per request, and a frozen
+    dataclass costs several times more to construct on that hot path.
+    """
 
     kind: PlacementKind
     node_id: str

@@ -157,8 +157,8 @@ def _start_links(fleet: RunningFleet, ports: dict[str, int], timeout_s: float) -
     proc = _spawn(fleet, "links", ["-m", "tierlink.netem.server", "--spec", str(spec_file),
                                    "--control-port", "0", "--ready-file", str(ready)])
     info = _wait_file(ready, proc, "link emulator", timeout_s)
-    fleet.links_url = f"http://{HOST}:{info['control_port']}"
-    return {name: int(port) for name, port in info["links"].items()}
+    fleet.links_url = str(info["control_url"])
+    return {name: int(link["listen_port"]) for name, link in info["links"].items()}
 
 
 def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dict[str, int],

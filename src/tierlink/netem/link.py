@@ -48,6 +48,7 @@ __all__ = [
     "QUEUE_CHUNKS",
     "RUNTIME_FIELDS",
     "ChunkTiming",
+    "DeliveryTimer",
     "Link",
     "LinkCounters",
     "LinkSpec",
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 64 * 1024  # largest chunk one read takes from a socket
 QUEUE_CHUNKS = 64  # chunks in flight per direction of one connection (bounds memory)
 MIN_RTO_S = 0.2  # Linux's minimum retransmission timeout
+READ_AHEAD_S = 0.010  # a pump reads its next chunk this long before the wire is free
 RUNTIME_FIELDS = frozenset({"delay_ms", "jitter_ms", "bandwidth_mbit", "loss", "up"})
 
 _HINT = "check the link definitions in the fleet file"
@@ -215,6 +217,32 @@ def schedule_chunk(spec: LinkSpec, nbytes: int, now: float, wire_free: float,
 FORWARD, REVERSE = "forward", "reverse"
 
 
+class DeliveryTimer:
+    """Sleeps until a loop time, aiming early by an estimate of how late wake-ups are.
+
+    A timer wakes a loaded machine's event loop some 0.3-1 ms late (epoll's millisecond
+    timeouts, scheduling), which would add that much to every emulated one-way delay. This
+    timer tracks the median lateness with a sign-step estimator (each wake-up moves the aim by
+    ``STEP_S`` toward being on time), so delivery times are unbiased: as many chunks arrive a
+    little early as a little late.
+    """
+
+    STEP_S = 0.00002
+    MAX_EARLY_S = 0.002
+
+    def __init__(self, early_s: float = 0.0005) -> None:
+        self.early_s = early_s
+
+    async def sleep_until(self, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        wait = when - loop.time() - self.early_s
+        if wait <= 0:
+            return  # due already (or within the aim): deliver now, learn nothing
+        await asyncio.sleep(wait)
+        step = self.STEP_S if loop.time() > when else -self.STEP_S
+        self.early_s = min(self.MAX_EARLY_S, max(0.0, self.early_s + step))
+
+
 @dataclass(slots=True)
 class LinkCounters:
     """What one link has carried since it started (bytes are counted when delivered)."""
@@ -252,6 +280,7 @@ class Link:
         self._connections: set[_Connection] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self.counters = LinkCounters()
+        self.timer = DeliveryTimer()
 
     @property
     def spec(self) -> LinkSpec:
@@ -354,7 +383,7 @@ class Link:
             # server callback (which calls task.exception()) from logging a spurious error.
             pass
         finally:
-            self._handlers.discard(task)  # type: ignore[arg-type]
+            self._handlers.discard(task)
             writer.close()
 
     async def _serve_client(self, reader: asyncio.StreamReader,
@@ -458,14 +487,14 @@ class _Pipe:
             timing = self._link.schedule(self._direction, len(data), self._last_delivery)
             self._last_delivery = timing.delivery
             await self._queue.put((data, timing.delivery))
-            # Read the next chunk only once this one has left the wire: the sender's surplus
-            # waits in the kernel's socket buffers, i.e. TCP flow control slows it down.
-            wait = timing.departure - loop.time()
+            # Read the next chunk only when this one has (nearly) left the wire: the sender's
+            # surplus waits in the kernel's socket buffers, i.e. TCP flow control slows it
+            # down. Waking a little early keeps the wire busy although timers fire late.
+            wait = timing.departure - loop.time() - READ_AHEAD_S
             if wait > 0:
                 await asyncio.sleep(wait)
 
     async def write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             item = await self._queue.get()
             if item is None:
@@ -473,9 +502,7 @@ class _Pipe:
                     self._sink.write_eof()  # half-close, as the sender did
                 return
             data, delivery = item
-            wait = delivery - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await self._link.timer.sleep_until(delivery)
             self._sink.write(data)
             await self._sink.drain()
             self._link.delivered(self._direction, len(data))

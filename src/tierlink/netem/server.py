@@ -159,7 +159,8 @@ def create_control_app(emulator: LinkEmulator) -> FastAPI:
             return failure(exc, 404)
 
     @app.put("/links/{name}", response_model=None)
-    async def put_link(name: str, body: Any = Body(None)) -> dict[str, Any] | JSONResponse:
+    async def put_link(name: str,
+                       body: Any = Body(None)) -> dict[str, Any] | JSONResponse:  # noqa: B008
         try:
             link = emulator.link(name)
         except LinkEmulationError as exc:

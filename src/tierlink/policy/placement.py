@@ -19,7 +19,7 @@ device can weigh "edge, which may itself escalate to the cloud" without microman
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tierlink.core.types import (
     ClusterView,
@@ -33,9 +33,9 @@ from tierlink.estimate.latency import queue_wait_ms, transfer_ms
 from tierlink.policy.base import PolicyConfig
 
 
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """Expected figures of one option; ``worst_ms`` assumes every cascade stage escalates."""
+class Estimate(NamedTuple):
+    """Expected figures of one option; ``worst_ms`` assumes every cascade stage escalates.
+    (A NamedTuple: thousands are built per second on the request path.)"""
 
     latency_ms: float
     worst_ms: float
@@ -43,13 +43,23 @@ class Estimate:
     accuracy: float
 
 
-@dataclass(frozen=True, slots=True)
-class Option:
-    label: str
-    placements: tuple[Placement, ...]
+class Choice(NamedTuple):
+    """One option at one node, before it is turned into placements.
+
+    ``kind`` is "local", "remote" or "cascade"; ``pick``/``spare`` are the power-of-two
+    winner and runner-up for remote and cascade options."""
+
+    kind: str
     est: Estimate
-    spares: tuple[Placement, ...] = ()  # power-of-two losers, tried on failure
-    model: ModelView | None = None  # the local model, for its cascade profile
+    node: NodeView
+    model: ModelView | None = None
+    pick: NodeView | None = None
+    spare: NodeView | None = None
+    threshold: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.pick is None else f"{self.kind}:{self.pick.tier.label}"
 
 
 def hard_slice_accuracy(upstream_accuracy: float, escalated_share: float) -> float:
@@ -76,38 +86,40 @@ class TierlinkPolicy:
         self._cfg = config
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
-        options = self._options(view.self_id, request, view, request.deadline_ms, request.hops, rng)
-        feasible = [o for o in options if o.est.worst_ms <= request.deadline_ms]
+        choices = self._choices(view.self_id, request, view, request.deadline_ms, request.hops,
+                                rng)
+        feasible = [c for c in choices if c.est.worst_ms <= request.deadline_ms]
         if not feasible:
-            return Plan((), self.name, reason=self._why_none(request, view, options))
-        ref_cost = max(o.est.cost for o in feasible)
-        ranked = sorted(feasible, key=lambda o: -self._score(o.est, request.deadline_ms, ref_cost))
-        return Plan(merge_options(ranked), self.name, reason=ranked[0].label)
+            return Plan((), self.name, reason=self._why_none(request, view, choices))
+        ref_cost = max(c.est.cost for c in feasible)
+        ranked = sorted(feasible, key=lambda c: -self._score(c.est, request.deadline_ms, ref_cost))
+        return Plan(merge_placements([placements(c) for c in ranked]), self.name,
+                    reason=ranked[0].label)
 
     # -- options -----------------------------------------------------------------------
 
-    def _options(
+    def _choices(
         self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
         rng: random.Random,
-    ) -> list[Option]:
+    ) -> list[Choice]:
         node = view.nodes[node_id]
         local = self._local(node, req, view)
-        options = [local] if local else []
+        choices = [local] if local else []
         if hops >= self._cfg.max_hops:
-            return options
+            return choices
         for tier, ids in view.upstream.get(node_id, {}).items():
             if not req.privacy.allows(tier, at_origin=False):
                 continue
-            remote = self._remote_choice(node, ids, req, view, budget, hops, rng)
+            remote = self._remote(node, ids, req, view, budget, hops, rng)
             if remote is None:
                 continue
-            options.append(remote)
+            choices.append(remote)
             cascade = self._cascade(local, remote) if local else None
             if cascade:
-                options.append(cascade)
-        return options
+                choices.append(cascade)
+        return choices
 
-    def _local(self, node: NodeView, req: Request, view: ClusterView) -> Option | None:
+    def _local(self, node: NodeView, req: Request, view: ClusterView) -> Choice | None:
         model = node.model_for(req.task, req.version)
         if model is None or not req.privacy.allows(node.tier, at_origin=node.node_id == req.origin):
             return None
@@ -115,30 +127,23 @@ class TierlinkPolicy:
         latency = queue_wait_ms(node, model, outstanding) + model.latency_ms
         est = Estimate(latency, latency, self._cfg.cost.compute(node.tier, model.latency_ms),
                        model.accuracy)
-        placement = Placement("local", node.node_id, node.tier, model.name, None,
-                              est.latency_ms, est.cost, est.accuracy)
-        return Option("local", (placement,), est, model=model)
+        return Choice("local", est, node, model)
 
-    def _remote_choice(
+    def _remote(
         self, node: NodeView, ids: tuple[str, ...], req: Request, view: ClusterView,
         budget: float, hops: int, rng: random.Random,
-    ) -> Option | None:
+    ) -> Choice | None:
         pick, spare = two_choices(ids, view, req.task, rng)
         if pick is None:
             return None
         est = self._remote_estimate(node, pick, req, view, budget, hops, rng)
-        if est is None:
-            return None
-        placement = Placement("remote", pick.node_id, pick.tier, None, None,
-                              est.latency_ms, est.cost, est.accuracy)
-        spares = (Placement("remote", spare.node_id, spare.tier),) if spare else ()
-        return Option(f"remote:{pick.tier.label}", (placement,), est, spares)
+        return None if est is None else Choice("remote", est, node, None, pick, spare)
 
     def _remote_estimate(
         self, node: NodeView, up: NodeView, req: Request, view: ClusterView, budget: float,
         hops: int, rng: random.Random,
     ) -> Estimate | None:
-        link = view.link(node.node_id, up.node_id)
+        link = view.links.get((node.node_id, up.node_id))
         if link is None:
             return None
         params = self._cfg.estimates
@@ -155,32 +160,31 @@ class TierlinkPolicy:
         rng: random.Random,
     ) -> Estimate | None:
         """What ``node_id``'s policy would do with the request: its best feasible option."""
-        feasible = [o for o in self._options(node_id, req, view, budget, hops, rng)
-                    if o.est.worst_ms <= budget]
+        feasible = [c.est for c in self._choices(node_id, req, view, budget, hops, rng)
+                    if c.est.worst_ms <= budget]
         if not feasible:
             return None
-        ref_cost = max(o.est.cost for o in feasible)
-        return max(feasible, key=lambda o: self._score(o.est, budget, ref_cost)).est
+        if len(feasible) == 1:
+            return feasible[0]
+        ref_cost = max(e.cost for e in feasible)
+        return max(feasible, key=lambda e: self._score(e, budget, ref_cost))
 
-    def _cascade(self, local: Option, remote: Option) -> Option | None:
-        first = local.placements[0]
-        threshold = self._cfg.threshold_for(first.model or "")
-        point = local.model.cascade_at(threshold) if local.model else None
+    def _cascade(self, local: Choice, remote: Choice) -> Choice | None:
+        model = local.model
+        threshold = self._cfg.threshold_for(model.name) if model else 0.0
+        point = model.cascade_at(threshold) if model else None
         if point is None:
             return None
-        share, answered_acc = point.answered_share, point.answered_accuracy
         lo, up = local.est, remote.est
-        escalated = 1.0 - share
+        escalated = 1.0 - point.answered_share
         est = Estimate(
-            latency_ms=lo.latency_ms + escalated * up.latency_ms,
-            worst_ms=lo.latency_ms + up.worst_ms,
-            cost=lo.cost + escalated * up.cost,
-            accuracy=share * answered_acc + escalated * hard_slice_accuracy(up.accuracy, escalated),
+            lo.latency_ms + escalated * up.latency_ms,
+            lo.latency_ms + up.worst_ms,
+            lo.cost + escalated * up.cost,
+            point.answered_share * point.answered_accuracy
+            + escalated * hard_slice_accuracy(up.accuracy, escalated),
         )
-        staged = Placement("local", first.node_id, first.tier, first.model, threshold,
-                           lo.latency_ms, lo.cost, lo.accuracy)
-        return Option(f"cascade:{remote.placements[0].tier.label}",
-                      (staged, *remote.placements), est, remote.spares)
+        return Choice("cascade", est, local.node, model, remote.pick, remote.spare, threshold)
 
     # -- scoring -----------------------------------------------------------------------
 
@@ -190,14 +194,14 @@ class TierlinkPolicy:
         cost_term = est.cost / ref_cost if ref_cost > 0 else 0.0
         return w.accuracy * 100.0 * est.accuracy - w.latency * latency_term - w.cost * cost_term
 
-    def _why_none(self, req: Request, view: ClusterView, options: list[Option]) -> str:
-        if not options:
+    def _why_none(self, req: Request, view: ClusterView, choices: list[Choice]) -> str:
+        if not choices:
             return (f"no node reachable from {view.self_id} holds a model for task "
                     f"{req.task!r}{_version(req)} that privacy {req.privacy.value!r} allows")
-        fastest = min(options, key=lambda o: o.est.worst_ms)
+        fastest = min(choices, key=lambda c: c.est.worst_ms)
+        via = fastest.pick.node_id if fastest.pick else fastest.node.node_id
         return (f"deadline {req.deadline_ms:.1f} ms cannot be met: the fastest option "
-                f"({fastest.label} via {fastest.placements[0].node_id}) needs "
-                f"{fastest.est.worst_ms:.1f} ms")
+                f"({fastest.label} via {via}) needs {fastest.est.worst_ms:.1f} ms")
 
 
 def _version(req: Request) -> str:
@@ -234,21 +238,36 @@ def _wait(node: NodeView, view: ClusterView, task: str) -> float:
     return queue_wait_ms(node, model, outstanding)
 
 
-def merge_options(ranked: list[Option]) -> tuple[Placement, ...]:
-    """The best option's placements and spares, then every other option's first-choice
-    nodes as plain fallbacks (a local fallback answers whatever its confidence)."""
-    best = ranked[0]
-    out = list(best.placements) + list(best.spares)
-    seen = {(p.kind, p.node_id) for p in out}
-    for option in ranked[1:]:
-        for p in (*option.placements, *option.spares):
-            if (p.kind, p.node_id) in seen:
-                continue
-            seen.add((p.kind, p.node_id))
-            out.append(Placement(p.kind, p.node_id, p.tier, p.model, None,
-                                 p.est_ms, p.est_cost, p.est_accuracy))
+def placements(choice: Choice) -> tuple[Placement, ...]:
+    """A choice as the placements the dispatcher runs: the primary ones, then the spare."""
+    est = choice.est
+    out: list[Placement] = []
+    if choice.model is not None:
+        node = choice.node
+        out.append(Placement("local", node.node_id, node.tier, choice.model.name,
+                             choice.threshold, est.latency_ms, est.cost, est.accuracy))
+    if choice.pick is not None:
+        out.append(Placement("remote", choice.pick.node_id, choice.pick.tier, None, None,
+                             est.latency_ms, est.cost, est.accuracy))
+    if choice.spare is not None:
+        out.append(Placement("remote", choice.spare.node_id, choice.spare.tier))
     return tuple(out)
 
 
-__all__ = ["Estimate", "Option", "TierlinkPolicy", "hard_slice_accuracy", "merge_options",
-           "two_choices"]
+def merge_placements(ranked: list[tuple[Placement, ...]]) -> tuple[Placement, ...]:
+    """The best choice's placements, then every other choice's nodes as plain fallbacks
+    (a local fallback answers whatever its confidence)."""
+    out = list(ranked[0])
+    seen = {(p.kind, p.node_id) for p in out}
+    for group in ranked[1:]:
+        for p in group:
+            if (p.kind, p.node_id) not in seen:
+                seen.add((p.kind, p.node_id))
+                out.append(p if p.escalate_below is None else
+                           Placement(p.kind, p.node_id, p.tier, p.model, None,
+                                     p.est_ms, p.est_cost, p.est_accuracy))
+    return tuple(out)
+
+
+__all__ = ["Choice", "Estimate", "TierlinkPolicy", "hard_slice_accuracy", "merge_placements",
+           "placements", "two_choices"]

@@ -38,7 +38,17 @@ _LAZY = {
     "error_body": "tierlink.transport.oip",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "InferRequestData",
+    "InferResponseData",
+    "OipClient",
+    "RequestedOutput",
+    "decode_infer_request",
+    "decode_infer_response",
+    "encode_infer_request",
+    "encode_infer_response",
+    "error_body",
+]
 
 
 def __getattr__(name: str) -> Any:

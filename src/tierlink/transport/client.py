@@ -22,7 +22,7 @@ import asyncio
 import json
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -68,7 +68,9 @@ class OipClient:
         if timeout_s <= 0 or max_connections < 1:
             raise ValueError("OipClient needs timeout_s > 0 and max_connections >= 1")
         self._timeout_s = timeout_s
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
         self._http = httpx.AsyncClient(
             timeout=timeout_s,
             limits=limits,
@@ -81,7 +83,7 @@ class OipClient:
         """Close every pooled connection. The client cannot be used afterwards."""
         await self._http.aclose()
 
-    async def __aenter__(self) -> OipClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -115,7 +117,11 @@ class OipClient:
         """
         url = _model_url(base_url, model, version) + "/infer"
         body, request_headers = encode_infer_request(
-            inputs, parameters, outputs, binary_inputs=binary, binary_outputs=binary,
+            inputs,
+            parameters,
+            outputs,
+            binary_inputs=binary,
+            binary_outputs=binary,
             request_id=request_id,
         )
         if headers:
@@ -142,7 +148,9 @@ class OipClient:
         try:
             doc = json.loads(response.content)
         except ValueError as exc:
-            raise UpstreamError(f"{url} sent model metadata that is not JSON: {exc}", url=url) from exc
+            raise UpstreamError(
+                f"{url} sent model metadata that is not JSON: {exc}", url=url
+            ) from exc
         if not isinstance(doc, dict):
             raise UpstreamError(f"{url} sent model metadata that is not a JSON object", url=url)
         return doc
@@ -152,6 +160,12 @@ class OipClient:
     ) -> httpx.Response:
         """One HTTP exchange, bounded end to end by ``timeout_s``; non-2xx raises."""
         timeout = self._timeout_s if timeout_s is None else timeout_s
+        if timeout <= 0:  # the caller's deadline is already spent: do not load the upstream
+            raise UpstreamTimeout(
+                f"{method} {url} not sent: no time left ({timeout:.3g} s)",
+                url=url,
+                timeout_s=timeout,
+            )
         try:
             # httpx's timeout applies per phase (connect, write, each read); the outer one
             # bounds the whole exchange, which is what a deadline means.
@@ -163,10 +177,13 @@ class OipClient:
             ) from exc
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             raise UpstreamUnavailable(
-                f"{method} {url} failed: {type(exc).__name__}: {str(exc) or 'connection lost'}", url=url
+                f"{method} {url} failed: {type(exc).__name__}: {str(exc) or 'connection lost'}",
+                url=url,
             ) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url) from exc
+            raise UpstreamError(
+                f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url
+            ) from exc
         if not response.is_success:
             raise _status_error(response, url)
         return response
@@ -185,7 +202,9 @@ def _decode_infer(response: httpx.Response, url: str) -> InferResponseData:
         return decode_infer_response(response.content, header_length)
     except (InvalidRequest, ValueError) as exc:
         message = exc.message if isinstance(exc, TierlinkError) else str(exc)
-        raise UpstreamError(f"{url} sent a malformed inference response: {message}", url=url) from exc
+        raise UpstreamError(
+            f"{url} sent a malformed inference response: {message}", url=url
+        ) from exc
 
 
 def _status_error(response: httpx.Response, url: str) -> TierlinkError:
@@ -194,7 +213,9 @@ def _status_error(response: httpx.Response, url: str) -> TierlinkError:
     body = _error_json(response.content)
     if body is None:
         snippet = response.content[:200].decode("utf-8", "replace")
-        err: TierlinkError = UpstreamError(f"{url} answered HTTP {status}: {snippet}", status=status)
+        err: TierlinkError = UpstreamError(
+            f"{url} answered HTTP {status}: {snippet}", status=status
+        )
     else:
         err = error_from_dict(body, status)
     err.details["url"] = url
@@ -212,7 +233,9 @@ def _error_json(content: bytes) -> dict[str, Any] | None:
         return None
     details = body.get("details")
     if isinstance(details, dict):
-        body["details"] = {k: v for k, v in details.items() if isinstance(k, str) and k not in _RESERVED_DETAILS}
+        body["details"] = {
+            k: v for k, v in details.items() if isinstance(k, str) and k not in _RESERVED_DETAILS
+        }
     if body.get("hint") is not None and not isinstance(body["hint"], str):
         body["hint"] = str(body["hint"])
     return body

@@ -49,8 +49,8 @@ BINARY_CONTENT_TYPE = "application/octet-stream"
 MAX_BODY_BYTES = 256 * 1024 * 1024
 
 Buffer = bytes | bytearray | memoryview
-# A binary chunk of the body: bytes, or a contiguous array read through the buffer protocol.
-Chunk = bytes | np.ndarray
+# A binary chunk of the body: bytes, or a view of a contiguous array (joined without a copy).
+Chunk = bytes | memoryview
 Scalar = str | int | float | bool
 
 # Explicit little-endian dtypes: the wire is little-endian whatever the host is.
@@ -116,7 +116,7 @@ def pack_param(value: Any) -> Scalar:
     if isinstance(value, str | bool | int | float):
         return value
     try:
-        return json.dumps(value, separators=(",", ":"), default=_json_default)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"parameter value {value!r} cannot be sent as JSON: {exc}") from exc
 
@@ -137,13 +137,18 @@ def unpack_param(value: Any) -> Any:
 
 
 def _check_scalar_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``params`` with numpy scalars made plain; raises if a value is not a scalar."""
+    out: dict[str, Any] = {}
     for key, value in params.items():
+        if isinstance(value, np.generic) and value.ndim == 0:
+            value = value.item()
         if not isinstance(value, str | bool | int | float):
             raise InvalidRequest(
                 f"parameter {key!r} is a {type(value).__name__}; OIP parameters must be "
                 "strings, numbers or booleans: wrap it with tierlink.transport.oip.pack_param()"
             )
-    return dict(params)
+        out[key] = value
+    return out
 
 
 # ----------------------------------------------------------------------------- HTTP helpers
@@ -163,7 +168,9 @@ def parse_header_length(value: str | None) -> int | None:
     return int(text)
 
 
-def decompress_body(body: Buffer, content_encoding: str | None, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+def decompress_body(
+    body: Buffer, content_encoding: str | None, max_bytes: int = MAX_BODY_BYTES
+) -> bytes:
     """Undo a ``Content-Encoding`` of gzip, deflate (zlib or raw) or identity.
 
     Encodings listed as ``"gzip, deflate"`` are undone last first, as HTTP applies them in order.
@@ -318,7 +325,8 @@ def encode_infer_response(
     """Encode an inference response; returns the body and the headers to send with it.
 
     ``binary`` is True (every output binary), False (every output JSON) or the set of output
-    names to send binary (see :meth:`InferRequestData.binary_outputs`). A BYTES output that is
+    names to send binary (see :meth:`InferRequestData.binary_outputs`). ``parameters`` values
+    must be scalars (see :func:`pack_param`). A BYTES output that is
     not valid UTF-8 cannot be JSON and is sent binary even if JSON was asked for; every OIP
     client reads either form. The headers hold ``Content-Type`` and, when any output is
     binary, ``Inference-Header-Content-Length``.
@@ -329,7 +337,7 @@ def encode_infer_response(
     if request_id is not None:
         header["id"] = request_id
     if parameters:
-        header["parameters"] = dict(parameters)
+        header["parameters"] = _check_scalar_params(parameters)
     header["outputs"], chunks, any_binary = _encode_tensors(outputs, _binary_rule(binary))
     return _assemble(header, chunks, any_binary)
 
@@ -401,10 +409,11 @@ def _encode_tensor(name: str, arr: np.ndarray, binary: bool) -> tuple[dict[str, 
         entry["data"] = arr.ravel().tolist()
         return entry, None
     else:
-        # Contiguous little-endian, row-major: no copy when it already is; bytes.join reads
-        # the array through the buffer protocol.
-        chunk = np.ascontiguousarray(arr, dtype=_DTYPES[datatype])
-    entry["parameters"] = {"binary_data_size": chunk.nbytes if isinstance(chunk, np.ndarray) else len(chunk)}
+        # Contiguous little-endian, row-major: no copy when the array already is.
+        chunk = np.ascontiguousarray(arr, dtype=_DTYPES[datatype]).data
+    entry["parameters"] = {
+        "binary_data_size": chunk.nbytes if isinstance(chunk, memoryview) else len(chunk)
+    }
     return entry, chunk
 
 
@@ -422,10 +431,15 @@ def _utf8_or_none(items: list[bytes]) -> list[str] | None:
         return None
 
 
-def _assemble(header: dict[str, Any], chunks: list[Chunk], any_binary: bool) -> tuple[bytes, dict[str, str]]:
-    head = json.dumps(header, separators=(",", ":"), default=_json_default).encode()
+def _assemble(
+    header: dict[str, Any], chunks: list[Chunk], any_binary: bool
+) -> tuple[bytes, dict[str, str]]:
+    head = _ENCODER.encode(header).encode()
     if not any_binary:
         return head, {"Content-Type": JSON_CONTENT_TYPE}
+    # Pad the JSON with spaces (still valid JSON) to a multiple of 8 bytes, so the binary
+    # section starts aligned and the receiver can use the tensors in place without a copy.
+    head += b" " * (-len(head) % _ALIGN)
     headers = {"Content-Type": BINARY_CONTENT_TYPE, HEADER_LENGTH: str(len(head))}
     return b"".join([head, *chunks]), headers
 
@@ -435,6 +449,11 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic | np.ndarray):
         return value.tolist()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# One compact encoder for every body: json.dumps builds a new encoder per call when given options.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_default)
+_ALIGN = 8
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -639,7 +658,9 @@ def _tensor_head(entry: Any, index: int, role: str) -> _TensorHead:
     if datatype is None:
         raise TensorError(f"{label} has no 'datatype'; expected one of {', '.join(DATATYPES)}")
     if not isinstance(datatype, str) or datatype not in _DTYPES:
-        raise TensorError(f"{label}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+        raise TensorError(
+            f"{label}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}"
+        )
     shape = _shape(entry.get("shape"), label)
     data, binary_size = _data_source(entry, label)
     dtype = _DTYPES[datatype]
@@ -654,7 +675,9 @@ def _shape(value: Any, label: str) -> tuple[int, ...]:
     for dim in value:
         # bool is an int in Python but not a dimension.
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
-            raise TensorError(f"{label}: 'shape' {value!r} holds {dim!r}; dimensions must be integers >= 0")
+            raise TensorError(
+                f"{label}: 'shape' {value!r} holds {dim!r}; dimensions must be integers >= 0"
+            )
     return tuple(value)
 
 
@@ -678,7 +701,9 @@ def _data_source(entry: Mapping[str, Any], label: str) -> tuple[Any, int | None]
     if data is None:
         raise TensorError(f"{label} has neither 'data' nor parameters.binary_data_size")
     if not isinstance(data, list):
-        raise TensorError(f"{label}: 'data' must be a (flat or nested) list, got {type(data).__name__}")
+        raise TensorError(
+            f"{label}: 'data' must be a (flat or nested) list, got {type(data).__name__}"
+        )
     return data, None
 
 
@@ -711,7 +736,9 @@ def _split_bytes(head: _TensorHead, raw: memoryview) -> list[bytes]:
                 f"of shape {list(head.shape)} ({end - pos} bytes left over)"
             )
         if pos + 4 > end:
-            raise TensorError(f"{head.label}: BYTES element {len(items)} has a truncated 4-byte length")
+            raise TensorError(
+                f"{head.label}: BYTES element {len(items)} has a truncated 4-byte length"
+            )
         size = int.from_bytes(raw[pos : pos + 4], "little")
         pos += 4
         if pos + size > end:
@@ -744,7 +771,9 @@ def _from_json(head: _TensorHead) -> np.ndarray:
     try:
         raw = np.asarray(head.data)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise TensorError(f"{head.label}: 'data' is not a regular nested list of numbers ({exc})") from exc
+        raise TensorError(
+            f"{head.label}: 'data' is not a regular nested list of numbers ({exc})"
+        ) from exc
     if raw.size != head.count:
         raise TensorError(_count_message(head, raw.size))
     if raw.size:
@@ -786,12 +815,16 @@ def _checked_values(head: _TensorHead, raw: np.ndarray) -> np.ndarray:
     if target == "f":
         if kind in "iuf":
             return raw
-        raise TensorError(f"{head.label}: {head.datatype} 'data' must hold numbers, found {_kind_name(kind)}")
+        raise TensorError(
+            f"{head.label}: {head.datatype} 'data' must hold numbers, found {_kind_name(kind)}"
+        )
     if kind in "fO" and head.datatype == "UINT64":
         raw = _big_uint64(head)  # numpy reads [1, 2**64-1] as float64
         kind = raw.dtype.kind
     if kind not in "iu":
-        raise TensorError(f"{head.label}: {head.datatype} 'data' must hold integers, found {_kind_name(kind)}")
+        raise TensorError(
+            f"{head.label}: {head.datatype} 'data' must hold integers, found {_kind_name(kind)}"
+        )
     info = np.iinfo(head.dtype)
     low, high = int(raw.min()), int(raw.max())
     if low < info.min or high > info.max:

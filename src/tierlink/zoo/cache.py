@@ -1,0 +1,142 @@
+"""The built zoo on disk: where it lives, whether it is valid, building it once.
+
+Layout: ``<zoo_dir(profile)>/<task>-<variant>.onnx`` with ``<task>-<variant>.json`` (its
+card) beside it. A cached zoo is valid when every model's ``.onnx`` and card exist, the
+card's ``sha256`` matches the file, and the card was built by this profile at the current
+``MODEL_VERSION``. Builds hold an exclusive file lock, so processes that start together
+(a fleet's nodes) build once: the others wait and then find the cache valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from tierlink.errors import ModelNotFound, ZooError
+from tierlink.zoo.cards import ModelCard, file_sha256, load_card
+from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names
+
+log = logging.getLogger(__name__)
+
+
+def tierlink_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$TIERLINK_HOME``, default ``~/.cache/tierlink`` (read when called, never at import)."""
+    env = os.environ if env is None else env
+    home = env.get("TIERLINK_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "tierlink"
+
+
+def zoo_dir(profile: str = "full") -> Path:
+    """Where the zoo of ``profile`` lives: ``$TIERLINK_HOME/zoo/<profile>``."""
+    get_profile(profile)  # a clear error for an unknown profile
+    return tierlink_home() / "zoo" / profile
+
+
+@dataclass(frozen=True, slots=True)
+class Zoo:
+    """A valid built zoo: the models of one task and profile, by name (smallest first)."""
+
+    task: str
+    profile: str
+    root: Path
+    cards: Mapping[str, ModelCard]
+
+    def path(self, name: str) -> Path:
+        """The ``.onnx`` file of model ``name``."""
+        self.card(name)
+        return self.root / f"{name}.onnx"
+
+    def card_path(self, name: str) -> Path:
+        """The card (JSON) of model ``name``."""
+        self.card(name)
+        return self.root / f"{name}.json"
+
+    def card(self, name: str) -> ModelCard:
+        card = self.cards.get(name)
+        if card is None:
+            raise ModelNotFound(f"the {self.task} zoo has no model {name!r}; it has "
+                                f"{list(self.cards)}")
+        return card
+
+
+def load_zoo(task: str = "fmnist", profile: str = "full", root: Path | None = None) -> Zoo:
+    """The zoo already built at ``root`` (default ``zoo_dir(profile)``), without building.
+    Raises ``ZooError`` saying which file is missing or stale."""
+    get_profile(profile)
+    root = zoo_dir(profile) if root is None else Path(root)
+    cards = {name: _valid_card(root, name, task, profile) for name in model_names(task)}
+    return Zoo(task, profile, root, MappingProxyType(cards))
+
+
+def _valid_card(root: Path, name: str, task: str, profile: str) -> ModelCard:
+    onnx_path, card_path = root / f"{name}.onnx", root / f"{name}.json"
+    if not onnx_path.is_file() or not card_path.is_file():
+        raise ZooError(f"zoo model {name} is not built in {root}")
+    card = load_card(card_path)
+    if card.sha256 != file_sha256(onnx_path):
+        raise ZooError(f"{onnx_path} does not match the sha256 in its card")
+    if (card.task, card.name, card.training.profile) != (task, name, profile):
+        raise ZooError(f"card {card_path} is for {card.name} ({card.training.profile} "
+                       f"profile), expected {name} ({profile})")
+    if card.version != MODEL_VERSION:
+        raise ZooError(f"card {card_path} is version {card.version}, the zoo builds "
+                       f"version {MODEL_VERSION}")
+    return card
+
+
+def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = True,
+               force: bool = False, root: Path | None = None) -> Zoo:
+    """The zoo of ``task`` / ``profile``, built first if the cache is missing or stale
+    (or ``force``). Cheap when cached: reads the cards and hashes the files.
+
+    Building trains with torch (``full``: minutes; ``test``: under a minute) and shows a
+    progress bar per model when ``progress``. Raises ``ZooError`` if it cannot build.
+    """
+    build_profile = get_profile(profile)
+    root = zoo_dir(profile) if root is None else Path(root)
+    if not force and (zoo := _cached(task, profile, root)) is not None:
+        return zoo
+    root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root):
+        # Another process may have built it while this one waited for the lock.
+        if not force and (zoo := _cached(task, profile, root)) is not None:
+            return zoo
+        from tierlink.zoo.build import build_zoo  # torch: only when building
+
+        with _reporter(progress) as reporter:
+            build_zoo(task, build_profile, root, reporter)
+    return load_zoo(task, profile, root)
+
+
+def _cached(task: str, profile: str, root: Path) -> Zoo | None:
+    try:
+        return load_zoo(task, profile, root)
+    except ZooError as exc:
+        log.info("zoo cache in %s is not usable (%s); building it", root, exc.message)
+        return None
+
+
+def _reporter(progress: bool) -> Any:
+    from tierlink.zoo.progress import NullReporter, RichReporter
+
+    return RichReporter() if progress else nullcontext(NullReporter())
+
+
+@contextmanager
+def _build_lock(root: Path) -> Iterator[None]:
+    import fcntl
+
+    try:
+        handle = open(root / ".build.lock", "a+b")
+    except OSError as exc:
+        raise ZooError(f"cannot create the zoo's lock file in {root}: {exc}",
+                       hint="set TIERLINK_HOME to a writable directory") from exc
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield

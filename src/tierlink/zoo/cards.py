@@ -1,0 +1,202 @@
+"""Model cards: the JSON written beside every zoo ``.onnx`` file.
+
+A card says what the model is (task, variant, tier, signature, labels), how good it is
+(test and calibration accuracy, the cascade curve on the calibration split), how fast it
+ran when built (ONNX Runtime, one thread) and how it was trained. Nodes read it to describe
+the model to policies (:meth:`ModelCard.as_model_view`); the zoo cache reads its ``sha256``
+to tell whether the ``.onnx`` beside it is the one that was measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from tierlink.core.types import CascadePoint, ModelView
+from tierlink.errors import ZooError
+
+LATENCY_KEYS = ("batch1_p50", "batch1_p95", "batch32_per_sample")
+TIERS = ("device", "edge", "cloud")
+_REQUIRED = ("task", "name", "variant", "version", "tier", "params", "size_bytes", "sha256",
+             "input", "output", "labels", "test_accuracy", "calib_accuracy", "latency_ms",
+             "cascade", "temperature", "training")
+_TRAINING_REQUIRED = ("epochs", "seed", "seconds", "profile", "torch_version")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One input or output of the graph; ``-1`` marks the dynamic batch dimension."""
+
+    name: str
+    datatype: str  # OIP datatype, e.g. "FP32"
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingInfo:
+    """How the weights were produced. ``train_samples``: images seen per epoch;
+    ``calib_samples`` / ``test_samples``: how many images the accuracies were measured on
+    (the ``test`` profile evaluates on a prefix of each split to stay fast)."""
+
+    epochs: int
+    seed: int
+    seconds: float
+    profile: str
+    torch_version: str
+    train_samples: int = 0
+    calib_samples: int = 0
+    test_samples: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epochs": self.epochs, "seed": self.seed, "seconds": self.seconds,
+                "profile": self.profile, "torch_version": self.torch_version,
+                "train_samples": self.train_samples, "calib_samples": self.calib_samples,
+                "test_samples": self.test_samples}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """Everything known about one built model variant (see the module docstring).
+
+    ``latency_ms`` maps ``batch1_p50``, ``batch1_p95`` (one image per call) and
+    ``batch32_per_sample`` to milliseconds, measured with ONNX Runtime on one intra-op
+    thread without spinning, on the machine that built the zoo.
+    """
+
+    task: str
+    name: str
+    variant: str
+    version: str
+    tier: str
+    params: int
+    size_bytes: int
+    sha256: str
+    input: TensorInfo
+    output: TensorInfo
+    labels: tuple[str, ...]
+    test_accuracy: float
+    calib_accuracy: float
+    latency_ms: Mapping[str, float]
+    cascade: tuple[CascadePoint, ...]
+    temperature: float
+    training: TrainingInfo
+
+    def as_model_view(self, latency_ms: float | None = None) -> ModelView:
+        """The policy's view of this model; ``latency_ms`` overrides the card's batch-1 p50
+        (a node passes what it measured itself)."""
+        latency = self.latency_ms["batch1_p50"] if latency_ms is None else latency_ms
+        return ModelView(name=self.name, task=self.task, version=self.version,
+                         accuracy=self.test_accuracy, latency_ms=float(latency),
+                         cascade=self.cascade)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The card as JSON-ready data (the inverse of :func:`card_from_dict`)."""
+        return {
+            "task": self.task, "name": self.name, "variant": self.variant,
+            "version": self.version, "tier": self.tier, "params": self.params,
+            "size_bytes": self.size_bytes, "sha256": self.sha256,
+            "input": self.input.to_dict(), "output": self.output.to_dict(),
+            "labels": list(self.labels), "test_accuracy": self.test_accuracy,
+            "calib_accuracy": self.calib_accuracy, "latency_ms": dict(self.latency_ms),
+            "cascade": [{"threshold": p.threshold, "answered_share": p.answered_share,
+                         "answered_accuracy": p.answered_accuracy} for p in self.cascade],
+            "temperature": self.temperature, "training": self.training.to_dict(),
+        }
+
+
+def card_from_dict(data: Mapping[str, Any], source: str = "model card") -> ModelCard:
+    """Validate and convert parsed JSON; a missing or malformed field is a ``ZooError``
+    naming the field."""
+    if not isinstance(data, Mapping):
+        raise ZooError(f"{source} is not a JSON object")
+    _require(data, _REQUIRED, source)
+    _require(data["training"], _TRAINING_REQUIRED, f"{source} field 'training'")
+    _require(data["latency_ms"], LATENCY_KEYS, f"{source} field 'latency_ms'")
+    try:
+        card = _convert(data)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ZooError(f"{source} has a malformed field: {exc!r}") from exc
+    if card.tier not in TIERS:
+        raise ZooError(f"{source} field 'tier' is {card.tier!r}; expected one of {TIERS}")
+    return card
+
+
+def _require(data: Any, keys: tuple[str, ...], source: str) -> None:
+    if not isinstance(data, Mapping):
+        raise ZooError(f"{source} is not a JSON object")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ZooError(f"{source} lacks field(s) {', '.join(map(repr, missing))}")
+
+
+def _convert(data: Mapping[str, Any]) -> ModelCard:
+    return ModelCard(
+        task=str(data["task"]), name=str(data["name"]), variant=str(data["variant"]),
+        version=str(data["version"]), tier=str(data["tier"]), params=int(data["params"]),
+        size_bytes=int(data["size_bytes"]), sha256=str(data["sha256"]),
+        input=_tensor(data["input"]), output=_tensor(data["output"]),
+        labels=tuple(str(x) for x in data["labels"]),
+        test_accuracy=float(data["test_accuracy"]),
+        calib_accuracy=float(data["calib_accuracy"]),
+        latency_ms=MappingProxyType({k: float(data["latency_ms"][k]) for k in LATENCY_KEYS}),
+        cascade=tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
+                                   float(p["answered_accuracy"])) for p in data["cascade"]),
+        temperature=float(data["temperature"]),
+        training=_training(data["training"]),
+    )
+
+
+def _tensor(data: Mapping[str, Any]) -> TensorInfo:
+    return TensorInfo(str(data["name"]), str(data["datatype"]),
+                      tuple(int(d) for d in data["shape"]))
+
+
+def _training(data: Mapping[str, Any]) -> TrainingInfo:
+    return TrainingInfo(
+        epochs=int(data["epochs"]), seed=int(data["seed"]), seconds=float(data["seconds"]),
+        profile=str(data["profile"]), torch_version=str(data["torch_version"]),
+        train_samples=int(data.get("train_samples", 0)),
+        calib_samples=int(data.get("calib_samples", 0)),
+        test_samples=int(data.get("test_samples", 0)),
+    )
+
+
+def load_card(path: Path) -> ModelCard:
+    """Read and validate the card at ``path``; ``ZooError`` when missing or invalid."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ZooError(f"cannot read model card {path}: {exc}") from exc
+    return card_from_dict(data, source=f"model card {path}")
+
+
+def save_card(card: ModelCard, path: Path) -> None:
+    """Write ``card`` as JSON atomically (a reader never sees a half-written card)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(card.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ZooError(f"cannot write model card {path}: {exc}") from exc
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise ZooError(f"cannot read {path}: {exc}") from exc
+    return digest.hexdigest()

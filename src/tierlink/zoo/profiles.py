@@ -1,0 +1,89 @@
+"""What the zoo builds: tasks, variants and the training recipes of each build profile.
+
+Torch-free, so the cache can validate a profile name and list model names cheaply.
+Changing a recipe changes the models: bump ``MODEL_VERSION`` so cached zoos are rebuilt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from tierlink.errors import ZooError
+
+MODEL_VERSION = "1"
+TASKS = ("fmnist",)
+# Variant -> the tier it is meant for.
+VARIANT_TIERS: Mapping[str, str] = MappingProxyType(
+    {"small": "device", "medium": "edge", "large": "cloud"})
+
+
+@dataclass(frozen=True, slots=True)
+class TrainRecipe:
+    """SGD with Nesterov momentum under a one-cycle learning-rate schedule."""
+
+    epochs: int
+    max_lr: float = 0.1
+    weight_decay: float = 5e-4
+    batch_size: int = 128
+    flips: bool = False  # random horizontal flips (clothes are left-right symmetric)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildProfile:
+    """How thoroughly to build.
+
+    ``train_samples``: train on this prefix of the (shuffled) train split, None = all 55k.
+    ``eval_samples``: measure calibration and test accuracy on this prefix of each split,
+    None = all. ``latency_runs``: one-image calls timed per model.
+    """
+
+    name: str
+    recipes: Mapping[str, TrainRecipe]
+    train_samples: int | None = None
+    eval_samples: int | None = None
+    latency_runs: int = 300
+    threads: int = 2
+    seed: int = 0
+
+
+PROFILES: Mapping[str, BuildProfile] = MappingProxyType({
+    # The real models; about 8 minutes on two free cores.
+    "full": BuildProfile(
+        name="full",
+        recipes=MappingProxyType({
+            "small": TrainRecipe(epochs=3),
+            "medium": TrainRecipe(epochs=3),
+            "large": TrainRecipe(epochs=5, flips=True),
+        }),
+    ),
+    # Same architectures, a fraction of an epoch on a subset: < 1 minute, for CI.
+    "test": BuildProfile(
+        name="test",
+        recipes=MappingProxyType({
+            "small": TrainRecipe(epochs=1, max_lr=0.2),
+            "medium": TrainRecipe(epochs=1, max_lr=0.2),
+            "large": TrainRecipe(epochs=1, max_lr=0.2),
+        }),
+        train_samples=4096,
+        eval_samples=1000,
+        latency_runs=50,
+    ),
+})
+
+
+def get_profile(name: str) -> BuildProfile:
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise ZooError(f"unknown zoo profile {name!r}; expected one of {sorted(PROFILES)}",
+                       hint="use 'full' for the real models or 'test' for the quick CI build")
+    return profile
+
+
+def model_names(task: str) -> tuple[str, ...]:
+    """The zoo's model names for ``task``, smallest first: ``fmnist-small`` ..."""
+    if task not in TASKS:
+        raise ZooError(f"the zoo has no task {task!r}; it knows {list(TASKS)}",
+                       hint="use task 'fmnist' (Fashion-MNIST)")
+    return tuple(f"{task}-{variant}" for variant in VARIANT_TIERS)
