@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tierlink-netem-bench-") as workdir:
         rows = asyncio.run(_run(args, Path(workdir)))
-    Console().print(_table(rows))
+    Console(width=max(Console().width, 132)).print(_table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps(_report(rows, args), indent=2))
         print(f"wrote {args.json}", file=sys.stderr)

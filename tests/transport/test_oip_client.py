@@ -241,6 +241,18 @@ def test_transport_errors_map_at_the_boundary() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    "response",
+    [
+        httpx.Response(503),
+        httpx.Response(204),
+        httpx.Response(400, json={"error": "not ready", "code": "model_not_found"}),
+    ],
+)
+def test_ready_is_false_unless_the_server_says_200(response: httpx.Response) -> None:
+    assert run(lambda c: c.ready("http://up"), **mock(lambda _: response)) is False
+
+
 def test_metadata_that_is_not_json_is_an_upstream_error() -> None:
     err = raised(
         lambda c: c.model_metadata("http://up", "m"),

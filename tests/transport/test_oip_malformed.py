@@ -387,7 +387,7 @@ JSON_FRAGMENTS: list[Any] = [
 
 
 def test_structurally_random_json_never_crashes() -> None:
-    # Valid JSON with every field replaced by random values: exercises the validators, not the parser.
+    # Valid JSON, every field a random value: exercises the validators, not the parser.
     rng = random.Random(99)
     keys = ["name", "shape", "datatype", "data", "parameters"]
     for _ in range(3000):

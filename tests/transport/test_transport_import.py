@@ -11,6 +11,7 @@ def test_package_import_loads_neither_numpy_nor_httpx() -> None:
         "import sys, tierlink.transport as t\n"
         "assert 'numpy' not in sys.modules and 'httpx' not in sys.modules, sorted(sys.modules)\n"
         "assert t.OipClient.__name__ == 'OipClient' and callable(t.decode_infer_request)\n"
-        "try:\n    t.nope\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit('no error')\n"
+        "try:\n    t.nope\nexcept AttributeError:\n    pass\n"
+        "else:\n    raise SystemExit('no error')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

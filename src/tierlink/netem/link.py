@@ -21,9 +21,15 @@ up to :data:`CHUNK_BYTES` read from one side:
   what a real loss costs a TCP connection.
 * Opening a connection costs one extra RTT, as TCP's handshake does: the first bytes reach the
   target no earlier than ``3 * delay`` after the connection was accepted.
-* Backpressure: a pump reads its next chunk only once the previous one has left the wire, and
-  at most :data:`QUEUE_CHUNKS` chunks are in flight per direction of a connection, so a fast
-  sender is slowed by TCP flow control instead of filling the proxy's memory.
+* Backpressure: a pump reads its next chunk only when the previous one is about to leave the
+  wire (:data:`READ_AHEAD_S` before), and at most :data:`QUEUE_CHUNKS` chunks are in flight per
+  direction of a connection, so a fast sender is slowed by TCP flow control instead of filling
+  the proxy's memory.
+* Granularity: a chunk is delivered whole at its delivery time, so at 10 Mbit/s a 64 KiB read
+  arrives as one 52 ms burst. Completion times of messages are exact; progress inside one
+  chunk is not modelled. Loss is per chunk, so it depends on how the sender's writes coalesce.
+* Timers: deliveries use :class:`DeliveryTimer`, which corrects for the event loop's wake-up
+  lateness, so one-way delays are unbiased rather than ~0.5 ms long on a loaded machine.
 
 Runtime changes (:meth:`Link.update`) apply to chunks read after the call; chunks already in
 flight keep their delivery times. Cutting a link (``up=False``) resets its connections with a TCP

@@ -134,7 +134,7 @@ class OipClient:
         when the server cannot be reached. Never raises for the network."""
         try:
             response = await self._send("GET", f"{base_url.rstrip('/')}/v2/health/ready", timeout_s)
-        except UpstreamError:
+        except TierlinkError:  # unreachable, timed out, or any non-2xx answer
             return False
         return response.status_code == 200
 
@@ -147,7 +147,7 @@ class OipClient:
         response = await self._send("GET", url, timeout_s)
         try:
             doc = json.loads(response.content)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise UpstreamError(
                 f"{url} sent model metadata that is not JSON: {exc}", url=url
             ) from exc

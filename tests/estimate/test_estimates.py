@@ -1,0 +1,38 @@
+import pytest
+
+from tierlink.core.types import LinkView, ModelView, NodeView, Tier
+from tierlink.estimate import DEFAULT_COST_MODEL, CostModel, LinkEstimator, queue_wait_ms, transfer_ms
+
+
+def test_transfer_is_rtt_plus_serialisation():
+    link = LinkView("a", "b", rtt_ms=10.0, bandwidth_mbit=8.0)
+    assert transfer_ms(1000, link) == pytest.approx(10.0 + 1.0)  # 8,000 bits at 8 Mbit/s
+
+
+def test_queue_wait_counts_live_outstanding_requests():
+    m = ModelView("m", "t", "1", 0.9, 2.0)
+    node = NodeView("n", Tier.EDGE, (m,), queue_depth=3, workers=2)
+    assert queue_wait_ms(node, m) == pytest.approx(3.0)
+    assert queue_wait_ms(node, m, outstanding=1) == pytest.approx(4.0)
+
+
+def test_link_estimator_learns_the_real_rtt():
+    est = LinkEstimator(LinkView("a", "b", 10.0, 100.0), alpha=0.5)
+    for _ in range(20):
+        est.observe(total_ms=45.0, server_ms=5.0, nbytes=0)
+    assert est.view().rtt_ms == pytest.approx(40.0, rel=0.01)
+    assert est.samples == 20
+
+
+def test_cost_model_prices_cloud_far_above_edge_and_device():
+    c = DEFAULT_COST_MODEL
+    assert c.compute(Tier.CLOUD, 1000) > 10 * c.compute(Tier.EDGE, 1000) > 0
+    assert c.compute(Tier.DEVICE, 1000) < c.compute(Tier.EDGE, 1000)
+    assert c.transfer(Tier.CLOUD, 10**9) == pytest.approx(0.05)
+    assert c.transfer(Tier.EDGE, 10**9) == 0.0
+
+
+def test_cost_model_overrides_from_config():
+    c = CostModel.from_mapping({"compute_usd_per_s": {"cloud": 1.0}})
+    assert c.compute(Tier.CLOUD, 1000) == 1.0
+    assert c.compute(Tier.EDGE, 1000) == DEFAULT_COST_MODEL.compute(Tier.EDGE, 1000)

@@ -1,0 +1,53 @@
+import pytest
+
+from tierlink.core.types import Tier
+from tierlink.errors import ConfigError
+from tierlink.fleet.config import load_fleet, parse_fleet
+
+MIN = {"nodes": [{"id": "dev-1", "tier": "device", "models": ["fmnist-small"]},
+                 {"id": "edge-1", "tier": "edge", "models": ["fmnist-medium"]}],
+       "links": [{"from": "dev-1", "to": "edge-1", "delay_ms": 5, "bandwidth_mbit": 100}]}
+
+
+def test_example_fleet_loads():
+    cfg = load_fleet("examples/fleet.yaml")
+    assert len(cfg.nodes) == 7 and len(cfg.links) == 10
+    assert cfg.node("cloud-1").tier is Tier.CLOUD
+    assert {l.dst for l in cfg.links_from("dev-1")} == {"edge-1", "edge-2"}
+    assert cfg.routing.allow_policy_override
+
+
+def test_link_rtt_is_twice_the_one_way_delay():
+    cfg = parse_fleet(MIN)
+    assert cfg.links[0].rtt_ms == 10.0 and cfg.links[0].name == "dev-1->edge-1"
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["nodes"][0].update(id="Bad Id"), "nodes[0].id"),
+    (lambda d: d["nodes"][0].update(tier="fog"), "nodes[0].tier"),
+    (lambda d: d["nodes"][0].update(workers=0), "nodes[0].workers"),
+    (lambda d: d["links"][0].update(to="edge-9"), "links[0]"),
+    (lambda d: d["links"][0].update(delay_ms=-1), "links[0].delay_ms"),
+    (lambda d: d.update(routing={"weights": {"speed": 1}}), "routing.weights.speed"),
+    (lambda d: d.update(routing={"thresholds": {"fmnist-small": 2}}), "routing.thresholds"),
+    (lambda d: d["nodes"].append(dict(d["nodes"][0])), "appears twice"),
+])
+def test_errors_name_the_field(mutate, field):
+    import copy
+
+    data = copy.deepcopy(MIN)
+    mutate(data)
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        parse_fleet(data)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_fleet(tmp_path / "nope.yaml")
+
+
+def test_invalid_yaml_is_a_config_error(tmp_path):
+    p = tmp_path / "f.yaml"
+    p.write_text("nodes: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_fleet(p)

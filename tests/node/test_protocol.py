@@ -1,0 +1,42 @@
+import pytest
+
+from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Tier
+from tierlink.errors import InvalidRequest
+from tierlink.node import protocol
+
+
+def test_defaults_when_a_client_sends_no_parameters():
+    req = protocol.parse_request("fmnist", {}, request_id="r", receiver="dev-1", input_bytes=10)
+    assert req.origin == "dev-1" and req.privacy is Privacy.ANY
+    assert req.priority is Priority.INTERACTIVE and req.deadline_ms == protocol.DEFAULT_DEADLINE_MS
+
+
+def test_forwarded_parameters_round_trip_with_one_more_hop():
+    req = protocol.parse_request("fmnist", {"tierlink.privacy": "site",
+                                            "tierlink.priority": "realtime"},
+                                 request_id="r", receiver="dev-1", input_bytes=10)
+    fwd = protocol.forward_params(req, 42.0, "00-abc-def-01")
+    again = protocol.parse_request("fmnist", fwd, request_id="r", receiver="edge-1",
+                                   input_bytes=10)
+    assert again.origin == "dev-1" and again.hops == 1 and again.deadline_ms == 42.0
+    assert again.privacy is Privacy.SITE and again.priority is Priority.REALTIME
+    assert fwd["traceparent"] == "00-abc-def-01"
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"tierlink.deadline_ms": "soon"}, "deadline"),
+    ({"tierlink.privacy": "secret"}, "privacy"),
+    ({"tierlink.priority": "urgent"}, "priority"),
+    ({"tierlink.hops": -1}, "hops"),
+])
+def test_bad_parameters_name_themselves(params, name):
+    with pytest.raises(InvalidRequest, match=name):
+        protocol.parse_request("t", params, request_id="r", receiver="n", input_bytes=0)
+
+
+def test_outcome_round_trips_through_response_parameters():
+    out = Outcome("cloud-1", Tier.CLOUD, "fmnist-large", ("dev-1", "edge-1", "cloud-1"), 0.97,
+                  escalations=2, fallbacks=(Fallback("edge-2", "timeout", "slow"),), cost=1e-6)
+    back = protocol.parse_outcome(protocol.outcome_params(out, 12.5))
+    assert back.path == out.path and back.fallbacks == out.fallbacks
+    assert back.cost == pytest.approx(1e-6) and back.timings_ms["server_ms"] == 12.5
