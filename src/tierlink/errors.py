@@ -160,7 +160,21 @@ def error_from_dict(body: dict[str, Any], status: int) -> TierlinkError:
         _index(TierlinkError)
     cls = _BY_CODE.get(str(body.get("code", "")), None)
     if cls is None:
-        cls = UpstreamError if status >= 500 else InvalidRequest
+        cls = _BY_STATUS.get(status) or (UpstreamError if status >= 500 else InvalidRequest)
     message = str(body.get("error", f"HTTP {status}"))
-    details = body.get("details") or {}
-    return cls(message, hint=body.get("hint"), **(details if isinstance(details, dict) else {}))
+    details = body.get("details")
+    safe = {k: v for k, v in details.items() if k not in ("message", "hint")} \
+        if isinstance(details, dict) else {}
+    hint = body.get("hint")
+    return cls(message, hint=str(hint) if hint is not None else None, **safe)
+
+
+# For servers that send only {"error": ...} (Triton, KServe).
+_BY_STATUS: dict[int, type[TierlinkError]] = {}
+
+
+def _status_map() -> None:
+    _BY_STATUS.update({404: ModelNotFound, 429: AdmissionRefused, 504: UpstreamTimeout})
+
+
+_status_map()

@@ -10,7 +10,7 @@ import pytest
 from netem_support import connect, echo_server, link_to, ping, run, sink_server
 
 from tierlink.errors import LinkEmulationError
-from tierlink.netem.link import MIN_RTO_S
+from tierlink.netem.link import MIN_RTO_S, DeliveryTimer, Link
 
 
 async def _rtts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> list[float]:
@@ -166,5 +166,37 @@ def test_update_rejects_fixed_fields_and_bad_values() -> None:
             with pytest.raises(LinkEmulationError, match="loss"):
                 link.update(loss=1.5)
             assert link.spec.delay_ms == 5 and link.spec.loss == 0
+
+    run(scenario())
+
+
+def test_connections_share_the_link_bandwidth() -> None:
+    size = 1_000_000  # two of them at 10 Mbit/s: 1.6 s together, not 0.8 s each
+
+    async def send(link: Link) -> None:
+        reader, writer = await connect(link)
+        writer.write(b"x" * size)
+        await writer.drain()
+        assert await reader.readexactly(2) == b"OK"
+        writer.close()
+
+    async def scenario() -> float:
+        async with sink_server(size) as port, link_to(port, bandwidth_mbit=10) as link:
+            start = time.perf_counter()
+            await asyncio.gather(send(link), send(link))
+            return time.perf_counter() - start
+
+    elapsed = run(scenario())
+    assert 1.6 * 0.8 <= elapsed <= 1.6 * 1.25
+
+
+def test_delivery_timer_learns_its_lateness() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        timer = DeliveryTimer(early_s=0.0)
+        await timer.sleep_until(loop.time() - 1.0)  # already due: returns at once
+        assert timer.early_s == 0.0
+        await timer.sleep_until(loop.time() + 0.002)  # a wake-up is never early at aim 0
+        assert timer.early_s == DeliveryTimer.STEP_S
 
     run(scenario())

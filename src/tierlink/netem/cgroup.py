@@ -45,7 +45,7 @@ PERIOD_US = 10_000  # short: throttling shows up as many small stalls, not a few
 MIN_QUOTA_US = 1_000  # the kernel refuses smaller quotas
 MAX_PERIOD_US = 1_000_000  # the kernel refuses longer periods
 
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")  # + run id stays under NAME_MAX (255)
 _HINT = "set cpu_quota in the fleet file to a positive fraction of one core, e.g. 0.5"
 
 

@@ -404,6 +404,11 @@ class Link:
             self.counters.connect_errors += 1
             _reset(writer)
             return
+        if not self._spec.up:  # cut while we were connecting
+            self.counters.refused += 1
+            _reset(upstream[1])
+            _reset(writer)
+            return
         connection = _Connection(self, (reader, writer), upstream, accepted_at)
         self._connections.add(connection)
         self.counters.connections += 1

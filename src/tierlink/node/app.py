@@ -180,9 +180,7 @@ def _select(outputs: dict[str, Any], data: oip.InferRequestData) -> dict[str, An
 
 
 def _binary(data: oip.InferRequestData, outputs: dict[str, Any]) -> set[str]:
-    wanted = {o.name: o.binary for o in data.outputs}
-    return {n for n in outputs
-            if (wanted.get(n) if wanted.get(n) is not None else data.binary_output_default)}
+    return data.binary_outputs(outputs)
 
 
 def _header_length(request: Request) -> int | None:

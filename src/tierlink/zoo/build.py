@@ -30,7 +30,7 @@ from tierlink.zoo.evaluate import (accuracy, cascade_curve, measure_latency, onn
                                    ort_session)
 from tierlink.zoo.nets import NUM_CLASSES, build_net, count_params
 from tierlink.zoo.profiles import (MODEL_VERSION, VARIANT_TIERS, BuildProfile, TrainRecipe,
-                                   model_names)
+                                   model_names, recipe_fingerprint)
 from tierlink.zoo.progress import BuildReporter
 
 OPSET = 17
@@ -193,7 +193,8 @@ def measure_card(task: str, variant: str, onnx_path: Path, trained: Trained, spl
         epochs=profile.recipes[variant].epochs, seed=profile.seed,
         seconds=round(trained.seconds, 2), profile=profile.name,
         torch_version=torch.__version__, train_samples=trained.train_samples,
-        calib_samples=len(calib), test_samples=len(test))
+        calib_samples=len(calib), test_samples=len(test),
+        recipe=recipe_fingerprint(profile, variant))
     return ModelCard(
         task=task, name=onnx_path.stem, variant=variant, version=MODEL_VERSION,
         tier=VARIANT_TIERS[variant], params=count_params(trained.net),

@@ -2,9 +2,10 @@
 
 Layout: ``<zoo_dir(profile)>/<task>-<variant>.onnx`` with ``<task>-<variant>.json`` (its
 card) beside it. A cached zoo is valid when every model's ``.onnx`` and card exist, the
-card's ``sha256`` matches the file, and the card was built by this profile at the current
-``MODEL_VERSION``. Builds hold an exclusive file lock, so processes that start together
-(a fleet's nodes) build once: the others wait and then find the cache valid.
+card's ``sha256`` matches the file, and the card was built by this profile, at the current
+``MODEL_VERSION``, with the profile's current recipe. Builds hold an exclusive file lock, so
+processes that start together (a fleet's nodes) build once: the others wait and then find
+the cache valid.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from tierlink.errors import ModelNotFound, ZooError
 from tierlink.zoo.cards import ModelCard, file_sha256, load_card
-from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names
+from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names, recipe_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +80,25 @@ def _valid_card(root: Path, name: str, task: str, profile: str) -> ModelCard:
     if not onnx_path.is_file() or not card_path.is_file():
         raise ZooError(f"zoo model {name} is not built in {root}")
     card = load_card(card_path)
-    if card.sha256 != file_sha256(onnx_path):
-        raise ZooError(f"{onnx_path} does not match the sha256 in its card")
-    if (card.task, card.name, card.training.profile) != (task, name, profile):
-        raise ZooError(f"card {card_path} is for {card.name} ({card.training.profile} "
-                       f"profile), expected {name} ({profile})")
-    if card.version != MODEL_VERSION:
-        raise ZooError(f"card {card_path} is version {card.version}, the zoo builds "
-                       f"version {MODEL_VERSION}")
+    problem = _stale_reason(card, onnx_path, name, task, profile)
+    if problem:
+        raise ZooError(f"zoo model {name} in {root} is stale: {problem}")
     return card
+
+
+def _stale_reason(card: ModelCard, onnx_path: Path, name: str, task: str,
+                  profile: str) -> str | None:
+    if (card.task, card.name, card.training.profile) != (task, name, profile):
+        return f"its card describes {card.name} of the {card.training.profile} profile"
+    if name != f"{task}-{card.variant}":
+        return f"its card names variant {card.variant!r}"
+    if card.version != MODEL_VERSION:
+        return f"it is version {card.version}, the zoo now builds version {MODEL_VERSION}"
+    if card.training.recipe != recipe_fingerprint(get_profile(profile), card.variant):
+        return "it was built with another recipe than the profile's current one"
+    if card.sha256 != file_sha256(onnx_path):
+        return "the .onnx file does not match the sha256 in its card"
+    return None
 
 
 def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = True,

@@ -45,7 +45,8 @@ class TensorInfo:
 class TrainingInfo:
     """How the weights were produced. ``train_samples``: images seen per epoch;
     ``calib_samples`` / ``test_samples``: how many images the accuracies were measured on
-    (the ``test`` profile evaluates on a prefix of each split to stay fast)."""
+    (the ``test`` profile evaluates on a prefix of each split to stay fast); ``recipe``:
+    the fingerprint of architecture + recipe + profile (a changed recipe means rebuild)."""
 
     epochs: int
     seed: int
@@ -55,12 +56,13 @@ class TrainingInfo:
     train_samples: int = 0
     calib_samples: int = 0
     test_samples: int = 0
+    recipe: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"epochs": self.epochs, "seed": self.seed, "seconds": self.seconds,
                 "profile": self.profile, "torch_version": self.torch_version,
                 "train_samples": self.train_samples, "calib_samples": self.calib_samples,
-                "test_samples": self.test_samples}
+                "test_samples": self.test_samples, "recipe": self.recipe}
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,7 @@ def _training(data: Mapping[str, Any]) -> TrainingInfo:
         train_samples=int(data.get("train_samples", 0)),
         calib_samples=int(data.get("calib_samples", 0)),
         test_samples=int(data.get("test_samples", 0)),
+        recipe=str(data.get("recipe", "")),
     )
 
 

@@ -76,13 +76,13 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
 
 def _parse_idx(raw: bytes, ndim: int, path: Path) -> np.ndarray:
     header = 4 + 4 * ndim
+    # Magic: two zero bytes, the element type code, the number of dimensions.
+    if raw[:4] != bytes([0, 0, _UBYTE, ndim]):
+        raise ZooError(
+            f"IDX file {path} has magic {raw[:4].hex() or 'none'}, expected 000008{ndim:02x} "
+            f"(unsigned bytes, {ndim} dimensions)", hint=INSTALL_HINT)
     if len(raw) < header:
         raise ZooError(f"IDX file {path} is truncated ({len(raw)} bytes)", hint=INSTALL_HINT)
-    # Magic: two zero bytes, the element type code, the number of dimensions.
-    if raw[0] != 0 or raw[1] != 0 or raw[2] != _UBYTE or raw[3] != ndim:
-        raise ZooError(
-            f"IDX file {path} has magic {raw[:4].hex()}, expected 000008{ndim:02x} "
-            f"(unsigned bytes, {ndim} dimensions)", hint=INSTALL_HINT)
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     expected = int(np.prod(dims, dtype=np.int64))
     if len(raw) - header != expected:
@@ -102,6 +102,15 @@ def _load_official(root: Path, which: str) -> Split:
     return Split(pixels, labels.astype(np.int64))
 
 
+def holdout_indices(n: int, held_out: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``range(n)`` into (kept, held out) sorted index arrays, ``held_out`` of them
+    drawn at random with ``seed``: disjoint, together exactly ``range(n)``."""
+    if not 0 < held_out < n:
+        raise ZooError(f"cannot hold out {held_out} of {n} samples")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[held_out:]), np.sort(order[:held_out])
+
+
 def fashion_mnist(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Splits:
     """Load Fashion-MNIST from ``root`` (default: the Debian package's directory).
 
@@ -113,8 +122,7 @@ def fashion_mnist(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Splits
         raise ZooError(f"Fashion-MNIST is not installed in {root}",
                        hint=f"install it with `{INSTALL_HINT}`")
     official = _load_official(root, "train")
-    order = np.random.default_rng(seed).permutation(len(official))
-    calib_idx, train_idx = np.sort(order[:CALIB_SIZE]), np.sort(order[CALIB_SIZE:])
+    train_idx, calib_idx = holdout_indices(len(official), CALIB_SIZE, seed)
     return Splits(
         train=Split(official.images[train_idx], official.labels[train_idx]),
         calib=Split(official.images[calib_idx], official.labels[calib_idx]),

@@ -7,43 +7,16 @@ model needs no preprocessing beyond scaling bytes to [0, 1]; it returns logits (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from tierlink.errors import ZooError
+from tierlink.zoo.profiles import SPECS, NetSpec
 
 # Per-pixel statistics of the Fashion-MNIST training images (baked into the graph).
 PIXEL_MEAN = 0.2860
 PIXEL_STD = 0.3530
 NUM_CLASSES = 10
-
-
-@dataclass(frozen=True, slots=True)
-class NetSpec:
-    """Architecture of one variant.
-
-    ``stages``: conv widths per stage; every stage but the last ends in a 2x2 max-pool, so
-    three stages run at 28x28, 14x14 and 7x7. ``head``: ``"gap"`` (global average pool ->
-    linear) or ``"flatten"`` (a 2x2 max-pool to 3x3, flatten -> hidden -> linear).
-    """
-
-    stages: tuple[tuple[int, ...], ...]
-    head: str = "gap"
-    hidden: int = 0
-    dropout: float = 0.0
-
-
-SPECS: dict[str, NetSpec] = {
-    # device: ~23k params, ~1.8M MACs per image.
-    "small": NetSpec(stages=((16,), (32,), (64,))),
-    # edge: ~157k params, ~12M MACs per image.
-    "medium": NetSpec(stages=((24,), (48, 48), (96, 96))),
-    # cloud: ~0.58M params, ~29M MACs per image (VGG: two convs per stage, dense head).
-    "large": NetSpec(stages=((32, 32), (64, 64), (128, 128)), head="flatten", hidden=256,
-                     dropout=0.3),
-}
 
 
 class Normalize(nn.Module):

@@ -6,6 +6,7 @@ Changing a recipe changes the models: bump ``MODEL_VERSION`` so cached zoos are 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -17,6 +18,33 @@ TASKS = ("fmnist",)
 # Variant -> the tier it is meant for.
 VARIANT_TIERS: Mapping[str, str] = MappingProxyType(
     {"small": "device", "medium": "edge", "large": "cloud"})
+
+
+@dataclass(frozen=True, slots=True)
+class NetSpec:
+    """Architecture of one variant (built by ``tierlink.zoo.nets.build_net``).
+
+    ``stages``: conv widths per stage (3x3 conv + BatchNorm + ReLU each); every stage but
+    the last ends in a 2x2 max-pool, so three stages run at 28x28, 14x14 and 7x7.
+    ``head``: ``"gap"`` (global average pool -> linear) or ``"flatten"`` (2x2 max-pool to
+    3x3, flatten -> ``hidden`` -> linear).
+    """
+
+    stages: tuple[tuple[int, ...], ...]
+    head: str = "gap"
+    hidden: int = 0
+    dropout: float = 0.0
+
+
+SPECS: Mapping[str, NetSpec] = MappingProxyType({
+    # device: ~24k params, ~1.9M MACs per image.
+    "small": NetSpec(stages=((16,), (32,), (64,))),
+    # edge: ~157k params, ~12M MACs per image.
+    "medium": NetSpec(stages=((24,), (48, 48), (96, 96))),
+    # cloud: ~0.58M params, ~22M MACs per image (VGG style, dense head).
+    "large": NetSpec(stages=((32,), (64, 64), (128, 128)), head="flatten", hidden=256,
+                     dropout=0.3),
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +86,18 @@ PROFILES: Mapping[str, BuildProfile] = MappingProxyType({
             "large": TrainRecipe(epochs=5, flips=True),
         }),
     ),
-    # Same architectures, a fraction of an epoch on a subset: < 1 minute, for CI.
+    # Same architectures, a fraction of an epoch on a subset: well under a minute, for CI.
+    # One thread: tests run beside other work, and two torch threads then collapse.
     "test": BuildProfile(
         name="test",
         recipes=MappingProxyType({
-            "small": TrainRecipe(epochs=1, max_lr=0.2),
-            "medium": TrainRecipe(epochs=1, max_lr=0.2),
-            "large": TrainRecipe(epochs=1, max_lr=0.2),
+            variant: TrainRecipe(epochs=1, max_lr=0.2, batch_size=64)
+            for variant in VARIANT_TIERS
         }),
-        train_samples=4096,
+        train_samples=2048,
         eval_samples=1000,
         latency_runs=50,
+        threads=1,
     ),
 })
 
@@ -87,3 +116,11 @@ def model_names(task: str) -> tuple[str, ...]:
         raise ZooError(f"the zoo has no task {task!r}; it knows {list(TASKS)}",
                        hint="use task 'fmnist' (Fashion-MNIST)")
     return tuple(f"{task}-{variant}" for variant in VARIANT_TIERS)
+
+
+def recipe_fingerprint(profile: BuildProfile, variant: str) -> str:
+    """A short hash of everything that determines ``variant``'s weights and measured card
+    in ``profile``: a cached model whose card carries another fingerprint is rebuilt."""
+    text = repr((MODEL_VERSION, SPECS[variant], profile.recipes[variant],
+                 profile.train_samples, profile.eval_samples, profile.seed))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,652 @@
+"""What routing costs: the policy's decision time, and the latency a routing hop adds.
+
+Part 1 — policy decision time. ``TierlinkPolicy.plan`` over ``tierlink.testing.views.fleet_view``
+snapshots: device ``dev-1`` linked to 100 edges, each edge linked to 3 clouds (and the demo's
+size, 2 edges and 1 cloud). Requests of the three privacy levels x deadlines 30/150/1000 ms,
+interleaved; every decision timed on its own with ``time.perf_counter_ns`` after a warm-up.
+Goal (issue): p99 <= 50 us over 100 upstream nodes. ``--policy-profile`` adds a cProfile
+breakdown (us per decision by function) for each privacy level.
+
+Part 2 — the latency a hop adds, one Fashion-MNIST test image [1,1,28,28] FP32, sequential
+requests on loopback, every process real (control plane + three nodes, no link emulation):
+
+    (a) inprocess      fmnist-small in ONNX Runtime in this process (``OnnxModel``: 1 thread,
+                       no spinning — what a node runs)
+    (b) node_http      POST dev-1 /v2/models/fmnist-small/infer (binary tensors, ``OipClient``)
+        node_http_sync the same with a plain sync ``httpx.Client`` (same codec work)
+    (c) routed_local   POST dev-1 /v2/models/fmnist/infer, privacy local (policy -> local)
+    (d) forwarded      POST dev-2 /v2/models/fmnist/infer, privacy site: dev-2 has no model,
+                       so it forwards to edge-1, which answers with the same fmnist-small
+    (e) edge_routed    POST edge-1 /v2/models/fmnist/infer directly (d minus the device's hop)
+
+Rounds interleave the cases so drift on a shared machine hits them alike. Every process this
+script starts is stopped by pid at the end, also on error, Ctrl-C or SIGTERM.
+
+    .venv/bin/python benchmarks/routing_overhead.py [--json PATH] [--profile full|test]
+        [--decisions N] [--requests N] [--part all|policy|hop] [--policy-profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import platform
+import pstats
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierlink.core.types import ClusterView, Privacy, Request
+from tierlink.policy import PolicyConfig, TierlinkPolicy
+from tierlink.testing.views import fleet_view
+
+HOST = "127.0.0.1"
+GOAL_P99_US = 50.0
+DEADLINES_MS = (30.0, 150.0, 1000.0)
+IMAGE_BYTES = 1 * 1 * 28 * 28 * 4  # one FP32 image
+MODEL = "fmnist-small"
+TASK = "fmnist"
+READY_TIMEOUT_S = 90.0
+
+
+# ---------------------------------------------------------------------------------- stats
+
+
+def summary(samples: list[float] | np.ndarray) -> dict[str, float]:
+    """p50 / p99 / p99.9 / mean / max of ``samples`` (same unit in, same unit out)."""
+    a = np.asarray(samples, dtype=np.float64)
+    p50, p99, p999 = np.percentile(a, [50, 99, 99.9])
+    return {"n": int(a.size), "p50": float(p50), "p99": float(p99), "p999": float(p999),
+            "mean": float(a.mean()), "max": float(a.max())}
+
+
+# ------------------------------------------------------------------------- part 1: policy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyCase:
+    """One kind of request the policy is asked to place."""
+
+    privacy: Privacy
+    deadline_ms: float
+
+    def request(self, i: int) -> Request:
+        return Request(f"r{i}", TASK, self.deadline_ms, "dev-1", self.privacy,
+                       input_bytes=IMAGE_BYTES)
+
+
+def policy_cases() -> list[PolicyCase]:
+    return [PolicyCase(p, d) for p in Privacy for d in DEADLINES_MS]
+
+
+def policy_view(edges: int, clouds: int, seed: int) -> ClusterView:
+    """``fleet_view`` with uneven edge queues, so power-of-two choices has work to do."""
+    rng = random.Random(seed)
+    queues = {f"edge-{i}": rng.randrange(0, 8) for i in range(1, edges + 1)}
+    return fleet_view(edges=edges, clouds=clouds, edge_queues=queues)
+
+
+def time_decisions(view: ClusterView, decisions: int, warmup: int, seed: int,
+                   clock: Callable[[], int] = time.perf_counter_ns,
+                   ) -> tuple[list[PolicyCase], np.ndarray, dict[str, dict[str, int]]]:
+    """Time ``decisions`` plans one by one with ``clock`` (ns), cycling through the cases in
+    a shuffled order. Returns the case of every decision, its time in us (the clock's own
+    cost subtracted) and how many plans of each reason every privacy level got."""
+    policy = TierlinkPolicy(PolicyConfig())
+    cases = policy_cases()
+    order = [cases[i % len(cases)] for i in range(decisions)]
+    random.Random(seed).shuffle(order)
+    requests = [c.request(i) for i, c in enumerate(order)]  # built before timing
+    rng = random.Random(seed)
+    for i in range(warmup):
+        policy.plan(requests[i % len(requests)], view, rng)
+    times = np.empty(decisions, dtype=np.float64)
+    reasons: dict[str, dict[str, int]] = {}
+    for i, req in enumerate(requests):
+        start = clock()
+        plan = policy.plan(req, view, rng)
+        times[i] = clock() - start
+        by = reasons.setdefault(req.privacy.value, {})
+        by[plan.reason] = by.get(plan.reason, 0) + 1
+    return order, (times - clock_overhead_ns(clock)) / 1000.0, reasons
+
+
+def clock_overhead_ns(clock: Callable[[], int], n: int = 20_000) -> float:
+    """Median cost of two back-to-back ``clock()`` calls (what one timed sample includes)."""
+    samples = np.empty(n, dtype=np.float64)
+    for i in range(n):
+        start = clock()
+        samples[i] = clock() - start
+    return float(np.median(samples))
+
+
+def split_stats(order: list[PolicyCase], times: np.ndarray) -> dict[str, Any]:
+    """Overall, by privacy and by deadline."""
+    return {"all": summary(times),
+            "by_privacy": {p.value: summary(times[[c.privacy is p for c in order]])
+                           for p in Privacy},
+            "by_deadline": {f"{d:g}ms": summary(times[[c.deadline_ms == d for c in order]])
+                            for d in DEADLINES_MS}}
+
+
+def policy_result(edges: int, clouds: int, decisions: int, warmup: int, seed: int
+                  ) -> dict[str, Any]:
+    """Wall time per decision (``perf_counter_ns``), the headline, and the same decisions
+    in thread CPU time (``thread_time_ns``): on a shared machine the first includes time
+    the thread was preempted, the second does not."""
+    view = policy_view(edges, clouds, seed)
+    order, wall, reasons = time_decisions(view, decisions, warmup, seed)
+    cpu_order, cpu, _ = time_decisions(view, decisions, warmup, seed, time.thread_time_ns)
+    stats, cpu_stats = split_stats(order, wall), split_stats(cpu_order, cpu)
+    for p, s in stats["by_privacy"].items():
+        s["plans"] = reasons.get(p, {})
+    overall = stats["all"]
+    return {"upstream_nodes": edges, "clouds": clouds, "view_nodes": len(view.nodes),
+            "decisions": decisions, "warmup": warmup, "p50_us": overall["p50"],
+            "p99_us": overall["p99"], "p999_us": overall["p999"], "mean_us": overall["mean"],
+            "max_us": overall["max"], "by_privacy": stats["by_privacy"],
+            "by_deadline": stats["by_deadline"],
+            "cpu_time": {"p50_us": cpu_stats["all"]["p50"], "p99_us": cpu_stats["all"]["p99"],
+                         "p999_us": cpu_stats["all"]["p999"],
+                         "by_privacy": cpu_stats["by_privacy"]},
+            "goal_p99_us": GOAL_P99_US, "goal_met": overall["p99"] <= GOAL_P99_US,
+            "goal_met_cpu_time": cpu_stats["all"]["p99"] <= GOAL_P99_US}
+
+
+def measure_policy(decisions: int, warmup: int, seed: int) -> dict[str, Any]:
+    big = policy_result(100, 3, decisions, warmup, seed)
+    big["small_view"] = policy_result(2, 1, decisions, warmup, seed)
+    big["timer_overhead_us"] = {"perf_counter_ns": clock_overhead_ns(time.perf_counter_ns) / 1e3,
+                                "thread_time_ns": clock_overhead_ns(time.thread_time_ns) / 1e3}
+    return big
+
+
+def profile_policy(decisions: int, seed: int, top: int = 14) -> dict[str, list[dict[str, Any]]]:
+    """cProfile of ``decisions`` plans per privacy level over the 100-edge view: the
+    functions with the most own time, in us per decision (cProfile inflates every call by
+    roughly the same hook cost, so compare the shares, not the absolute sum to part 1)."""
+    view = policy_view(100, 3, seed)
+    policy = TierlinkPolicy(PolicyConfig())
+    out: dict[str, list[dict[str, Any]]] = {}
+    for privacy in Privacy:
+        cases = [PolicyCase(privacy, d) for d in DEADLINES_MS]
+        requests = [cases[i % 3].request(i) for i in range(decisions)]
+        rng = random.Random(seed)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for req in requests:
+            policy.plan(req, view, rng)
+        profiler.disable()
+        out[privacy.value] = profile_rows(pstats.Stats(profiler), decisions, top)
+    return out
+
+
+def profile_rows(stats: pstats.Stats, decisions: int, top: int) -> list[dict[str, Any]]:
+    rows = []
+    for (filename, line, func), (_cc, ncalls, tottime, cumtime, _callers) in \
+            stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(filename).name}:{line}({func})",
+                     "calls_per_decision": ncalls / decisions,
+                     "own_us": tottime / decisions * 1e6, "cum_us": cumtime / decisions * 1e6})
+    rows.sort(key=lambda r: -r["own_us"])
+    return rows[:top]
+
+
+# ------------------------------------------------------------------ part 2: processes
+
+
+@dataclass
+class Processes:
+    """Child processes started here, stopped by pid (nodes first, control plane last)."""
+
+    run_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.run_dir / f"{name}.log", "wb")  # noqa: SIM115 (the child owns it)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        # Own session: a terminal's Ctrl-C reaches only this script, which stops them in order.
+        proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        order = [n for n in self.procs if n != "control"] + ["control"]
+        live = [self.procs[n] for n in order if n in self.procs]
+        for proc in live:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in live:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def wait_ready(self, name: str, ready: Path) -> dict[str, Any]:
+        """The JSON a child writes to ``ready`` once it serves; fails fast if it exits."""
+        proc = self.procs[name]
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ready.exists():
+                return dict(json.loads(ready.read_text()))
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode} before it was "
+                                   f"ready; see {self.run_dir / (name + '.log')}")
+            time.sleep(0.05)
+        raise RuntimeError(f"{name} was not ready after {READY_TIMEOUT_S:.0f} s; see "
+                           f"{self.run_dir / (name + '.log')}")
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so ``finally`` blocks stop the children."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    control_url: str
+    urls: dict[str, str]  # node id -> base URL
+
+
+def start_fleet(procs: Processes, onnx: Path, card: Path) -> Fleet:
+    """Control plane; edge-1 and dev-1 serving fmnist-small; dev-2 with no model. Both
+    devices link straight to edge-1 (no emulator): nothing but routing between them."""
+    from tierlink.core.types import Tier
+    from tierlink.node.spec import ModelSource, NodeSpec, UpstreamSpec
+
+    ready = procs.run_dir / "control.ready"
+    procs.spawn("control", ["-m", "tierlink.control.server", "--host", HOST, "--port", "0",
+                            "--db", str(procs.run_dir / "registry.db"), "--ready-file",
+                            str(ready)])
+    control_url = f"http://{HOST}:{procs.wait_ready('control', ready)['port']}"
+    model = (ModelSource(MODEL, str(onnx), str(card)),)
+    urls: dict[str, str] = {}
+    edge = NodeSpec("edge-1", Tier.EDGE, model, control_url=control_url)
+    urls["edge-1"] = start_node(procs, edge)
+    up = (UpstreamSpec("edge-1", urls["edge-1"], rtt_ms=0.2, bandwidth_mbit=10_000.0),)
+    urls["dev-1"] = start_node(procs, NodeSpec("dev-1", Tier.DEVICE, model,
+                                               control_url=control_url, upstreams=up))
+    urls["dev-2"] = start_node(procs, NodeSpec("dev-2", Tier.DEVICE, (),
+                                               control_url=control_url, upstreams=up))
+    wait_learned(urls["dev-2"], "edge-1")
+    return Fleet(control_url, urls)
+
+
+def start_node(procs: Processes, spec: Any) -> str:
+    from dataclasses import replace
+
+    ready = procs.run_dir / f"{spec.node_id}.ready"
+    spec = replace(spec, host=HOST, port=0, ready_file=str(ready))
+    spec_file = procs.run_dir / f"{spec.node_id}.json"
+    spec_file.write_text(spec.to_json())
+    procs.spawn(spec.node_id, ["-m", "tierlink.node.main", "--spec", str(spec_file)])
+    return f"http://{HOST}:{procs.wait_ready(spec.node_id, ready)['port']}"
+
+
+def wait_learned(url: str, upstream: str) -> None:
+    """Until the node at ``url`` sees ``upstream`` (and so its models) in its view."""
+    import httpx
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            status = client.get(f"{url}/tierlink/v1/status").json()
+            if upstream in status["view_nodes"] and TASK in status["tasks"]:
+                return
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not learn {upstream} from the control plane in time")
+
+
+# -------------------------------------------------------------------- part 2: timing
+
+
+@dataclass(frozen=True, slots=True)
+class HopCase:
+    key: str  # JSON key without the _ms suffix
+    label: str
+    node: str
+    model: str
+    params: dict[str, Any]
+
+
+def hop_cases() -> list[HopCase]:
+    routed = {"tierlink.deadline_ms": 1000}
+    return [
+        HopCase("node_http", "(b) node, model endpoint", "dev-1", MODEL, {}),
+        HopCase("routed_local", "(c) dev-1 routed, local", "dev-1", TASK,
+                {**routed, "tierlink.privacy": "local"}),
+        HopCase("forwarded", "(d) dev-2 -> edge-1, site", "dev-2", TASK,
+                {**routed, "tierlink.privacy": "site"}),
+        HopCase("edge_routed", "(e) edge-1 routed, direct", "edge-1", TASK,
+                {**routed, "tierlink.privacy": "site"}),
+    ]
+
+
+def load_image() -> np.ndarray:
+    """The first Fashion-MNIST test image, (1, 1, 28, 28) float32 in [0, 1]."""
+    from tierlink.zoo.datasets import DEFAULT_ROOT, read_idx
+
+    images = read_idx(DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz", 3)  # (N, 28, 28) uint8
+    return (images[:1].astype(np.float32) / 255.0)[:, None, :, :]  # (1, 1, 28, 28)
+
+
+def time_inprocess(onnx: Path, card: Path, x: np.ndarray, n: int, warmup: int) -> np.ndarray:
+    from tierlink.node.runtime import ModelInfo, OnnxModel
+
+    model = OnnxModel(onnx, ModelInfo.from_card(card), threads=1)
+    feed = {model.inputs[0].name: x}
+    for _ in range(warmup):
+        model.infer(feed)
+    times = np.empty(n, dtype=np.float64)
+    clock = time.perf_counter_ns
+    for i in range(n):
+        start = clock()
+        model.infer(feed)
+        times[i] = clock() - start
+    return times / 1e6
+
+
+@dataclass
+class Samples:
+    """Per-case latencies in ms, and the node's own ``tierlink.server_ms`` when it sends one."""
+
+    ms: dict[str, list[float]] = field(default_factory=dict)
+    server_ms: dict[str, list[float]] = field(default_factory=dict)
+    answered_by: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, key: str, ms: float, params: dict[str, Any]) -> None:
+        self.ms.setdefault(key, []).append(ms)
+        if "tierlink.server_ms" in params:
+            self.server_ms.setdefault(key, []).append(float(params["tierlink.server_ms"]))
+        if "tierlink.served_by" in params:
+            self.answered_by.setdefault(key, set()).add(str(params["tierlink.served_by"]))
+
+
+async def timed_async(call: Callable[[], Awaitable[dict[str, Any]]]
+                      ) -> tuple[float, dict[str, Any]]:
+    start = time.perf_counter_ns()
+    params = await call()
+    return (time.perf_counter_ns() - start) / 1e6, params
+
+
+def sync_call(client: Any, url: str, case: HopCase, x: np.ndarray) -> Callable[[], dict[str, Any]]:
+    """One request with a plain ``httpx.Client``: the same encode / POST / decode as
+    ``OipClient`` does, without asyncio and the error mapping."""
+    from tierlink.transport.oip import HEADER_LENGTH, decode_infer_response, encode_infer_request
+
+    target = f"{url}/v2/models/{case.model}/infer"
+
+    def call() -> dict[str, Any]:
+        body, headers = encode_infer_request({"input": x}, case.params or None, None)
+        resp = client.post(target, content=body, headers=headers)
+        resp.raise_for_status()
+        header = resp.headers.get(HEADER_LENGTH)
+        decoded = decode_infer_response(resp.content, None if header is None else int(header))
+        return decoded.parameters
+
+    return call
+
+
+async def run_round(fleet: Fleet, cases: list[HopCase], x: np.ndarray, n: int, warmup: int,
+                    samples: Samples, sync_client: Any) -> None:
+    """One round: every case ``warmup`` + ``n`` times with OipClient, then the sync client."""
+    from tierlink.transport.client import OipClient
+
+    async with OipClient(timeout_s=10.0) as client:
+        for case in cases:
+            url = fleet.urls[case.node]
+            async def call(case: HopCase = case, url: str = url) -> dict[str, Any]:
+                resp = await client.infer(url, case.model, {"input": x}, case.params or None)
+                return resp.parameters
+            for i in range(warmup + n):
+                ms, params = await timed_async(call)
+                if i >= warmup:
+                    samples.add(case.key, ms, params)
+    for case in cases:
+        call_sync = sync_call(sync_client, fleet.urls[case.node], case, x)
+        for i in range(warmup + n):
+            start = time.perf_counter_ns()
+            params = call_sync()
+            if i >= warmup:
+                samples.add(f"{case.key}_sync", (time.perf_counter_ns() - start) / 1e6, params)
+
+
+def measure_hops(onnx: Path, card: Path, requests: int, rounds: int, warmup: int,
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    import httpx
+
+    x = load_image()
+    per_round = max(1, -(-requests // rounds))
+    inproc: list[np.ndarray] = []
+    samples = Samples()
+    with tempfile.TemporaryDirectory(prefix="tierlink-hop-") as tmp, sigterm_as_interrupt():
+        procs = Processes(Path(tmp))
+        try:
+            fleet = start_fleet(procs, onnx, card)
+            say(f"fleet up: control {fleet.control_url}, nodes {fleet.urls}")
+            with httpx.Client(timeout=10.0, trust_env=False,
+                              headers={"Accept-Encoding": "identity"}) as sync_client:
+                for r in range(rounds):
+                    inproc.append(time_inprocess(onnx, card, x, per_round, warmup))
+                    asyncio.run(run_round(fleet, hop_cases(), x, per_round, warmup, samples,
+                                          sync_client))
+                    say(f"round {r + 1}/{rounds} done")
+        finally:
+            procs.stop()
+            say(f"stopped {len(procs.procs)} processes "
+                f"({', '.join(f'{k}={p.pid}' for k, p in procs.procs.items())})")
+    return hop_result(np.concatenate(inproc), samples, per_round * rounds)
+
+
+def hop_result(inproc_ms: np.ndarray, samples: Samples, requests: int) -> dict[str, Any]:
+    def pq(values: Any) -> dict[str, float]:
+        s = summary(values)
+        return {"p50": s["p50"], "p99": s["p99"], "mean": s["mean"], "n": s["n"]}
+
+    out: dict[str, Any] = {"requests": requests, "inprocess_ms": pq(inproc_ms)}
+    for case in hop_cases():
+        out[f"{case.key}_ms"] = pq(samples.ms[case.key])
+    out["node_http_sync_ms"] = pq(samples.ms["node_http_sync"])
+    out["sync_client_ms"] = {c.key: pq(samples.ms[f"{c.key}_sync"]) for c in hop_cases()}
+    out["server_ms"] = {k: pq(v) for k, v in samples.server_ms.items()
+                        if not k.endswith("_sync")}
+    out["served_by"] = {k: sorted(v) for k, v in samples.answered_by.items()
+                        if not k.endswith("_sync")}
+    out["ratios"] = ratios(out)
+    return out
+
+
+def ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each case's p50 and p99 over (a) in-process and over (b) node HTTP (OipClient)."""
+    a, b = out["inprocess_ms"], out["node_http_ms"]
+    keys = ["node_http", "node_http_sync"] + [c.key for c in hop_cases()[1:]]
+    return {k: {"p50_vs_inprocess": out[f"{k}_ms"]["p50"] / a["p50"],
+                "p99_vs_inprocess": out[f"{k}_ms"]["p99"] / a["p99"],
+                "p50_vs_node_http": out[f"{k}_ms"]["p50"] / b["p50"],
+                "p99_vs_node_http": out[f"{k}_ms"]["p99"] / b["p99"]} for k in keys}
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def environment(profile: str, card: Path | None) -> dict[str, Any]:
+    import httpx
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(), "platform": platform.platform(),
+        "cpus": os.cpu_count(), "loadavg_1_5_15": list(os.getloadavg()),
+        "numpy": np.__version__, "httpx": httpx.__version__, "zoo_profile": profile,
+        "gc_enabled_during_timing": True,
+        "note": "shared machine: other agents' jobs ran at the same time (see loadavg)",
+    }
+    try:
+        import onnxruntime
+
+        env["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    if card is not None:
+        doc = json.loads(card.read_text())
+        env["model"] = {"name": doc.get("name"), "params": doc.get("params"),
+                        "card_latency_ms": doc.get("latency_ms")}
+    return env
+
+
+def print_policy(console: Any, pol: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    over = pol["timer_overhead_us"]
+    table = Table(title=f"policy.plan(), us per decision (wall: perf_counter_ns; cpu: "
+                        f"thread_time_ns; clock cost subtracted: {over['perf_counter_ns']:.2f} "
+                        f"/ {over['thread_time_ns']:.2f} us)")
+    for col in ("view", "privacy", "n", "wall p50", "wall p99", "wall p99.9", "cpu p50",
+                "cpu p99", "cpu p99.9"):
+        table.add_column(col, justify="left" if col in ("view", "privacy") else "right")
+    for res in (pol, pol["small_view"]):
+        name = f"{res['upstream_nodes']}e x {res['clouds']}c"
+        cpu = res["cpu_time"]
+        rows = [(k, s, cpu["by_privacy"][k]) for k, s in res["by_privacy"].items()]
+        rows.append(("[b]all[/b]", {"n": res["decisions"], "p50": res["p50_us"],
+                                    "p99": res["p99_us"], "p999": res["p999_us"]},
+                     {"p50": cpu["p50_us"], "p99": cpu["p99_us"], "p999": cpu["p999_us"]}))
+        for key, s, c in rows:
+            table.add_row(name, key, str(s["n"]), *(f"{v:.1f}" for v in (
+                s["p50"], s["p99"], s["p999"], c["p50"], c["p99"], c["p999"])))
+        table.add_section()
+    console.print(table)
+    for res in (pol, pol["small_view"]):
+        plans = "; ".join(f"{k}: " + ", ".join(f"{r} x{n}" for r, n in s["plans"].items())
+                          for k, s in res["by_privacy"].items())
+        console.print(f"plans ({res['upstream_nodes']} edges): {plans}")
+    console.print(f"goal p99 <= {GOAL_P99_US:g} us over 100 upstream nodes: wall "
+                  f"{'met' if pol['goal_met'] else 'NOT met'} (p99 {pol['p99_us']:.1f} us), "
+                  f"cpu time {'met' if pol['goal_met_cpu_time'] else 'NOT met'} "
+                  f"(p99 {pol['cpu_time']['p99_us']:.1f} us)")
+
+
+def print_profile(console: Any, prof: dict[str, list[dict[str, Any]]]) -> None:
+    from rich.table import Table
+
+    for privacy, rows in prof.items():
+        table = Table(title=f"cProfile, privacy={privacy}: us per decision (inflated by "
+                            f"the profiler's per-call hook)")
+        for col in ("function", "calls/decision", "own us", "cum us"):
+            table.add_column(col, justify="left" if col == "function" else "right")
+        for r in rows:
+            table.add_row(r["function"], f"{r['calls_per_decision']:.1f}",
+                          f"{r['own_us']:.2f}", f"{r['cum_us']:.2f}")
+        console.print(table)
+
+
+def print_hops(console: Any, hop: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"one image [1,1,28,28] FP32, {MODEL}, loopback, sequential, "
+                        f"{hop['requests']} requests per case")
+    for col in ("case", "p50 ms", "p99 ms", "node ms p50", "x(a) p50", "x(a) p99",
+                "x(b) p50", "x(b) p99"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    a = hop["inprocess_ms"]
+    table.add_row("(a) in-process OnnxModel", f"{a['p50']:.3f}", f"{a['p99']:.3f}", "",
+                  "1.0", "1.0", "", "")
+    rows = [("node_http", "(b) node, model endpoint"),
+            ("node_http_sync", "(b') same, sync httpx")] + \
+           [(c.key, c.label) for c in hop_cases()[1:]]
+    for key, label in rows:
+        s, r = hop[f"{key}_ms"], hop["ratios"][key]
+        server = hop["server_ms"].get(key)
+        table.add_row(label, f"{s['p50']:.3f}", f"{s['p99']:.3f}",
+                      f"{server['p50']:.3f}" if server else "",
+                      f"{r['p50_vs_inprocess']:.1f}", f"{r['p99_vs_inprocess']:.1f}",
+                      f"{r['p50_vs_node_http']:.2f}", f"{r['p99_vs_node_http']:.2f}")
+    console.print(table)
+    sync = ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in
+                     hop["sync_client_ms"].items())
+    console.print(f"sync httpx client, p50/p99 ms: {sync}")
+    console.print(f"served by: {hop['served_by']}")
+
+
+# -------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--profile", default="full", help="zoo build profile (full | test)")
+    parser.add_argument("--decisions", type=int, default=30_000,
+                        help="timed decisions per view (>= 20000 for a stable p99.9)")
+    parser.add_argument("--requests", type=int, default=300,
+                        help="timed requests per hop case, after warm-up")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds the requests are split into")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed requests per round")
+    parser.add_argument("--part", choices=("all", "policy", "hop"), default="all")
+    parser.add_argument("--policy-profile", action="store_true",
+                        help="add a cProfile breakdown of the policy per privacy level")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.decisions < 1 or args.requests < 1 or args.rounds < 1 or args.warmup < 0:
+        parser.error("--decisions, --requests and --rounds must be >= 1, --warmup >= 0")
+    return args
+
+
+def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    card: Path | None = None
+    if args.part in ("all", "policy"):
+        doc["policy"] = measure_policy(args.decisions, max(2000, args.decisions // 10),
+                                       args.seed)
+        print_policy(console, doc["policy"])
+        if args.policy_profile:
+            doc["policy"]["profile"] = profile_policy(5000, args.seed)
+            print_profile(console, doc["policy"]["profile"])
+    if args.part in ("all", "hop"):
+        from tierlink.zoo.cache import ensure_zoo
+
+        zoo = ensure_zoo(task=TASK, profile=args.profile, progress=True)
+        onnx, card = zoo.path(MODEL), zoo.card_path(MODEL)
+        doc["hop"] = measure_hops(onnx, card, args.requests, args.rounds, args.warmup,
+                                  lambda m: console.print(f"[dim]{m}[/dim]"))
+        print_hops(console, doc["hop"])
+    doc["environment"] = environment(args.profile, card)
+    return doc
+
+
+def main(argv: list[str] | None = None) -> None:
+    from rich.console import Console
+
+    args = parse_args(argv)
+    console = Console()
+    doc = run(args, console)
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Fixtures of the integration tests: real fleets (control plane, link emulator, node
+processes) on loopback, built from the small ``test`` zoo and real Fashion-MNIST images.
+
+* ``zoo_models`` (session): the ``test`` profile zoo, built once (< 1 min) and cached under
+  ``$TIERLINK_HOME/zoo/test``; a dict model name -> (onnx path, card path).
+* ``fmnist_test`` (session): the Fashion-MNIST test split (``images`` (N, 1, 28, 28) float32,
+  ``labels`` (N,) int64).
+* ``hard_samples`` (session): indices of test images the device model is unsure of.
+* ``shared_fleet`` (session): one fleet of ``SHARED_FLEET`` for the tests that only send
+  requests and read metrics. Tests that kill or stop processes start their own with
+  ``start_fleet``.
+* ``start_fleet`` (function): ``start_fleet(yaml_text)`` launches a fleet into ``tmp_path``;
+  every fleet is stopped at teardown and its processes must all be gone.
+* ``http`` (function): a ``httpx.Client`` for loopback calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from integration_support import Models, least_confident, running_fleet
+
+from tierlink.fleet.launcher import RunningFleet
+from tierlink.zoo.datasets import Split
+
+# 1 cloud, 2 edges, 2 devices; short links so the tests spend their time routing, not waiting.
+# Cascade thresholds are high for the weak `test` models: most answers escalate.
+SHARED_FLEET = """
+name: itest-shared
+seed: 11
+zoo: {profile: test}
+control: {ttl_s: 3}
+routing:
+  policy: tierlink
+  thresholds: {fmnist-small: 0.9, fmnist-medium: 0.9}
+  breaker: {failure_threshold: 3, cooldown_s: 1}
+nodes:
+  - {id: cloud-1, tier: cloud,  models: [fmnist-large]}
+  - {id: edge-1,  tier: edge,   models: [fmnist-medium]}
+  - {id: edge-2,  tier: edge,   models: [fmnist-medium]}
+  - {id: dev-1,   tier: device, models: [fmnist-small]}
+  - {id: dev-2,   tier: device, models: [fmnist-small]}
+links:
+  - {from: [dev-1, dev-2], to: [edge-1, edge-2], delay_ms: 2}
+  - {from: [edge-1, edge-2], to: cloud-1, delay_ms: 10}
+"""
+
+
+@pytest.fixture(scope="session")
+def zoo_models() -> Models:
+    from tierlink.errors import ZooError
+    from tierlink.zoo.cache import ensure_zoo
+    from tierlink.zoo.datasets import DEFAULT_ROOT, INSTALL_HINT
+
+    if not DEFAULT_ROOT.is_dir():
+        pytest.skip(f"Fashion-MNIST is not installed ({INSTALL_HINT})")
+    try:
+        zoo = ensure_zoo(task="fmnist", profile="test", progress=False)
+    except ZooError as exc:
+        pytest.fail(f"cannot build the test zoo: {exc}")
+    return {name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards}
+
+
+@pytest.fixture(scope="session")
+def fmnist_test() -> Split:
+    """The test split: ``.images`` (10000, 1, 28, 28) float32 in [0, 1], ``.labels`` int64."""
+    from tierlink.zoo.datasets import DEFAULT_ROOT, INSTALL_HINT, fashion_mnist
+
+    if not DEFAULT_ROOT.is_dir():
+        pytest.skip(f"Fashion-MNIST is not installed ({INSTALL_HINT})")
+    return fashion_mnist().test
+
+
+@pytest.fixture(scope="session")
+def hard_samples(zoo_models: Models, fmnist_test: Split) -> np.ndarray:
+    """Indices of 100 test images the device model is least sure of: a cascade escalates
+    them, so requests built from them travel up the tiers."""
+    return least_confident(zoo_models["fmnist-small"][0], fmnist_test.images, 100)
+
+
+@pytest.fixture(scope="session")
+def shared_fleet(zoo_models: Models, tmp_path_factory: pytest.TempPathFactory,
+                 ) -> Iterator[RunningFleet]:
+    run_dir = tmp_path_factory.mktemp("shared-fleet")
+    with running_fleet(SHARED_FLEET, run_dir, zoo_models) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def start_fleet(zoo_models: Models, tmp_path: Path) -> Iterator[Callable[[str], RunningFleet]]:
+    """``start_fleet(yaml_text)``: a fleet of the test's own, stopped (and checked gone) at
+    teardown even when the test fails."""
+    with contextlib.ExitStack() as stack:
+        count = 0
+
+        def start(yaml_text: str) -> RunningFleet:
+            nonlocal count
+            count += 1
+            return stack.enter_context(
+                running_fleet(yaml_text, tmp_path / f"fleet-{count}", zoo_models))
+
+        yield start
+
+
+@pytest.fixture
+def http() -> Iterator[httpx.Client]:
+    # trust_env=False: loopback calls must not go through a proxy from the environment.
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        yield client

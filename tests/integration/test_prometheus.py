@@ -1,0 +1,131 @@
+"""A real Prometheus server scrapes every node and the control plane; promtool accepts the
+exposition."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from integration_support import metric_sum, route, wait_for
+
+from tierlink.fleet.launcher import RunningFleet
+from tierlink.zoo.datasets import Split
+
+pytestmark = pytest.mark.integration
+
+TARGETS_UP_TIMEOUT_S = 40.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hostport(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+def scrape_config(fleet: RunningFleet) -> str:
+    nodes = ", ".join(f'"{_hostport(u)}"' for u in fleet.node_urls.values())
+    return f"""
+global: {{scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}}
+scrape_configs:
+  - job_name: tierlink-node
+    static_configs: [{{targets: [{nodes}]}}]
+  - job_name: tierlink-control
+    static_configs: [{{targets: ["{_hostport(fleet.control_url)}"]}}]
+"""
+
+
+@pytest.fixture
+def prometheus(shared_fleet: RunningFleet, tmp_path: Path) -> Iterator[str]:
+    """A Prometheus server on a free loopback port scraping the shared fleet every second;
+    yields its base URL and terminates it (by pid) afterwards."""
+    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not Path(binary).is_file():
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(scrape_config(shared_fleet))
+    port = _free_port()
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        assert proc.poll() is not None
+
+
+def _api(http: httpx.Client, url: str, path: str, **params: str) -> Any:
+    try:
+        resp = http.get(f"{url}/api/v1/{path}", params=params)
+    except httpx.TransportError:
+        return None  # still starting
+    if resp.status_code != 200:
+        return None
+    body = resp.json()
+    return body["data"] if body.get("status") == "success" else None
+
+
+def all_targets_up(http: httpx.Client, url: str, expected: int) -> list[dict] | None:
+    data = _api(http, url, "targets")
+    targets = data["activeTargets"] if data else []
+    up = [t for t in targets if t["health"] == "up"]
+    return targets if len(targets) == expected and len(up) == expected else None
+
+
+def test_prometheus_scrapes_every_node_and_the_control_plane(
+        shared_fleet: RunningFleet, prometheus: str, http: httpx.Client, fmnist_test: Split,
+        hard_samples: np.ndarray) -> None:
+    expected = len(shared_fleet.node_urls) + 1
+    targets = wait_for(lambda: all_targets_up(http, prometheus, expected),
+                       TARGETS_UP_TIMEOUT_S, f"{expected} scrape targets up", interval_s=0.5)
+    assert {t["labels"]["job"] for t in targets} == {"tierlink-node", "tierlink-control"}
+
+    dev = shared_fleet.node_urls["dev-2"]
+    for sample in hard_samples[:5]:
+        assert route(http, dev, fmnist_test.images[sample: sample + 1], privacy="any").status == 200
+    sent = metric_sum(http, dev, "tierlink_requests_total", kind="task", model="fmnist")
+    assert sent >= 5
+    query = (f'sum(tierlink_requests_total{{instance="{dev.removeprefix("http://")}",'
+             f'kind="task",model="fmnist"}})')
+
+    def scraped() -> float | None:
+        data = _api(http, prometheus, "query", query=query)
+        value = float(data["result"][0]["value"][1]) if data and data["result"] else 0.0
+        return value if value >= sent else None
+
+    assert wait_for(scraped, 20, f"Prometheus to see {sent:.0f} requests at dev-2") >= sent
+    # Every series carries the node's tier; Prometheus adds which node (instance) and job.
+    series = _api(http, prometheus, "query", query="tierlink_requests_total")["result"]
+    assert series and all({"tier", "instance", "job"} <= set(s["metric"]) for s in series)
+
+
+@pytest.mark.parametrize("who", ["edge-1", "control"])
+def test_promtool_accepts_the_exposition(shared_fleet: RunningFleet, http: httpx.Client,
+                                         who: str) -> None:
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    if not Path(promtool).is_file():
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    url = shared_fleet.control_url if who == "control" else shared_fleet.node_urls[who]
+    text = http.get(f"{url}/metrics").text
+    assert "tierlink_" in text
+    check = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
+                           capture_output=True, timeout=30)
+    assert check.returncode == 0, (check.stdout + check.stderr).decode()

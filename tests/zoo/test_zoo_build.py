@@ -1,0 +1,188 @@
+"""Builds the ``test`` profile once into a temporary TIERLINK_HOME and checks what came out."""
+
+import hashlib
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+from tierlink.errors import ModelNotFound, ZooError  # noqa: E402
+from tierlink.zoo import (CLASS_NAMES, Zoo, ensure_zoo, load_zoo, model_names,  # noqa: E402
+                          onnx_logits, ort_session, zoo_dir)
+from tierlink.zoo.datasets import DEFAULT_ROOT, fashion_mnist  # noqa: E402
+from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, accuracy  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not DEFAULT_ROOT.is_dir(),
+                                reason="apt-get install -y dataset-fashion-mnist")
+
+NAMES = ("fmnist-small", "fmnist-medium", "fmnist-large")
+
+
+@dataclass
+class Built:
+    zoo: Zoo
+    home: Path
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    torch.set_num_threads(1)
+    home = tmp_path_factory.mktemp("tierlink-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIERLINK_HOME", str(home))
+        start = time.perf_counter()
+        zoo = ensure_zoo(profile="test", progress=False)
+        yield Built(zoo, home, time.perf_counter() - start)
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return fashion_mnist()
+
+
+def test_the_zoo_lands_in_tierlink_home(built):
+    assert zoo_dir("test") == built.home / "zoo" / "test" == built.zoo.root
+    assert tuple(built.zoo.cards) == NAMES == model_names("fmnist")
+    for name in NAMES:
+        assert built.zoo.path(name).is_file() and built.zoo.card_path(name).is_file()
+
+
+def test_onnx_models_load_and_take_any_batch(built):
+    for name in NAMES:
+        session = ort_session(built.zoo.path(name))
+        (inp,), (out,) = session.get_inputs(), session.get_outputs()
+        assert (inp.name, inp.type, inp.shape[1:]) == ("input", "tensor(float)", [1, 28, 28])
+        assert (out.name, out.type, out.shape[1:]) == ("logits", "tensor(float)", [10])
+        for batch in (1, 7):
+            x = np.random.default_rng(0).random((batch, 1, 28, 28), dtype=np.float32)
+            assert session.run(None, {"input": x})[0].shape == (batch, 10)
+
+
+def test_batchnorm_is_folded_into_the_convolutions(built):
+    for name in NAMES:
+        graph = onnx.load(str(built.zoo.path(name))).graph
+        ops = [node.op_type for node in graph.node]
+        assert "Conv" in ops and "BatchNormalization" not in ops, (name, ops)
+
+
+def test_cards_describe_their_files(built):
+    tiers = {"fmnist-small": "device", "fmnist-medium": "edge", "fmnist-large": "cloud"}
+    for name, card in built.zoo.cards.items():
+        data = built.zoo.path(name).read_bytes()
+        assert card.sha256 == hashlib.sha256(data).hexdigest()
+        assert card.size_bytes == len(data)
+        assert (card.task, card.name, card.version, card.tier) == ("fmnist", name, "1",
+                                                                   tiers[name])
+        assert card.input.shape == (-1, 1, 28, 28) and card.output.shape == (-1, 10)
+        assert card.labels == CLASS_NAMES and card.temperature == 1.0
+        assert 0.3 < card.test_accuracy <= 1.0 and 0.3 < card.calib_accuracy <= 1.0
+        lat = card.latency_ms
+        assert 0 < lat["batch1_p50"] <= lat["batch1_p95"] and lat["batch32_per_sample"] > 0
+        t = card.training
+        assert (t.profile, t.epochs, t.seed, t.train_samples) == ("test", 1, 0, 2048)
+        assert t.torch_version == torch.__version__ and t.seconds > 0 and t.recipe
+
+
+def test_params_fit_their_tiers(built):
+    params = {name: card.params for name, card in built.zoo.cards.items()}
+    assert params["fmnist-small"] <= 40_000
+    assert 100_000 <= params["fmnist-medium"] <= 200_000
+    assert 500_000 <= params["fmnist-large"] <= 800_000
+
+
+def test_cascade_curves_are_sane(built):
+    for card in built.zoo.cards.values():
+        curve = card.cascade
+        assert tuple(p.threshold for p in curve) == CASCADE_THRESHOLDS
+        shares = [p.answered_share for p in curve]
+        assert shares == sorted(shares, reverse=True) and shares[0] > 0.5
+        assert all(0.0 <= p.answered_accuracy <= 1.0 for p in curve)
+        # Confident answers are more often right than all answers (monotone-ish).
+        assert curve[-1].answered_accuracy >= curve[0].answered_accuracy - 0.02
+
+
+def test_card_accuracy_is_reproducible_from_the_onnx_file(built, splits):
+    card = built.zoo.card("fmnist-small")
+    test = splits.test.head(card.training.test_samples)
+    logits = onnx_logits(built.zoo.path("fmnist-small"), test.images, threads=1)
+    assert logits.shape == (len(test), 10) and logits.dtype == np.float32
+    assert accuracy(logits, test.labels) == card.test_accuracy
+
+
+def test_a_second_call_uses_the_cache(built, monkeypatch):
+    def no_build(*args, **kwargs):
+        raise AssertionError("ensure_zoo retrained a cached zoo")
+
+    monkeypatch.setattr("tierlink.zoo.build.build_zoo", no_build)
+    mtimes = {n: built.zoo.path(n).stat().st_mtime_ns for n in NAMES}
+    start = time.perf_counter()
+    again = ensure_zoo(profile="test", progress=False)
+    assert time.perf_counter() - start < min(5.0, built.seconds / 2)
+    assert again.cards == built.zoo.cards
+    assert {n: again.path(n).stat().st_mtime_ns for n in NAMES} == mtimes
+
+
+def test_a_tampered_model_is_rebuilt(built, tmp_path, monkeypatch):
+    copy = tmp_path / "zoo"
+    shutil.copytree(built.zoo.root, copy)
+    assert load_zoo(profile="test", root=copy).cards == built.zoo.cards
+    with open(copy / "fmnist-medium.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ZooError, match="sha256"):
+        load_zoo(profile="test", root=copy)
+    calls = []
+
+    def fake_build(task, profile, out_dir, reporter):
+        calls.append((task, profile.name, out_dir))
+        shutil.copy(built.zoo.path("fmnist-medium"), out_dir / "fmnist-medium.onnx")
+
+    monkeypatch.setattr("tierlink.zoo.build.build_zoo", fake_build)
+    zoo = ensure_zoo(profile="test", progress=False, root=copy)
+    assert calls == [("fmnist", "test", copy)]
+    assert zoo.cards == built.zoo.cards
+
+
+def test_unknown_names_are_clear_errors(built):
+    with pytest.raises(ZooError, match="profile"):
+        ensure_zoo(profile="huge", progress=False)
+    with pytest.raises(ZooError, match="task"):
+        ensure_zoo(task="imagenet", profile="test", progress=False)
+    with pytest.raises(ModelNotFound):
+        built.zoo.card("fmnist-xl")
+    with pytest.raises(ZooError, match="not built"):
+        load_zoo(profile="full", root=built.home / "empty")
+
+
+def test_training_is_reproducible(splits):
+    from tierlink.zoo.build import train_net
+    from tierlink.zoo.profiles import TrainRecipe
+    from tierlink.zoo.progress import NullReporter
+
+    torch.set_num_threads(1)
+    recipe = TrainRecipe(epochs=1, batch_size=64, flips=True)
+    data = splits.train.head(256)
+    first = train_net("t", "small", recipe, data, 7, NullReporter()).net.state_dict()
+    second = train_net("t", "small", recipe, data, 7, NullReporter()).net.state_dict()
+    other = train_net("t", "small", recipe, data, 8, NullReporter()).net.state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_export_refuses_a_graph_that_disagrees_with_torch(tmp_path, splits):
+    from tierlink.zoo import build
+    from tierlink.zoo.nets import build_net
+
+    torch.manual_seed(0)
+    net = build_net("small").eval()
+    images = splits.calib.images[:8]
+    build.export_onnx(net, tmp_path / "ok.onnx", check_on=images)
+    torch.manual_seed(1)
+    with pytest.raises(ZooError, match="disagrees"):
+        build._verify(build_net("small").eval(), tmp_path / "ok.onnx", images)

@@ -1,0 +1,118 @@
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tierlink.errors import ZooError
+from tierlink.zoo.datasets import (CALIB_SIZE, CLASS_NAMES, DEFAULT_ROOT, fashion_mnist,
+                                   holdout_indices, read_idx)
+
+
+def write_idx(path: Path, data: np.ndarray, magic: bytes | None = None) -> Path:
+    header = magic if magic is not None else bytes([0, 0, 0x08, data.ndim])
+    dims = struct.pack(f">{data.ndim}I", *data.shape)
+    raw = header + dims + data.astype(np.uint8).tobytes()
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(raw)
+    return path
+
+
+@pytest.mark.parametrize("name", ["images.idx", "images.idx.gz"])
+def test_read_idx_round_trips_plain_and_gzipped(tmp_path, name):
+    data = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    out = read_idx(write_idx(tmp_path / name, data), ndim=3)
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out, data)
+
+
+def test_read_idx_rejects_a_wrong_magic_number(tmp_path):
+    data = np.zeros((2, 2), np.uint8)
+    path = write_idx(tmp_path / "bad.idx", data, magic=bytes([0, 0, 0x0D, 2]))  # float type
+    with pytest.raises(ZooError, match="magic"):
+        read_idx(path, ndim=2)
+
+
+def test_read_idx_rejects_the_wrong_number_of_dimensions(tmp_path):
+    path = write_idx(tmp_path / "labels.idx", np.zeros(5, np.uint8))
+    with pytest.raises(ZooError, match="magic"):
+        read_idx(path, ndim=3)
+
+
+def test_read_idx_rejects_data_shorter_than_its_header_says(tmp_path):
+    path = write_idx(tmp_path / "short.idx", np.zeros((4, 4), np.uint8))
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(ZooError, match="header says"):
+        read_idx(path, ndim=2)
+
+
+def test_read_idx_rejects_a_truncated_header_and_a_corrupt_gzip(tmp_path):
+    (tmp_path / "tiny.idx").write_bytes(bytes([0, 0, 0x08, 3, 0, 0]))
+    with pytest.raises(ZooError, match="truncated"):
+        read_idx(tmp_path / "tiny.idx", ndim=3)
+    (tmp_path / "junk.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(ZooError, match="cannot read"):
+        read_idx(tmp_path / "junk.gz", ndim=1)
+
+
+def test_missing_package_names_the_install_command(tmp_path):
+    with pytest.raises(ZooError) as info:
+        fashion_mnist(tmp_path)
+    assert "apt-get install -y dataset-fashion-mnist" in str(info.value)
+
+
+def test_holdout_indices_partition_the_range():
+    kept, held = holdout_indices(100, 10, seed=1)
+    assert len(held) == 10 and len(kept) == 90
+    assert not set(kept) & set(held)
+    np.testing.assert_array_equal(np.sort(np.concatenate([kept, held])), np.arange(100))
+    again, _ = holdout_indices(100, 10, seed=1)
+    other, _ = holdout_indices(100, 10, seed=2)
+    np.testing.assert_array_equal(kept, again)
+    assert not np.array_equal(kept, other)
+    with pytest.raises(ZooError):
+        holdout_indices(10, 10, seed=0)
+
+
+needs_data = pytest.mark.skipif(not DEFAULT_ROOT.is_dir(),
+                                reason="apt-get install -y dataset-fashion-mnist")
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return fashion_mnist()
+
+
+@needs_data
+def test_real_splits_have_the_documented_sizes_and_types(splits):
+    assert (len(splits.train), len(splits.calib), len(splits.test)) == (55_000, CALIB_SIZE,
+                                                                          10_000)
+    for split in (splits.train, splits.calib, splits.test):
+        assert split.images.dtype == np.float32 and split.images.shape[1:] == (1, 28, 28)
+        assert split.labels.dtype == np.int64
+        assert 0.0 <= split.images.min() and split.images.max() <= 1.0
+        assert set(np.unique(split.labels)) == set(range(10))
+    assert splits.class_names == CLASS_NAMES and len(CLASS_NAMES) == 10
+
+
+@needs_data
+def test_train_and_calib_partition_the_official_training_set(splits):
+    official = read_idx(DEFAULT_ROOT / "train-images-idx3-ubyte.gz", 3)
+    # Per-image fingerprints: train + calib together are exactly the official 60k images.
+    weights = np.arange(1, 28 * 28 + 1, dtype=np.float64)
+
+    def prints(images):
+        return np.sort(np.round(images.reshape(len(images), -1) @ weights, 3))
+
+    ours = prints(np.concatenate([splits.train.images, splits.calib.images]) * 255)
+    np.testing.assert_allclose(ours, prints(official.astype(np.float64)), atol=1e-2)
+
+
+@needs_data
+def test_the_calibration_holdout_is_fixed(splits):
+    again = fashion_mnist()
+    np.testing.assert_array_equal(again.calib.labels, splits.calib.labels)
+    np.testing.assert_array_equal(again.calib.images[:50], splits.calib.images[:50])
