@@ -6,6 +6,7 @@ over HTTP, ``/metrics`` (Prometheus text) and ``/tierlink/v1/status`` (JSON).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -136,7 +137,7 @@ def assert_consistent(fleet: RunningFleet, entry: str, answer: Answer) -> None:
     ranks = [TIER_RANK[tier_of(fleet, n)] for n in path]
     assert ranks == sorted(set(ranks)), f"path {path} does not go strictly up the tiers"
     declared = {(link.src, link.dst) for link in fleet.config.links}
-    assert all(hop in declared for hop in zip(path, path[1:])), f"undeclared hop in {path}"
+    assert all(hop in declared for hop in itertools.pairwise(path)), f"undeclared hop in {path}"
     assert answer.parameters["tierlink.tier"] == tier_of(fleet, served_by)
     assert answer.parameters["tierlink.model"] in fleet.config.node(served_by).models
     probs = answer.outputs["probabilities"]  # (1, 10)

@@ -4,6 +4,7 @@ their breaker to the dead edge."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 from collections.abc import Callable
 
@@ -40,7 +41,7 @@ DEVICES = ("dev-1", "dev-2")
 RATE_PER_S = 20.0
 DURATION_S = 8.0
 KILL_AFTER = 50  # answers received before the kill (~2.5 s into the run)
-DEAD = "edge-1"
+EDGES = ("edge-1", "edge-2")
 # Refusals a node may answer with when it cannot serve in time: each is an explicit code.
 REFUSAL_CODES = {"deadline_exceeded", "admission_refused", "no_feasible_placement",
                  "upstream_error"}
@@ -72,15 +73,24 @@ class LoadThread(threading.Thread):
             self.records = asyncio.run(drive(self.items, self.data.images, self.data.labels,
                                              self.urls, "fmnist", None,
                                              on_done=self.done.append))
-        except BaseException as exc:  # reported by the test thread
+        except BaseException as exc:  # noqa: BLE001 (the test thread reports it)
             self.error = exc
 
 
-def breaker_open_or_expired(http: httpx.Client, url: str) -> Callable[[], dict | None]:
+def busiest_edge(records: list[Record]) -> str:
+    """The edge that served most answers so far: killing it is sure to hit the load."""
+    counts = collections.Counter(r.served_by for r in records if r.served_by in EDGES)
+    assert counts, f"no answer came from an edge before the kill: {len(records)} answers"
+    return counts.most_common(1)[0][0]
+
+
+def breaker_open_or_expired(http: httpx.Client, url: str,
+                            dead: str) -> Callable[[], dict | None]:
     def probe() -> dict | None:
         status = node_status(http, url)
-        gone = DEAD not in status["view_nodes"]
-        tripped = status["breakers"].get(DEAD) in ("open", "half_open")
+        gone = dead not in status["view_nodes"]
+        # half_open: a probe to the dead node is out right now; it cannot close the breaker.
+        tripped = status["breakers"].get(dead) in ("open", "half_open")
         return status if gone or tripped else None
     return probe
 
@@ -93,8 +103,9 @@ def test_kill_edge_under_load_loses_nothing(
     load.start()
     wait_for(lambda: len(load.done) >= KILL_AFTER or not load.is_alive(), 30,
              f"{KILL_AFTER} answers before the kill")
-    served_before = {r.served_by for r in load.done}
-    fleet.kill(DEAD)
+    dead = busiest_edge(list(load.done))
+    survivor = next(e for e in EDGES if e != dead)
+    fleet.kill(dead)
     done_at_kill = len(load.done)
     load.join(DURATION_S + 30)
     assert not load.is_alive(), "the load did not finish"
@@ -106,17 +117,18 @@ def test_kill_edge_under_load_loses_nothing(
     assert summary["lost"] == 0, [r for r in records if r.lost][:5]
     refused = [r for r in records if not r.answered]
     assert all(r.error in REFUSAL_CODES for r in refused), {r.error for r in refused}
-    assert summary["answered"] >= 0.8 * len(records), summary
-    # The load reached the edges before the kill, and the survivor carried it after.
-    assert DEAD in served_before or "edge-2" in served_before, served_before
+    # A sanity floor, far below what an idle machine does (all answered): refusing
+    # everything with a clear code would pass the checks above and prove nothing.
+    assert summary["answered"] >= 0.5 * len(records), summary
     after = load.done[done_at_kill:]
-    assert any(r.served_by == "edge-2" for r in after), {r.served_by for r in after}
+    assert any(r.served_by == survivor for r in after), {r.served_by for r in after}
 
     urls = fleet.node_urls
-    fallbacks = sum(metric_sum(http, urls[d], "tierlink_fallbacks_total", upstream=DEAD)
+    fallbacks = sum(metric_sum(http, urls[d], "tierlink_fallbacks_total", upstream=dead)
                     for d in DEVICES)
-    assert fallbacks > 0, "no device recorded a fallback from the dead edge"
+    assert fallbacks > 0, f"no device recorded a fallback from the dead {dead}"
     assert summary["fallbacks"] > 0 or summary["degraded"] > 0
     for device in DEVICES:
-        wait_for(breaker_open_or_expired(http, urls[device]), fleet.config.control_ttl_s + 5,
-                 f"{device} to open its breaker to {DEAD} or drop it from its view")
+        wait_for(breaker_open_or_expired(http, urls[device], dead),
+                 fleet.config.control_ttl_s + 5,
+                 f"{device} to open its breaker to {dead} or drop it from its view")

@@ -127,5 +127,5 @@ def test_promtool_accepts_the_exposition(shared_fleet: RunningFleet, http: httpx
     text = http.get(f"{url}/metrics").text
     assert "tierlink_" in text
     check = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
-                           capture_output=True, timeout=30)
+                           capture_output=True, timeout=30, check=False)
     assert check.returncode == 0, (check.stdout + check.stderr).decode()

@@ -15,7 +15,7 @@ from tierlink.zoo.datasets import Split
 
 pytestmark = pytest.mark.integration
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
 MODEL = "fmnist-medium"  # served by the edges of the shared fleet
 NODE = "edge-1"

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from tierlink import __version__
 from tierlink.errors import ModelNotFound, TensorError, TierlinkError
@@ -54,6 +55,11 @@ def create_app(service: NodeService, ready: bool = False) -> FastAPI:
     @app.exception_handler(TierlinkError)
     async def _tierlink_error(_: Request, exc: TierlinkError) -> Response:
         return _error(exc)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> Response:
+        # The caller gave up (its deadline passed) while sending: nobody reads this answer.
+        return JSONResponse({"error": "client disconnected", "code": "client_disconnect"}, 499)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:

@@ -29,6 +29,8 @@ def load_runtimes(spec: NodeSpec) -> dict[str, ModelRuntime]:
 def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.node_id} %(levelname)s "
                                                    "%(name)s: %(message)s")
+    # httpx logs every request at INFO: two lines per heartbeat, thousands per run.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     asyncio.run(serve_node(spec, runtimes if runtimes is not None else load_runtimes(spec)))
 
 
