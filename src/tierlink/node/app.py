@@ -132,6 +132,12 @@ def _model_routes(app: FastAPI, service: NodeService) -> None:
         except TierlinkError as exc:
             outcome = exc.code
             raise
+        except ClientDisconnect:
+            outcome = "client_disconnect"
+            raise
+        except Exception:
+            outcome = "internal"
+            raise
         finally:
             known = name in service.runtimes or name in service.tasks()
             service.record_request(kind, name if known else "unknown", outcome,
