@@ -45,13 +45,16 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tierlink.core.types import ClusterView, Privacy, Request
 from tierlink.policy import PolicyConfig, TierlinkPolicy
 from tierlink.testing.views import fleet_view
+
+if TYPE_CHECKING:
+    from tierlink.node.spec import NodeSpec
 
 HOST = "127.0.0.1"
 GOAL_P99_US = 50.0
@@ -256,16 +259,22 @@ class Processes:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so ``finally`` blocks stop the children."""
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+def stop_on_signal(cleanup: Callable[[], None]) -> Iterator[None]:
+    """On SIGTERM or SIGINT: run ``cleanup`` at once, then raise ``KeyboardInterrupt``.
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    Cleaning up inside the handler, not only in a ``finally``: Python runs the handler at
+    the next bytecode, which may be inside a callback (a weakref's, a ``__del__``) whose
+    exceptions are printed and swallowed, and the children would outlive the script."""
+    def handler(signum: int, frame: object) -> None:
+        cleanup()
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +307,7 @@ def start_fleet(procs: Processes, onnx: Path, card: Path) -> Fleet:
     return Fleet(control_url, urls)
 
 
-def start_node(procs: Processes, spec: Any) -> str:
+def start_node(procs: Processes, spec: NodeSpec) -> str:
     from dataclasses import replace
 
     ready = procs.run_dir / f"{spec.node_id}.ready"
@@ -331,11 +340,12 @@ class HopCase:
     key: str  # JSON key without the _ms suffix
     label: str
     node: str
-    model: str
+    model: str | None  # None: GET /v2/health/ready, the HTTP floor (no body, no model)
     params: dict[str, Any]
 
 
 def hop_cases() -> list[HopCase]:
+    """(b)..(e), then the floor. (b) first: ratios are taken against it."""
     routed = {"tierlink.deadline_ms": 1000}
     return [
         HopCase("node_http", "(b) node, model endpoint", "dev-1", MODEL, {}),
@@ -345,6 +355,7 @@ def hop_cases() -> list[HopCase]:
                 {**routed, "tierlink.privacy": "site"}),
         HopCase("edge_routed", "(e) edge-1 routed, direct", "edge-1", TASK,
                 {**routed, "tierlink.privacy": "site"}),
+        HopCase("http_floor", "(f) GET /v2/health/ready", "dev-1", None, {}),
     ]
 
 
@@ -400,6 +411,12 @@ def sync_call(client: Any, url: str, case: HopCase, x: np.ndarray) -> Callable[[
     ``OipClient`` does, without asyncio and the error mapping."""
     from tierlink.transport.oip import HEADER_LENGTH, decode_infer_response, encode_infer_request
 
+    if case.model is None:
+        def health() -> dict[str, Any]:
+            client.get(f"{url}/v2/health/ready").raise_for_status()
+            return {}
+
+        return health
     target = f"{url}/v2/models/{case.model}/infer"
 
     def call() -> dict[str, Any]:
@@ -422,6 +439,10 @@ async def run_round(fleet: Fleet, cases: list[HopCase], x: np.ndarray, n: int, w
         for case in cases:
             url = fleet.urls[case.node]
             async def call(case: HopCase = case, url: str = url) -> dict[str, Any]:
+                if case.model is None:
+                    if not await client.ready(url):
+                        raise RuntimeError(f"{url} is not ready")
+                    return {}
                 resp = await client.infer(url, case.model, {"input": x}, case.params or None)
                 return resp.parameters
             for i in range(warmup + n):
@@ -439,29 +460,39 @@ async def run_round(fleet: Fleet, cases: list[HopCase], x: np.ndarray, n: int, w
 
 def measure_hops(onnx: Path, card: Path, requests: int, rounds: int, warmup: int,
                  say: Callable[[str], None]) -> dict[str, Any]:
-    import httpx
-
+    """Start the fleet, run ``rounds`` interleaved rounds, stop every process it started."""
     x = load_image()
     per_round = max(1, -(-requests // rounds))
-    inproc: list[np.ndarray] = []
-    samples = Samples()
-    with tempfile.TemporaryDirectory(prefix="tierlink-hop-") as tmp, sigterm_as_interrupt():
+    with tempfile.TemporaryDirectory(prefix="tierlink-hop-") as tmp:
         procs = Processes(Path(tmp))
         try:
-            fleet = start_fleet(procs, onnx, card)
-            say(f"fleet up: control {fleet.control_url}, nodes {fleet.urls}")
-            with httpx.Client(timeout=10.0, trust_env=False,
-                              headers={"Accept-Encoding": "identity"}) as sync_client:
-                for r in range(rounds):
-                    inproc.append(time_inprocess(onnx, card, x, per_round, warmup))
-                    asyncio.run(run_round(fleet, hop_cases(), x, per_round, warmup, samples,
-                                          sync_client))
-                    say(f"round {r + 1}/{rounds} done")
+            with stop_on_signal(procs.stop):
+                fleet = start_fleet(procs, onnx, card)
+                say(f"fleet up: control {fleet.control_url}, nodes {fleet.urls}")
+                inproc, samples = run_rounds(fleet, onnx, card, x, per_round, rounds, warmup,
+                                             say)
         finally:
             procs.stop()
             say(f"stopped {len(procs.procs)} processes "
                 f"({', '.join(f'{k}={p.pid}' for k, p in procs.procs.items())})")
-    return hop_result(np.concatenate(inproc), samples, per_round * rounds)
+    return hop_result(inproc, samples, per_round * rounds)
+
+
+def run_rounds(fleet: Fleet, onnx: Path, card: Path, x: np.ndarray, per_round: int,
+               rounds: int, warmup: int, say: Callable[[str], None]
+               ) -> tuple[np.ndarray, Samples]:
+    import httpx
+
+    inproc: list[np.ndarray] = []
+    samples = Samples()
+    with httpx.Client(timeout=10.0, trust_env=False,
+                      headers={"Accept-Encoding": "identity"}) as sync_client:
+        for r in range(rounds):
+            inproc.append(time_inprocess(onnx, card, x, per_round, warmup))
+            asyncio.run(run_round(fleet, hop_cases(), x, per_round, warmup, samples,
+                                  sync_client))
+            say(f"round {r + 1}/{rounds} done")
+    return np.concatenate(inproc), samples
 
 
 def hop_result(inproc_ms: np.ndarray, samples: Samples, requests: int) -> dict[str, Any]:
@@ -483,24 +514,45 @@ def hop_result(inproc_ms: np.ndarray, samples: Samples, requests: int) -> dict[s
 
 
 def ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Each case's p50 and p99 over (a) in-process and over (b) node HTTP (OipClient)."""
+    """Each case's p50 and p99 over (a) in-process and over (b) node HTTP (OipClient), and
+    its p50 above the HTTP floor (f) of the same client: what the request itself costs."""
     a, b = out["inprocess_ms"], out["node_http_ms"]
+    floors = {"": out["http_floor_ms"]["p50"],
+              "_sync": out["sync_client_ms"]["http_floor"]["p50"]}
     keys = ["node_http", "node_http_sync"] + [c.key for c in hop_cases()[1:]]
     return {k: {"p50_vs_inprocess": out[f"{k}_ms"]["p50"] / a["p50"],
                 "p99_vs_inprocess": out[f"{k}_ms"]["p99"] / a["p99"],
                 "p50_vs_node_http": out[f"{k}_ms"]["p50"] / b["p50"],
-                "p99_vs_node_http": out[f"{k}_ms"]["p99"] / b["p99"]} for k in keys}
+                "p99_vs_node_http": out[f"{k}_ms"]["p99"] / b["p99"],
+                "p50_above_floor_ms": out[f"{k}_ms"]["p50"]
+                - floors["_sync" if k.endswith("_sync") else ""]} for k in keys}
 
 
 # ------------------------------------------------------------------------------ output
 
 
-def environment(profile: str, card: Path | None) -> dict[str, Any]:
+def python_call_ns(n: int = 200_000) -> float:
+    """ns per call of an empty Python function (best of 5): how fast this interpreter and
+    CPU were during the run, to compare runs on different or busier machines."""
+    def f() -> None:
+        pass
+
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            f()
+        best = min(best, (time.perf_counter_ns() - start) / n)
+    return best
+
+
+def environment(profile: str, card: Path | None, load_start: list[float]) -> dict[str, Any]:
     import httpx
 
     env: dict[str, Any] = {
         "python": platform.python_version(), "platform": platform.platform(),
-        "cpus": os.cpu_count(), "loadavg_1_5_15": list(os.getloadavg()),
+        "cpus": os.cpu_count(), "loadavg_1_5_15_start": load_start,
+        "loadavg_1_5_15_end": list(os.getloadavg()), "python_call_ns": python_call_ns(),
         "numpy": np.__version__, "httpx": httpx.__version__, "zoo_profile": profile,
         "gc_enabled_during_timing": True,
         "note": "shared machine: other agents' jobs ran at the same time (see loadavg)",
@@ -569,11 +621,11 @@ def print_hops(console: Any, hop: dict[str, Any]) -> None:
 
     table = Table(title=f"one image [1,1,28,28] FP32, {MODEL}, loopback, sequential, "
                         f"{hop['requests']} requests per case")
-    for col in ("case", "p50 ms", "p99 ms", "node ms p50", "x(a) p50", "x(a) p99",
-                "x(b) p50", "x(b) p99"):
+    for col in ("case", "p50 ms", "p99 ms", "node ms p50", "p50-(f) ms", "x(a) p50",
+                "x(a) p99", "x(b) p50", "x(b) p99"):
         table.add_column(col, justify="left" if col == "case" else "right")
     a = hop["inprocess_ms"]
-    table.add_row("(a) in-process OnnxModel", f"{a['p50']:.3f}", f"{a['p99']:.3f}", "",
+    table.add_row("(a) in-process OnnxModel", f"{a['p50']:.3f}", f"{a['p99']:.3f}", "", "",
                   "1.0", "1.0", "", "")
     rows = [("node_http", "(b) node, model endpoint"),
             ("node_http_sync", "(b') same, sync httpx")] + \
@@ -583,7 +635,7 @@ def print_hops(console: Any, hop: dict[str, Any]) -> None:
         server = hop["server_ms"].get(key)
         table.add_row(label, f"{s['p50']:.3f}", f"{s['p99']:.3f}",
                       f"{server['p50']:.3f}" if server else "",
-                      f"{r['p50_vs_inprocess']:.1f}", f"{r['p99_vs_inprocess']:.1f}",
+                      f"{r['p50_above_floor_ms']:.3f}", f"{r['p50_vs_inprocess']:.1f}", f"{r['p99_vs_inprocess']:.1f}",
                       f"{r['p50_vs_node_http']:.2f}", f"{r['p99_vs_node_http']:.2f}")
     console.print(table)
     sync = ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in
@@ -619,6 +671,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     card: Path | None = None
+    load_start = list(os.getloadavg())
     if args.part in ("all", "policy"):
         doc["policy"] = measure_policy(args.decisions, max(2000, args.decisions // 10),
                                        args.seed)
@@ -634,7 +687,7 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         doc["hop"] = measure_hops(onnx, card, args.requests, args.rounds, args.warmup,
                                   lambda m: console.print(f"[dim]{m}[/dim]"))
         print_hops(console, doc["hop"])
-    doc["environment"] = environment(args.profile, card)
+    doc["environment"] = environment(args.profile, card, load_start)
     return doc
 
 

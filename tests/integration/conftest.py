@@ -28,7 +28,8 @@ from integration_support import Models, least_confident, running_fleet
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
 
-# 1 cloud, 2 edges, 2 devices; short links so the tests spend their time routing, not waiting.
+# 1 cloud, 2 edges, 2 devices under a CPU quota (as in examples/fleet.yaml; unthrottled where
+# cgroups are unavailable); short links so the tests spend their time routing, not waiting.
 # Cascade thresholds are high for the weak `test` models: most answers escalate.
 SHARED_FLEET = """
 name: itest-shared
@@ -43,8 +44,8 @@ nodes:
   - {id: cloud-1, tier: cloud,  models: [fmnist-large]}
   - {id: edge-1,  tier: edge,   models: [fmnist-medium]}
   - {id: edge-2,  tier: edge,   models: [fmnist-medium]}
-  - {id: dev-1,   tier: device, models: [fmnist-small]}
-  - {id: dev-2,   tier: device, models: [fmnist-small]}
+  - {id: dev-1,   tier: device, models: [fmnist-small], cpu_quota: 0.5}
+  - {id: dev-2,   tier: device, models: [fmnist-small], cpu_quota: 0.5}
 links:
   - {from: [dev-1, dev-2], to: [edge-1, edge-2], delay_ms: 2}
   - {from: [edge-1, edge-2], to: cloud-1, delay_ms: 10}

@@ -46,8 +46,8 @@ def fleet_config(yaml_text: str, name: str) -> FleetConfig:
 def running_fleet(yaml_text: str, run_dir: Path, models: Models) -> Iterator[RunningFleet]:
     """Launch the fleet, yield it, and stop it however the test ends.
 
-    At teardown every process the fleet started must be gone (reaped, not just signalled); a
-    leftover is a test failure naming it. If the launch fails, the processes' logs go into
+    At teardown every process the fleet started must be gone (reaped, not just signalled) and
+    every CPU-quota cgroup it made removed; a leftover is a test failure naming it. If the launch fails, the processes' logs go into
     the error so the reason is visible in the test report.
     """
     config = fleet_config(yaml_text, run_dir.name)
@@ -55,16 +55,19 @@ def running_fleet(yaml_text: str, run_dir: Path, models: Models) -> Iterator[Run
         fleet = launch(config, models, run_dir)
     except Exception as exc:
         raise AssertionError(f"the fleet did not start: {exc}\n{log_tails(run_dir)}") from exc
+    groups = [t.group for t in fleet.throttles if t.group is not None]
     try:
         yield fleet
     finally:
         fleet.stop()
-        assert_all_gone(fleet)
+        assert_all_gone(fleet, groups)
 
 
-def assert_all_gone(fleet: RunningFleet) -> None:
+def assert_all_gone(fleet: RunningFleet, groups: list[Path]) -> None:
     left = {name: proc.pid for name, proc in fleet.procs.items() if proc.poll() is None}
     assert not left, f"fleet processes still running after stop(): {left}"
+    kept = [str(g) for g in groups if g.exists()]
+    assert not kept, f"cgroups left behind after stop(): {kept}"
 
 
 def log_tails(run_dir: Path) -> str:

@@ -8,7 +8,7 @@ import collections
 import httpx
 import numpy as np
 import pytest
-from integration_support import assert_consistent, metric_samples, metric_sum, route
+from integration_support import Answer, assert_consistent, metric_samples, metric_sum, route
 
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
@@ -20,7 +20,7 @@ INPUTS = "tierlink_inputs_received_total"
 
 
 def send_all(fleet: RunningFleet, http: httpx.Client, data: Split, samples: np.ndarray,
-             privacy: str, deadline_ms: float = 2000.0) -> list[tuple[str, object]]:
+             privacy: str, deadline_ms: float = 2000.0) -> list[tuple[str, Answer]]:
     """Send each sample, alternating the devices; every answer must be a consistent 200."""
     answers = []
     for i, sample in enumerate(samples):

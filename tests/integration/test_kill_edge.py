@@ -101,15 +101,18 @@ def test_kill_edge_under_load_loses_nothing(
     fleet = start_fleet(FLEET)
     load = LoadThread(steady_load(hard_samples), fmnist_test, fleet.node_urls)
     load.start()
-    wait_for(lambda: len(load.done) >= KILL_AFTER or not load.is_alive(), 30,
-             f"{KILL_AFTER} answers before the kill")
-    dead = busiest_edge(list(load.done))
-    survivor = next(e for e in EDGES if e != dead)
-    fleet.kill(dead)
-    done_at_kill = len(load.done)
-    load.join(DURATION_S + 30)
+    try:
+        wait_for(lambda: len(load.done) >= KILL_AFTER or not load.is_alive(), 30,
+                 f"{KILL_AFTER} answers before the kill")
+        dead = busiest_edge(list(load.done))
+        fleet.kill(dead)
+        done_at_kill = len(load.done)
+    finally:
+        # Even when the test fails here, no load outlives it (the fleet stops after).
+        load.join(DURATION_S + 30)
     assert not load.is_alive(), "the load did not finish"
     assert load.error is None, f"drive failed: {load.error!r}"
+    survivor = next(e for e in EDGES if e != dead)
     records = load.records or []
 
     summary = summarize(records, 0)
@@ -119,7 +122,7 @@ def test_kill_edge_under_load_loses_nothing(
     assert all(r.error in REFUSAL_CODES for r in refused), {r.error for r in refused}
     # A sanity floor, far below what an idle machine does (all answered): refusing
     # everything with a clear code would pass the checks above and prove nothing.
-    assert summary["answered"] >= 0.5 * len(records), summary
+    assert len(records) - len(refused) >= 0.5 * len(records), summary
     after = load.done[done_at_kill:]
     assert any(r.served_by == survivor for r in after), {r.served_by for r in after}
 
@@ -127,7 +130,8 @@ def test_kill_edge_under_load_loses_nothing(
     fallbacks = sum(metric_sum(http, urls[d], "tierlink_fallbacks_total", upstream=dead)
                     for d in DEVICES)
     assert fallbacks > 0, f"no device recorded a fallback from the dead {dead}"
-    assert summary["fallbacks"] > 0 or summary["degraded"] > 0
+    # ... and the answers say so themselves (a fallback, or a degraded local answer).
+    assert any(r.fallbacks or r.degraded for r in records if r.answered), summary
     for device in DEVICES:
         wait_for(breaker_open_or_expired(http, urls[device], dead),
                  fleet.config.control_ttl_s + 5,

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +46,36 @@ scrape_configs:
 """
 
 
+@dataclass(frozen=True, slots=True)
+class Prometheus:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def check_running(self) -> None:
+        if self.proc.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-2000:]
+            raise AssertionError(f"prometheus exited with {self.proc.returncode}:\n{tail}")
+
+
 @pytest.fixture
-def prometheus(shared_fleet: RunningFleet, tmp_path: Path) -> Iterator[str]:
+def prometheus(shared_fleet: RunningFleet, tmp_path: Path) -> Iterator[Prometheus]:
     """A Prometheus server on a free loopback port scraping the shared fleet every second;
-    yields its base URL and terminates it (by pid) afterwards."""
+    terminated (by pid) afterwards."""
     binary = shutil.which("prometheus") or "/usr/bin/prometheus"
     if not Path(binary).is_file():
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
     config = tmp_path / "prometheus.yml"
     config.write_text(scrape_config(shared_fleet))
     port = _free_port()
-    with open(tmp_path / "prometheus.log", "wb") as log:
+    log = tmp_path / "prometheus.log"
+    with open(log, "wb") as out:
         proc = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield Prometheus(f"http://127.0.0.1:{port}", proc, log)
     finally:
         proc.terminate()
         try:
@@ -83,15 +97,17 @@ def _api(http: httpx.Client, url: str, path: str, **params: str) -> Any:
     return body["data"] if body.get("status") == "success" else None
 
 
-def all_targets_up(http: httpx.Client, url: str, expected: int) -> list[dict] | None:
-    data = _api(http, url, "targets")
+def all_targets_up(http: httpx.Client, prom: Prometheus, expected: int) -> list[dict] | None:
+    prom.check_running()
+    data = _api(http, prom.url, "targets")
     targets = data["activeTargets"] if data else []
     up = [t for t in targets if t["health"] == "up"]
     return targets if len(targets) == expected and len(up) == expected else None
 
 
 def test_prometheus_scrapes_every_node_and_the_control_plane(
-        shared_fleet: RunningFleet, prometheus: str, http: httpx.Client, fmnist_test: Split,
+        shared_fleet: RunningFleet, prometheus: Prometheus, http: httpx.Client,
+        fmnist_test: Split,
         hard_samples: np.ndarray) -> None:
     expected = len(shared_fleet.node_urls) + 1
     targets = wait_for(lambda: all_targets_up(http, prometheus, expected),
@@ -107,13 +123,13 @@ def test_prometheus_scrapes_every_node_and_the_control_plane(
              f'kind="task",model="fmnist"}})')
 
     def scraped() -> float | None:
-        data = _api(http, prometheus, "query", query=query)
+        data = _api(http, prometheus.url, "query", query=query)
         value = float(data["result"][0]["value"][1]) if data and data["result"] else 0.0
         return value if value >= sent else None
 
     assert wait_for(scraped, 20, f"Prometheus to see {sent:.0f} requests at dev-2") >= sent
     # Every series carries the node's tier; Prometheus adds which node (instance) and job.
-    series = _api(http, prometheus, "query", query="tierlink_requests_total")["result"]
+    series = _api(http, prometheus.url, "query", query="tierlink_requests_total")["result"]
     assert series and all({"tier", "instance", "job"} <= set(s["metric"]) for s in series)
 
 

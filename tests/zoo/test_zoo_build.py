@@ -186,3 +186,46 @@ def test_export_refuses_a_graph_that_disagrees_with_torch(tmp_path, splits):
     torch.manual_seed(1)
     with pytest.raises(ZooError, match="disagrees"):
         build._verify(build_net("small").eval(), tmp_path / "ok.onnx", images)
+
+
+def test_one_cycle_warms_up_then_anneals():
+    from tierlink.zoo.build import one_cycle
+
+    lrs, moms = zip(*(one_cycle(s, 100, 0.1) for s in range(100)))
+    peak = lrs.index(max(lrs))
+    assert lrs[0] == pytest.approx(0.1 / 25) and max(lrs) == pytest.approx(0.1)
+    assert 25 <= peak <= 31 and lrs[-1] == pytest.approx(0.1 / 25e4)
+    assert moms[0] == pytest.approx(0.95) and moms[peak] == pytest.approx(0.85)
+    assert list(lrs[peak:]) == sorted(lrs[peak:], reverse=True)
+
+
+def test_nesterov_sgd_matches_the_textbook_update():
+    from tierlink.zoo.build import NesterovSGD
+
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = NesterovSGD([p], weight_decay=0.1)
+    p.grad = torch.tensor([0.5, 0.5])
+    opt.step(lr=0.1, momentum=0.9)
+    g = torch.tensor([0.5, 0.5]) + 0.1 * torch.tensor([1.0, -2.0])  # buf = g on step one
+    torch.testing.assert_close(p.detach(), torch.tensor([1.0, -2.0]) - 0.1 * (g + 0.9 * g))
+    assert p.grad is None
+
+
+def test_folding_the_dense_batchnorm_keeps_the_function():
+    from tierlink.zoo.nets import build_net, fold_linear_batchnorm
+
+    torch.manual_seed(0)
+    net = build_net("large")
+    with torch.no_grad():  # non-trivial running statistics, as after training
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+                m.weight.uniform_(0.5, 2)
+                m.bias.uniform_(-1, 1)
+    net.eval()
+    folded = fold_linear_batchnorm(net)
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in folded.modules())
+    x = torch.rand(4, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), net(x), atol=1e-5, rtol=1e-5)

@@ -54,13 +54,34 @@ def violations(fleet: RunningFleet) -> int:
     return int(total)
 
 
+def drain(fleet: RunningFleet, timeout_s: float = 30.0) -> bool:
+    """Wait until no node has work in flight, so one run's stragglers are not counted in the
+    next run's figures. False if the fleet did not drain in time."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            busy = 0
+            for url in fleet.node_urls.values():
+                try:
+                    s = client.get(f"{url}/tierlink/v1/status").json()
+                except httpx.HTTPError:
+                    continue  # a dead node holds no work
+                busy += int(s["inflight"]) + int(s["queue_depth"]) + sum(s["outstanding"].values())
+            if busy == 0:
+                return True
+            time.sleep(0.2)
+    return False
+
+
 def run_workload(fleet: RunningFleet, items: list[WorkItem], images: Any, labels: Any,
                  task: str, policy: str | None,
                  on_done: Callable[[Record], None]) -> tuple[list[Record], int]:
     devices = {n.node_id: fleet.node_urls[n.node_id] for n in fleet.config.nodes
                if n.tier.label == "device"}
+    drain(fleet)
     before = violations(fleet)
     records = asyncio.run(drive(items, images, labels, devices, task, policy, on_done))
+    drain(fleet)
     return records, violations(fleet) - before
 
 

@@ -11,7 +11,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -146,4 +146,12 @@ def summarize(records: list[Record], violations: int) -> dict[str, object]:
         "fallbacks": sum(r.fallbacks for r in answered),
         "escalated": sum(r.escalations > 0 for r in answered),
         "degraded": sum(bool(r.degraded) for r in answered),
+        "errors": _count(r.error for r in records if not r.answered),
     }
+
+
+def _count(codes: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for code in codes:
+        out[code] = out.get(code, 0) + 1
+    return out

@@ -284,7 +284,7 @@ class NodeService:
         return {
             "node_id": me.node_id, "tier": me.tier.label, "address": address,
             "models": [model_view_to_dict(m) for m in me.models],
-            "queue_depth": me.queue_depth, "inflight": me.inflight + self._inflight,
+            "queue_depth": me.queue_depth, "inflight": me.inflight,  # compute, not routing
             "workers": me.workers, "upstream": sorted(self._upstreams),
             "links": [{"dst": l.dst, "rtt_ms": round(l.rtt_ms, 3),
                        "bandwidth_mbit": l.bandwidth_mbit, "loss": l.loss}
@@ -301,7 +301,7 @@ class NodeService:
         stats = self.scheduler.snapshot()
         return {"node_id": self.spec.node_id, "tier": self.spec.tier.label,
                 "models": sorted(self.runtimes), "tasks": sorted(self.tasks()),
-                "queue_depth": stats.queue_depth, "inflight": stats.inflight,
+                "queue_depth": stats.queue_depth, "inflight": stats.inflight + self._inflight,
                 "breakers": self.breakers.states(), "outstanding": dict(self._outstanding),
                 "view_nodes": sorted(self.view.nodes),
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),

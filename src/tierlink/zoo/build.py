@@ -10,6 +10,7 @@ always describes a complete, verified ``.onnx``.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -28,7 +29,7 @@ from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256,
 from tierlink.zoo.datasets import Split, Splits, fashion_mnist
 from tierlink.zoo.evaluate import (accuracy, cascade_curve, measure_latency, onnx_logits,
                                    ort_session)
-from tierlink.zoo.nets import NUM_CLASSES, build_net, count_params
+from tierlink.zoo.nets import NUM_CLASSES, build_net, count_params, fold_linear_batchnorm
 from tierlink.zoo.profiles import (MODEL_VERSION, VARIANT_TIERS, BuildProfile, TrainRecipe,
                                    model_names, recipe_fingerprint)
 from tierlink.zoo.progress import BuildReporter
@@ -45,7 +46,7 @@ Clock = Callable[[], float]
 class Trained:
     """A trained net (eval mode, contiguous memory) and how long training took."""
 
-    net: nn.Module
+    net: nn.Sequential
     seconds: float
     train_samples: int
 
@@ -104,10 +105,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
     gen = torch.Generator().manual_seed(seed)
     # channels_last: oneDNN's fast path on CPU, ~2x faster for these nets than NCHW.
     net = build_net(variant).to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(net.parameters(), lr=recipe.max_lr, momentum=0.9, nesterov=True,
-                          weight_decay=recipe.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.max_lr,
-                                                total_steps=recipe.epochs * steps)
+    opt = NesterovSGD(list(net.parameters()), recipe.weight_decay)
     images, labels = torch.from_numpy(data.images), torch.from_numpy(data.labels)
     reporter.begin(name, recipe.epochs, steps)
     start = clock()
@@ -115,14 +113,57 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
     for epoch in range(recipe.epochs):
         # (steps, B): this epoch's batches, a seeded permutation.
         order = torch.randperm(len(data), generator=gen)[: steps * recipe.batch_size]
-        for idx in order.view(steps, recipe.batch_size):
+        for i, idx in enumerate(order.view(steps, recipe.batch_size)):
             x = _augment(images[idx], recipe.flips, gen)  # (B, 1, 28, 28)
-            loss = _step(net, opt, x, labels[idx], name)
-            sched.step()
+            lr, momentum = one_cycle(epoch * steps + i, recipe.epochs * steps, recipe.max_lr)
+            loss = _step(net, x, labels[idx], name)
+            opt.step(lr, momentum)
             reporter.batch(name, epoch, loss)
     seconds = clock() - start
     net = net.eval().to(memory_format=torch.contiguous_format)
     return Trained(net, seconds, steps * recipe.batch_size)
+
+
+def one_cycle(step: int, total: int, max_lr: float) -> tuple[float, float]:
+    """(learning rate, momentum) at ``step`` of ``total``, as PyTorch's ``OneCycleLR`` with
+    its defaults: cosine warm-up over 30% of the steps from max_lr/25 to max_lr while
+    momentum falls 0.95 -> 0.85, then cosine annealing to max_lr/25e4, momentum back up."""
+    peak = 0.3 * total - 1
+    if step <= peak:
+        pct = step / peak if peak > 0 else 1.0
+        return _cos(max_lr / 25, max_lr, pct), _cos(0.95, 0.85, pct)
+    pct = min(1.0, (step - peak) / max(total - 1 - peak, 1e-9))
+    return _cos(max_lr, max_lr / 25e4, pct), _cos(0.85, 0.95, pct)
+
+
+def _cos(start: float, end: float, pct: float) -> float:
+    return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+
+
+class NesterovSGD:
+    """SGD with Nesterov momentum and L2 weight decay, computed as ``torch.optim.SGD`` does
+    (dampening 0, the first step seeds the buffer). Hand-written because the first use of a
+    ``torch.optim`` optimizer imports ``torch._dynamo``: seconds of start-up per build."""
+
+    def __init__(self, params: list[torch.Tensor], weight_decay: float) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.weight_decay = weight_decay
+        self._buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    @torch.no_grad()
+    def step(self, lr: float, momentum: float) -> None:
+        """Apply and clear the gradients."""
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            grad = p.grad.add(p, alpha=self.weight_decay)
+            buf = self._buffers[i]
+            if buf is None:
+                buf = self._buffers[i] = grad.clone()
+            else:
+                buf.mul_(momentum).add_(grad)
+            p.add_(grad.add(buf, alpha=momentum), alpha=-lr)
+            p.grad = None
 
 
 def _augment(x: torch.Tensor, flips: bool, gen: torch.Generator) -> torch.Tensor:
@@ -132,28 +173,26 @@ def _augment(x: torch.Tensor, flips: bool, gen: torch.Generator) -> torch.Tensor
     return x.contiguous(memory_format=torch.channels_last)
 
 
-def _step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-          name: str) -> float:
-    opt.zero_grad(set_to_none=True)
+def _step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, name: str) -> float:
     loss = nn.functional.cross_entropy(net(x), y)
     if not torch.isfinite(loss):
         raise ZooError(f"{name}: training diverged (loss {loss.item()})",
                        hint="lower max_lr in the profile's recipe")
     loss.backward()
-    opt.step()
     return float(loss.item())
 
 
-def export_onnx(net: nn.Module, path: Path, check_on: np.ndarray) -> None:
-    """Export ``net`` (eval mode) with the TorchScript exporter, which folds BatchNorm into
-    the convolutions; verify ONNX Runtime agrees with torch on ``check_on`` (within
+def export_onnx(net: nn.Sequential, path: Path, check_on: np.ndarray) -> None:
+    """Export ``net`` (an eval-mode ``nn.Sequential``) with the TorchScript exporter, which
+    folds BatchNorm into the convolutions (and :func:`fold_linear_batchnorm` into the dense
+    head); verify ONNX Runtime agrees with the unfolded torch net on ``check_on`` (within
     ``EXPORT_ATOL``) before the file takes its final name."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
             torch.onnx.export(
-                net, (torch.zeros(2, 1, 28, 28),), str(tmp), dynamo=False,
+                fold_linear_batchnorm(net), (torch.zeros(2, 1, 28, 28),), str(tmp), dynamo=False,
                 opset_version=OPSET, input_names=[INPUT.name], output_names=[OUTPUT.name],
                 dynamic_axes={INPUT.name: {0: "batch"}, OUTPUT.name: {0: "batch"}},
                 do_constant_folding=True)

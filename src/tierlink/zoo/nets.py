@@ -7,6 +7,8 @@ model needs no preprocessing beyond scaling bytes to [0, 1]; it returns logits (
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -65,6 +67,26 @@ def build_net(variant: str) -> nn.Sequential:
         raise ZooError(f"unknown zoo variant {variant!r}; expected one of {sorted(SPECS)}")
     layers, channels = _features(spec)
     return nn.Sequential(*layers, *_head(spec, channels))
+
+
+def fold_linear_batchnorm(net: nn.Sequential) -> nn.Sequential:
+    """An eval-mode copy of ``net`` where every Linear followed by BatchNorm1d is one Linear.
+
+    The TorchScript exporter folds BatchNorm into convolutions but not into a Linear; this
+    does it for the dense head so the exported graph has no BatchNormalization node:
+    W' = W * s, b' = (b - mean) * s + beta, with s = gamma / sqrt(var + eps) per output.
+    """
+    layers = [copy.deepcopy(m) for m in net]
+    for i in range(len(layers) - 1):
+        linear, bn = layers[i], layers[i + 1]
+        if isinstance(linear, nn.Linear) and isinstance(bn, nn.BatchNorm1d):
+            with torch.no_grad():
+                scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)  # (out,)
+                bias = linear.bias if linear.bias is not None else torch.zeros_like(scale)
+                linear.weight.mul_(scale[:, None])  # (out, in)
+                linear.bias = nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
+            layers[i + 1] = nn.Identity()
+    return nn.Sequential(*layers).eval()
 
 
 def count_params(net: nn.Module) -> int:
