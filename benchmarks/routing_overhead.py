@@ -18,9 +18,16 @@ requests on loopback, every process real (control plane + three nodes, no link e
     (d) forwarded      POST dev-2 /v2/models/fmnist/infer, privacy site: dev-2 has no model,
                        so it forwards to edge-1, which answers with the same fmnist-small
     (e) edge_routed    POST edge-1 /v2/models/fmnist/infer directly (d minus the device's hop)
+    (f) http_floor     GET dev-1 /v2/health/ready: the HTTP floor of this client and machine
 
-Rounds interleave the cases so drift on a shared machine hits them alike. Every process this
-script starts is stopped by pid at the end, also on error, Ctrl-C or SIGTERM.
+Each case runs with ``OipClient`` (what nodes use between themselves) and with a plain sync
+``httpx.Client``; ratios are p50/p50 and p99/p99 against (a) and (b). Beside wall time the
+script reads every process's CPU time and run-queue wait from ``/proc/PID/task/*/schedstat``
+(less what each burns idle: heartbeats, view refreshes), so the work a hop adds can be told
+apart from waiting for a CPU on a busy machine. Rounds interleave the cases so drift hits
+them alike. Every process this script starts is stopped by pid at the end, also on error,
+Ctrl-C or SIGTERM. ``--profile full`` (the default) builds the zoo first if it is missing
+(minutes of CPU); ``test`` has the same architectures, so the same compute cost.
 
     .venv/bin/python benchmarks/routing_overhead.py [--json PATH] [--profile full|test]
         [--decisions N] [--requests N] [--part all|policy|hop] [--policy-profile]
@@ -281,6 +288,7 @@ def stop_on_signal(cleanup: Callable[[], None]) -> Iterator[None]:
 class Fleet:
     control_url: str
     urls: dict[str, str]  # node id -> base URL
+    pids: dict[str, int]  # process name -> pid ("client" is this script)
 
 
 def start_fleet(procs: Processes, onnx: Path, card: Path) -> Fleet:
@@ -304,7 +312,8 @@ def start_fleet(procs: Processes, onnx: Path, card: Path) -> Fleet:
     urls["dev-2"] = start_node(procs, NodeSpec("dev-2", Tier.DEVICE, (),
                                                control_url=control_url, upstreams=up))
     wait_learned(urls["dev-2"], "edge-1")
-    return Fleet(control_url, urls)
+    pids = {"client": os.getpid(), **{name: p.pid for name, p in procs.procs.items()}}
+    return Fleet(control_url, urls, pids)
 
 
 def start_node(procs: Processes, spec: NodeSpec) -> str:
@@ -348,14 +357,14 @@ def hop_cases() -> list[HopCase]:
     """(b)..(e), then the floor. (b) first: ratios are taken against it."""
     routed = {"tierlink.deadline_ms": 1000}
     return [
-        HopCase("node_http", "(b) node, model endpoint", "dev-1", MODEL, {}),
-        HopCase("routed_local", "(c) dev-1 routed, local", "dev-1", TASK,
+        HopCase("node_http", "(b) node model", "dev-1", MODEL, {}),
+        HopCase("routed_local", "(c) routed local", "dev-1", TASK,
                 {**routed, "tierlink.privacy": "local"}),
-        HopCase("forwarded", "(d) dev-2 -> edge-1, site", "dev-2", TASK,
+        HopCase("forwarded", "(d) forwarded", "dev-2", TASK,
                 {**routed, "tierlink.privacy": "site"}),
-        HopCase("edge_routed", "(e) edge-1 routed, direct", "edge-1", TASK,
+        HopCase("edge_routed", "(e) edge routed", "edge-1", TASK,
                 {**routed, "tierlink.privacy": "site"}),
-        HopCase("http_floor", "(f) GET /v2/health/ready", "dev-1", None, {}),
+        HopCase("http_floor", "(f) health GET", "dev-1", None, {}),
     ]
 
 
@@ -367,29 +376,76 @@ def load_image() -> np.ndarray:
     return (images[:1].astype(np.float32) / 255.0)[:, None, :, :]  # (1, 1, 28, 28)
 
 
-def time_inprocess(onnx: Path, card: Path, x: np.ndarray, n: int, warmup: int) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    wall_ns: int
+    procs: dict[str, tuple[int, int]]  # name -> (ns on a CPU, ns waiting for one)
+
+
+class CpuMeter:
+    """CPU time and run-queue wait of a set of processes, from ``/proc/PID/task/*/schedstat``
+    (ns: time on a CPU, time runnable but waiting for one). On a shared machine the wall
+    time of a request is mostly waiting; the CPU it burns is the work a hop really adds."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+
+    @staticmethod
+    def available() -> bool:
+        return Path(f"/proc/{os.getpid()}/schedstat").exists()
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(time.perf_counter_ns(),
+                        {name: self._read(pid) for name, pid in self.pids.items()})
+
+    def idle(self, samples: Samples, seconds: float = 1.0) -> None:
+        """Record what the processes burn with no requests (subtracted per request later)."""
+        before = self.snapshot()
+        time.sleep(seconds)
+        samples.add_cpu("idle", self, before, 1)
+
+    @staticmethod
+    def _read(pid: int) -> tuple[int, int]:
+        run = wait = 0
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                fields = stat.read_text().split()
+            except OSError:  # a thread ended between glob and read
+                continue
+            run, wait = run + int(fields[0]), wait + int(fields[1])
+        return run, wait
+
+
+def time_inprocess(onnx: Path, card: Path, x: np.ndarray, n: int, warmup: int,
+                   samples: Samples, meter: CpuMeter | None) -> None:
     from tierlink.node.runtime import ModelInfo, OnnxModel
 
     model = OnnxModel(onnx, ModelInfo.from_card(card), threads=1)
     feed = {model.inputs[0].name: x}
     for _ in range(warmup):
         model.infer(feed)
-    times = np.empty(n, dtype=np.float64)
+    before = meter.snapshot() if meter else None
     clock = time.perf_counter_ns
-    for i in range(n):
+    for _ in range(n):
         start = clock()
         model.infer(feed)
-        times[i] = clock() - start
-    return times / 1e6
+        samples.add("inprocess", (clock() - start) / 1e6, {})
+    samples.add_cpu("inprocess", meter, before, n)
 
 
 @dataclass
 class Samples:
-    """Per-case latencies in ms, and the node's own ``tierlink.server_ms`` when it sends one."""
+    """Per-case latencies (ms), the node's own ``tierlink.server_ms`` when it sends one,
+    who answered, and CPU / run-queue ns per process over the timed requests, with the
+    wall time they took (to take off what the processes burn when idle: heartbeats, view
+    refreshes, the control plane)."""
 
     ms: dict[str, list[float]] = field(default_factory=dict)
     server_ms: dict[str, list[float]] = field(default_factory=dict)
     answered_by: dict[str, set[str]] = field(default_factory=dict)
+    cpu_ns: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    cpu_requests: dict[str, int] = field(default_factory=dict)
+    cpu_wall_ns: dict[str, int] = field(default_factory=dict)
 
     def add(self, key: str, ms: float, params: dict[str, Any]) -> None:
         self.ms.setdefault(key, []).append(ms)
@@ -398,12 +454,49 @@ class Samples:
         if "tierlink.served_by" in params:
             self.answered_by.setdefault(key, set()).add(str(params["tierlink.served_by"]))
 
+    def add_cpu(self, key: str, meter: CpuMeter | None, before: Snapshot | None,
+                n: int) -> None:
+        """Fold in the CPU the processes used since ``before``, over ``n`` requests."""
+        if meter is None or before is None:
+            return
+        after = meter.snapshot()
+        acc = self.cpu_ns.setdefault(key, {})
+        for name, (run, wait) in after.procs.items():
+            tot = acc.setdefault(name, [0, 0])
+            tot[0] += run - before.procs[name][0]
+            tot[1] += wait - before.procs[name][1]
+        self.cpu_requests[key] = self.cpu_requests.get(key, 0) + n
+        self.cpu_wall_ns[key] = self.cpu_wall_ns.get(key, 0) + after.wall_ns - before.wall_ns
 
-async def timed_async(call: Callable[[], Awaitable[dict[str, Any]]]
-                      ) -> tuple[float, dict[str, Any]]:
-    start = time.perf_counter_ns()
-    params = await call()
-    return (time.perf_counter_ns() - start) / 1e6, params
+    def cpu_per_request(self, key: str) -> dict[str, Any] | None:
+        """CPU ms per request by process, less what the process burns idle (``idle`` key)."""
+        acc, n = self.cpu_ns.get(key), self.cpu_requests.get(key, 0)
+        idle, idle_wall = self.cpu_ns.get("idle"), self.cpu_wall_ns.get("idle", 0)
+        if not acc or not n:
+            return None
+        wall = self.cpu_wall_ns[key]
+        per: dict[str, dict[str, float]] = {}
+        for name, (run, wait) in acc.items():
+            background = idle[name][0] / idle_wall * wall if idle and idle_wall else 0.0
+            per[name] = {"cpu_ms": max(0.0, run - background) / n / 1e6,
+                         "cpu_ms_raw": run / n / 1e6, "runqueue_wait_ms": wait / n / 1e6}
+        return {"cpu_ms": sum(v["cpu_ms"] for v in per.values()),
+                "runqueue_wait_ms": sum(v["runqueue_wait_ms"] for v in per.values()),
+                "by_process": per}
+
+
+def async_call(client: Any, url: str, case: HopCase, x: np.ndarray
+               ) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """One request through ``OipClient``; returns the response's parameters."""
+    async def call() -> dict[str, Any]:
+        if case.model is None:
+            if not await client.ready(url):
+                raise RuntimeError(f"{url} is not ready")
+            return {}
+        resp = await client.infer(url, case.model, {"input": x}, case.params or None)
+        return dict(resp.parameters)
+
+    return call
 
 
 def sync_call(client: Any, url: str, case: HopCase, x: np.ndarray) -> Callable[[], dict[str, Any]]:
@@ -430,32 +523,52 @@ def sync_call(client: Any, url: str, case: HopCase, x: np.ndarray) -> Callable[[
     return call
 
 
-async def run_round(fleet: Fleet, cases: list[HopCase], x: np.ndarray, n: int, warmup: int,
-                    samples: Samples, sync_client: Any) -> None:
-    """One round: every case ``warmup`` + ``n`` times with OipClient, then the sync client."""
+@dataclass(frozen=True, slots=True)
+class Block:
+    """What one block of sequential requests needs: how many, and where to record them."""
+
+    n: int
+    warmup: int
+    samples: Samples
+    meter: CpuMeter | None
+
+
+async def run_async_block(key: str, call: Callable[[], Awaitable[dict[str, Any]]],
+                          block: Block) -> None:
+    for _ in range(block.warmup):
+        await call()
+    before = block.meter.snapshot() if block.meter else None
+    clock = time.perf_counter_ns
+    for _ in range(block.n):
+        start = clock()
+        params = await call()
+        block.samples.add(key, (clock() - start) / 1e6, params)
+    block.samples.add_cpu(key, block.meter, before, block.n)
+
+
+def run_sync_block(key: str, call: Callable[[], dict[str, Any]], block: Block) -> None:
+    for _ in range(block.warmup):
+        call()
+    before = block.meter.snapshot() if block.meter else None
+    clock = time.perf_counter_ns
+    for _ in range(block.n):
+        start = clock()
+        params = call()
+        block.samples.add(key, (clock() - start) / 1e6, params)
+    block.samples.add_cpu(key, block.meter, before, block.n)
+
+
+async def run_round(fleet: Fleet, x: np.ndarray, block: Block, sync_client: Any) -> None:
+    """One round: every case with ``OipClient``, then every case with the sync client."""
     from tierlink.transport.client import OipClient
 
     async with OipClient(timeout_s=10.0) as client:
-        for case in cases:
-            url = fleet.urls[case.node]
-            async def call(case: HopCase = case, url: str = url) -> dict[str, Any]:
-                if case.model is None:
-                    if not await client.ready(url):
-                        raise RuntimeError(f"{url} is not ready")
-                    return {}
-                resp = await client.infer(url, case.model, {"input": x}, case.params or None)
-                return resp.parameters
-            for i in range(warmup + n):
-                ms, params = await timed_async(call)
-                if i >= warmup:
-                    samples.add(case.key, ms, params)
-    for case in cases:
-        call_sync = sync_call(sync_client, fleet.urls[case.node], case, x)
-        for i in range(warmup + n):
-            start = time.perf_counter_ns()
-            params = call_sync()
-            if i >= warmup:
-                samples.add(f"{case.key}_sync", (time.perf_counter_ns() - start) / 1e6, params)
+        for case in hop_cases():
+            await run_async_block(case.key, async_call(client, fleet.urls[case.node], case, x),
+                                  block)
+    for case in hop_cases():
+        run_sync_block(f"{case.key}_sync", sync_call(sync_client, fleet.urls[case.node],
+                                                     case, x), block)
 
 
 def measure_hops(onnx: Path, card: Path, requests: int, rounds: int, warmup: int,
@@ -469,46 +582,50 @@ def measure_hops(onnx: Path, card: Path, requests: int, rounds: int, warmup: int
             with stop_on_signal(procs.stop):
                 fleet = start_fleet(procs, onnx, card)
                 say(f"fleet up: control {fleet.control_url}, nodes {fleet.urls}")
-                inproc, samples = run_rounds(fleet, onnx, card, x, per_round, rounds, warmup,
-                                             say)
+                samples = run_rounds(fleet, onnx, card, x, per_round, rounds, warmup, say)
         finally:
             procs.stop()
             say(f"stopped {len(procs.procs)} processes "
                 f"({', '.join(f'{k}={p.pid}' for k, p in procs.procs.items())})")
-    return hop_result(inproc, samples, per_round * rounds)
+    return hop_result(samples, per_round * rounds)
 
 
 def run_rounds(fleet: Fleet, onnx: Path, card: Path, x: np.ndarray, per_round: int,
-               rounds: int, warmup: int, say: Callable[[str], None]
-               ) -> tuple[np.ndarray, Samples]:
+               rounds: int, warmup: int, say: Callable[[str], None]) -> Samples:
     import httpx
 
-    inproc: list[np.ndarray] = []
-    samples = Samples()
+    meter = CpuMeter(fleet.pids) if CpuMeter.available() else None
+    block = Block(per_round, warmup, Samples(), meter)
     with httpx.Client(timeout=10.0, trust_env=False,
                       headers={"Accept-Encoding": "identity"}) as sync_client:
         for r in range(rounds):
-            inproc.append(time_inprocess(onnx, card, x, per_round, warmup))
-            asyncio.run(run_round(fleet, hop_cases(), x, per_round, warmup, samples,
-                                  sync_client))
+            if meter:
+                meter.idle(block.samples)
+            time_inprocess(onnx, card, x, per_round, warmup, block.samples, meter)
+            asyncio.run(run_round(fleet, x, block, sync_client))
             say(f"round {r + 1}/{rounds} done")
-    return np.concatenate(inproc), samples
+    return block.samples
 
 
-def hop_result(inproc_ms: np.ndarray, samples: Samples, requests: int) -> dict[str, Any]:
+def hop_result(samples: Samples, requests: int) -> dict[str, Any]:
     def pq(values: Any) -> dict[str, float]:
         s = summary(values)
         return {"p50": s["p50"], "p99": s["p99"], "mean": s["mean"], "n": s["n"]}
 
-    out: dict[str, Any] = {"requests": requests, "inprocess_ms": pq(inproc_ms)}
-    for case in hop_cases():
-        out[f"{case.key}_ms"] = pq(samples.ms[case.key])
+    keys = ["inprocess"] + [c.key for c in hop_cases()]
+    out: dict[str, Any] = {"requests": requests}
+    out.update({f"{k}_ms": pq(samples.ms[k]) for k in keys})
     out["node_http_sync_ms"] = pq(samples.ms["node_http_sync"])
     out["sync_client_ms"] = {c.key: pq(samples.ms[f"{c.key}_sync"]) for c in hop_cases()}
     out["server_ms"] = {k: pq(v) for k, v in samples.server_ms.items()
                         if not k.endswith("_sync")}
     out["served_by"] = {k: sorted(v) for k, v in samples.answered_by.items()
                         if not k.endswith("_sync")}
+    cpu = {k: samples.cpu_per_request(k) for k in [*keys, "node_http_sync"]}
+    out["cpu_per_request"] = {k: v for k, v in cpu.items() if v is not None}
+    idle, idle_wall = samples.cpu_ns.get("idle", {}), samples.cpu_wall_ns.get("idle", 0)
+    out["idle_cpu_ms_per_s"] = {name: run / idle_wall * 1e3 for name, (run, _) in idle.items()
+                                if idle_wall}
     out["ratios"] = ratios(out)
     return out
 
@@ -620,28 +737,42 @@ def print_hops(console: Any, hop: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"one image [1,1,28,28] FP32, {MODEL}, loopback, sequential, "
-                        f"{hop['requests']} requests per case")
-    for col in ("case", "p50 ms", "p99 ms", "node ms p50", "p50-(f) ms", "x(a) p50",
-                "x(a) p99", "x(b) p50", "x(b) p99"):
+                        f"{hop['requests']} requests per case (ratios: p50/p50, p99/p99)")
+    for col in ("case", "p50 ms", "p99 ms", "node ms p50", "p50-(f)", "x(a) p50", "x(a) p99",
+                "x(b) p50", "x(b) p99", "cpu ms/req", "runq ms/req"):
         table.add_column(col, justify="left" if col == "case" else "right")
-    a = hop["inprocess_ms"]
-    table.add_row("(a) in-process OnnxModel", f"{a['p50']:.3f}", f"{a['p99']:.3f}", "", "",
-                  "1.0", "1.0", "", "")
-    rows = [("node_http", "(b) node, model endpoint"),
-            ("node_http_sync", "(b') same, sync httpx")] + \
+    rows = [("inprocess", "(a) in-process"), ("node_http", "(b) node model"),
+            ("node_http_sync", "(b') sync httpx")] + \
            [(c.key, c.label) for c in hop_cases()[1:]]
     for key, label in rows:
-        s, r = hop[f"{key}_ms"], hop["ratios"][key]
-        server = hop["server_ms"].get(key)
-        table.add_row(label, f"{s['p50']:.3f}", f"{s['p99']:.3f}",
-                      f"{server['p50']:.3f}" if server else "",
-                      f"{r['p50_above_floor_ms']:.3f}", f"{r['p50_vs_inprocess']:.1f}", f"{r['p99_vs_inprocess']:.1f}",
-                      f"{r['p50_vs_node_http']:.2f}", f"{r['p99_vs_node_http']:.2f}")
+        table.add_row(label, *hop_cells(hop, key))
     console.print(table)
     sync = ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in
                      hop["sync_client_ms"].items())
     console.print(f"sync httpx client, p50/p99 ms: {sync}")
     console.print(f"served by: {hop['served_by']}")
+    idle = ", ".join(f"{n} {v:.1f}" for n, v in hop["idle_cpu_ms_per_s"].items())
+    console.print(f"idle CPU, ms per s (taken off the per-request CPU): {idle}")
+    for key, cpu in hop["cpu_per_request"].items():
+        parts = ", ".join(f"{n} {v['cpu_ms']:.3f}" for n, v in cpu["by_process"].items()
+                          if v["cpu_ms"] >= 0.005)
+        console.print(f"cpu ms/request {key}: {parts}")
+
+
+def hop_cells(hop: dict[str, Any], key: str) -> list[str]:
+    s = hop[f"{key}_ms"]
+    r = hop["ratios"].get(key)
+    server = hop["server_ms"].get(key)
+    cpu = hop["cpu_per_request"].get(key)
+    cells = [f"{s['p50']:.3f}", f"{s['p99']:.3f}", f"{server['p50']:.3f}" if server else ""]
+    if r is None:  # (a) itself
+        cells += ["", "1.0", "1.0", "", ""]
+    else:
+        cells += [f"{r['p50_above_floor_ms']:.3f}", f"{r['p50_vs_inprocess']:.1f}",
+                  f"{r['p99_vs_inprocess']:.1f}", f"{r['p50_vs_node_http']:.2f}",
+                  f"{r['p99_vs_node_http']:.2f}"]
+    cells += [f"{cpu['cpu_ms']:.3f}", f"{cpu['runqueue_wait_ms']:.3f}"] if cpu else ["", ""]
+    return cells
 
 
 # -------------------------------------------------------------------------------- main
@@ -696,7 +827,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     # Not a terminal (CI logs, a pipe): wide enough that the tables do not wrap.
-    console = Console(width=None if sys.stdout.isatty() else 130)
+    console = Console(width=None if sys.stdout.isatty() else 150)
     doc = run(args, console)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")

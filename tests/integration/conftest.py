@@ -6,7 +6,7 @@ processes) on loopback, built from the small ``test`` zoo and real Fashion-MNIST
 * ``fmnist_test`` (session): the Fashion-MNIST test split (``images`` (N, 1, 28, 28) float32,
   ``labels`` (N,) int64).
 * ``hard_samples`` (session): indices of test images the device model is unsure of.
-* ``shared_fleet`` (session): one fleet of ``SHARED_FLEET`` for the tests that only send
+* ``shared_fleet`` (package): one fleet of ``SHARED_FLEET`` for the tests that only send
   requests and read metrics. Tests that kill or stop processes start their own with
   ``start_fleet``.
 * ``start_fleet`` (function): ``start_fleet(yaml_text)`` launches a fleet into ``tmp_path``;
@@ -23,10 +23,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from integration_support import Models, least_confident, running_fleet
 
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
+
+from .integration_support import Models, least_confident, running_fleet
 
 # 1 cloud, 2 edges, 2 devices under a CPU quota (as in examples/fleet.yaml; unthrottled where
 # cgroups are unavailable); short links so the tests spend their time routing, not waiting.
@@ -84,7 +85,7 @@ def hard_samples(zoo_models: Models, fmnist_test: Split) -> np.ndarray:
     return least_confident(zoo_models["fmnist-small"][0], fmnist_test.images, 100)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared_fleet(zoo_models: Models, tmp_path_factory: pytest.TempPathFactory,
                  ) -> Iterator[RunningFleet]:
     run_dir = tmp_path_factory.mktemp("shared-fleet")

@@ -10,10 +10,11 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
-from integration_support import assert_consistent, node_status, route
 
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
+
+from .integration_support import assert_consistent, node_status, route
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,11 @@ import collections
 import httpx
 import numpy as np
 import pytest
-from integration_support import Answer, assert_consistent, metric_samples, metric_sum, route
 
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
+
+from .integration_support import Answer, assert_consistent, metric_samples, metric_sum, route
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,13 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
-from integration_support import metric_sum, node_status, wait_for
 
 from tierlink.core.types import Priority, Privacy
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.fleet.workload import Record, WorkItem, drive, summarize
 from tierlink.zoo.datasets import Split
+
+from .integration_support import metric_sum, node_status, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from integration_support import metric_sum, route, wait_for
 
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
+
+from .integration_support import metric_sum, route, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from integration_support import Models
 
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
+
+from .integration_support import Models
 
 pytestmark = pytest.mark.integration
 httpclient = pytest.importorskip("tritonclient.http")

@@ -6,8 +6,12 @@ import numpy as np
 import pytest
 
 from tierlink.errors import ZooError
-from tierlink.zoo.datasets import (CALIB_SIZE, CLASS_NAMES, DEFAULT_ROOT, fashion_mnist,
-                                   holdout_indices, read_idx)
+from tierlink.zoo.datasets import (CALIB_SIZE, CLASS_NAMES, DEFAULT_ROOT, SPLIT_SEED,
+                                   fashion_mnist, holdout_indices, read_idx)
+
+
+HELD_HEAD = [10, 12, 20, 23, 29, 41]
+HELD_SUM = 149_512_848
 
 
 def write_idx(path: Path, data: np.ndarray, magic: bytes | None = None) -> Path:
@@ -111,8 +115,7 @@ def test_train_and_calib_partition_the_official_training_set(splits):
     np.testing.assert_allclose(ours, prints(official.astype(np.float64)), atol=1e-2)
 
 
-@needs_data
-def test_the_calibration_holdout_is_fixed(splits):
-    again = fashion_mnist()
-    np.testing.assert_array_equal(again.calib.labels, splits.calib.labels)
-    np.testing.assert_array_equal(again.calib.images[:50], splits.calib.images[:50])
+def test_the_calibration_holdout_is_pinned():
+    # Changing these changes every card's calibration figures: bump MODEL_VERSION if so.
+    kept, held = holdout_indices(60_000, CALIB_SIZE, SPLIT_SEED)
+    assert held[:6].tolist() == HELD_HEAD and int(held.sum()) == HELD_SUM

@@ -85,6 +85,8 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
     _check_models(config, models)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
+    for stale in run_dir.glob("*.ready"):  # a reused run directory must not fool the waits
+        stale.unlink()
     fleet = RunningFleet(config, run_dir)
     try:
         _start_control(fleet, ready_timeout_s)
@@ -208,7 +210,10 @@ def _wait_views(fleet: RunningFleet, timeout_s: float) -> None:
     with httpx.Client(timeout=2.0) as client:
         while pending and time.monotonic() < deadline:
             for node_id in list(pending):
-                status = client.get(f"{fleet.node_urls[node_id]}/tierlink/v1/status").json()
+                try:
+                    status = client.get(f"{fleet.node_urls[node_id]}/tierlink/v1/status").json()
+                except httpx.HTTPError:
+                    continue
                 if pending[node_id] <= set(status["view_nodes"]):
                     del pending[node_id]
             time.sleep(0.1)
