@@ -631,18 +631,25 @@ def hop_result(samples: Samples, requests: int) -> dict[str, Any]:
 
 
 def ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Each case's p50 and p99 over (a) in-process and over (b) node HTTP (OipClient), and
-    its p50 above the HTTP floor (f) of the same client: what the request itself costs."""
+    """Each case's p50 and p99 over (a) in-process and over (b) node HTTP (OipClient), its
+    p50 above the HTTP floor (f) of the same client (what the request itself costs), and
+    its CPU per request (all processes) over (a)'s and (b)'s."""
     a, b = out["inprocess_ms"], out["node_http_ms"]
     floors = {"": out["http_floor_ms"]["p50"],
               "_sync": out["sync_client_ms"]["http_floor"]["p50"]}
+    cpu = {k: v["cpu_ms"] for k, v in out["cpu_per_request"].items()}
     keys = ["node_http", "node_http_sync"] + [c.key for c in hop_cases()[1:]]
-    return {k: {"p50_vs_inprocess": out[f"{k}_ms"]["p50"] / a["p50"],
-                "p99_vs_inprocess": out[f"{k}_ms"]["p99"] / a["p99"],
-                "p50_vs_node_http": out[f"{k}_ms"]["p50"] / b["p50"],
-                "p99_vs_node_http": out[f"{k}_ms"]["p99"] / b["p99"],
-                "p50_above_floor_ms": out[f"{k}_ms"]["p50"]
-                - floors["_sync" if k.endswith("_sync") else ""]} for k in keys}
+    result = {}
+    for k in keys:
+        s = out[f"{k}_ms"]
+        r = {"p50_vs_inprocess": s["p50"] / a["p50"], "p99_vs_inprocess": s["p99"] / a["p99"],
+             "p50_vs_node_http": s["p50"] / b["p50"], "p99_vs_node_http": s["p99"] / b["p99"],
+             "p50_above_floor_ms": s["p50"] - floors["_sync" if k.endswith("_sync") else ""]}
+        if k in cpu and cpu.get("inprocess") and cpu.get("node_http"):
+            r["cpu_vs_inprocess"] = cpu[k] / cpu["inprocess"]
+            r["cpu_vs_node_http"] = cpu[k] / cpu["node_http"]
+        result[k] = r
+    return result
 
 
 # ------------------------------------------------------------------------------ output
@@ -739,7 +746,7 @@ def print_hops(console: Any, hop: dict[str, Any]) -> None:
     table = Table(title=f"one image [1,1,28,28] FP32, {MODEL}, loopback, sequential, "
                         f"{hop['requests']} requests per case (ratios: p50/p50, p99/p99)")
     for col in ("case", "p50 ms", "p99 ms", "node ms p50", "p50-(f)", "x(a) p50", "x(a) p99",
-                "x(b) p50", "x(b) p99", "cpu ms/req", "runq ms/req"):
+                "x(b) p50", "x(b) p99", "cpu ms/req", "cpu x(b)", "runq ms/req"):
         table.add_column(col, justify="left" if col == "case" else "right")
     rows = [("inprocess", "(a) in-process"), ("node_http", "(b) node model"),
             ("node_http_sync", "(b') sync httpx")] + \
@@ -771,7 +778,9 @@ def hop_cells(hop: dict[str, Any], key: str) -> list[str]:
         cells += [f"{r['p50_above_floor_ms']:.3f}", f"{r['p50_vs_inprocess']:.1f}",
                   f"{r['p99_vs_inprocess']:.1f}", f"{r['p50_vs_node_http']:.2f}",
                   f"{r['p99_vs_node_http']:.2f}"]
-    cells += [f"{cpu['cpu_ms']:.3f}", f"{cpu['runqueue_wait_ms']:.3f}"] if cpu else ["", ""]
+    ratio = "" if r is None or "cpu_vs_node_http" not in r else f"{r['cpu_vs_node_http']:.2f}"
+    cells += [f"{cpu['cpu_ms']:.3f}", ratio, f"{cpu['runqueue_wait_ms']:.3f}"] if cpu \
+        else ["", "", ""]
     return cells
 
 
@@ -786,9 +795,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="timed decisions per view (>= 20000 for a stable p99.9)")
     parser.add_argument("--requests", type=int, default=300,
                         help="timed requests per hop case, after warm-up")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=6,
                         help="interleaved rounds the requests are split into")
-    parser.add_argument("--warmup", type=int, default=30, help="untimed requests per round")
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="untimed requests per case and round")
     parser.add_argument("--part", choices=("all", "policy", "hop"), default="all")
     parser.add_argument("--policy-profile", action="store_true",
                         help="add a cProfile breakdown of the policy per privacy level")

@@ -12,11 +12,19 @@ import pytest
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
-from tierlink.errors import ModelNotFound, ZooError  # noqa: E402
-from tierlink.zoo import (CLASS_NAMES, Zoo, ensure_zoo, load_zoo, model_names,  # noqa: E402
-                          onnx_logits, ort_session, zoo_dir)
-from tierlink.zoo.datasets import DEFAULT_ROOT, fashion_mnist  # noqa: E402
-from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, accuracy  # noqa: E402
+from tierlink.errors import ModelNotFound, ZooError
+from tierlink.zoo import (
+    CLASS_NAMES,
+    Zoo,
+    ensure_zoo,
+    load_zoo,
+    model_names,
+    onnx_logits,
+    ort_session,
+    zoo_dir,
+)
+from tierlink.zoo.datasets import DEFAULT_ROOT, fashion_mnist
+from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, accuracy
 
 pytestmark = pytest.mark.skipif(not DEFAULT_ROOT.is_dir(),
                                 reason="apt-get install -y dataset-fashion-mnist")

@@ -4,8 +4,13 @@ import numpy as np
 import pytest
 
 from tierlink.errors import ZooError
-from tierlink.zoo.evaluate import (CASCADE_THRESHOLDS, accuracy, cascade_curve,
-                                   measure_latency, softmax)
+from tierlink.zoo.evaluate import (
+    CASCADE_THRESHOLDS,
+    accuracy,
+    cascade_curve,
+    measure_latency,
+    softmax,
+)
 
 
 def test_softmax_rows_sum_to_one_and_temperature_flattens():

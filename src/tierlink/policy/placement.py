@@ -18,6 +18,7 @@ device can weigh "edge, which may itself escalate to the cloud" without microman
 
 from __future__ import annotations
 
+import math
 import random
 from typing import NamedTuple
 
@@ -28,6 +29,7 @@ from tierlink.core.types import (
     Placement,
     Plan,
     Request,
+    Tier,
 )
 from tierlink.estimate.latency import queue_wait_ms, transfer_ms
 from tierlink.policy.base import PolicyConfig
@@ -59,7 +61,10 @@ class Choice(NamedTuple):
 
     @property
     def label(self) -> str:
-        return self.kind if self.pick is None else f"{self.kind}:{self.pick.tier.label}"
+        return self.kind if self.pick is None else f"{self.kind}:{_TIER_LABELS[self.pick.tier]}"
+
+
+_TIER_LABELS = {t: t.label for t in Tier}
 
 
 def hard_slice_accuracy(upstream_accuracy: float, escalated_share: float) -> float:
@@ -84,6 +89,10 @@ class TierlinkPolicy:
 
     def __init__(self, config: PolicyConfig) -> None:
         self._cfg = config
+        # Memo of upstream valuations for the current view only (see _best): a pure
+        # function's cache, dropped whenever a new snapshot arrives.
+        self._memo_view: ClusterView | None = None
+        self._memo: dict[tuple[object, ...], Estimate | None] = {}
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         choices = self._choices(view.self_id, request, view, request.deadline_ms, request.hops,
@@ -93,8 +102,7 @@ class TierlinkPolicy:
             return Plan((), self.name, reason=self._why_none(request, view, choices))
         ref_cost = max(c.est.cost for c in feasible)
         ranked = sorted(feasible, key=lambda c: -self._score(c.est, request.deadline_ms, ref_cost))
-        return Plan(merge_placements([placements(c) for c in ranked]), self.name,
-                    reason=ranked[0].label)
+        return Plan(merge_placements(ranked), self.name, reason=ranked[0].label)
 
     # -- options -----------------------------------------------------------------------
 
@@ -149,11 +157,30 @@ class TierlinkPolicy:
         params = self._cfg.estimates
         sent = req.input_bytes + params.request_overhead_bytes
         hop_ms = transfer_ms(sent + params.response_bytes, link) + params.hop_overhead_ms
-        sub = self._best(up.node_id, req, view, budget - hop_ms, hops + 1, rng)
+        sub = self._best_memo(up.node_id, req, view, budget - hop_ms, hops + 1, rng)
         if sub is None:
             return None
         return Estimate(hop_ms + sub.latency_ms, hop_ms + sub.worst_ms,
                         self._cfg.cost.transfer(up.tier, sent) + sub.cost, sub.accuracy)
+
+    def _best_memo(
+        self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
+        rng: random.Random,
+    ) -> Estimate | None:
+        """``_best`` cached per snapshot. The budget is rounded *down* to a 10% grid, so a
+        cached valuation never claims an option fits a budget it does not fit."""
+        if budget <= 0:
+            return None
+        if view is not self._memo_view:
+            self._memo_view, self._memo = view, {}
+        grid = _BUDGET_GRID ** math.floor(math.log(budget, _BUDGET_GRID))
+        key = (node_id, req.task, req.version, req.privacy, req.origin, req.input_bytes, hops,
+               grid)
+        if key not in self._memo:
+            if len(self._memo) > _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = self._best(node_id, req, view, grid, hops, rng)
+        return self._memo[key]
 
     def _best(
         self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
@@ -204,6 +231,10 @@ class TierlinkPolicy:
                 f"({fastest.label} via {via}) needs {fastest.est.worst_ms:.1f} ms")
 
 
+_BUDGET_GRID = 1.1
+_MEMO_LIMIT = 4096
+
+
 def _version(req: Request) -> str:
     return f" version {req.version!r}" if req.version else ""
 
@@ -213,8 +244,12 @@ def two_choices(
 ) -> tuple[NodeView | None, NodeView | None]:
     """Power of two choices among healthy nodes of one tier: (shorter wait, the other)."""
     if len(ids) > 2:
-        sample = rng.sample(ids, 2)
-        healthy = [view.nodes[i] for i in sample if view.nodes[i].healthy]
+        # Two distinct indices without random.sample's generic machinery (hot path).
+        n = len(ids)
+        i = int(rng.random() * n)
+        j = int(rng.random() * (n - 1))
+        j += j >= i
+        healthy = [view.nodes[ids[k]] for k in (i, j) if view.nodes[ids[k]].healthy]
         if len(healthy) < 2:  # rare: fall back to a scan so a dead pair never hides the rest
             healthy = [view.nodes[i] for i in ids if view.nodes[i].healthy]
             healthy = rng.sample(healthy, min(2, len(healthy)))
@@ -254,18 +289,20 @@ def placements(choice: Choice) -> tuple[Placement, ...]:
     return tuple(out)
 
 
-def merge_placements(ranked: list[tuple[Placement, ...]]) -> tuple[Placement, ...]:
-    """The best choice's placements, then every other choice's nodes as plain fallbacks
-    (a local fallback answers whatever its confidence)."""
-    out = list(ranked[0])
+def merge_placements(ranked: list[Choice]) -> tuple[Placement, ...]:
+    """The best choice's placements, then every other choice's nodes not yet in the plan as
+    plain fallbacks (a local fallback answers whatever its confidence)."""
+    out = list(placements(ranked[0]))
     seen = {(p.kind, p.node_id) for p in out}
-    for group in ranked[1:]:
-        for p in group:
-            if (p.kind, p.node_id) not in seen:
-                seen.add((p.kind, p.node_id))
-                out.append(p if p.escalate_below is None else
-                           Placement(p.kind, p.node_id, p.tier, p.model, None,
-                                     p.est_ms, p.est_cost, p.est_accuracy))
+    for choice in ranked[1:]:
+        node = choice.node
+        if choice.model is not None and ("local", node.node_id) not in seen:
+            seen.add(("local", node.node_id))
+            out.append(Placement("local", node.node_id, node.tier, choice.model.name))
+        for up in (choice.pick, choice.spare):
+            if up is not None and ("remote", up.node_id) not in seen:
+                seen.add(("remote", up.node_id))
+                out.append(Placement("remote", up.node_id, up.tier))
     return tuple(out)
 
 

@@ -22,8 +22,14 @@ from tierlink.zoo.profiles import PROFILES, BuildProfile, TrainRecipe, model_nam
 
 if TYPE_CHECKING:
     from tierlink.zoo.datasets import CLASS_NAMES, Split, Splits, fashion_mnist
-    from tierlink.zoo.evaluate import (accuracy, cascade_curve, measure_latency, onnx_logits,
-                                       ort_session, softmax)
+    from tierlink.zoo.evaluate import (
+        accuracy,
+        cascade_curve,
+        measure_latency,
+        onnx_logits,
+        ort_session,
+        softmax,
+    )
 
 _LAZY = {
     "CLASS_NAMES": "tierlink.zoo.datasets", "Split": "tierlink.zoo.datasets",
@@ -34,9 +40,10 @@ _LAZY = {
 }
 
 __all__ = [
-    "PROFILES", "BuildProfile", "ModelCard", "TensorInfo", "TrainRecipe", "TrainingInfo", "Zoo",
-    "ensure_zoo", "load_card", "load_zoo", "model_names", "save_card", "tierlink_home",
-    "zoo_dir", *_LAZY,
+    "CLASS_NAMES", "PROFILES", "BuildProfile", "ModelCard", "Split", "Splits", "TensorInfo",
+    "TrainRecipe", "TrainingInfo", "Zoo", "accuracy", "cascade_curve", "ensure_zoo",
+    "fashion_mnist", "load_card", "load_zoo", "measure_latency", "model_names", "onnx_logits",
+    "ort_session", "save_card", "softmax", "tierlink_home", "zoo_dir",
 ]
 
 

@@ -27,11 +27,16 @@ from torch import nn
 from tierlink.errors import ZooError
 from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256, save_card
 from tierlink.zoo.datasets import Split, Splits, fashion_mnist
-from tierlink.zoo.evaluate import (accuracy, cascade_curve, measure_latency, onnx_logits,
-                                   ort_session)
+from tierlink.zoo.evaluate import accuracy, cascade_curve, measure_latency, onnx_logits, ort_session
 from tierlink.zoo.nets import NUM_CLASSES, build_net, count_params, fold_linear_batchnorm
-from tierlink.zoo.profiles import (MODEL_VERSION, VARIANT_TIERS, BuildProfile, TrainRecipe,
-                                   model_names, recipe_fingerprint)
+from tierlink.zoo.profiles import (
+    MODEL_VERSION,
+    VARIANT_TIERS,
+    BuildProfile,
+    TrainRecipe,
+    model_names,
+    recipe_fingerprint,
+)
 from tierlink.zoo.progress import BuildReporter
 
 OPSET = 17
@@ -104,7 +109,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     # channels_last: oneDNN's fast path on CPU, ~2x faster for these nets than NCHW.
-    net = build_net(variant).to(memory_format=torch.channels_last)
+    net = build_net(variant).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     opt = NesterovSGD(list(net.parameters()), recipe.weight_decay)
     images, labels = torch.from_numpy(data.images), torch.from_numpy(data.labels)
     reporter.begin(name, recipe.epochs, steps)
@@ -120,7 +125,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
             opt.step(lr, momentum)
             reporter.batch(name, epoch, loss)
     seconds = clock() - start
-    net = net.eval().to(memory_format=torch.contiguous_format)
+    net = net.eval().to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
     return Trained(net, seconds, steps * recipe.batch_size)
 
 

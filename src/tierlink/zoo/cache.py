@@ -144,7 +144,7 @@ def _build_lock(root: Path) -> Iterator[None]:
     import fcntl
 
     try:
-        handle = open(root / ".build.lock", "a+b")
+        handle = (root / ".build.lock").open("a+b")
     except OSError as exc:
         raise ZooError(f"cannot create the zoo's lock file in {root}: {exc}",
                        hint="set TIERLINK_HOME to a writable directory") from exc

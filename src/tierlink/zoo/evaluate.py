@@ -19,7 +19,7 @@ CASCADE_THRESHOLDS: tuple[float, ...] = (
 )
 
 
-def ort_session(path: Path, threads: int = 1) -> Any:
+def ort_session(path: Path | str, threads: int = 1) -> Any:
     """An ONNX Runtime CPU session with ``threads`` intra-op threads and no spinning
     (spinning threads of several sessions starve each other on a small machine)."""
     import onnxruntime as ort

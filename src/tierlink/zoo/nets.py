@@ -80,13 +80,20 @@ def fold_linear_batchnorm(net: nn.Sequential) -> nn.Sequential:
     for i in range(len(layers) - 1):
         linear, bn = layers[i], layers[i + 1]
         if isinstance(linear, nn.Linear) and isinstance(bn, nn.BatchNorm1d):
-            with torch.no_grad():
-                scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)  # (out,)
-                bias = linear.bias if linear.bias is not None else torch.zeros_like(scale)
-                linear.weight.mul_(scale[:, None])  # (out, in)
-                linear.bias = nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
+            _fold_into(linear, bn)
             layers[i + 1] = nn.Identity()
     return nn.Sequential(*layers).eval()
+
+
+@torch.no_grad()
+def _fold_into(linear: nn.Linear, bn: nn.BatchNorm1d) -> None:
+    mean, var = bn.running_mean, bn.running_var
+    if mean is None or var is None:
+        raise ZooError("cannot fold a BatchNorm1d that tracks no running statistics")
+    scale = bn.weight / torch.sqrt(var + bn.eps)  # (out,)
+    bias = linear.bias if linear.bias is not None else torch.zeros_like(scale)
+    linear.weight.mul_(scale[:, None])  # (out, in)
+    linear.bias = nn.Parameter((bias - mean) * scale + bn.bias)
 
 
 def count_params(net: nn.Module) -> int:

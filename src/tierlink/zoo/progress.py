@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 
 class BuildReporter(Protocol):
@@ -40,8 +40,14 @@ class RichReporter:
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
             TextColumn("[bold]{task.fields[model]:<14}"), BarColumn(), MofNCompleteColumn(),
@@ -50,7 +56,7 @@ class RichReporter:
         self._tasks: dict[str, Any] = {}
         self._epochs: dict[str, int] = {}
 
-    def __enter__(self) -> RichReporter:
+    def __enter__(self) -> Self:
         self._progress.start()
         return self
 
