@@ -62,7 +62,7 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
         def on_done(record: Any) -> None:
             done.append(record)
             if len(done) % 10 == 0 or len(done) == len(items):
-                s = summarize(done, 0)
+                s: dict[str, Any] = summarize(done, 0)
                 progress.update(task, completed=len(done), live=(
                     f"acc {100 * s['accuracy']:.1f}%  p95 {s['p95_ms']:.0f} ms  "
                     f"SLA {100 * s['sla_attainment']:.0f}%  lost {s['lost']}"))

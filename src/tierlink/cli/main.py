@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -79,10 +79,10 @@ def _print_cards(zoo: Any, as_json: bool) -> None:
 
 @app.command()
 def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 min)"),
-         json_path: Optional[Path] = typer.Option(None, "--json", help="write the report here"),
+         json_path: Path | None = typer.Option(None, "--json", help="write the report here"),
          fleet_file: Path = typer.Option(EXAMPLE_FLEET, "--fleet"),
-         requests: Optional[int] = typer.Option(None, help="requests per run"),
-         rate: Optional[float] = typer.Option(None, help="requests per second")) -> None:
+         requests: int | None = typer.Option(None, help="requests per run"),
+         rate: float | None = typer.Option(None, help="requests per second")) -> None:
     """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
     from tierlink.cli.demo import run_demo
 
@@ -94,7 +94,7 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
 
 @app.command()
 def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
-       run_dir: Optional[Path] = typer.Option(None, help="logs and state (default: temp dir)"),
+       run_dir: Path | None = typer.Option(None, help="logs and state (default: temp dir)"),
        as_json: bool = typer.Option(False, "--json", help="print the endpoints as JSON")) -> None:
     """Run a fleet declared in FLEET_FILE until Ctrl-C."""
     from tierlink.fleet.config import load_fleet
@@ -145,13 +145,13 @@ def _wait_for_signal(fleet: Any) -> None:
 
 
 @app.command()
-def node(spec: Optional[Path] = typer.Option(None, help="a node spec JSON (as `up` writes)"),
-         node_id: Optional[str] = typer.Option(None, "--id"),
+def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` writes)"),
+         node_id: str | None = typer.Option(None, "--id"),
          tier: str = typer.Option("edge"),
          model: list[str] = typer.Option([], help="zoo model name (repeatable)"),
          port: int = typer.Option(8000),
          host: str = typer.Option("127.0.0.1"),
-         control: Optional[str] = typer.Option(None, help="control plane URL"),
+         control: str | None = typer.Option(None, help="control plane URL"),
          upstream: list[str] = typer.Option([], help="ID=URL[@RTT_MS] (repeatable)"),
          profile: str = typer.Option("full", help="zoo profile")) -> None:
     """Run one node serving OIP v2 (and routing tasks upstream)."""

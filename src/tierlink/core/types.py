@@ -6,10 +6,11 @@ live system, the policies and (later) the simulator all speak the same types.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from types import MappingProxyType
-from typing import Iterable, Literal, Mapping, NamedTuple
+from typing import Literal, NamedTuple
 
 
 class Tier(IntEnum):

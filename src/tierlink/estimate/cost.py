@@ -14,9 +14,9 @@ Prices (USD), documented in ``docs/cost-model.md``:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from tierlink.core.types import Tier
 

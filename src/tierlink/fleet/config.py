@@ -7,10 +7,11 @@ Example: ``examples/fleet.yaml``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -168,14 +169,11 @@ def _links(raw: Any, where: str, nodes: Mapping[str, NodeConfig]) -> list[LinkCo
             raise ConfigError(f"{where} names unknown node {node_id!r}",
                               hint="declare it under 'nodes' first")
     bandwidth = raw.get("bandwidth_mbit")
-    common = dict(
-        delay_ms=_float(raw.get("delay_ms", 0.0), f"{where}.delay_ms", 0.0),
-        jitter_ms=_float(raw.get("jitter_ms", 0.0), f"{where}.jitter_ms", 0.0),
-        bandwidth_mbit=None if bandwidth is None else _float(bandwidth, f"{where}.bandwidth_mbit",
-                                                             0.001),
-        loss=_float(raw.get("loss", 0.0), f"{where}.loss", 0.0, 0.99),
-    )
-    out = [LinkConfig(src=s, dst=d, **common) for s in srcs for d in dsts if s != d]
+    delay = _float(raw.get("delay_ms", 0.0), f"{where}.delay_ms", 0.0)
+    jitter = _float(raw.get("jitter_ms", 0.0), f"{where}.jitter_ms", 0.0)
+    bw = None if bandwidth is None else _float(bandwidth, f"{where}.bandwidth_mbit", 0.001)
+    loss = _float(raw.get("loss", 0.0), f"{where}.loss", 0.0, 0.99)
+    out = [LinkConfig(s, d, delay, jitter, bw, loss) for s in srcs for d in dsts if s != d]
     if not out:
         raise ConfigError(f"{where} declares no link (from and to are the same node)")
     return out

@@ -13,15 +13,15 @@ import asyncio
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.fleet.workload import Record, WorkItem, drive, make_workload, summarize
+from tierlink.fleet.workload import Record, WorkItem, drive, make_workload
 
 RUNS = (("tierlink", None), ("cloud_only", "cloud_only"), ("device_only", "device_only"))
 

@@ -15,9 +15,10 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 
 import httpx
 
@@ -72,7 +73,7 @@ class RunningFleet:
         proc.kill()
         proc.wait(5)
 
-    def __enter__(self) -> RunningFleet:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import numpy as np
 

@@ -11,8 +11,9 @@ rather than an error.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Request, Tier
 from tierlink.errors import InvalidRequest

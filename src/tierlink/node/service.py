@@ -20,13 +20,14 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from tierlink import __version__
-from tierlink.core.types import NodeView, Outcome, Placement, Priority, Request
+from tierlink.core.types import LinkView, NodeView, Outcome, Placement, Priority, Request
 from tierlink.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -36,7 +37,6 @@ from tierlink.errors import (
     TierlinkError,
 )
 from tierlink.estimate.latency import LinkEstimator
-from tierlink.core.types import LinkView
 from tierlink.node import protocol
 from tierlink.node.breaker import BreakerBoard, BreakerSettings
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
@@ -60,6 +60,8 @@ class _Upstream:
 
 class NodeService:
     """See the module docstring. Create, ``await start()``, serve, ``await stop()``."""
+
+    dispatcher_margin_ms = 1.0  # kept back from a hop's budget to still answer in time
 
     def __init__(
         self, spec: NodeSpec, runtimes: dict[str, ModelRuntime], *,
@@ -254,8 +256,6 @@ class NodeService:
         transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
         return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
 
-    dispatcher_margin_ms = 1.0
-
     # -- view, heartbeat, metrics ----------------------------------------------------------
 
     def me(self) -> NodeView:
@@ -311,9 +311,11 @@ class NodeService:
     def _register_gauges(self) -> None:
         tier = self.spec.tier.label
         for p in Priority:
-            self.metrics.queue_depth.labels(tier, p.label).set_function(
-                lambda p=p: self.scheduler.snapshot().queue_depth_by_priority.get(p, 0))
+            self.metrics.queue_depth.labels(tier, p.label).set_function(self._depth_of(p))
         self.metrics.inflight.labels(tier).set_function(lambda: self._inflight)
+
+    def _depth_of(self, priority: Priority) -> Callable[[], float]:
+        return lambda: float(self.scheduler.snapshot().queue_depth_by_priority.get(priority, 0))
 
     def _on_breaker(self, node_id: str, old: str, new: str) -> None:
         self.metrics.breaker_state.labels(self.spec.tier.label, node_id).set(

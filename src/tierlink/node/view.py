@@ -3,7 +3,8 @@ and its circuit breakers — into the ``ClusterView`` snapshot its policy decide
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from tierlink.core.types import CascadePoint, ClusterView, LinkView, ModelView, NodeView, Tier
 

@@ -9,10 +9,11 @@ comes from the ``rng`` the caller passes, so a run is reproducible from its seed
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import MappingProxyType
-from typing import Callable, Mapping, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from tierlink.core.types import ClusterView, Plan, Request
 from tierlink.errors import ConfigError

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 _CARRIER_KEY = "traceparent"
 

@@ -52,11 +52,14 @@ def _head(spec: NetSpec, channels: int) -> list[nn.Module]:
         return [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(spec.dropout),
                 nn.Linear(channels, NUM_CLASSES)]
     if spec.head == "flatten":
-        # (N, C, 7, 7) -> (N, C, 3, 3) -> (N, 9C) -> (N, hidden) -> (N, 10)
-        return [nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(spec.dropout),
-                nn.Linear(channels * 9, spec.hidden), nn.BatchNorm1d(spec.hidden),
-                nn.ReLU(inplace=True), nn.Dropout(spec.dropout),
-                nn.Linear(spec.hidden, NUM_CLASSES)]
+        # (N, C, 7, 7) -> (N, C, 3, 3) -> (N, 9C) [-> (N, hidden)] -> (N, 10)
+        layers: list[nn.Module] = [nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(spec.dropout)]
+        features = channels * 9
+        if spec.hidden:
+            layers += [nn.Linear(features, spec.hidden), nn.BatchNorm1d(spec.hidden),
+                       nn.ReLU(inplace=True), nn.Dropout(spec.dropout)]
+            features = spec.hidden
+        return [*layers, nn.Linear(features, NUM_CLASSES)]
     raise ZooError(f"unknown head {spec.head!r}; expected 'gap' or 'flatten'")
 
 

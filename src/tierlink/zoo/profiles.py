@@ -27,7 +27,7 @@ class NetSpec:
     ``stages``: conv widths per stage (3x3 conv + BatchNorm + ReLU each); every stage but
     the last ends in a 2x2 max-pool, so three stages run at 28x28, 14x14 and 7x7.
     ``head``: ``"gap"`` (global average pool -> linear) or ``"flatten"`` (2x2 max-pool to
-    3x3, flatten -> ``hidden`` -> linear).
+    3x3, flatten [-> ``hidden`` units when non-zero] -> linear).
     """
 
     stages: tuple[tuple[int, ...], ...]
