@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tierlink.core.types import Priority, Privacy
-from tierlink.errors import TierlinkError, UpstreamTimeout, UpstreamUnavailable
+from tierlink.errors import TierlinkError
 from tierlink.node import protocol
 
 # (deadline ms, priority, share): realtime inspection, interactive app, batch analytics.
@@ -109,11 +109,10 @@ async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.n
     try:
         resp = await client.infer(url, task, {"input": x}, params,  # type: ignore[attr-defined]
                                   timeout_s=item.deadline_ms / 1000.0 + grace_s)
-    except (UpstreamTimeout, UpstreamUnavailable) as exc:
-        # No answer and no refusal came back: the request was lost.
-        return Record(item, label, False, True, exc.code, (time.monotonic() - t0) * 1000)
     except TierlinkError as exc:
-        return Record(item, label, False, False, exc.code, (time.monotonic() - t0) * 1000)
+        # An error *answer* carries its HTTP status; without one, nothing came back: lost.
+        lost = "status" not in exc.details
+        return Record(item, label, False, lost, exc.code, (time.monotonic() - t0) * 1000)
     latency = (time.monotonic() - t0) * 1000.0
     out = protocol.parse_outcome(resp.parameters)
     return Record(item, label, True, False, "", latency,

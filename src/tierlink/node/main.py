@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     cache = RegistryCache(control) if control else None
     service = NodeService(spec, runtimes, records=(lambda: cache.nodes) if cache else list)
     app = create_app(service)
+    if cache:
+        service.metrics.control_stale.labels(spec.tier.label).set_function(
+            lambda: min(cache.stale_s(time.time()), 1e9))
     server = uvicorn.Server(uvicorn.Config(app, host=spec.host, port=spec.port,
                                            log_level="warning", access_log=False,
                                            timeout_keep_alive=30))
