@@ -102,6 +102,7 @@ class Request:
     version: str | None = None  # pin to a model version; None = any
     hops: int = 0  # forwarding hops before reaching this node
     policy: str | None = None  # name of a policy override (benchmark baselines)
+    privacy_breached: bool = False  # an earlier hop already held it against its privacy
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ Request parameters (all optional; a client on the device may send none):
 ``tierlink.hops``           forwarding hops so far
 ``tierlink.version``        pin a model version
 ``tierlink.policy``         name a policy for this request (only if the fleet allows it)
+``tierlink.privacy_breached`` true once a hop held the input against its privacy level
 ``traceparent``             W3C trace context
 ==========================  ==========================================================
 
@@ -36,6 +37,7 @@ ORIGIN = "tierlink.origin"
 HOPS = "tierlink.hops"
 VERSION = "tierlink.version"
 POLICY = "tierlink.policy"
+BREACHED = "tierlink.privacy_breached"  # set by the first node that held it against its privacy
 TRACEPARENT = "traceparent"
 
 DEFAULT_DEADLINE_MS = 1000.0
@@ -57,6 +59,7 @@ def parse_request(
         version=str(params[VERSION]) if params.get(VERSION) is not None else None,
         hops=_int(params.get(HOPS, 0), HOPS),
         policy=str(params[POLICY]) if params.get(POLICY) else None,
+        privacy_breached=params.get(BREACHED) is True,
     )
 
 
@@ -73,6 +76,8 @@ def forward_params(req: Request, deadline_ms: float, traceparent: str | None) ->
         params[VERSION] = req.version
     if req.policy:
         params[POLICY] = req.policy
+    if req.privacy_breached:
+        params[BREACHED] = True
     if traceparent:
         params[TRACEPARENT] = traceparent
     return params

@@ -154,7 +154,7 @@ class NodeService:
                                      receiver=self.spec.node_id,
                                      input_bytes=sum(a.nbytes for a in inputs.values()))
         policy = self._policy_for(req)
-        self._check_receipt(req, policy)
+        req = self._check_receipt(req, policy)
         self._inflight += 1
         try:
             with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
@@ -187,10 +187,14 @@ class NodeService:
             raise InvalidRequest(f"unknown policy {name!r}", hint=f"one of {sorted(self._policies)}")
         return self._policies[name]
 
-    def _check_receipt(self, req: Request, policy: Policy) -> None:
-        """Count what this node actually received; refuse what it may not hold."""
+    def _check_receipt(self, req: Request, policy: Policy) -> Request:
+        """Count what this node actually received; refuse what it may not hold.
+
+        Verdicts: ``allowed``; ``violation`` — this node is the first to hold the input
+        against its privacy level (so summing violations counts *requests*); ``beyond`` —
+        an earlier hop already had, and said so in the request."""
         allowed = req.privacy.allows(self.spec.tier, at_origin=req.origin == self.spec.node_id)
-        verdict = "allowed" if allowed else "violation"
+        verdict = "allowed" if allowed else ("beyond" if req.privacy_breached else "violation")
         self.metrics.inputs_received.labels(self.spec.tier.label, req.privacy.value, verdict).inc()
         if not allowed and policy.respects_privacy:
             raise PrivacyViolation(f"{self.spec.node_id} ({self.spec.tier.label}) may not hold "
@@ -198,6 +202,7 @@ class NodeService:
         if req.deadline_ms <= 0 and policy.respects_deadline:
             raise DeadlineExceeded(f"request {req.request_id} arrived with its deadline spent "
                                    f"({req.deadline_ms:.1f} ms left)")
+        return req if allowed else replace(req, privacy_breached=True)
 
     # -- the dispatcher's steps ------------------------------------------------------------
 
