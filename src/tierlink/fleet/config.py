@@ -39,6 +39,7 @@ class RoutingConfig:
     thresholds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     default_threshold: float = 0.9
     max_hops: int = 3
+    reserve_ms: float = 5.0  # kept back from deadlines for the way back to the caller
     allow_policy_override: bool = False  # let a request name a baseline policy (benchmarks)
     retry_budget: float = 0.2  # retries may add at most this share of requests
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
@@ -47,7 +48,7 @@ class RoutingConfig:
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
                             default_threshold=self.default_threshold, max_hops=self.max_hops,
-                            cost=self.cost)
+                            reserve_ms=self.reserve_ms, cost=self.cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,7 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
         default_threshold=_float(raw.get("default_threshold", 0.9),
                                  "routing.default_threshold", 0.0, 1.0),
         max_hops=_int(raw.get("max_hops", 3), "routing.max_hops", 0),
+        reserve_ms=_float(raw.get("reserve_ms", 5.0), "routing.reserve_ms", 0.0),
         allow_policy_override=bool(raw.get("allow_policy_override", False)),
         retry_budget=_float(raw.get("retry_budget", 0.2), "routing.retry_budget", 0.0, 1.0),
         breaker=BreakerConfig(

@@ -150,6 +150,13 @@ class Dispatcher:
         if placement.kind == "local":
             return await self._try(placement, self._local(placement, req, inputs, remaining_ms),
                                    fallbacks)
+        if holding and remaining_ms - self._margin_ms < placement.est_ms:
+            # Escalating cannot come back in time: keep the answer in hand, spare the upstream.
+            fallbacks.append(Fallback(placement.node_id, "deadline",
+                                      f"{remaining_ms:.1f} ms left, the hop needs "
+                                      f"~{placement.est_ms:.1f} ms"))
+            self._obs.fell_back(placement.node_id, "deadline")
+            return None
         if not self._breakers.allow(placement.node_id):
             fallbacks.append(Fallback(placement.node_id, "breaker_open"))
             self._obs.fell_back(placement.node_id, "breaker_open")

@@ -61,7 +61,6 @@ class _Upstream:
 class NodeService:
     """See the module docstring. Create, ``await start()``, serve, ``await stop()``."""
 
-    dispatcher_margin_ms = 1.0  # kept back from a hop's budget to still answer in time
 
     def __init__(
         self, spec: NodeSpec, runtimes: dict[str, ModelRuntime], *,
@@ -97,7 +96,8 @@ class NodeService:
         self._inflight = 0
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
                                      _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
-                                     _Observer(self.metrics), clock)
+                                     _Observer(self.metrics), clock,
+                                     margin_ms=self.routing.reserve_ms)
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self.started_at = time.time()
@@ -242,7 +242,7 @@ class NodeService:
                           budget_ms: float) -> StepResult:
         up = self._upstreams[placement.node_id]
         link = up.estimator.view()
-        send_ms = budget_ms - link.rtt_ms - self.dispatcher_margin_ms
+        send_ms = budget_ms - link.rtt_ms - self.routing.reserve_ms
         if send_ms <= 0:
             raise DeadlineExceeded(f"no time left for the hop to {placement.node_id} "
                                    f"({budget_ms:.1f} ms left, link RTT {link.rtt_ms:.1f} ms)")

@@ -48,6 +48,9 @@ class PolicyConfig:
     thresholds: Mapping[str, float] = field(default_factory=_no_thresholds)  # by model name
     default_threshold: float = 0.9
     max_hops: int = 3
+    # Kept back from every deadline for the answer to travel back to the caller (response
+    # encoding, the caller's own HTTP stack): time the node cannot measure itself.
+    reserve_ms: float = 5.0
     estimates: EstimateParams = field(default_factory=EstimateParams)
     cost: CostModel = DEFAULT_COST_MODEL
 

@@ -58,6 +58,7 @@ class Choice(NamedTuple):
     pick: NodeView | None = None
     spare: NodeView | None = None
     threshold: float | None = None
+    up_worst_ms: float = 0.0  # the upstream part's worst case (for the dispatcher's check)
 
     @property
     def label(self) -> str:
@@ -95,9 +96,11 @@ class TierlinkPolicy:
         self._memo: dict[tuple[object, ...], Estimate | None] = {}
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
-        choices = self._choices(view.self_id, request, view, request.deadline_ms, request.hops,
-                                rng)
-        feasible = [c for c in choices if c.est.worst_ms <= request.deadline_ms]
+        budget = request.deadline_ms - self._cfg.reserve_ms
+        choices = self._choices(view.self_id, request, view, budget, request.hops, rng)
+        # Answering here needs no reserve beyond the deadline itself; leaving the node does.
+        feasible = [c for c in choices if c.est.worst_ms <= (
+            request.deadline_ms if c.kind == "local" else budget)]
         if not feasible:
             return Plan((), self.name, reason=self._why_none(request, view, choices))
         ref_cost = max(c.est.cost for c in feasible)
@@ -145,7 +148,8 @@ class TierlinkPolicy:
         if pick is None:
             return None
         est = self._remote_estimate(node, pick, req, view, budget, hops, rng)
-        return None if est is None else Choice("remote", est, node, None, pick, spare)
+        return None if est is None else Choice("remote", est, node, None, pick, spare, None,
+                                               est.worst_ms)
 
     def _remote_estimate(
         self, node: NodeView, up: NodeView, req: Request, view: ClusterView, budget: float,
@@ -211,7 +215,8 @@ class TierlinkPolicy:
             point.answered_share * point.answered_accuracy
             + escalated * hard_slice_accuracy(up.accuracy, escalated),
         )
-        return Choice("cascade", est, local.node, model, remote.pick, remote.spare, threshold)
+        return Choice("cascade", est, local.node, model, remote.pick, remote.spare, threshold,
+                      up.worst_ms)
 
     # -- scoring -----------------------------------------------------------------------
 
@@ -281,9 +286,9 @@ def placements(choice: Choice) -> tuple[Placement, ...]:
         node = choice.node
         out.append(Placement("local", node.node_id, node.tier, choice.model.name,
                              choice.threshold, est.latency_ms, est.cost, est.accuracy))
-    if choice.pick is not None:
+    if choice.pick is not None:  # est_ms: the worst case of the upstream part alone
         out.append(Placement("remote", choice.pick.node_id, choice.pick.tier, None, None,
-                             est.latency_ms, est.cost, est.accuracy))
+                             choice.up_worst_ms, est.cost, est.accuracy))
     if choice.spare is not None:
         out.append(Placement("remote", choice.spare.node_id, choice.spare.tier))
     return tuple(out)

@@ -118,11 +118,18 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = Tru
         # Another process may have built it while this one waited for the lock.
         if not force and (zoo := _cached(task, profile, root)) is not None:
             return zoo
-        from tierlink.zoo.build import build_zoo  # torch: only when building
-
         with _reporter(progress) as reporter:
-            build_zoo(task, build_profile, root, reporter)
+            _builder()(task, build_profile, root, reporter)
     return load_zoo(task, profile, root)
+
+
+def _builder() -> Any:
+    try:
+        from tierlink.zoo import build  # torch: imported only when a build is needed
+    except ImportError as exc:
+        raise ZooError(f"building the zoo needs torch, which does not import: {exc}",
+                       hint="pip install 'tierlink[zoo]' (torch==2.13.0, the CPU wheel)") from exc
+    return build.build_zoo
 
 
 def _cached(task: str, profile: str, root: Path) -> Zoo | None:

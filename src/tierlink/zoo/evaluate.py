@@ -93,7 +93,7 @@ def measure_latency(session: Any, sample: np.ndarray, *, runs: int = 200, warmup
     for _ in range(warmup):
         session.run(None, {name: one})
     single = _timed(lambda: session.run(None, {name: one}), runs, clock)
-    batch = _timed(lambda: session.run(None, {name: many}), max(5, runs // 10), clock)
+    batch = _timed(lambda: session.run(None, {name: many}), max(10, runs // 10), clock)
     return {"batch1_p50": float(np.percentile(single, 50)),
             "batch1_p95": float(np.percentile(single, 95)),
             "batch32_per_sample": float(np.median(batch)) / 32}
