@@ -159,3 +159,13 @@ def test_retry_budget_spends_tokens():
     b.deposit()
     b.deposit()
     assert b.take()
+
+
+def test_escalation_that_cannot_return_in_time_is_not_started():
+    clock = Clock()
+    d, calls, _, _ = make(local_conf=0.5, clock=clock)
+    plan = Plan((Placement("local", "dev-1", Tier.DEVICE, "s", 0.9),
+                 Placement("remote", "edge-1", Tier.EDGE, est_ms=200.0)), "tierlink")
+    out = asyncio.run(d.execute(plan, REQ, {}, clock.t + 0.150))
+    assert calls == ["dev-1"] and out.outcome.served_by == "dev-1"
+    assert out.outcome.fallbacks[0].reason == "deadline"

@@ -127,3 +127,14 @@ def test_cloud_only_baseline_forwards_up_and_ignores_privacy():
 def test_device_only_baseline_stays_local():
     p = REGISTRY.create("device_only").plan(req(), fleet_view(), random.Random(0))
     assert [pl.kind for pl in p.placements] == ["local"]
+
+
+def test_reserve_keeps_time_for_the_way_back():
+    # Edge option needs ~13 ms; with 15 ms of deadline and a 5 ms reserve it does not fit.
+    tight = TierlinkPolicy(PolicyConfig(reserve_ms=5.0)).plan(req(Privacy.ANY, 15.0),
+                                                            fleet_view(), random.Random(0))
+    assert [p.kind for p in tight.placements][0] == "local"
+    assert all(p.escalate_below is None for p in tight.placements)
+    loose = TierlinkPolicy(PolicyConfig(reserve_ms=0.0)).plan(req(Privacy.ANY, 15.0),
+                                                            fleet_view(), random.Random(0))
+    assert loose.reason.startswith("cascade")
