@@ -98,8 +98,10 @@ def test_cards_describe_their_files(built):
         assert t.torch_version == torch.__version__ and t.seconds > 0 and t.recipe
 
 
-def test_params_fit_their_tiers(built):
+def test_params_fit_their_tiers_and_large_beats_small(built):
     params = {name: card.params for name, card in built.zoo.cards.items()}
+    cards = built.zoo.cards
+    assert cards["fmnist-large"].test_accuracy > cards["fmnist-small"].test_accuracy
     assert params["fmnist-small"] <= 40_000
     assert 100_000 <= params["fmnist-medium"] <= 200_000
     assert 500_000 <= params["fmnist-large"] <= 800_000
@@ -147,13 +149,14 @@ def test_a_tampered_model_is_rebuilt(built, tmp_path, monkeypatch):
         load_zoo(profile="test", root=copy)
     calls = []
 
-    def fake_build(task, profile, out_dir, reporter):
-        calls.append((task, profile.name, out_dir))
+    def fake_build(task, profile, out_dir, reporter, names):
+        calls.append((task, profile.name, out_dir, names))
         shutil.copy(built.zoo.path("fmnist-medium"), out_dir / "fmnist-medium.onnx")
 
     monkeypatch.setattr("tierlink.zoo.build.build_zoo", fake_build)
     zoo = ensure_zoo(profile="test", progress=False, root=copy)
-    assert calls == [("fmnist", "test", copy)]
+    # Only the tampered model is rebuilt; the valid ones are kept.
+    assert calls == [("fmnist", "test", copy, ("fmnist-medium",))]
     assert zoo.cards == built.zoo.cards
 
 

@@ -14,7 +14,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,16 +57,18 @@ class Trained:
 
 
 def build_zoo(task: str, profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *,
-              splits: Splits | None = None,
+              names: Collection[str] | None = None, splits: Splits | None = None,
               clock: Clock = time.perf_counter) -> dict[str, ModelCard]:
-    """Build every variant of ``task`` into ``out_dir``; returns the cards by model name."""
-    names = model_names(task)
+    """Build the models ``names`` of ``task`` (default: all) into ``out_dir``; returns
+    their cards by model name."""
+    wanted = model_names(task) if names is None else tuple(names)
     splits = fashion_mnist() if splits is None else splits
     out_dir.mkdir(parents=True, exist_ok=True)
     cards = {}
-    for name, variant in zip(names, VARIANT_TIERS, strict=True):
-        cards[name] = build_model(task, variant, splits, profile, out_dir, reporter,
-                                  clock=clock)
+    for name, variant in zip(model_names(task), VARIANT_TIERS, strict=True):
+        if name in wanted:
+            cards[name] = build_model(task, variant, splits, profile, out_dir, reporter,
+                                      clock=clock)
     return cards
 
 

@@ -103,24 +103,37 @@ def _stale_reason(card: ModelCard, onnx_path: Path, name: str, task: str,
 
 def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = True,
                force: bool = False, root: Path | None = None) -> Zoo:
-    """The zoo of ``task`` / ``profile``, built first if the cache is missing or stale
-    (or ``force``). Cheap when cached: reads the cards and hashes the files.
+    """The zoo of ``task`` / ``profile``, building whatever is missing or stale first (every
+    model when ``force``). Cheap when cached: reads the cards and hashes the files.
 
     Building trains with torch (``full``: minutes; ``test``: under a minute) and shows a
-    progress bar per model when ``progress``. Raises ``ZooError`` if it cannot build.
+    progress bar per model when ``progress``. Models already valid on disk are kept, so an
+    interrupted build resumes. Raises ``ZooError`` if it cannot build.
     """
     build_profile = get_profile(profile)
+    names = model_names(task)
     root = zoo_dir(profile) if root is None else Path(root)
-    if not force and (zoo := _cached(task, profile, root)) is not None:
-        return zoo
-    root.mkdir(parents=True, exist_ok=True)
-    with _build_lock(root):
-        # Another process may have built it while this one waited for the lock.
-        if not force and (zoo := _cached(task, profile, root)) is not None:
-            return zoo
-        with _reporter(progress) as reporter:
-            _builder()(task, build_profile, root, reporter)
+    if force or _stale(names, task, profile, root):
+        root.mkdir(parents=True, exist_ok=True)
+        with _build_lock(root):
+            # Another process may have built them while this one waited for the lock.
+            todo = names if force else _stale(names, task, profile, root)
+            if todo:
+                with _reporter(progress) as reporter:
+                    _builder()(task, build_profile, root, reporter, names=todo)
     return load_zoo(task, profile, root)
+
+
+def _stale(names: tuple[str, ...], task: str, profile: str, root: Path) -> tuple[str, ...]:
+    """The models among ``names`` that are missing or stale in ``root``."""
+    stale = []
+    for name in names:
+        try:
+            _valid_card(root, name, task, profile)
+        except ZooError as exc:
+            log.info("%s (re)building it", exc.message)
+            stale.append(name)
+    return tuple(stale)
 
 
 def _builder() -> Any:
@@ -130,14 +143,6 @@ def _builder() -> Any:
         raise ZooError(f"building the zoo needs torch, which does not import: {exc}",
                        hint="pip install 'tierlink[zoo]' (torch==2.13.0, the CPU wheel)") from exc
     return build.build_zoo
-
-
-def _cached(task: str, profile: str, root: Path) -> Zoo | None:
-    try:
-        return load_zoo(task, profile, root)
-    except ZooError as exc:
-        log.info("zoo cache in %s is not usable (%s); building it", root, exc.message)
-        return None
 
 
 def _reporter(progress: bool) -> Any:
