@@ -153,7 +153,9 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
          host: str = typer.Option("127.0.0.1"),
          control: str | None = typer.Option(None, help="control plane URL"),
          upstream: list[str] = typer.Option([], help="ID=URL[@RTT_MS] (repeatable)"),
-         profile: str = typer.Option("full", help="zoo profile")) -> None:
+         profile: str = typer.Option("full", help="zoo profile"),
+         trace_file: Path | None = typer.Option(None, help="write spans here (JSON lines)"),
+         ) -> None:
     """Run one node serving OIP v2 (and routing tasks upstream)."""
     from tierlink.core.types import Tier
     from tierlink.node.main import run_node
@@ -169,7 +171,8 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
         sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in model)
         run_node(NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=sources, host=host,
                           port=port, control_url=control,
-                          upstreams=tuple(_upstream(u) for u in upstream)))
+                          upstreams=tuple(_upstream(u) for u in upstream),
+                          trace_file=str(trace_file) if trace_file else None))
     except TierlinkError as exc:
         _fail(exc)
 

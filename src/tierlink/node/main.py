@@ -32,6 +32,10 @@ def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) ->
                                                    "%(name)s: %(message)s")
     # httpx logs every request at INFO: two lines per heartbeat, thousands per run.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if spec.trace_file:
+        from tierlink.telemetry.tracing import configure_file_exporter
+
+        configure_file_exporter(Path(spec.trace_file), spec.node_id)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve_node(spec, runtimes if runtimes is not None else load_runtimes(spec)))
 

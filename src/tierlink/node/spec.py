@@ -52,6 +52,7 @@ class NodeSpec:
     heartbeat_s: float = 1.0
     view_refresh_s: float = 0.25
     ready_file: str | None = None
+    trace_file: str | None = None  # write this node's spans here as JSON lines
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)
