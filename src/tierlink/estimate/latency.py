@@ -18,7 +18,6 @@ class EstimateParams:
     hop_overhead_ms: float = 2.0  # HTTP + (de)serialisation of one forwarding hop
     request_overhead_bytes: int = 700  # OIP JSON header around the tensor bytes
     response_bytes: int = 600  # a classification answer with its routing parameters
-    deadline_margin_ms: float = 1.0  # kept back to answer in time after a failed hop
 
 
 def transfer_ms(nbytes: int, link: LinkView) -> float:

@@ -166,7 +166,7 @@ async def _infer_model(service: NodeService, name: str, version: str | None,
     outputs = await service.infer_model(name, version, data.inputs, data.parameters)
     selected = _select(outputs, data)
     body, headers = oip.encode_infer_response(name, rt.info.version, data.id, selected, None,
-                                              _binary(data, selected))
+                                              data.binary_outputs(selected))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))
 
 
@@ -179,7 +179,7 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
     selected = _select(outputs, data)
     body, headers = oip.encode_infer_response(task, None, data.id, selected,
                                               protocol.outcome_params(outcome, server_ms),
-                                              _binary(data, selected))
+                                              data.binary_outputs(selected))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))
 
 
@@ -190,10 +190,6 @@ def _select(outputs: dict[str, Any], data: oip.InferRequestData) -> dict[str, An
     if unknown:
         raise TensorError(f"unknown output(s) {unknown}; this model has {sorted(outputs)}")
     return {o.name: outputs[o.name] for o in data.outputs}
-
-
-def _binary(data: oip.InferRequestData, outputs: dict[str, Any]) -> set[str]:
-    return data.binary_outputs(outputs)
 
 
 def _header_length(request: Request) -> int | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from tierlink.core.types import Fallback, Outcome, Placement, Plan, Request, Tier
 
-__all__ = ["Dispatcher", "Outcome", "RetryBudget", "StepResult", "reason_of"]
+__all__ = ["Dispatcher", "RetryBudget", "StepResult", "reason_of"]
 from tierlink.errors import (
     AdmissionRefused,
     DeadlineExceeded,

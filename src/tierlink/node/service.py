@@ -34,7 +34,6 @@ from tierlink.errors import (
     ModelNotFound,
     NoFeasiblePlacement,
     PrivacyViolation,
-    TierlinkError,
 )
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
@@ -363,4 +362,4 @@ class _Observer:
         self._m.retries.labels(self._m.tier, node_id).inc()
 
 
-__all__ = ["NodeService", "TierlinkError"]
+__all__ = ["NodeService"]
