@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -66,6 +66,56 @@ class TrainingInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Calibration:
+    """Temperature scaling fitted on the calibration split (never the test split).
+
+    ``ece_*``: expected calibration error (15 equal-width confidence bins) and ``nll_*``:
+    mean negative log-likelihood, on the calibration split before and after scaling, and on
+    the test split after it (``test_ece``, a held-out check of the fit)."""
+
+    temperature: float
+    ece_before: float
+    ece_after: float
+    nll_before: float
+    nll_after: float
+    test_ece_before: float
+    test_ece_after: float
+    samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "ece_before": self.ece_before,
+                "ece_after": self.ece_after, "nll_before": self.nll_before,
+                "nll_after": self.nll_after, "test_ece_before": self.test_ece_before,
+                "test_ece_after": self.test_ece_after, "samples": self.samples}
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a derived variant (quantized, mixed precision) comes from.
+
+    ``parent``: the full-precision model's name; ``parent_sha256``: the parent file it was
+    made from (a rebuilt parent makes the variant stale); ``precision``: e.g. ``int8-static``;
+    ``agreement``: top-1 agreement with the parent on the test split; ``accuracy_delta``:
+    test accuracy minus the parent's (negative = worse); ``speedup``: parent latency /
+    variant latency measured side by side (batch 1 and batch 32 per sample);
+    ``settings``: how it was made (method, calibration, excluded layers...)."""
+
+    parent: str
+    parent_sha256: str
+    precision: str
+    agreement: float
+    accuracy_delta: float
+    speedup: Mapping[str, float]
+    settings: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parent": self.parent, "parent_sha256": self.parent_sha256,
+                "precision": self.precision, "agreement": self.agreement,
+                "accuracy_delta": self.accuracy_delta, "speedup": dict(self.speedup),
+                "settings": dict(self.settings)}
+
+
+@dataclass(frozen=True, slots=True)
 class ModelCard:
     """Everything known about one built model variant (see the module docstring).
 
@@ -91,6 +141,14 @@ class ModelCard:
     cascade: tuple[CascadePoint, ...]
     temperature: float
     training: TrainingInfo
+    precision: str = "fp32"
+    calibration: Calibration | None = None
+    lineage: Lineage | None = None  # None for a trained (full-precision) model
+
+    @property
+    def parent(self) -> str:
+        """The full-precision model this one derives from (itself when it is one)."""
+        return self.lineage.parent if self.lineage else self.name
 
     def as_model_view(self, latency_ms: float | None = None) -> ModelView:
         """The policy's view of this model; ``latency_ms`` overrides the card's batch-1 p50
@@ -112,6 +170,9 @@ class ModelCard:
             "cascade": [{"threshold": p.threshold, "answered_share": p.answered_share,
                          "answered_accuracy": p.answered_accuracy} for p in self.cascade],
             "temperature": self.temperature, "training": self.training.to_dict(),
+            "precision": self.precision,
+            "calibration": self.calibration.to_dict() if self.calibration else None,
+            "lineage": self.lineage.to_dict() if self.lineage else None,
         }
 
 
@@ -154,7 +215,28 @@ def _convert(data: Mapping[str, Any]) -> ModelCard:
                                    float(p["answered_accuracy"])) for p in data["cascade"]),
         temperature=float(data["temperature"]),
         training=_training(data["training"]),
+        precision=str(data.get("precision", "fp32")),
+        calibration=_calibration(data.get("calibration")),
+        lineage=_lineage(data.get("lineage")),
     )
+
+
+def _calibration(data: Mapping[str, Any] | None) -> Calibration | None:
+    if data is None:
+        return None
+    names = [f.name for f in fields(Calibration)]
+    return Calibration(**{k: (int(data[k]) if k == "samples" else float(data[k]))
+                          for k in names})
+
+
+def _lineage(data: Mapping[str, Any] | None) -> Lineage | None:
+    if data is None:
+        return None
+    return Lineage(parent=str(data["parent"]), parent_sha256=str(data["parent_sha256"]),
+                   precision=str(data["precision"]), agreement=float(data["agreement"]),
+                   accuracy_delta=float(data["accuracy_delta"]),
+                   speedup=MappingProxyType({k: float(v) for k, v in data["speedup"].items()}),
+                   settings=MappingProxyType(dict(data["settings"])))
 
 
 def _tensor(data: Mapping[str, Any]) -> TensorInfo:

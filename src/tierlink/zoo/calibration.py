@@ -1,0 +1,105 @@
+"""Calibrated confidence: temperature scaling (Guo et al., 2017) and its measures.
+
+A classifier's max softmax probability is the confidence a cascade thresholds on; trained
+nets are usually over-confident, so a single temperature ``T`` is fitted on the held-out
+calibration split by minimising the negative log-likelihood of ``softmax(logits / T)``.
+``T`` never changes the predicted class, only how sure the model says it is. Pure numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tierlink.errors import ZooError
+
+ECE_BINS = 15
+T_MIN, T_MAX = 0.05, 20.0
+
+
+def log_softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Row-wise log-softmax of ``logits / temperature`` (N, C), in float64."""
+    z = logits.astype(np.float64) / temperature
+    z -= z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def nll(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0) -> float:
+    """Mean negative log-likelihood of the true labels under ``softmax(logits / T)``."""
+    _check(logits, labels)
+    logp = log_softmax(logits, temperature)
+    return float(-logp[np.arange(len(labels)), labels].mean())
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, *, tol: float = 1e-4) -> float:
+    """The temperature in [T_MIN, T_MAX] minimising the NLL on (``logits``, ``labels``).
+
+    The NLL is convex in 1/T, so a golden-section search over log T finds the optimum;
+    ``tol`` is the width of the final bracket in log T.
+    """
+    _check(logits, labels)
+    lo, hi = math.log(T_MIN), math.log(T_MAX)
+    ratio = (math.sqrt(5) - 1) / 2
+
+    def loss(log_t: float) -> float:
+        return nll(logits, labels, math.exp(log_t))
+
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    while hi - lo > tol:
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = loss(b)
+    return float(math.exp((lo + hi) / 2))
+
+
+@dataclass(frozen=True, slots=True)
+class Reliability:
+    """Per confidence bin: its bounds, how many samples fell in it, their mean confidence
+    and their accuracy (both 0 for an empty bin). ``ece``: the count-weighted mean
+    |accuracy - confidence| over the bins."""
+
+    edges: np.ndarray       # (B + 1,)
+    counts: np.ndarray      # (B,)
+    confidence: np.ndarray  # (B,)
+    accuracy: np.ndarray    # (B,)
+    ece: float
+
+
+def reliability(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0,
+                bins: int = ECE_BINS) -> Reliability:
+    """Reliability table of ``softmax(logits / T)`` in ``bins`` equal-width bins."""
+    _check(logits, labels)
+    probs = np.exp(log_softmax(logits, temperature))
+    conf = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == labels).astype(np.float64)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    # Bin i holds (edges[i], edges[i+1]]; confidence is always > 1/C > 0.
+    index = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, bins - 1)
+    counts = np.bincount(index, minlength=bins).astype(np.float64)
+    safe = np.maximum(counts, 1)
+    mean_conf = np.bincount(index, weights=conf, minlength=bins) / safe
+    mean_acc = np.bincount(index, weights=correct, minlength=bins) / safe
+    ece = float((counts * np.abs(mean_acc - mean_conf)).sum() / len(labels))
+    return Reliability(edges, counts.astype(np.int64), mean_conf, mean_acc, ece)
+
+
+def ece(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0,
+        bins: int = ECE_BINS) -> float:
+    """Expected calibration error of ``softmax(logits / T)`` (0 = perfectly calibrated)."""
+    return reliability(logits, labels, temperature, bins).ece
+
+
+def _check(logits: np.ndarray, labels: np.ndarray) -> None:
+    if logits.ndim != 2 or labels.ndim != 1 or len(logits) != len(labels):
+        raise ZooError(f"calibration needs logits (N, C) and labels (N,), got "
+                       f"{logits.shape} and {labels.shape}")
+    if len(labels) == 0:
+        raise ZooError("calibration needs at least one sample")
