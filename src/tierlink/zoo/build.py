@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from tierlink.errors import ZooError
+from tierlink.zoo.calibration import calibrated_card
 from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256, save_card
 from tierlink.zoo.datasets import Split, Splits, fashion_mnist
 from tierlink.zoo.evaluate import accuracy, cascade_curve, measure_latency, onnx_logits, ort_session
@@ -241,7 +242,7 @@ def measure_card(task: str, variant: str, onnx_path: Path, trained: Trained, spl
         torch_version=torch.__version__, train_samples=trained.train_samples,
         calib_samples=len(calib), test_samples=len(test),
         recipe=recipe_fingerprint(profile, variant))
-    return ModelCard(
+    card = ModelCard(
         task=task, name=onnx_path.stem, variant=variant, version=MODEL_VERSION,
         tier=VARIANT_TIERS[variant], params=count_params(trained.net),
         size_bytes=onnx_path.stat().st_size, sha256=file_sha256(onnx_path),
@@ -251,3 +252,4 @@ def measure_card(task: str, variant: str, onnx_path: Path, trained: Trained, spl
         latency_ms=MappingProxyType({k: round(v, 4) for k, v in latency.items()}),
         cascade=cascade_curve(calib_logits, calib.labels),
         temperature=1.0, training=training)
+    return calibrated_card(card, calib_logits, calib.labels, test_logits, test.labels)

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.errors import ModelNotFound, ZooError
-from tierlink.zoo.cards import ModelCard, file_sha256, load_card
+from tierlink.zoo.cards import ModelCard, file_sha256, load_card, save_card
 from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names, recipe_fingerprint
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,18 @@ class Zoo:
         card = self.cards.get(name)
         if card is None:
             raise ModelNotFound(f"the {self.task} zoo has no model {name!r}; it has "
-                                f"{list(self.cards)}")
+                                f"{list(self.cards)}",
+                                hint="quantized variants are made with `tierlink quantize`")
         return card
+
+    def base_names(self) -> tuple[str, ...]:
+        """The trained full-precision models (``fmnist-small`` ...), smallest first."""
+        return tuple(n for n, c in self.cards.items() if c.lineage is None)
+
+    def variants(self, parent: str) -> tuple[str, ...]:
+        """The derived variants (quantized, mixed precision) of ``parent`` on disk."""
+        return tuple(n for n, c in self.cards.items()
+                     if c.lineage is not None and c.lineage.parent == parent)
 
 
 def load_zoo(task: str = "fmnist", profile: str = "full", root: Path | None = None) -> Zoo:
@@ -72,7 +82,41 @@ def load_zoo(task: str = "fmnist", profile: str = "full", root: Path | None = No
     get_profile(profile)
     root = zoo_dir(profile) if root is None else Path(root)
     cards = {name: _valid_card(root, name, task, profile) for name in model_names(task)}
+    cards.update(_valid_variants(root, task, cards))
     return Zoo(task, profile, root, MappingProxyType(cards))
+
+
+def _valid_variants(root: Path, task: str, bases: Mapping[str, ModelCard]) -> dict[str, ModelCard]:
+    """Derived variants in ``root`` whose parent is one of ``bases`` as it is now; a variant
+    made from an older build of its parent is stale and left out (remake it)."""
+    found = {}
+    for card_path in sorted(root.glob(f"{task}-*.json")):
+        name = card_path.stem
+        if name in bases:
+            continue
+        try:
+            card = load_card(card_path)
+        except ZooError as exc:
+            log.warning("ignoring zoo variant %s: %s", name, exc.message)
+            continue
+        problem = _variant_problem(card, root / f"{name}.onnx", bases)
+        if problem:
+            log.info("ignoring zoo variant %s: %s", name, problem)
+            continue
+        found[name] = card
+    return found
+
+
+def _variant_problem(card: ModelCard, onnx_path: Path,
+                     bases: Mapping[str, ModelCard]) -> str | None:
+    lineage = card.lineage
+    if lineage is None or lineage.parent not in bases:
+        return "it names no parent model in this zoo"
+    if lineage.parent_sha256 != bases[lineage.parent].sha256:
+        return f"it was made from an older build of {lineage.parent}"
+    if not onnx_path.is_file() or card.sha256 != file_sha256(onnx_path):
+        return "its .onnx file is missing or does not match the sha256 in its card"
+    return None
 
 
 def _valid_card(root: Path, name: str, task: str, profile: str) -> ModelCard:
@@ -121,7 +165,31 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = Tru
             if todo:
                 with _reporter(progress) as reporter:
                     _builder()(task, build_profile, root, reporter, names=todo)
-    return load_zoo(task, profile, root)
+    zoo = load_zoo(task, profile, root)
+    if any(card.calibration is None for card in zoo.cards.values()):
+        with _build_lock(root):
+            _calibrate_missing(load_zoo(task, profile, root), build_profile.eval_samples)
+        zoo = load_zoo(task, profile, root)
+    return zoo
+
+
+def _calibrate_missing(zoo: Zoo, eval_samples: int | None) -> None:
+    """Fit the temperature of every card built before calibration existed (seconds)."""
+    from tierlink.zoo.calibration import calibrated_card
+    from tierlink.zoo.datasets import load_splits
+    from tierlink.zoo.evaluate import onnx_logits
+
+    splits = load_splits(zoo.task)
+    calib = splits.calib.head(eval_samples or len(splits.calib))
+    test = splits.test.head(eval_samples or len(splits.test))
+    for name, card in zoo.cards.items():
+        if card.calibration is not None:
+            continue
+        log.info("calibrating %s (temperature scaling on the calibration split)", name)
+        path = zoo.path(name)
+        updated = calibrated_card(card, onnx_logits(path, calib.images), calib.labels,
+                                  onnx_logits(path, test.images), test.labels)
+        save_card(updated, zoo.card_path(name))
 
 
 def _stale(names: tuple[str, ...], task: str, profile: str, root: Path) -> tuple[str, ...]:

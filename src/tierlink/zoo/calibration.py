@@ -9,11 +9,12 @@ calibration split by minimising the negative log-likelihood of ``softmax(logits 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tierlink.errors import ZooError
+from tierlink.zoo.cards import Calibration, ModelCard
 
 ECE_BINS = 15
 T_MIN, T_MAX = 0.05, 20.0
@@ -103,3 +104,24 @@ def _check(logits: np.ndarray, labels: np.ndarray) -> None:
                        f"{logits.shape} and {labels.shape}")
     if len(labels) == 0:
         raise ZooError("calibration needs at least one sample")
+
+
+def calibrated_card(card: ModelCard, calib_logits: np.ndarray, calib_labels: np.ndarray,
+                    test_logits: np.ndarray, test_labels: np.ndarray) -> ModelCard:
+    """``card`` with a temperature fitted on the calibration split, the before/after
+    measures, and its cascade curve recomputed on calibrated confidence. The test split
+    only measures how well the fit holds (``test_ece_*``); it never influences ``T``."""
+    from tierlink.zoo.evaluate import cascade_curve
+
+    t = fit_temperature(calib_logits, calib_labels)
+    calibration = Calibration(
+        temperature=round(t, 5),
+        ece_before=round(ece(calib_logits, calib_labels), 5),
+        ece_after=round(ece(calib_logits, calib_labels, t), 5),
+        nll_before=round(nll(calib_logits, calib_labels), 5),
+        nll_after=round(nll(calib_logits, calib_labels, t), 5),
+        test_ece_before=round(ece(test_logits, test_labels), 5),
+        test_ece_after=round(ece(test_logits, test_labels, t), 5),
+        samples=len(calib_labels))
+    return replace(card, temperature=calibration.temperature, calibration=calibration,
+                   cascade=cascade_curve(calib_logits, calib_labels, temperature=t))

@@ -224,9 +224,10 @@ def _convert(data: Mapping[str, Any]) -> ModelCard:
 def _calibration(data: Mapping[str, Any] | None) -> Calibration | None:
     if data is None:
         return None
-    names = [f.name for f in fields(Calibration)]
-    return Calibration(**{k: (int(data[k]) if k == "samples" else float(data[k]))
-                          for k in names})
+    f = {k: float(data[k]) for k in (x.name for x in fields(Calibration)) if k != "samples"}
+    return Calibration(f["temperature"], f["ece_before"], f["ece_after"], f["nll_before"],
+                       f["nll_after"], f["test_ece_before"], f["test_ece_after"],
+                       int(data["samples"]))
 
 
 def _lineage(data: Mapping[str, Any] | None) -> Lineage | None:

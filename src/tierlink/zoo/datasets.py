@@ -128,3 +128,10 @@ def fashion_mnist(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Splits
         calib=Split(official.images[calib_idx], official.labels[calib_idx]),
         test=_load_official(root, "test"),
     )
+
+
+def load_splits(task: str) -> Splits:
+    """The train / calibration / test splits of a zoo task (``fmnist``)."""
+    if task == "fmnist":
+        return fashion_mnist()
+    raise ZooError(f"no dataset for zoo task {task!r}", hint="use task 'fmnist'")
