@@ -52,6 +52,20 @@ class RoutingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HardExampleConfig:
+    """The hard-example loop (fleet YAML ``hard_examples:``): what a node does with inputs it
+    escalated for low confidence. ``store_tier`` is the control plane's tier (``control.tier``):
+    an input is sent only if its privacy level lets a node of that tier hold it."""
+
+    enabled: bool = True
+    sample_rate: float = 1.0  # share of eligible examples sent (seeded draw per example)
+    max_queue: int = 1000  # examples waiting on the node; when full the oldest is dropped
+    batch_size: int = 64  # flush as soon as this many wait ...
+    flush_interval_s: float = 1.0  # ... or at least this often
+    store_tier: Tier = Tier.CLOUD
+
+
+@dataclass(frozen=True, slots=True)
 class NodeConfig:
     node_id: str
     tier: Tier
@@ -90,6 +104,9 @@ class FleetConfig:
     zoo_profile: str = "full"
     control_port: int = 0
     control_ttl_s: float = 5.0
+    control_tier: Tier = Tier.CLOUD  # where the control plane runs (hard-example privacy)
+    hard_examples: HardExampleConfig = field(default_factory=HardExampleConfig)
+    raw_hard_examples: Mapping[str, Any] = field(default_factory=dict)  # for node specs
     seed: int = 0
 
     def node(self, node_id: str) -> NodeConfig:
@@ -136,8 +153,39 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         zoo_profile=str(zoo.get("profile", "full")),
         control_port=_int(control.get("port", 0), "control.port", 0),
         control_ttl_s=_float(control.get("ttl_s", 5.0), "control.ttl_s", 0.5),
+        control_tier=_tier(control.get("tier", "cloud"), "control.tier"),
+        hard_examples=parse_hard_examples(data.get("hard_examples") or {},
+                                          control.get("tier", "cloud")),
+        raw_hard_examples=dict(data.get("hard_examples") or {}),
         seed=_int(data.get("seed", 0), "seed", 0),
     )
+
+
+def parse_hard_examples(raw: Any, control_tier: str | Tier = "cloud") -> HardExampleConfig:
+    """The ``hard_examples:`` section (and ``control.tier``), e.g. from a node spec file."""
+    raw = _mapping(raw, "hard_examples")
+    for key in raw:
+        _known(key, ("enabled", "sample_rate", "max_queue", "batch_size", "flush_interval_s"),
+               "hard_examples")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"hard_examples.enabled must be true or false, got {enabled!r}")
+    return HardExampleConfig(
+        enabled=enabled,
+        sample_rate=_float(raw.get("sample_rate", 1.0), "hard_examples.sample_rate", 0.0, 1.0),
+        max_queue=_int(raw.get("max_queue", 1000), "hard_examples.max_queue", 1),
+        batch_size=_int(raw.get("batch_size", 64), "hard_examples.batch_size", 1),
+        flush_interval_s=_float(raw.get("flush_interval_s", 1.0),
+                                "hard_examples.flush_interval_s", 0.01),
+        store_tier=_tier(control_tier, "control.tier"),
+    )
+
+
+def _tier(value: Any, where: str) -> Tier:
+    try:
+        return Tier.parse(value)
+    except (ValueError, AttributeError) as exc:
+        raise ConfigError(f"{where}: {exc}", hint="use device, edge or cloud") from None
 
 
 def _node(raw: Any, where: str) -> NodeConfig:

@@ -177,7 +177,9 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),
                     workers=node.workers, max_queue=node.max_queue,
                     seed=cfg.seed + zlib.crc32(node.node_id.encode()) % 1000,
-                    ready_file=str(fleet.run_dir / f"{node.node_id}.ready"))
+                    ready_file=str(fleet.run_dir / f"{node.node_id}.ready"),
+                    hard_examples_raw=dict(cfg.raw_hard_examples),
+                    control_tier=cfg.control_tier.label)
 
 
 def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],

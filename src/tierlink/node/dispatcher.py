@@ -7,6 +7,10 @@ failure may be retried once on the same node within a retry budget. Every fallba
 escalation is recorded in the ``Outcome`` and counted; nothing is swallowed. When later
 placements fail after a low-confidence answer, that answer is returned, marked degraded,
 rather than an error.
+
+A *local* answer that is escalated for low confidence is also handed to ``on_hard_example``
+(the hard-example loop): synchronously, on the event loop, before the next placement runs.
+Answers that fail, or that fall back, are never handed over: only low confidence counts.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 
 from tierlink.core.types import Fallback, Outcome, Placement, Plan, Request, Tier
 
-__all__ = ["Dispatcher", "RetryBudget", "StepResult", "reason_of"]
+__all__ = ["Dispatcher", "HardExampleHook", "RetryBudget", "StepResult", "reason_of"]
 from tierlink.errors import (
     AdmissionRefused,
     DeadlineExceeded,
@@ -43,6 +47,12 @@ Inputs = dict[str, np.ndarray]
 LocalStep = Callable[[Placement, Request, Inputs, float], Awaitable[StepResult]]
 # remote(placement, request, inputs, remaining_ms, hop_budget_ms)
 RemoteStep = Callable[[Placement, Request, Inputs, float, float], Awaitable[StepResult]]
+# on_hard_example(placement, request, inputs, local answer): must not block or raise
+HardExampleHook = Callable[[Placement, Request, Inputs, StepResult], None]
+
+
+def _ignore(_p: Placement, _r: Request, _i: Inputs, _s: StepResult) -> None:
+    return None
 
 
 class Breakers(Protocol):
@@ -100,8 +110,10 @@ class Dispatcher:
         self, node_id: str, tier: Tier, local: LocalStep, remote: RemoteStep,
         breakers: Breakers, budget: RetryBudget, observer: DispatchObserver,
         clock: Callable[[], float], margin_ms: float = 1.0,
+        on_hard_example: HardExampleHook = _ignore,
     ) -> None:
         self._node_id, self._tier = node_id, tier
+        self._on_hard_example = on_hard_example
         self._local, self._remote = local, remote
         self._breakers, self._budget, self._obs = breakers, budget, observer
         self._clock, self._margin_ms = clock, margin_ms
@@ -132,6 +144,8 @@ class Dispatcher:
             if self._escalate(placement, result, i, plan):
                 escalations += 1
                 self._obs.escalated(placement.model or "")
+                if placement.kind == "local":  # an upstream reports its own hard examples
+                    self._on_hard_example(placement, req, inputs, result)
                 continue
             return self._finish(result, fallbacks, escalations, spent, "")
         if in_hand is not None:

@@ -11,6 +11,9 @@ Request parameters (all optional; a client on the device may send none):
 ``tierlink.version``        pin a model version
 ``tierlink.policy``         name a policy for this request (only if the fleet allows it)
 ``tierlink.privacy_breached`` true once a hop held the input against its privacy level
+``tierlink.label``          the true class index when the client knows it (an eval
+                            workload does): an int, or a list (as JSON text) per batch row;
+                            ``-1`` = unknown. Only the hard-example loop reads it.
 ``traceparent``             W3C trace context
 ==========================  ==========================================================
 
@@ -29,6 +32,7 @@ from typing import Any
 
 from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Request, Tier
 from tierlink.errors import InvalidRequest
+from tierlink.transport.oip import pack_param, unpack_param
 
 DEADLINE = "tierlink.deadline_ms"
 PRIVACY = "tierlink.privacy"
@@ -38,6 +42,7 @@ HOPS = "tierlink.hops"
 VERSION = "tierlink.version"
 POLICY = "tierlink.policy"
 BREACHED = "tierlink.privacy_breached"  # set by the first node that held it against its privacy
+LABEL = "tierlink.label"
 TRACEPARENT = "traceparent"
 
 DEFAULT_DEADLINE_MS = 1000.0
@@ -63,8 +68,35 @@ def parse_request(
     )
 
 
-def forward_params(req: Request, deadline_ms: float, traceparent: str | None) -> dict[str, Any]:
-    """Parameters for the next hop: what is left of the deadline, one more hop."""
+def parse_labels(params: Mapping[str, Any], batch: int) -> tuple[int, ...] | None:
+    """The request's true labels (``tierlink.label``), one per batch row; None when absent.
+
+    An int labels a batch of one; a batch needs a list of ``batch`` ints. ``-1`` = unknown.
+    """
+    value = unpack_param(params.get(LABEL))  # a list travels as its JSON text
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if len(values) != batch or not all(_is_label(v) for v in values):
+        raise InvalidRequest(f"{LABEL} must be a class index >= -1 for a batch of one, or a "
+                             f"list of {batch} such indices; got {_short(value)}",
+                             hint="send the true class of each input, or -1 when unknown")
+    return tuple(int(v) for v in values)
+
+
+def _is_label(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= -1
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def forward_params(req: Request, deadline_ms: float, traceparent: str | None,
+                   labels: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Parameters for the next hop: what is left of the deadline, one more hop (and the
+    client's labels, so an upstream that escalates again can label its hard examples)."""
     params: dict[str, Any] = {
         DEADLINE: round(deadline_ms, 3),
         PRIVACY: req.privacy.value,
@@ -80,6 +112,8 @@ def forward_params(req: Request, deadline_ms: float, traceparent: str | None) ->
         params[BREACHED] = True
     if traceparent:
         params[TRACEPARENT] = traceparent
+    if labels is not None:
+        params[LABEL] = labels[0] if len(labels) == 1 else pack_param(list(labels))
     return params
 
 

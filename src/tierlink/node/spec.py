@@ -13,7 +13,12 @@ from typing import Any
 
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
-from tierlink.fleet.config import RoutingConfig, parse_routing
+from tierlink.fleet.config import (
+    HardExampleConfig,
+    RoutingConfig,
+    parse_hard_examples,
+    parse_routing,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +58,14 @@ class NodeSpec:
     view_refresh_s: float = 0.25
     ready_file: str | None = None
     trace_file: str | None = None  # write this node's spans here as JSON lines
+    hard_examples_raw: dict[str, Any] = field(default_factory=dict)  # fleet `hard_examples:`
+    control_tier: str = "cloud"  # the control plane's tier: what hard examples may reach
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)
+
+    def hard_examples(self) -> HardExampleConfig:
+        return parse_hard_examples(self.hard_examples_raw, self.control_tier)
 
     def to_json(self) -> str:
         data = asdict(self)
