@@ -1,0 +1,70 @@
+"""Write tuned thresholds into a fleet YAML file, keeping everything else as written.
+
+Uses ruamel.yaml's round-trip mode, so comments, key order and flow style survive (only
+the padding inside flow mappings is normalised to one space); the
+result is validated with :func:`tierlink.fleet.config.parse_fleet` before it replaces the
+file (atomically), so a failed write never leaves a broken fleet file behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tierlink.errors import ConfigError
+
+
+def write_thresholds(path: Path, thresholds: Mapping[str, float],
+                     comment: str | None = None) -> str:
+    """Set ``routing.thresholds[model] = value`` for each entry (other models' thresholds
+    are kept); returns the new file text."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    from tierlink.fleet.config import parse_fleet
+
+    yaml = YAML()  # round-trip
+    yaml.preserve_quotes = True
+    yaml.indent(mapping=2, sequence=4, offset=2)  # "  - item" under a key, as people write it
+    yaml.width = 4096  # never fold a long flow mapping (a link list) onto two lines
+    try:
+        data = yaml.load(Path(path).read_text())
+    except (OSError, Exception) as exc:  # ruamel raises many error types
+        raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"fleet file {path} is not a YAML mapping")
+    routing = data.setdefault("routing", CommentedMap())
+    current = routing.get("thresholds")
+    if not isinstance(current, dict):
+        current = CommentedMap()
+        current.fa.set_flow_style()
+        routing["thresholds"] = current
+    for model, value in thresholds.items():
+        current[model] = round(float(value), 4)
+    if comment:
+        routing.yaml_add_eol_comment(comment, "thresholds")
+    out = io.StringIO()
+    yaml.dump(data, out)
+    text = out.getvalue()
+    parse_fleet(_plain(text), source=str(path))  # never write a fleet that does not load
+    _replace(Path(path), text)
+    return text
+
+
+def _plain(text: str) -> Any:
+    import yaml as pyyaml
+
+    return pyyaml.safe_load(text)
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write fleet file {path}: {exc}") from exc

@@ -1,0 +1,68 @@
+"""Cascade stages from real zoo models: calibrated confidence and correctness on a split,
+and the cost of a request reaching each tier under the fleet's cost model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tierlink.cascade.tune import Stage
+from tierlink.core.types import Tier
+from tierlink.errors import ConfigError
+from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.zoo.cache import Zoo
+from tierlink.zoo.datasets import Split
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """The models a request can meet, in order (device first), with their tiers."""
+
+    models: tuple[str, ...]
+    tiers: tuple[Tier, ...]
+
+
+def stage_cost(tier: Tier, latency_ms: float, input_bytes: int,
+               cost: CostModel = DEFAULT_COST_MODEL) -> float:
+    """USD for one request that reaches ``tier``: the model's compute time at that tier's
+    price plus moving the input into the tier (the WAN into the cloud is not free)."""
+    return cost.compute(tier, latency_ms) + cost.transfer(tier, input_bytes)
+
+
+def build_stages(zoo: Zoo, chain: Chain, split: Split, cost: CostModel = DEFAULT_COST_MODEL,
+                 threads: int = 1) -> list[Stage]:
+    """One :class:`Stage` per model of ``chain`` on ``split``, confidence calibrated with
+    each model's own temperature (from its card)."""
+    from tierlink.zoo.evaluate import onnx_logits, softmax
+
+    if len(chain.models) != len(chain.tiers):
+        raise ConfigError("a cascade chain needs one tier per model")
+    input_bytes = int(np.prod(split.images.shape[1:])) * 4  # FP32 on the wire
+    stages = []
+    for name, tier in zip(chain.models, chain.tiers, strict=True):
+        card = zoo.card(name)
+        probs = softmax(onnx_logits(zoo.path(name), split.images, threads=threads),
+                        card.temperature)
+        stages.append(Stage(
+            model=name, tier=tier, confidence=probs.max(axis=1),
+            correct=probs.argmax(axis=1) == split.labels,
+            cost=stage_cost(tier, card.latency_ms["batch1_p50"], input_bytes, cost)))
+    return stages
+
+
+def chain_from_fleet(models_by_tier: Sequence[tuple[Tier, Sequence[str]]], task: str) -> Chain:
+    """The cascade a fleet runs for ``task``: the first model of the task on each tier that
+    serves one, device first. ``models_by_tier``: (tier, models) per node, in file order."""
+    picked: dict[Tier, str] = {}
+    for tier, models in models_by_tier:
+        for name in models:
+            if name.startswith(f"{task}-") and tier not in picked:
+                picked[tier] = name
+    order = sorted(picked)
+    if len(order) < 2:
+        raise ConfigError(f"the fleet serves task {task!r} on {len(order)} tier(s); a "
+                          "cascade needs at least two",
+                          hint="put a model of the task on devices and on an upstream tier")
+    return Chain(tuple(picked[t] for t in order), tuple(order))

@@ -1,0 +1,120 @@
+"""``tierlink cascade``: tune a fleet's cascade thresholds for a stated target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierlink.errors import ConfigError, TierlinkError
+
+app = typer.Typer(help="Tune where cascades stop.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+@app.command("tune")
+def tune_cmd(
+    fleet_file: Path = typer.Argument(..., help="the fleet YAML whose thresholds to set"),
+    task: str = typer.Option("fmnist", help="the task whose cascade to tune"),
+    accuracy_drop: float | None = typer.Option(
+        None, help="accuracy floor = the most accurate stage alone minus this many points "
+                   "(the default target, 0.3)"),
+    accuracy_floor: float | None = typer.Option(None, help="accuracy floor in percent"),
+    max_escalation: float | None = typer.Option(
+        None, help="escalate at most this share (0..1) past the device, most accurate"),
+    cost_share: float | None = typer.Option(
+        None, help="cost at most this fraction of the top stage alone, most accurate"),
+    write: bool = typer.Option(True, help="write the thresholds into FLEET_FILE"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Choose per-tier confidence thresholds on the calibration split, check them on the
+    test split, and write them into the fleet file's routing.thresholds."""
+    from tierlink.cascade.fleetfile import write_thresholds
+
+    try:
+        goal = _goal(accuracy_drop, accuracy_floor, max_escalation, cost_share)
+        report = tune_fleet(fleet_file, task, goal, progress=not as_json)
+        if write:
+            write_thresholds(fleet_file, report.thresholds(),
+                             comment=f"cascade tune: {report.target.describe()}")
+    except TierlinkError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        if exc.hint:
+            console.print(f"[yellow]hint:[/yellow] {exc.hint}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(report.to_dict() | {"written": write}, indent=2))
+    else:
+        _print(report, fleet_file if write else None)
+    if not report.feasible:
+        raise typer.Exit(1)
+
+
+def _goal(drop: float | None, floor: float | None, escalation: float | None,
+          share: float | None) -> Any:
+    from tierlink.cascade.report import Goal
+
+    given = {k: v for k, v in (("accuracy_drop", drop), ("accuracy_floor", floor),
+                                ("escalation_budget", escalation), ("cost_share", share))
+             if v is not None}
+    if len(given) > 1:
+        raise ConfigError(f"give one target, got {sorted(given)}")
+    kind, value = next(iter(given.items()), ("accuracy_drop", 0.3))
+    if kind == "accuracy_floor":
+        value /= 100.0
+    if kind in ("escalation_budget", "cost_share") and not 0.0 <= value <= 1.0:
+        raise ConfigError(f"--{kind.replace('_', '-')} is a share in 0..1, got {value}")
+    return Goal(kind, value)
+
+
+def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) -> Any:
+    """Load the fleet and its zoo, build the task's chain, tune it."""
+    from tierlink.cascade.report import tune_chain
+    from tierlink.cascade.stages import chain_from_fleet
+    from tierlink.fleet.config import load_fleet
+    from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.datasets import load_splits
+
+    config = load_fleet(fleet_file)
+    chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task)
+    zoo = ensure_zoo(task=task, profile=config.zoo_profile, progress=progress)
+    zoo = _with_variants(zoo, chain.models)
+    return tune_chain(zoo, chain, load_splits(task), goal, config.routing.policy_config().cost)
+
+
+def _with_variants(zoo: Any, names: tuple[str, ...]) -> Any:
+    """Make any quantized variant the chain names (``fmnist-small-int8``) if missing."""
+    missing = [n for n in names if n not in zoo.cards]
+    if not missing:
+        return zoo
+    from tierlink.quantize.variants import ensure_variant
+    from tierlink.zoo import load_zoo
+
+    for name in missing:
+        ensure_variant(zoo, name)
+    return load_zoo(zoo.task, zoo.profile, zoo.root)
+
+
+def _print(report: Any, written: Path | None) -> None:
+    table = Table(title=f"cascade {' -> '.join(report.chain.models)}: "
+                        f"{report.target.describe()}")
+    for col in ("split", "thresholds", "accuracy", "cost / 1k req", "answered per stage"):
+        table.add_column(col)
+    top = report.chain.models[-1]
+    for split in ("calib", "test"):
+        op = getattr(report, split)
+        alone = report.alone[split][top]
+        table.add_row(split, ", ".join(f"{t:.4f}" for t in op.thresholds),
+                      f"{100 * op.accuracy:.2f}%", f"${1000 * op.cost:.6f}",
+                      " / ".join(f"{100 * s:.1f}%" for s in op.shares))
+        table.add_row(f"{split}: {top} alone", "", f"{100 * alone.accuracy:.2f}%",
+                      f"${1000 * alone.cost:.6f}", "")
+    Console().print(table)
+    verdict = "met" if report.feasible else "[red]NOT met[/red] (closest setting shown)"
+    console.print(f"target {verdict} on the calibration split")
+    if written:
+        console.print(f"wrote routing.thresholds {report.thresholds()} into {written}")

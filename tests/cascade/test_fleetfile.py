@@ -1,0 +1,45 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tierlink.cascade.fleetfile import write_thresholds
+from tierlink.errors import ConfigError
+from tierlink.fleet.config import load_fleet
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+
+
+def test_thresholds_are_written_and_the_rest_of_the_file_kept(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    shutil.copy(EXAMPLE, path)
+    before = path.read_text()
+    write_thresholds(path, {"fmnist-small": 0.812345, "fmnist-x": 0.5}, comment="tuned")
+    after = path.read_text()
+    config = load_fleet(path)
+    assert config.routing.thresholds["fmnist-small"] == 0.8123
+    assert config.routing.thresholds["fmnist-x"] == 0.5
+    assert "fmnist-medium" in config.routing.thresholds  # untouched entries stay
+    # Comments and the other sections survive the round trip.
+    assert "# A fleet on one machine" in after and "# tuned" in after
+    def lines(text):  # padding inside flow mappings is normalised to one space
+        return [" ".join(ln.split()) for ln in text.splitlines() if "thresholds" not in ln]
+
+    assert lines(before) == lines(after)
+
+
+def test_a_fleet_without_routing_gets_one(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text("name: t\nnodes:\n  - {id: d, tier: device, models: [m-small]}\n")
+    write_thresholds(path, {"m-small": 0.7})
+    assert load_fleet(path).routing.thresholds == {"m-small": 0.7}
+
+
+def test_an_invalid_result_never_replaces_the_file(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    shutil.copy(EXAMPLE, path)
+    before = path.read_text()
+    with pytest.raises(ConfigError):
+        write_thresholds(path, {"fmnist-small": 1.5})  # out of range: parse_fleet refuses
+    assert path.read_text() == before
+    assert not list(tmp_path.glob("*.tmp"))

@@ -1,0 +1,53 @@
+"""Tuning on real (quick CI) zoo models: targets met on the calibration split, and the
+temperature fitted there lowers ECE on the test split it never saw."""
+
+import pytest
+
+from tierlink.cascade.report import Goal, tune_chain
+from tierlink.cascade.stages import Chain
+from tierlink.core.types import Tier
+from tierlink.zoo import ensure_zoo
+from tierlink.zoo.calibration import ece
+from tierlink.zoo.datasets import load_splits
+from tierlink.zoo.evaluate import onnx_logits
+
+CHAIN = Chain(("fmnist-small", "fmnist-medium", "fmnist-large"),
+              (Tier.DEVICE, Tier.EDGE, Tier.CLOUD))
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    return ensure_zoo(profile="test", progress=False)
+
+
+@pytest.fixture(scope="module")
+def splits():
+    s = load_splits("fmnist")
+    return type(s)(s.train.head(10), s.calib.head(2000), s.test.head(2000))
+
+
+@pytest.mark.parametrize("goal", [Goal("accuracy_drop", 1.0), Goal("escalation_budget", 0.3),
+                                  Goal("cost_share", 0.3)])
+def test_tuned_thresholds_meet_their_target_on_the_calibration_split(zoo, splits, goal):
+    report = tune_chain(zoo, CHAIN, splits, goal)
+    assert report.feasible
+    calib, top = report.calib, report.alone["calib"]["fmnist-large"]
+    if goal.kind == "accuracy_drop":
+        assert calib.accuracy >= top.accuracy - 0.01
+        assert calib.cost < top.cost  # and it is cheaper than asking the cloud every time
+    elif goal.kind == "escalation_budget":
+        assert calib.escalated <= 0.3
+    else:
+        assert calib.cost <= 0.3 * top.cost
+    assert set(report.thresholds()) == {"fmnist-small", "fmnist-medium"}
+    assert report.test.thresholds == calib.thresholds  # the test split only checks them
+    assert sum(report.test.shares) == pytest.approx(1.0)
+
+
+def test_temperature_fitted_on_calibration_lowers_ece_on_held_out_test(zoo, splits):
+    for name in CHAIN.models:
+        card = zoo.card(name)
+        logits = onnx_logits(zoo.path(name), splits.test.images)
+        before = ece(logits, splits.test.labels)
+        after = ece(logits, splits.test.labels, card.temperature)
+        assert after < before, (name, before, after)
