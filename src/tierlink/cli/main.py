@@ -14,12 +14,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierlink.cli.calibration import calibration
+from tierlink.cli.cascade import app as cascade_app
+from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.errors import TierlinkError
 
 app = typer.Typer(help="tierlink: cloud-edge-device collaborative inference.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 zoo_app = typer.Typer(help="Build and inspect the model zoo.", no_args_is_help=True)
 app.add_typer(zoo_app, name="zoo")
+app.add_typer(hard_examples_app, name="hard-examples")
+app.add_typer(cascade_app, name="cascade")
+zoo_app.command("calibration")(calibration)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
 
@@ -45,13 +51,14 @@ def zoo_models(profile: str, progress: bool = True) -> tuple[dict[str, tuple[Pat
 
 @zoo_app.command("build")
 def zoo_build(profile: str = typer.Option("full", help="full (the real models) or test"),
+              task: str = typer.Option("fmnist", help="fmnist (Fashion-MNIST) or mnist"),
               force: bool = typer.Option(False, help="retrain even if cached"),
               as_json: bool = typer.Option(False, "--json", help="print the cards as JSON")) -> None:
-    """Train, export and profile the Fashion-MNIST models (cached after the first run)."""
+    """Train, export and profile a task's models (cached after the first run)."""
     from tierlink.zoo import ensure_zoo
 
     try:
-        zoo = ensure_zoo(task="fmnist", profile=profile, progress=not as_json, force=force)
+        zoo = ensure_zoo(task=task, profile=profile, progress=not as_json, force=force)
     except TierlinkError as exc:
         _fail(exc)
     _print_cards(zoo, as_json)
@@ -59,16 +66,19 @@ def zoo_build(profile: str = typer.Option("full", help="full (the real models) o
 
 @zoo_app.command("list")
 def zoo_list(profile: str = typer.Option("full"),
+             task: str = typer.Option("fmnist", help="fmnist (Fashion-MNIST) or mnist"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Show the model cards of a built zoo."""
-    zoo_build(profile=profile, force=False, as_json=as_json)
+    zoo_build(profile=profile, task=task, force=False, as_json=as_json)
 
 
 def _print_cards(zoo: Any, as_json: bool) -> None:
+    from tierlink.zoo.profiles import task_spec
+
     if as_json:
         print(json.dumps({n: c.to_dict() for n, c in zoo.cards.items()}, indent=2))
         return
-    table = Table(title="model zoo (Fashion-MNIST test split)")
+    table = Table(title=f"model zoo ({task_spec(zoo.task).title} test split)")
     for col in ("model", "tier", "params", "accuracy", "ms/sample (b1 p50)", "ms/sample (b32)"):
         table.add_column(col)
     for name, c in zoo.cards.items():

@@ -4,12 +4,20 @@
     GET    /v1/nodes                       alive nodes: {"nodes": [NodeRecord...], "ttl_s", "now"}
     GET    /v1/nodes/{node_id}             one alive node (404 when unknown or expired)
     DELETE /v1/nodes/{node_id}             graceful deregistration on node shutdown (204)
+    POST   /v1/hard-examples               a node's batch of hard examples (HardExampleBatch)
+    GET    /v1/hard-examples               their metadata: ?model=&node=&after_id=&limit=
+    GET    /v1/hard-examples/export        an .npz of them with their inputs: ?model=&node=&limit=
     GET    /healthz                        the store answers
     GET    /metrics                        Prometheus text exposition
 
 A node is alive while its last heartbeat is at most ``ttl_s`` old; a background task marks
 silent nodes expired every ``sweep_interval_s``. The registry is not on the request path:
 nodes route from their cached copy of ``GET /v1/nodes`` and keep going while it is away.
+
+Hard examples are inputs a node escalated for low confidence and whose privacy level lets
+them reach the control plane (the node decides; the store still refuses ``local`` ones).
+A malformed batch (e.g. a tensor whose bytes do not match its shape) is a 400 naming the
+field; a failing disk is a 503 and the registry keeps serving.
 
 Errors are ``{"error", "code", "hint"}`` JSON, from the :mod:`tierlink.errors` tree.
 """
@@ -18,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,16 +46,35 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from pydantic import ValidationError
 
-from tierlink.control.schemas import Heartbeat, NodeRecord, format_error_list
-from tierlink.control.store import RegistryStore
-from tierlink.errors import ConfigError, TierlinkError
+from tierlink.control.schemas import (
+    HardExampleBatch,
+    Heartbeat,
+    NodeRecord,
+    format_error_list,
+    format_validation_error,
+)
+from tierlink.control.store import (
+    AddResult,
+    HardExampleStore,
+    RegistryStore,
+    SqliteHardExampleStore,
+    SqliteRegistryStore,
+    StoredExample,
+)
+from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, TierlinkError
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 TIERS = ("device", "edge", "cloud")
 _HEARTBEAT_HINT = "send the fields of tierlink.control.schemas.Heartbeat as JSON"
+_BATCH_HINT = ("send {\"examples\": [...]} with the fields of "
+               "tierlink.control.schemas.HardExampleIn; input.data is base64 of the raw "
+               "little-endian bytes of input.datatype and input.shape")
+MAX_BATCH_BODY_BYTES = 64 * 1024 * 1024
+MAX_PAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -57,6 +86,8 @@ class ControlMetrics:
     heartbeats: Counter
     expired: Counter
     request_duration: Histogram
+    hard_examples: Counter
+    hard_examples_stored: Gauge
 
     @classmethod
     def create(cls) -> ControlMetrics:
@@ -75,6 +106,13 @@ class ControlMetrics:
                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
                 registry=registry,
             ),
+            hard_examples=Counter(
+                "tierlink_control_hard_examples",
+                "Hard examples received, by outcome: stored, duplicate (a retried batch), "
+                "evicted (oldest, over the row cap), rejected (invalid batch)", ["outcome"],
+                registry=registry),
+            hard_examples_stored=Gauge("tierlink_control_hard_examples_stored",
+                                       "Hard examples in the store now", registry=registry),
         )
 
 
@@ -132,22 +170,80 @@ class RegistryService:
             self.metrics.nodes.labels(tier=tier).set(count)
 
 
+class HardExampleService:
+    """The hard-example endpoints apart from HTTP: the store on the injected clock, metrics.
+    Kept on ``app.state.hard_examples``."""
+
+    def __init__(self, store: HardExampleStore, clock: Clock, metrics: ControlMetrics) -> None:
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+
+    def add(self, body: bytes) -> AddResult:
+        """Validate and store one batch (``POST /v1/hard-examples``'s raw body)."""
+        batch = _parse_batch(body, self.metrics)
+        result = self.store.add(batch.examples, self.clock())
+        for outcome, n in (("stored", result.stored), ("duplicate", result.duplicates),
+                           ("evicted", result.evicted)):
+            self.metrics.hard_examples.labels(outcome=outcome).inc(n)
+        if result.evicted:
+            log.info("hard-example store at its cap: evicted the %d oldest", result.evicted)
+        return result
+
+    def update_gauges(self) -> None:
+        self.metrics.hard_examples_stored.set(self.store.count())
+
+
+def _parse_batch(body: bytes, metrics: ControlMetrics) -> HardExampleBatch:
+    try:
+        if len(body) > MAX_BATCH_BODY_BYTES:
+            raise InvalidRequest(f"hard-example batch of {len(body)} bytes is larger than the "
+                                 f"{MAX_BATCH_BODY_BYTES} allowed", hint="send smaller batches")
+        try:
+            return HardExampleBatch.model_validate(json.loads(body))
+        except ValueError as exc:  # ValidationError is a ValueError too
+            raise _invalid_batch(exc) from None
+    except InvalidRequest:
+        metrics.hard_examples.labels(outcome="rejected").inc()
+        raise
+
+
+def _invalid_batch(exc: ValueError) -> InvalidRequest:
+    if isinstance(exc, ValidationError):
+        message = format_validation_error(exc, what="hard-example batch")
+    else:
+        message = f"invalid hard-example batch: the body is not JSON: {exc}"
+    return InvalidRequest(message, hint=_BATCH_HINT)
+
+
 def create_app(
     store: RegistryStore,
     clock: Clock = time.time,
     ttl_s: float = 5.0,
     *,
     sweep_interval_s: float = 1.0,
+    hard_examples: HardExampleStore | None = None,
+    hard_example_max_rows: int = 50_000,
 ) -> FastAPI:
     """The registry app over ``store``. The caller owns ``store`` and closes it after the
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
-    every ``sweep_interval_s`` of real time while the app's lifespan is running."""
+    every ``sweep_interval_s`` of real time while the app's lifespan is running.
+
+    ``hard_examples``: where hard examples go (owned by the caller). When None and ``store``
+    is SQLite, the app opens a :class:`SqliteHardExampleStore` on the same file, capped at
+    ``hard_example_max_rows``, and closes it when its lifespan ends."""
     if ttl_s <= 0 or sweep_interval_s <= 0:
         raise ConfigError(
             f"ttl_s ({ttl_s}) and sweep_interval_s ({sweep_interval_s}) must be positive",
             hint="pass e.g. --ttl 5 (seconds a silent node stays listed)",
         )
-    service = RegistryService(store, clock, float(ttl_s), ControlMetrics.create())
+    metrics = ControlMetrics.create()
+    service = RegistryService(store, clock, float(ttl_s), metrics)
+    owned = hard_examples is None and isinstance(store, SqliteRegistryStore)
+    if hard_examples is None and isinstance(store, SqliteRegistryStore):
+        hard_examples = SqliteHardExampleStore(store.path, max_rows=hard_example_max_rows)
+    examples = None if hard_examples is None else HardExampleService(hard_examples, clock,
+                                                                      metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -160,16 +256,21 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if owned and examples is not None:
+                examples.store.close()
 
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)
     app.state.registry = service
+    app.state.hard_examples = examples
     _install_error_handlers(app)
     _install_timing(app, service.metrics)
-    _install_routes(app, service)
+    _install_routes(app, service, examples)
+    _install_hard_example_routes(app, examples)
     return app
 
 
-def _install_routes(app: FastAPI, service: RegistryService) -> None:
+def _install_routes(app: FastAPI, service: RegistryService,
+                    examples: HardExampleService | None) -> None:
     @app.post("/v1/nodes/{node_id}/heartbeat")
     def heartbeat(node_id: str, body: Heartbeat) -> Any:
         if body.node_id != node_id:
@@ -204,8 +305,83 @@ def _install_routes(app: FastAPI, service: RegistryService) -> None:
     @app.get("/metrics")
     def metrics() -> Response:
         service.update_gauges()
+        if examples is not None:
+            examples.update_gauges()
         return Response(generate_latest(service.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
+
+
+def _install_hard_example_routes(app: FastAPI, examples: HardExampleService | None) -> None:
+    def need() -> HardExampleService:
+        if examples is None:
+            raise ControlPlaneError("this control plane keeps no hard-example store",
+                                    hint="run `tierlink control` with a SQLite --db")
+        return examples
+
+    @app.post("/v1/hard-examples")
+    async def post_examples(request: Request) -> dict[str, int]:
+        body = await request.body()  # raw: validated by HardExampleBatch, 400 when bad
+        result = await asyncio.to_thread(need().add, body)  # decode + SQLite off the loop
+        return {"stored": result.stored, "duplicates": result.duplicates,
+                "evicted": result.evicted}
+
+    # Plain `def` handlers: FastAPI runs them on a worker thread, off the event loop.
+    @app.get("/v1/hard-examples")
+    def list_examples(model: str | None = None, node: str | None = None, after_id: int = 0,
+                      limit: int = 100) -> dict[str, Any]:
+        limit = _page_size(limit)
+        records = need().store.page(model=model, node=node, after_id=after_id, limit=limit)
+        return {"examples": [r.model_dump(mode="json") for r in records],
+                "next_after_id": records[-1].id if len(records) == limit else None}
+
+    @app.get("/v1/hard-examples/export")
+    def export_examples(model: str | None = None, node: str | None = None,
+                        limit: int | None = None) -> Response:
+        rows = need().store.export(model=model, node=node, limit=limit)
+        return Response(to_npz(rows), media_type="application/octet-stream", headers={
+            "Content-Disposition": 'attachment; filename="hard-examples.npz"',
+            "X-Tierlink-Examples": str(len(rows))})
+
+
+def _page_size(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequest(f"limit must be in 1..{MAX_PAGE}, got {limit}",
+                             hint="page with after_id=<the last id you got>")
+    return limit
+
+
+def to_npz(rows: list[StoredExample]) -> bytes:
+    """The exported examples as ``.npz`` bytes (``numpy.load`` reads them without pickle):
+    ``inputs`` (N, *shape), ``labels`` (N,) int64 (-1: unknown), ``predictions`` (N,) int64,
+    ``confidences`` (N,) float32, ``ids`` (N,) int64, ``created_at`` (N,) float64 and the
+    strings ``models``, ``nodes``, ``privacy``, ``request_ids`` (N,). Every input must have
+    the same datatype and shape (filter by ``model`` otherwise)."""
+    import numpy as np
+
+    from tierlink.transport.oip import numpy_dtype
+
+    kinds = {(r.record.datatype, tuple(r.record.shape)) for r in rows}
+    if len(kinds) > 1:
+        raise InvalidRequest(f"the selected hard examples have {len(kinds)} different input "
+                             f"types/shapes ({sorted(kinds)[:3]}...); cannot stack them",
+                             hint="export one model at a time: ?model=NAME")
+    datatype, shape = next(iter(kinds), ("FP32", ()))
+    inputs = np.stack([np.frombuffer(r.data, numpy_dtype(datatype)).reshape(shape)
+                       for r in rows]) if rows else np.zeros((0,), np.float32)
+    column = [r.record for r in rows]
+    buffer = io.BytesIO()
+    np.savez_compressed(
+        buffer, inputs=inputs,
+        labels=np.array([r.label for r in column], np.int64),
+        predictions=np.array([r.prediction for r in column], np.int64),
+        confidences=np.array([r.confidence for r in column], np.float32),
+        ids=np.array([r.id for r in column], np.int64),
+        created_at=np.array([r.created_at for r in column], np.float64),
+        models=np.array([r.model for r in column], np.str_),
+        nodes=np.array([r.node_id for r in column], np.str_),
+        privacy=np.array([r.privacy for r in column], np.str_),
+        request_ids=np.array([r.request_id for r in column], np.str_))
+    return buffer.getvalue()
 
 
 def _unknown(node_id: str) -> Response:
@@ -219,7 +395,11 @@ def _error(status: int, message: str, code: str, hint: str) -> Response:
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_request: Request, exc: RequestValidationError) -> Response:
+    async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
+        if request.url.path.startswith("/v1/hard-examples"):  # a bad query parameter
+            message = format_error_list(exc.errors(), what="hard-example query",
+                                        strip_first=True)
+            return _error(400, message, "invalid_request", "see GET /docs for the parameters")
         message = format_error_list(exc.errors(), what="heartbeat", strip_first=True)
         return _error(422, message, "invalid_request", _HEARTBEAT_HINT)
 

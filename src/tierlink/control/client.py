@@ -1,6 +1,7 @@
 """What a node uses to talk to the control plane: a client, a cached view, a heartbeat loop.
 
-- :class:`ControlClient`: async HTTP calls; every failure (refused connection, timeout,
+- :class:`ControlClient`: async HTTP calls (the registry, and the hard-example store that
+  nodes post to and ``tierlink hard-examples`` reads); every failure (refused connection, timeout,
   error status, unreadable answer) becomes one :class:`~tierlink.errors.ControlPlaneError`
   naming the URL.
 - :class:`RegistryCache`: the last cluster view fetched successfully. The control plane is
@@ -17,7 +18,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, Self
 
 import httpx
@@ -71,6 +72,29 @@ class ControlClient:
                                     allow={404})
         return response.status_code != 404
 
+    async def post_hard_examples(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Send a batch of hard examples (``HardExampleIn`` dicts); returns the store's
+        answer ``{"stored", "duplicates", "evicted"}``."""
+        response = await self._call("POST", "/v1/hard-examples", "a hard-example batch",
+                                    json={"examples": list(examples)})
+        return _json_object(response, self._url("/v1/hard-examples"))
+
+    async def hard_examples(self, *, model: str | None = None, node: str | None = None,
+                            after_id: int = 0, limit: int = 100) -> dict[str, Any]:
+        """One page of stored hard examples' metadata (no tensors), oldest first:
+        ``{"examples": [HardExampleRecord dicts], "next_after_id": int | None}``."""
+        params = _query(model=model, node=node, after_id=after_id, limit=limit)
+        response = await self._call("GET", "/v1/hard-examples", "the hard-example list",
+                                    params=params)
+        return _json_object(response, self._url("/v1/hard-examples"))
+
+    async def export_hard_examples(self, *, model: str | None = None,
+                                   node: str | None = None) -> bytes:
+        """The stored hard examples as an ``.npz`` file's bytes (see the control app)."""
+        response = await self._call("GET", "/v1/hard-examples/export", "a hard-example export",
+                                    params=_query(model=model, node=node))
+        return response.content
+
     async def close(self) -> None:
         await self._http.aclose()
 
@@ -85,11 +109,12 @@ class ControlClient:
 
     async def _call(self, method: str, path: str, what: str, *,
                     json: Mapping[str, Any] | None = None,
+                    params: Mapping[str, str | int] | None = None,
                     allow: frozenset[int] | set[int] = frozenset()) -> httpx.Response:
         """One request, with every httpx failure and error status mapped here, once."""
         url = self._url(path)
         try:
-            response = await self._http.request(method, path, json=json)
+            response = await self._http.request(method, path, json=json, params=params)
         except httpx.TimeoutException as exc:
             raise ControlPlaneError(
                 f"control plane at {url} did not answer {what} within {self.timeout_s:g} s"
@@ -117,6 +142,19 @@ def _refused(response: httpx.Response, url: str, what: str) -> ControlPlaneError
         f"control plane at {url} refused {what}: HTTP {response.status_code}: {detail}",
         hint=hint, status=response.status_code, code=body.get("code", ""),
     )
+
+
+def _query(**values: str | int | None) -> dict[str, str | int]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _json_object(response: httpx.Response, url: str) -> dict[str, Any]:
+    payload = _json(response, url)
+    if not isinstance(payload, dict):
+        raise ControlPlaneError(f"control plane at {url} answered with a JSON "
+                                f"{type(payload).__name__}, not an object",
+                                hint="is the URL a tierlink control plane of a compatible version?")
+    return payload
 
 
 def _json(response: httpx.Response, url: str) -> Any:

@@ -5,6 +5,9 @@ A node heartbeats about once a second with a :class:`Heartbeat`; the registry an
 knows: when it first registered, when it was last heard of, how stale that is and which
 incarnation of the node it is).
 
+Nodes post inputs they escalated for low confidence as a :class:`HardExampleBatch`; the
+store lists them as :class:`HardExampleRecord` (metadata only, never the tensor).
+
 Forward compatibility: fields this version does not know are *kept*, not rejected, in an
 ``extra`` dict on the model they arrived in (top level, a model entry, a link), so a newer
 node can add fields without breaking an older control plane, and they travel on to readers.
@@ -12,6 +15,9 @@ node can add fields without breaking an older control plane, and they travel on 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import math
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -131,6 +137,94 @@ class NodeRecord(Heartbeat):
     last_seen: float
     age_s: float = Field(ge=0.0)
     generation: int = Field(ge=1)
+
+
+# Bytes per element of the numeric OIP datatypes a hard example's input may have.
+ITEM_BYTES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2,
+              "UINT32": 4, "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}
+TensorDatatype = Literal["BOOL", "UINT8", "INT8", "UINT16", "INT16", "FP16", "UINT32", "INT32",
+                         "FP32", "UINT64", "INT64", "FP64"]
+MAX_TENSOR_BYTES = 16 * 1024 * 1024  # one input row; a Fashion-MNIST image is 3136 bytes
+
+
+class TensorIn(BaseModel):
+    """One tensor on the wire: base64 of its raw little-endian bytes, datatype and shape.
+    Valid only when the bytes are exactly ``prod(shape) x bytes per element``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    datatype: TensorDatatype
+    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=8)
+    data: str
+
+    @model_validator(mode="after")
+    def _size_matches(self) -> TensorIn:
+        want = math.prod(self.shape) * ITEM_BYTES[self.datatype]
+        if want > MAX_TENSOR_BYTES:
+            raise ValueError(f"shape {self.shape} of {self.datatype} is {want} bytes, more "
+                             f"than the {MAX_TENSOR_BYTES} allowed per example")
+        got = len(self.raw())
+        if got != want:
+            raise ValueError(f"data is {got} bytes, but {self.datatype} {self.shape} needs "
+                             f"{want} (base64 of the raw little-endian bytes)")
+        return self
+
+    def raw(self) -> bytes:
+        try:
+            return base64.b64decode(self.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("data is not valid base64") from None
+
+
+class HardExampleIn(_Open):
+    """An input a node escalated for low confidence, as the node sends it.
+
+    ``privacy`` is never ``local``: such inputs may not leave their device, so the store
+    refuses them even if a node were to send one."""
+
+    request_id: str = Field(min_length=1, max_length=128)
+    row: int = Field(default=0, ge=0)  # index in the request's batch
+    node_id: NodeId
+    model: str = Field(min_length=1, max_length=128)
+    task: str = Field(min_length=1, max_length=128)
+    privacy: Literal["site", "any"]
+    prediction: int = Field(ge=0)
+    confidence: float = Field(ge=0.0, le=1.0)
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    label: int = Field(default=-1, ge=-1)  # -1: unknown
+    created_at: float = Field(ge=0.0)  # epoch seconds, at the node
+    input: TensorIn
+
+
+class HardExampleBatch(BaseModel):
+    """The body of ``POST /v1/hard-examples``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    examples: list[HardExampleIn] = Field(min_length=1, max_length=1024)
+
+
+class HardExampleRecord(BaseModel):
+    """A stored hard example's metadata (``GET /v1/hard-examples``). ``id`` grows with
+    every insert and is never reused, so ``after_id`` pages are stable under eviction."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    request_id: str
+    row: int
+    node_id: str
+    model: str
+    task: str
+    privacy: str
+    prediction: int
+    confidence: float
+    threshold: float | None
+    label: int
+    created_at: float
+    received_at: float
+    datatype: str
+    shape: list[int]
 
 
 def format_validation_error(exc: ValidationError, *, what: str) -> str:

@@ -35,6 +35,7 @@ def run_control(
     db_path: str | Path,
     ttl_s: float = 5.0,
     ready_file: Path | None = None,
+    hard_example_rows: int = 50_000,
 ) -> None:
     """Serve the registry on ``host:port`` (0: any free port) until SIGTERM/SIGINT.
 
@@ -49,7 +50,7 @@ def run_control(
     try:
         store = SqliteRegistryStore(db_path)
         try:
-            _serve(create_app(store, ttl_s=ttl_s), sock,
+            _serve(create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows), sock,
                    on_ready=lambda: _announce(ready_file, host, actual_port))
         finally:
             store.close()
@@ -128,13 +129,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds without a heartbeat before a node expires (default 5)")
     parser.add_argument("--ready-file", type=Path, default=None,
                         help='write {"port": N} here once listening')
+    parser.add_argument("--hard-example-rows", type=int, default=50_000,
+                        help="keep at most this many hard examples (oldest evicted)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Our own lines are rare (start, registrations, expiries), not one per heartbeat.
     logging.getLogger("tierlink").setLevel(logging.INFO)
     try:
-        run_control(args.host, args.port, args.db, args.ttl, args.ready_file)
+        run_control(args.host, args.port, args.db, args.ttl, args.ready_file,
+                    args.hard_example_rows)
     except TierlinkError as exc:
         log.error("%s", exc)
         return 2

@@ -13,6 +13,11 @@ Life of an entry (one row per node id, ever):
 
 Expired and deregistered rows are kept as tombstones (for ``tombstone_retention_s``) so a
 node that comes back gets a *higher* generation rather than starting over at 1.
+
+The same database holds the **hard-example store** (:class:`SqliteHardExampleStore`, table
+``hard_examples``, schema version 2): inputs nodes escalated for low confidence, capped at
+``max_rows`` (the oldest are evicted, so a disk never fills silently). It has a connection
+of its own, so an export reading many rows never delays a heartbeat.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tierlink.control.schemas import Heartbeat, NodeRecord
+from tierlink.control.schemas import HardExampleIn, HardExampleRecord, Heartbeat, NodeRecord
 from tierlink.errors import ControlPlaneError
 
-SCHEMA_VERSION = 1
+# 1: nodes. 2: + hard_examples (created on open; a version-1 file is upgraded in place).
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -42,6 +49,32 @@ CREATE TABLE IF NOT EXISTS nodes (
     state         TEXT NOT NULL    -- 'alive' | 'expired' | 'deregistered'
 )
 """
+
+_HARD_EXAMPLES_SCHEMA = (
+    """
+CREATE TABLE IF NOT EXISTS hard_examples (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, even after eviction
+    request_id  TEXT NOT NULL,
+    row         INTEGER NOT NULL,                   -- index in the request's batch
+    node_id     TEXT NOT NULL,
+    model       TEXT NOT NULL,
+    task        TEXT NOT NULL,
+    privacy     TEXT NOT NULL,
+    prediction  INTEGER NOT NULL,
+    confidence  REAL NOT NULL,
+    threshold   REAL,
+    label       INTEGER NOT NULL,                   -- -1: unknown
+    created_at  REAL NOT NULL,                      -- at the node
+    received_at REAL NOT NULL,
+    datatype    TEXT NOT NULL,
+    shape       TEXT NOT NULL,                      -- JSON list
+    data        BLOB NOT NULL,                      -- raw little-endian bytes
+    -- a batch re-sent after a lost answer is stored once
+    UNIQUE (node_id, request_id, model, row, created_at)
+)
+""",
+    "CREATE INDEX IF NOT EXISTS hard_examples_by_model ON hard_examples (model, id)",
+)
 
 _COLUMNS = "node_id, heartbeat, registered_at, last_seen, generation"
 
@@ -199,6 +232,8 @@ def _prepare(conn: sqlite3.Connection, path: str) -> None:
         )
     with conn:
         conn.execute(_SCHEMA)
+        for statement in _HARD_EXAMPLES_SCHEMA:
+            conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
@@ -242,12 +277,142 @@ def _record(
 
 
 @contextmanager
-def _sqlite_errors(path: str, action: str) -> Iterator[None]:
+def _sqlite_errors(path: str, action: str, *, what: str = "registry database",
+                   hint: str = "check the disk and the file's permissions; restart "
+                               "`tierlink control`") -> Iterator[None]:
     """Convert sqlite3 errors raised inside into :class:`ControlPlaneError`."""
     try:
         yield
     except sqlite3.Error as exc:
-        raise ControlPlaneError(
-            f"registry database {path} failed to {action}: {exc}",
-            hint="check the disk and the file's permissions; restart `tierlink control`",
-        ) from exc
+        raise ControlPlaneError(f"{what} {path} failed to {action}: {exc}", hint=hint) from exc
+
+
+# -- the hard-example store -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    """What one batch did to the store."""
+
+    stored: int
+    duplicates: int  # already stored (a retried batch)
+    evicted: int  # oldest rows removed to stay within ``max_rows``
+
+
+@dataclass(frozen=True, slots=True)
+class StoredExample:
+    """A hard example with its tensor, for export."""
+
+    record: HardExampleRecord
+    data: bytes  # raw little-endian bytes of ``record.datatype`` / ``record.shape``
+
+
+class HardExampleStore(Protocol):
+    """Where the control plane keeps hard examples. Thread-safe; ``now`` is injected."""
+
+    def add(self, examples: Sequence[HardExampleIn], now: float) -> AddResult:
+        """Store a batch atomically, then evict the oldest rows beyond the cap."""
+        ...
+
+    def page(self, *, model: str | None = None, node: str | None = None, after_id: int = 0,
+             limit: int = 100) -> list[HardExampleRecord]:
+        """Metadata of stored examples with ``id > after_id``, oldest first."""
+        ...
+
+    def export(self, *, model: str | None = None, node: str | None = None,
+               limit: int | None = None) -> list[StoredExample]:
+        """Examples with their tensors, oldest first (at most ``limit``)."""
+        ...
+
+    def count(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+_RECORD_COLUMNS = ("id, request_id, row, node_id, model, task, privacy, prediction, confidence,"
+                   " threshold, label, created_at, received_at, datatype, shape")
+_INSERT = ("INSERT OR IGNORE INTO hard_examples (request_id, row, node_id, model, task, privacy,"
+           " prediction, confidence, threshold, label, created_at, received_at, datatype, shape,"
+           " data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_DISK_HINT = ("check free space and permissions where the control plane's --db lives; lower "
+              "the hard-example row cap to keep less. The registry keeps serving")
+
+
+class SqliteHardExampleStore:
+    """:class:`HardExampleStore` in the control plane's SQLite file, at most ``max_rows``.
+
+    Its own connection and lock (WAL: readers do not block the registry's writes)."""
+
+    def __init__(self, path: str | Path, *, max_rows: int = 50_000) -> None:
+        if max_rows < 1:
+            raise ControlPlaneError(f"the hard-example row cap must be >= 1, got {max_rows}")
+        self.path = str(path)
+        self.max_rows = max_rows
+        self._lock = threading.Lock()
+        self._conn = _connect(self.path)
+
+    def add(self, examples: Sequence[HardExampleIn], now: float) -> AddResult:
+        rows = [_example_row(e, now) for e in examples]  # decode outside the lock
+        with self._lock, self._guard(f"store {len(rows)} hard examples"), self._conn:
+            before = self._conn.total_changes
+            self._conn.executemany(_INSERT, rows)
+            stored = self._conn.total_changes - before
+            evicted = self._conn.execute(
+                "DELETE FROM hard_examples WHERE id <= (SELECT id FROM hard_examples"
+                " ORDER BY id DESC LIMIT 1 OFFSET ?)", (self.max_rows,)).rowcount
+        return AddResult(stored, len(rows) - stored, max(0, evicted))
+
+    def page(self, *, model: str | None = None, node: str | None = None, after_id: int = 0,
+             limit: int = 100) -> list[HardExampleRecord]:
+        where, args = _filters(model, node, after_id)
+        with self._lock, self._guard("list hard examples"):
+            rows = self._conn.execute(
+                f"SELECT {_RECORD_COLUMNS} FROM hard_examples WHERE {where}"
+                " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
+        return [_record_of(row) for row in rows]
+
+    def export(self, *, model: str | None = None, node: str | None = None,
+               limit: int | None = None) -> list[StoredExample]:
+        where, args = _filters(model, node, 0)
+        with self._lock, self._guard("export hard examples"):
+            rows = self._conn.execute(
+                f"SELECT {_RECORD_COLUMNS}, data FROM hard_examples WHERE {where}"
+                " ORDER BY id LIMIT ?", (*args, -1 if limit is None else limit)).fetchall()
+        return [StoredExample(_record_of(row[:-1]), bytes(row[-1])) for row in rows]
+
+    def count(self) -> int:
+        with self._lock, self._guard("count hard examples"):
+            return int(self._conn.execute("SELECT COUNT(*) FROM hard_examples").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _guard(self, action: str) -> AbstractContextManager[None]:
+        return _sqlite_errors(self.path, action, what="hard-example store",
+                              hint=_DISK_HINT)
+
+
+def _example_row(e: HardExampleIn, now: float) -> tuple[Any, ...]:
+    return (e.request_id, e.row, e.node_id, e.model, e.task, e.privacy, e.prediction,
+            e.confidence, e.threshold, e.label, e.created_at, now, e.input.datatype,
+            json.dumps(e.input.shape), e.input.raw())
+
+
+def _filters(model: str | None, node: str | None, after_id: int) -> tuple[str, list[Any]]:
+    clauses: list[str] = ["id > ?"]
+    args: list[Any] = [after_id]
+    if model is not None:
+        clauses.append("model = ?")
+        args.append(model)
+    if node is not None:
+        clauses.append("node_id = ?")
+        args.append(node)
+    return " AND ".join(clauses), args
+
+
+def _record_of(row: Sequence[Any]) -> HardExampleRecord:
+    names = [c.strip() for c in _RECORD_COLUMNS.split(",")]
+    values = dict(zip(names, row, strict=True))
+    values["shape"] = json.loads(values["shape"])
+    return HardExampleRecord.model_validate(values)

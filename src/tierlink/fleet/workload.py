@@ -80,8 +80,10 @@ def make_workload(n: int, rate_per_s: float, devices: list[str], n_samples: int,
 async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
                 device_urls: dict[str, str], task: str, policy: str | None,
                 on_done: Callable[[Record], None] = lambda r: None,
-                grace_s: float = 5.0) -> list[Record]:
-    """Send every item at its time; wait for every answer (or error, or give up as lost)."""
+                grace_s: float = 5.0, send_labels: bool = True) -> list[Record]:
+    """Send every item at its time; wait for every answer (or error, or give up as lost).
+    ``send_labels``: attach the true label (``tierlink.label``), so the hard examples the
+    fleet collects from this run are labelled."""
     from tierlink.transport.client import OipClient
 
     async with OipClient(max_connections=256) as client:
@@ -90,7 +92,7 @@ async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
         async def one(item: WorkItem) -> Record:
             await asyncio.sleep(max(0.0, start + item.at_s - time.monotonic()))
             record = await _send(client, item, images, labels, device_urls[item.origin], task,
-                                 policy, grace_s)
+                                 policy, grace_s, send_labels)
             on_done(record)
             return record
 
@@ -98,13 +100,16 @@ async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
 
 
 async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.ndarray,
-                url: str, task: str, policy: str | None, grace_s: float) -> Record:
+                url: str, task: str, policy: str | None, grace_s: float,
+                send_labels: bool = True) -> Record:
     params = {protocol.DEADLINE: item.deadline_ms, protocol.PRIVACY: item.privacy.value,
               protocol.PRIORITY: item.priority.label, protocol.ORIGIN: item.origin}
     if policy:
         params[protocol.POLICY] = policy
     x = images[item.sample: item.sample + 1]  # (1, 1, 28, 28)
     label = int(labels[item.sample])
+    if send_labels:
+        params[protocol.LABEL] = label
     t0 = time.monotonic()
     try:
         resp = await client.infer(url, task, {"input": x}, params,  # type: ignore[attr-defined]

@@ -57,7 +57,9 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
 
     control = ControlClient(spec.control_url) if spec.control_url else None
     cache = RegistryCache(control) if control else None
-    service = NodeService(spec, runtimes, records=(lambda: cache.nodes) if cache else list)
+    # The control client is also where hard examples go (see node/hard_examples.py).
+    service = NodeService(spec, runtimes, records=(lambda: cache.nodes) if cache else list,
+                          hard_example_sink=control)
     app = create_app(service)
     if cache:
         service.metrics.control_stale.labels(spec.tier.label).set_function(

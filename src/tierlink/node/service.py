@@ -16,6 +16,7 @@ Two entry points:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import time
@@ -39,6 +40,7 @@ from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
 from tierlink.node.breaker import BreakerBoard, BreakerSettings
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
+from tierlink.node.hard_examples import ExampleSink, HardExampleUploader
 from tierlink.node.runtime import ModelRuntime, softmax_confidence
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
@@ -49,6 +51,13 @@ from tierlink.telemetry.metrics import NodeMetrics
 from tierlink.transport.client import OipClient
 
 log = logging.getLogger("tierlink.node")
+
+# The client's labels (``tierlink.label``) of the request being routed. They are not part of
+# the core ``Request`` (nothing in routing reads them); like the trace context, they ride the
+# request's async context from ``infer_task`` to the hop that forwards them and to the
+# hard-example hook, both called from within that same task.
+_LABELS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
+    "tierlink_labels", default=None)
 
 
 @dataclass(slots=True)
@@ -65,6 +74,7 @@ class NodeService:
         self, spec: NodeSpec, runtimes: dict[str, ModelRuntime], *,
         clock: Callable[[], float] = time.monotonic, client: OipClient | None = None,
         records: Callable[[], list[dict[str, Any]]] = list, metrics: NodeMetrics | None = None,
+        hard_example_sink: ExampleSink | None = None,
     ) -> None:
         self.spec = spec
         self.runtimes = runtimes
@@ -93,10 +103,12 @@ class NodeService:
             clock=clock, on_transition=self._on_breaker)
         self._outstanding: dict[str, int] = {}
         self._inflight = 0
+        self.hard_examples = self._uploader(hard_example_sink)
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
                                      _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      _Observer(self.metrics), clock,
-                                     margin_ms=self.routing.reserve_ms)
+                                     margin_ms=self.routing.reserve_ms,
+                                     on_hard_example=self._hard_example)
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self.started_at = time.time()
@@ -107,11 +119,15 @@ class NodeService:
         self.scheduler.start()
         self._register_gauges()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="view-refresh")
+        if self.hard_examples is not None:
+            self.hard_examples.start()
 
     async def stop(self) -> None:
         if self._refresher:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
+        if self.hard_examples is not None:
+            await self.hard_examples.stop()
         await self.scheduler.close()
         await self._client.close()
 
@@ -152,14 +168,17 @@ class NodeService:
         req = protocol.parse_request(task, params, request_id=request_id or uuid.uuid4().hex,
                                      receiver=self.spec.node_id,
                                      input_bytes=sum(a.nbytes for a in inputs.values()))
+        labels = protocol.parse_labels(params, _batch_size(inputs))
         policy = self._policy_for(req)
         req = self._check_receipt(req, policy)
         self._inflight += 1
+        token = _LABELS.set(labels)
         try:
             with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
                               {"tierlink.node": self.spec.node_id, "tierlink.task": task}):
                 result = await self._route(req, policy, inputs, t0)
         finally:
+            _LABELS.reset(token)
             self._inflight -= 1
         return result.outputs, result.outcome, (self._clock() - t0) * 1000.0
 
@@ -245,7 +264,8 @@ class NodeService:
         if send_ms <= 0:
             raise DeadlineExceeded(f"no time left for the hop to {placement.node_id} "
                                    f"({budget_ms:.1f} ms left, link RTT {link.rtt_ms:.1f} ms)")
-        params = protocol.forward_params(req, send_ms, tracing.current_traceparent())
+        params = protocol.forward_params(req, send_ms, tracing.current_traceparent(),
+                                         _LABELS.get())
         node = placement.node_id
         self._outstanding[node] = self._outstanding.get(node, 0) + 1
         start = self._clock()
@@ -259,6 +279,23 @@ class NodeService:
         up.estimator.observe(total_ms, outcome.timings_ms.get("server_ms", 0.0), req.input_bytes)
         transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
         return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
+
+    # -- the hard-example loop -------------------------------------------------------------
+
+    def _uploader(self, sink: ExampleSink | None) -> HardExampleUploader | None:
+        config = self.spec.hard_examples()
+        if sink is None or not config.enabled:
+            return None
+        return HardExampleUploader(sink, config, self.spec.node_id,
+                                   count=self.metrics.count_hard_examples,
+                                   rng=random.Random(self.spec.seed + 1))
+
+    def _hard_example(self, placement: Placement, req: Request,
+                      inputs: dict[str, np.ndarray], result: StepResult) -> None:
+        """The dispatcher's hook: a local answer escalated for low confidence."""
+        if self.hard_examples is not None:
+            self.hard_examples.offer(placement, req, inputs, result.outputs.get("probabilities"),
+                                     _LABELS.get())
 
     # -- view, heartbeat, metrics ----------------------------------------------------------
 
@@ -317,6 +354,10 @@ class NodeService:
         for p in Priority:
             self.metrics.queue_depth.labels(tier, p.label).set_function(self._depth_of(p))
         self.metrics.inflight.labels(tier).set_function(lambda: self._inflight)
+        if self.hard_examples is not None:
+            uploader = self.hard_examples
+            self.metrics.hard_examples_pending.labels(tier).set_function(
+                lambda: uploader.pending)
 
     def _depth_of(self, priority: Priority) -> Callable[[], float]:
         return lambda: float(self.scheduler.snapshot().queue_depth_by_priority.get(priority, 0))
@@ -329,6 +370,11 @@ class NodeService:
 
     def _initial_ms(self) -> float:
         return max((rt.info.latency_ms for rt in self.runtimes.values()), default=5.0)
+
+
+def _batch_size(inputs: dict[str, np.ndarray]) -> int:
+    first = next(iter(inputs.values()), None)
+    return int(first.shape[0]) if first is not None and first.ndim else 1
 
 
 class _Breakers:

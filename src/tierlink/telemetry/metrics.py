@@ -72,6 +72,19 @@ class NodeMetrics:
                             ["tier"], registry=r)
         self.control_stale = Gauge("tierlink_view_age_seconds",
                                    "Age of the cached cluster view", ["tier"], registry=r)
+        self.hard_examples = Counter(
+            "tierlink_hard_examples_total",
+            "Hard examples (input rows escalated for low confidence) by what became of them: "
+            "queued, sent, dropped (queue full), withheld (privacy), sampled_out, skipped, "
+            "upload_failed (in a batch the control plane did not accept; retried)",
+            ["tier", "outcome"], registry=r)
+        self.hard_examples_pending = Gauge("tierlink_hard_examples_pending",
+                                           "Hard examples waiting to be sent", ["tier"],
+                                           registry=r)
+
+    def count_hard_examples(self, outcome: str, n: int) -> None:
+        """The hard-example uploader's ``count`` callback."""
+        self.hard_examples.labels(self.tier, outcome).inc(n)
 
     # -- scheduler observer protocol ---------------------------------------------------
 

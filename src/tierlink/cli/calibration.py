@@ -1,0 +1,62 @@
+"""``tierlink zoo calibration``: how well each model's confidence is calibrated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierlink.errors import TierlinkError
+
+console = Console(stderr=True)
+
+
+def calibration(
+    task: str = typer.Option("fmnist", help="fmnist (Fashion-MNIST) or mnist"),
+    profile: str = typer.Option("full", help="zoo profile: full or test"),
+    png: Path | None = typer.Option(None, help="write reliability diagrams (test split) here"),
+    as_json: bool = typer.Option(False, "--json", help="print the calibration as JSON"),
+) -> None:
+    """Temperature, ECE and NLL before/after scaling for every model of the zoo (fitted
+    on the calibration split; the test columns are a held-out check)."""
+    from tierlink.zoo import ensure_zoo
+
+    try:
+        zoo = ensure_zoo(task=task, profile=profile, progress=not as_json)
+        if png:
+            _plot(zoo, png)
+    except TierlinkError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
+    rows = {n: c.calibration.to_dict() for n, c in zoo.cards.items() if c.calibration}
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"calibration ({task}, temperature fitted on the calibration split)")
+    for col in ("model", "T", "ECE calib before -> after", "ECE test before -> after",
+                "NLL calib before -> after"):
+        table.add_column(col)
+    for name, r in rows.items():
+        table.add_row(name, f"{r['temperature']:.3f}",
+                      f"{100 * r['ece_before']:.2f}% -> {100 * r['ece_after']:.2f}%",
+                      f"{100 * r['test_ece_before']:.2f}% -> {100 * r['test_ece_after']:.2f}%",
+                      f"{r['nll_before']:.4f} -> {r['nll_after']:.4f}")
+    Console().print(table)
+    if png:
+        console.print(f"reliability diagrams written to {png}")
+
+
+def _plot(zoo: object, png: Path) -> None:
+    from tierlink.zoo.datasets import load_splits
+    from tierlink.zoo.evaluate import onnx_logits
+    from tierlink.zoo.plots import reliability_png
+
+    test = load_splits(zoo.task).test  # type: ignore[attr-defined]
+    curves = {name: (onnx_logits(zoo.path(name), test.images), test.labels,  # type: ignore[attr-defined]
+                     card.temperature)
+              for name, card in zoo.cards.items()  # type: ignore[attr-defined]
+              if card.lineage is None}
+    reliability_png(curves, png, title=f"{zoo.task}: reliability on the test split")  # type: ignore[attr-defined]
