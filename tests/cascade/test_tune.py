@@ -60,7 +60,7 @@ def test_evaluate_counts_accuracy_cost_and_shares():
 @pytest.mark.parametrize("floor", [0.86, 0.88, 0.9])
 def test_accuracy_floor_is_met_at_least_cost_like_brute_force(floor):
     st = stages()
-    tuned = tune(st, Target(TargetKind.ACCURACY_FLOOR, floor), count=21)
+    tuned = tune(st, Target(TargetKind.ACCURACY_FLOOR, floor, prefer="cost"), count=21)
     assert tuned.feasible and tuned.chosen.accuracy >= floor
     reference = brute_force_cheapest(st, floor, 21)
     assert tuned.chosen.cost == pytest.approx(reference.cost, abs=1e-12)
@@ -109,3 +109,20 @@ def test_bad_stages_and_thresholds_are_config_errors():
     short = Stage("x", Tier.EDGE, np.ones(3), np.ones(3, bool), 0.0)
     with pytest.raises(ConfigError, match="must both be"):
         evaluate([st[0], short], (0.5,))
+
+
+def test_preferring_the_device_escalates_least_and_then_spends_least():
+    st = stages(seed=1)
+    device = tune(st, Target(TargetKind.ACCURACY_FLOOR, 0.88), count=41)
+    cheap = tune(st, Target(TargetKind.ACCURACY_FLOOR, 0.88, prefer="cost"), count=41)
+    assert device.feasible and cheap.feasible
+    assert device.chosen.escalated <= cheap.chosen.escalated
+    assert cheap.chosen.cost <= device.chosen.cost
+    # No setting meeting the floor keeps more on the device.
+    for t0 in candidates(st[0].confidence, 41):
+        for t1 in candidates(st[1].confidence, 41):
+            op = evaluate(st, (t0, t1))
+            if op.accuracy >= 0.88:
+                assert op.escalated >= device.chosen.escalated - 1e-12
+    with pytest.raises(ConfigError, match="prefer"):
+        Target(TargetKind.ACCURACY_FLOOR, 0.9, prefer="speed")

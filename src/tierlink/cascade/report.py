@@ -21,13 +21,15 @@ class Goal:
 
     kind: str  # accuracy_drop | accuracy_floor | escalation_budget | cost_share | cost_ceiling
     value: float
+    prefer: str = "device"  # for accuracy floors: fewest escalations ("device") or "cost"
 
     def resolve(self, stages: list[Stage]) -> Target:
         top = single(stages, len(stages) - 1)
         if self.kind == "accuracy_drop":
-            return Target(TargetKind.ACCURACY_FLOOR, top.accuracy - self.value / 100.0)
+            return Target(TargetKind.ACCURACY_FLOOR, top.accuracy - self.value / 100.0,
+                          self.prefer)
         if self.kind == "accuracy_floor":
-            return Target(TargetKind.ACCURACY_FLOOR, self.value)
+            return Target(TargetKind.ACCURACY_FLOOR, self.value, self.prefer)
         if self.kind == "escalation_budget":
             return Target(TargetKind.ESCALATION_BUDGET, self.value)
         if self.kind == "cost_share":
@@ -60,7 +62,8 @@ class TuneReport:
         return {
             "chain": [{"model": m, "tier": t.label}
                       for m, t in zip(self.chain.models, self.chain.tiers, strict=True)],
-            "goal": {"kind": self.goal.kind, "value": self.goal.value},
+            "goal": {"kind": self.goal.kind, "value": self.goal.value,
+                     "prefer": self.goal.prefer},
             "target": {"kind": self.target.kind.value, "value": self.target.value,
                        "text": self.target.describe()},
             "feasible": self.feasible, "thresholds": self.thresholds(),

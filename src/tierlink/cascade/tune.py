@@ -6,7 +6,11 @@ answers everything left. A request pays the cost of every stage it reaches.
 
 :func:`tune` picks thresholds on the calibration split for one :class:`Target`:
 
-* ``accuracy_floor``: the cheapest setting whose accuracy is at least the floor;
+* ``accuracy_floor``: among settings whose accuracy is at least the floor, the one that
+  escalates fewest inputs past the device (``prefer="device"``, the default: the device
+  answers everything it is sure enough of, which also keeps inputs and latency local), and
+  among those the cheapest; ``prefer="cost"`` takes the cheapest setting outright (which,
+  with a near-free edge, may send more to the edge than needed);
 * ``escalation_budget``: the most accurate setting that escalates at most that share of
   inputs past the first stage;
 * ``cost_ceiling``: the most accurate setting whose mean cost per request is at most the
@@ -83,10 +87,16 @@ class Target:
 
     kind: TargetKind
     value: float
+    prefer: str = "device"  # accuracy_floor only: "device" (fewest escalations) or "cost"
+
+    def __post_init__(self) -> None:
+        if self.prefer not in ("device", "cost"):
+            raise ConfigError(f"prefer must be 'device' or 'cost', got {self.prefer!r}")
 
     def describe(self) -> str:
         if self.kind is TargetKind.ACCURACY_FLOOR:
-            return f"accuracy >= {100 * self.value:.2f}% at the lowest cost"
+            how = "fewest escalations" if self.prefer == "device" else "lowest cost"
+            return f"accuracy >= {100 * self.value:.2f}%, {how}"
         if self.kind is TargetKind.ESCALATION_BUDGET:
             return f"escalate <= {100 * self.value:.1f}% of inputs, most accurate"
         return f"cost <= ${1000 * self.value:.6f} per 1k requests, most accurate"
@@ -226,6 +236,8 @@ def _better(target: Target, new: tuple[float, float, float],
         return ok_new
     if not ok_new:  # neither meets it: the closer one
         return _shortfall(target, new) < _shortfall(target, old)
+    if target.kind is TargetKind.ACCURACY_FLOOR and target.prefer == "device":
+        return (new[2], new[1], -new[0]) < (old[2], old[1], -old[0])
     if target.kind is TargetKind.ACCURACY_FLOOR:
         return (new[1], -new[0]) < (old[1], -old[0])
     return (-new[0], new[1]) < (-old[0], old[1])

@@ -28,6 +28,9 @@ def tune_cmd(
         None, help="escalate at most this share (0..1) past the device, most accurate"),
     cost_share: float | None = typer.Option(
         None, help="cost at most this fraction of the top stage alone, most accurate"),
+    prefer: str = typer.Option(
+        "device", help="for accuracy floors: 'device' (fewest escalations, then cost) or "
+                       "'cost' (cheapest outright)"),
     write: bool = typer.Option(True, help="write the thresholds into FLEET_FILE"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
@@ -36,7 +39,7 @@ def tune_cmd(
     from tierlink.cascade.fleetfile import write_thresholds
 
     try:
-        goal = _goal(accuracy_drop, accuracy_floor, max_escalation, cost_share)
+        goal = _goal(accuracy_drop, accuracy_floor, max_escalation, cost_share, prefer)
         report = tune_fleet(fleet_file, task, goal, progress=not as_json)
         if write:
             write_thresholds(fleet_file, report.thresholds(),
@@ -55,7 +58,7 @@ def tune_cmd(
 
 
 def _goal(drop: float | None, floor: float | None, escalation: float | None,
-          share: float | None) -> Any:
+          share: float | None, prefer: str = "device") -> Any:
     from tierlink.cascade.report import Goal
 
     given = {k: v for k, v in (("accuracy_drop", drop), ("accuracy_floor", floor),
@@ -68,7 +71,9 @@ def _goal(drop: float | None, floor: float | None, escalation: float | None,
         value /= 100.0
     if kind in ("escalation_budget", "cost_share") and not 0.0 <= value <= 1.0:
         raise ConfigError(f"--{kind.replace('_', '-')} is a share in 0..1, got {value}")
-    return Goal(kind, value)
+    if prefer not in ("device", "cost"):
+        raise ConfigError(f"--prefer is 'device' or 'cost', got {prefer!r}")
+    return Goal(kind, value, prefer)
 
 
 def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) -> Any:
