@@ -22,6 +22,8 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── ControlPlaneError           503: registry unreachable or refused
     ├── LinkEmulationError          link emulator misconfigured or failed
     └── ZooError                    model zoo could not be built or loaded
+        └── QuantizationError       a variant cannot be made: precision does not apply,
+                                    bad settings
 """
 
 from __future__ import annotations
@@ -143,6 +145,11 @@ class LinkEmulationError(TierlinkError):
 class ZooError(TierlinkError):
     code = "zoo_error"
     hint = "rebuild the zoo with `tierlink zoo build`"
+
+
+class QuantizationError(ZooError):
+    code = "quantization_error"
+    hint = "see `tierlink quantize --help` for the precisions and their settings"
 
 
 _BY_CODE: dict[str, type[TierlinkError]] = {}

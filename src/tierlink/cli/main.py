@@ -17,6 +17,7 @@ from rich.table import Table
 from tierlink.cli.calibration import calibration
 from tierlink.cli.cascade import app as cascade_app
 from tierlink.cli.hard_examples import app as hard_examples_app
+from tierlink.cli.quantize import quantize
 from tierlink.errors import TierlinkError
 
 app = typer.Typer(help="tierlink: cloud-edge-device collaborative inference.",
@@ -26,6 +27,7 @@ app.add_typer(zoo_app, name="zoo")
 app.add_typer(hard_examples_app, name="hard-examples")
 app.add_typer(cascade_app, name="cascade")
 zoo_app.command("calibration")(calibration)
+app.command()(quantize)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
 

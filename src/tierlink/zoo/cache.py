@@ -159,7 +159,7 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = Tru
     root = zoo_dir(profile) if root is None else Path(root)
     if force or _stale(names, task, profile, root):
         root.mkdir(parents=True, exist_ok=True)
-        with _build_lock(root):
+        with build_lock(root, task):
             # Another process may have built them while this one waited for the lock.
             todo = names if force else _stale(names, task, profile, root)
             if todo:
@@ -167,7 +167,7 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = Tru
                     _builder()(task, build_profile, root, reporter, names=todo)
     zoo = load_zoo(task, profile, root)
     if any(card.calibration is None for card in zoo.cards.values()):
-        with _build_lock(root):
+        with build_lock(root, task):
             _calibrate_missing(load_zoo(task, profile, root), build_profile.eval_samples)
         zoo = load_zoo(task, profile, root)
     return zoo
@@ -220,11 +220,12 @@ def _reporter(progress: bool) -> Any:
 
 
 @contextmanager
-def _build_lock(root: Path) -> Iterator[None]:
+def build_lock(root: Path, task: str = "") -> Iterator[None]:
     import fcntl
 
     try:
-        handle = (root / ".build.lock").open("a+b")
+        # One lock per task: building MNIST does not hold up quantizing Fashion-MNIST.
+        handle = (root / f".build{'-' + task if task else ''}.lock").open("a+b")
     except OSError as exc:
         raise ZooError(f"cannot create the zoo's lock file in {root}: {exc}",
                        hint="set TIERLINK_HOME to a writable directory") from exc

@@ -1,0 +1,227 @@
+"""Quantized variants in the zoo: make one, measure it against its parent, register it.
+
+A variant is ``<parent>-<suffix>.onnx`` with its card ``<parent>-<suffix>.json`` beside
+the parent in the zoo directory (``fmnist-small-int8``). The card is written last and
+atomically, so :func:`tierlink.zoo.load_zoo` lists the variant exactly when both files
+agree; a rebuilt parent makes it stale (its ``lineage.parent_sha256`` no longer matches)
+and :func:`ensure_variant` makes it again.
+
+Everything a card claims is measured here: accuracy and top-1 agreement with the parent on
+the test split, temperature and cascade curve on the calibration split, and latency timed
+side by side with the parent in one run (:mod:`tierlink.quantize.timing`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierlink.errors import ModelNotFound, QuantizationError
+from tierlink.quantize.methods import QuantResult, model_layers, quantize_model
+from tierlink.quantize.sensitivity import (
+    LayerSensitivity,
+    MixedPlan,
+    layer_sensitivity,
+    mixed_search,
+)
+from tierlink.quantize.settings import SUFFIXES, QuantSettings
+from tierlink.zoo.cache import Zoo, build_lock, load_zoo
+from tierlink.zoo.cards import Lineage, ModelCard, file_sha256, save_card
+
+Say = Callable[[str], None]
+FASTER = 1.10   # side-by-side speedup that counts as faster (beyond timing noise)
+SLOWER = 0.90   # below this, the variant is slower than its parent
+SMALLER = 0.90  # file size ratio that counts as smaller
+
+PAYS, SMALLER_ONLY, DOES_NOT_PAY = "pays", "smaller only", "does not pay"
+
+
+def verdict(accuracy_delta_pt: float, speedup_batch1: float, size_ratio: float,
+            budget_pt: float = 0.5) -> str:
+    """Whether a variant is worth deploying instead of its parent, on this CPU.
+
+    * ``pays``: it loses at most ``budget_pt`` points of test accuracy and answers one
+      image at least 10% faster (batch-1 speedup >= 1.10, side by side) — nodes run
+      one request per call.
+    * ``smaller only``: within the budget, not slower (speedup >= 0.90) and its file at
+      most 90% of the parent's, but not faster: worth it only where memory or download
+      size matters.
+    * ``does not pay``: anything else — over budget, slower, or neither smaller nor faster.
+    """
+    if -accuracy_delta_pt > budget_pt + 1e-9 or speedup_batch1 < SLOWER:
+        return DOES_NOT_PAY
+    if speedup_batch1 >= FASTER:
+        return PAYS
+    return SMALLER_ONLY if size_ratio <= SMALLER else DOES_NOT_PAY
+
+
+def card_verdict(card: ModelCard, parent: ModelCard, budget_pt: float = 0.5) -> str:
+    """:func:`verdict` from what the variant's card recorded."""
+    if card.lineage is None:
+        raise QuantizationError(f"{card.name} is not a derived variant")
+    return verdict(100.0 * card.lineage.accuracy_delta, card.lineage.speedup["batch1"],
+                   card.size_bytes / parent.size_bytes, budget_pt)
+
+
+def variant_name(parent: str, precision: str) -> str:
+    """``fmnist-small`` + ``int8-static`` -> ``fmnist-small-int8``."""
+    return f"{parent}-{SUFFIXES[precision]}"
+
+
+def split_variant_name(name: str, bases: tuple[str, ...]) -> tuple[str, str]:
+    """(parent, precision) of a variant name such as ``fmnist-small-mixed``."""
+    for parent in sorted(bases, key=len, reverse=True):
+        suffix = name[len(parent) + 1:] if name.startswith(parent + "-") else None
+        for precision, known in SUFFIXES.items():
+            if suffix == known:
+                return parent, precision
+    raise ModelNotFound(f"{name!r} names no base model and precision suffix of this zoo",
+                        hint=f"use <base>-<suffix>: bases {list(bases)}, suffixes "
+                             f"{list(SUFFIXES.values())}")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalData:
+    """The images a variant is made and judged with: ``calib`` (calibration of INT8
+    ranges, temperature, sensitivity) and ``test`` (accuracy, agreement, latency input),
+    each a ``tierlink.zoo.datasets.Split`` cut to the zoo profile's evaluation size."""
+
+    calib: Any
+    test: Any
+
+
+def eval_data(zoo: Zoo) -> EvalData:
+    """The zoo task's calibration and test splits, as many images as the profile
+    evaluates (the ``test`` profile: a prefix, to stay fast)."""
+    from tierlink.zoo.datasets import load_splits
+    from tierlink.zoo.profiles import get_profile
+
+    splits = load_splits(zoo.task)
+    n = get_profile(zoo.profile).eval_samples
+    return EvalData(splits.calib.head(n or len(splits.calib)),
+                    splits.test.head(n or len(splits.test)))
+
+
+def make_variant(zoo: Zoo, parent: str, settings: QuantSettings, *,
+                 data: EvalData | None = None, say: Say | None = None,
+                 latency_rounds: int = 30) -> ModelCard:
+    """Make ``parent`` at ``settings`` into the zoo directory (replacing any older one)
+    and return its card. Holds the zoo's build lock. Seconds for ``int8-static``; a
+    ``mixed`` search quantizes the model once per layer and more (under a minute here)."""
+    with build_lock(zoo.root, zoo.task):
+        return _make(zoo, parent, settings, data or eval_data(zoo), say or _quiet,
+                     latency_rounds)
+
+
+def ensure_variant(zoo: Zoo, name: str, *, data: EvalData | None = None,
+                   say: Say | None = None, latency_rounds: int = 30) -> ModelCard:
+    """The card of model ``name`` (a base model or a variant such as
+    ``fmnist-small-int8``), making the variant with default settings when it is missing
+    or stale. Cheap when valid: no lock, no ONNX work. ``load_zoo`` again to see it."""
+    if name in zoo.cards:
+        return zoo.cards[name]
+    parent, precision = split_variant_name(name, zoo.base_names())
+    with build_lock(zoo.root, zoo.task):
+        fresh = load_zoo(zoo.task, zoo.profile, zoo.root)  # another process may have made it
+        if name in fresh.cards:
+            return fresh.cards[name]
+        return _make(fresh, parent, QuantSettings(precision=precision),
+                     data or eval_data(fresh), say or _quiet, latency_rounds)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _make(zoo: Zoo, parent: str, settings: QuantSettings, data: EvalData, say: Say,
+          latency_rounds: int) -> ModelCard:
+    base = zoo.card(parent)
+    if base.lineage is not None:
+        raise QuantizationError(f"{parent} is itself a variant; quantize its parent "
+                                f"{base.lineage.parent}")
+    name = variant_name(parent, settings.precision)
+    src, dst = zoo.path(parent), zoo.root / f"{name}.onnx"
+    tmp = zoo.root / f".{name}.onnx.tmp"
+    extra: dict[str, Any] = {}
+    try:
+        if settings.precision == "mixed":
+            plan, sensitivity = _search(src, settings, data, zoo.root / f".{name}.ranges.json",
+                                        zoo.root / f".{name}.trial.onnx", say)
+            settings = settings.with_exclude(tuple(settings.exclude) + plan.kept_fp32)
+            extra = {"sensitivity": {s.layer: s.drop_pt for s in sensitivity},
+                     "search": plan.to_dict()}
+        say(f"{name}: quantizing ({settings.precision})")
+        result = quantize_model(src, tmp, settings, data.calib.images)
+        say(f"{name}: measuring against {parent}")
+        card = measure_variant(name, base, src, tmp, result, settings, data, latency_rounds,
+                               extra)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+        for leftover in (f".{name}.ranges.json", f".{name}.trial.onnx"):
+            (zoo.root / leftover).unlink(missing_ok=True)
+    save_card(card, zoo.root / f"{name}.json")  # last: registers the variant
+    return card
+
+
+def _search(src: Path, settings: QuantSettings, data: EvalData, ranges: Path, trial: Path,
+            say: Say) -> tuple[MixedPlan, tuple[LayerSensitivity, ...]]:
+    """Sensitivity scan + mixed-precision search on the calibration split."""
+    from tierlink.zoo.evaluate import accuracy, onnx_logits
+
+    calib = data.calib
+    baseline = accuracy(onnx_logits(src, calib.images), calib.labels)
+    static = replace(settings, precision="int8-static")
+    memo: dict[tuple[str, ...], float] = {}
+
+    def evaluate(excluded: tuple[str, ...]) -> float:
+        key = tuple(sorted(set(excluded) | set(settings.exclude)))
+        if key not in memo:
+            say(f"{src.stem}: sensitivity trial {len(memo) + 1} (FP32: {', '.join(key) or '-'})")
+            quantize_model(src, trial, static.with_exclude(key), calib.images,
+                           calibration_cache=ranges)
+            memo[key] = accuracy(onnx_logits(trial, calib.images), calib.labels)
+        return memo[key]
+
+    sensitivity = layer_sensitivity(model_layers(src), evaluate, baseline)
+    return mixed_search(sensitivity, evaluate, baseline, settings.budget_pt), sensitivity
+
+
+def measure_variant(name: str, parent: ModelCard, parent_path: Path, path: Path, result: QuantResult,
+                    settings: QuantSettings, data: EvalData, latency_rounds: int,
+                    extra: dict[str, Any] | None = None) -> ModelCard:
+    """The card of variant ``name`` at ``path``: the parent's card with this file's size, hash, accuracies,
+    side-by-side latency, fitted temperature and lineage."""
+    from tierlink.quantize.timing import side_by_side
+    from tierlink.zoo.calibration import calibrated_card
+    from tierlink.zoo.evaluate import accuracy, onnx_logits, ort_session
+
+    try:
+        variant_session = ort_session(path, threads=1)
+    except Exception as exc:
+        raise QuantizationError(f"the {settings.precision} model does not load in ONNX "
+                                f"Runtime on this CPU: {exc}") from exc
+    logits = {split: (onnx_logits(parent_path, d.images), onnx_logits(path, d.images))
+              for split, d in (("calib", data.calib), ("test", data.test))}
+    (p_test, v_test), (_, v_calib) = logits["test"], logits["calib"]
+    test_acc = accuracy(v_test, data.test.labels)
+    timing = side_by_side({"parent": ort_session(parent_path, 1), "variant": variant_session},
+                          data.test.images, rounds=latency_rounds)
+    lineage = Lineage(
+        parent=parent.name, parent_sha256=parent.sha256, precision=settings.precision,
+        agreement=round(float(np.mean(p_test.argmax(1) == v_test.argmax(1))), 5),
+        accuracy_delta=round(test_acc - accuracy(p_test, data.test.labels), 5),
+        speedup=timing.speedup("variant", "parent"),
+        settings={**settings.to_dict(), "quantized_layers": list(result.quantized),
+                  "fp32_layers": list(result.kept), **(extra or {})})
+    card = replace(parent, name=name, precision=settings.precision, size_bytes=path.stat().st_size,
+                   sha256=file_sha256(path), test_accuracy=round(test_acc, 5),
+                   calib_accuracy=round(accuracy(v_calib, data.calib.labels), 5),
+                   latency_ms={k: round(v, 5) for k, v in timing.latency_ms["variant"].items()},
+                   lineage=lineage)
+    return calibrated_card(card, v_calib, data.calib.labels, v_test, data.test.labels)
