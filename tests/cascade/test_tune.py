@@ -92,7 +92,7 @@ def test_calibrated_confidence_beats_random_escalation_at_the_same_rate():
     rng = np.random.default_rng(0)
     n = len(st[0].correct)
     at = np.zeros(n, dtype=int)
-    at[rng.choice(n, int(round(op.escalated * n)), replace=False)] = 1
+    at[rng.choice(n, round(op.escalated * n), replace=False)] = 1
     rand = evaluate_assignment(st[::2], at)
     assert rand.escalated == pytest.approx(op.escalated)
     assert op.accuracy > rand.accuracy + 0.01

@@ -1,7 +1,13 @@
 import pytest
 
 from tierlink.core.types import LinkView, ModelView, NodeView, Tier
-from tierlink.estimate import DEFAULT_COST_MODEL, CostModel, LinkEstimator, queue_wait_ms, transfer_ms
+from tierlink.estimate import (
+    DEFAULT_COST_MODEL,
+    CostModel,
+    LinkEstimator,
+    queue_wait_ms,
+    transfer_ms,
+)
 
 
 def test_transfer_is_rtt_plus_serialisation():

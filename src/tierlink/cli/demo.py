@@ -17,6 +17,7 @@ from tierlink.fleet.demo import (
     DemoSettings,
     environment,
     fleet_summary,
+    hard_example_summary,
     run_workload,
     workload_for,
 )
@@ -34,13 +35,15 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     settings = DemoSettings(requests or settings.requests, rate or settings.rate_per_s,
                             settings.seed, settings.task)
     config = load_fleet(fleet_file)
-    models, zoo_summary = zoo_models(config.zoo_profile)
+    models, zoo_summary = zoo_models(config.zoo_profile, config.model_names())
     test = fashion_mnist().test
     items = workload_for(config, settings, len(test.labels))
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-demo-"))
     with launch(config, models, run_dir, say=lambda m: console.print(f"[dim]{m}[/dim]")) as fleet:
         runs = {name: _one_run(fleet, name, policy, items, test, settings) for name, policy in RUNS}
         report = {"runs": runs, "fleet": fleet_summary(fleet),
+                  "thresholds": dict(config.routing.thresholds),
+                  "hard_examples": hard_example_summary(fleet.control_url),
                   "environment": environment(fleet, settings, zoo_summary)}
     _print_report(report)
     if json_path:
@@ -92,5 +95,11 @@ def _print_report(report: dict[str, Any]) -> None:
         for r in runs.values()))
     Console().print(table)
     env = report["environment"]
+    hard = report["hard_examples"]
+    wrong = hard["wrong_share_of_labelled"]
+    console.print(f"cascade thresholds {report['thresholds']}; hard examples kept by the "
+                  f"control plane: {hard['stored']} {hard['by_privacy']}"
+                  + (f", {100 * wrong:.0f}% of them misclassified where labelled"
+                     if wrong is not None else ""))
     console.print(f"device CPU throttle: {env['device_cpu_throttle']}; "
                   f"{env['requests_per_run']} requests per run at {env['rate_per_s']}/s")

@@ -39,16 +39,40 @@ def _fail(exc: TierlinkError) -> None:
     raise typer.Exit(2)
 
 
-def zoo_models(profile: str, progress: bool = True) -> tuple[dict[str, tuple[Path, Path]], dict]:
-    """Build the zoo if needed; model name -> (onnx, card) and a summary for reports."""
+def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True,
+               ) -> tuple[dict[str, tuple[Path, Path]], dict]:
+    """Build what ``wanted`` needs (every task it names; quantized variants such as
+    ``fmnist-small-fp16`` are made on first use); model name -> (onnx, card) and a summary
+    for reports. Without ``wanted``: the Fashion-MNIST zoo."""
     from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.profiles import TASKS
 
-    zoo = ensure_zoo(task="fmnist", profile=profile, progress=progress)
-    models = {name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards}
-    summary = {name: {"params": c.params, "test_accuracy": c.test_accuracy,
-                      "latency_ms_batch1_p50": c.latency_ms["batch1_p50"], "tier": c.tier}
-               for name, c in zoo.cards.items()}
+    tasks = sorted({t for t in TASKS for name in wanted if name.startswith(f"{t}-")})
+    models: dict[str, tuple[Path, Path]] = {}
+    summary: dict[str, dict[str, Any]] = {}
+    for task in tasks or ["fmnist"]:
+        zoo = _with_variants(ensure_zoo(task=task, profile=profile, progress=progress),
+                             [n for n in wanted if n.startswith(f"{task}-")])
+        models.update({name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards})
+        summary.update({name: {"params": c.params, "test_accuracy": c.test_accuracy,
+                               "latency_ms_batch1_p50": c.latency_ms["batch1_p50"],
+                               "tier": c.tier, "precision": c.precision,
+                               "temperature": c.temperature}
+                        for name, c in zoo.cards.items() if name in wanted or not wanted})
     return models, summary
+
+
+def _with_variants(zoo: Any, names: list[str]) -> Any:
+    missing = [n for n in names if n not in zoo.cards]
+    if not missing:
+        return zoo
+    from tierlink.quantize.variants import ensure_variant
+    from tierlink.zoo import load_zoo
+
+    for name in missing:
+        console.print(f"[dim]making {name} (first use)[/dim]")
+        ensure_variant(zoo, name)
+    return load_zoo(zoo.task, zoo.profile, zoo.root)
 
 
 @zoo_app.command("build")
@@ -114,7 +138,7 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
 
     try:
         config = load_fleet(fleet_file)
-        models, _ = zoo_models(config.zoo_profile)
+        models, _ = zoo_models(config.zoo_profile, config.model_names())
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
         fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"))
     except TierlinkError as exc:
@@ -179,7 +203,7 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
             return
         if not node_id:
             raise typer.BadParameter("give --id (or --spec)")
-        models, _ = zoo_models(profile) if model else ({}, {})
+        models, _ = zoo_models(profile, tuple(model)) if model else ({}, {})
         sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in model)
         run_node(NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=sources, host=host,
                           port=port, control_url=control,

@@ -109,6 +109,10 @@ class FleetConfig:
     raw_hard_examples: Mapping[str, Any] = field(default_factory=dict)  # for node specs
     seed: int = 0
 
+    def model_names(self) -> tuple[str, ...]:
+        """Every model some node serves, in file order, once each."""
+        return tuple(dict.fromkeys(m for n in self.nodes for m in n.models))
+
     def node(self, node_id: str) -> NodeConfig:
         for n in self.nodes:
             if n.node_id == node_id:

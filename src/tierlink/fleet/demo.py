@@ -118,3 +118,34 @@ def environment(fleet: RunningFleet, settings: DemoSettings, zoo: dict[str, Any]
         "cost_model": "docs/cost-model.md (cloud A100 $2.00/h, edge box $0.12/h, device "
                       "energy, WAN $0.05/GB)",
     }
+
+
+def hard_example_summary(control_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """What the control plane's hard-example store holds after the runs: how many, from
+    which models and privacy levels, and how often the escalating model was in fact wrong
+    (where the client sent the label) — read back from its ``.npz`` export."""
+    import io
+
+    import numpy as np
+
+    response = httpx.get(f"{control_url}/v1/hard-examples/export", timeout=timeout_s)
+    response.raise_for_status()
+    data = np.load(io.BytesIO(response.content), allow_pickle=False)
+    labels, predictions = data["labels"], data["predictions"]
+    known = labels >= 0
+    return {
+        "stored": len(labels),
+        "by_model": _counts(data["models"]), "by_privacy": _counts(data["privacy"]),
+        "labelled": int(known.sum()),
+        "wrong_share_of_labelled": (float((predictions[known] != labels[known]).mean())
+                                    if known.any() else None),
+    }
+
+
+def _counts(values: Any) -> dict[str, int]:
+    import numpy as np
+
+    if not len(values):
+        return {}
+    names, counts = np.unique(values, return_counts=True)
+    return {str(n): int(c) for n, c in zip(names.tolist(), counts.tolist(), strict=True)}

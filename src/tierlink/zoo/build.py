@@ -27,7 +27,7 @@ from torch import nn
 from tierlink.errors import ZooError
 from tierlink.zoo.calibration import calibrated_card
 from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256, save_card
-from tierlink.zoo.datasets import Split, Splits, fashion_mnist
+from tierlink.zoo.datasets import Split, Splits, load_splits
 from tierlink.zoo.evaluate import accuracy, cascade_curve, measure_latency, onnx_logits, ort_session
 from tierlink.zoo.nets import NUM_CLASSES, build_net, count_params, fold_linear_batchnorm
 from tierlink.zoo.profiles import (
@@ -60,10 +60,10 @@ class Trained:
 def build_zoo(task: str, profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *,
               names: Collection[str] | None = None, splits: Splits | None = None,
               clock: Clock = time.perf_counter) -> dict[str, ModelCard]:
-    """Build the models ``names`` of ``task`` (default: all) into ``out_dir``; returns
-    their cards by model name."""
+    """Build the models ``names`` of ``task`` (default: all) into ``out_dir`` from the
+    task's splits (default: :func:`load_splits`); returns their cards by model name."""
     wanted = model_names(task) if names is None else tuple(names)
-    splits = fashion_mnist() if splits is None else splits
+    splits = load_splits(task) if splits is None else splits
     out_dir.mkdir(parents=True, exist_ok=True)
     cards = {}
     for name, variant in zip(model_names(task), VARIANT_TIERS, strict=True):
@@ -80,8 +80,8 @@ def build_model(task: str, variant: str, splits: Splits, profile: BuildProfile,
     name = f"{task}-{variant}"
     train = splits.train.head(profile.train_samples or len(splits.train))
     with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
-        trained = train_net(name, variant, profile.recipes[variant], train, profile.seed,
-                            reporter, clock)
+        trained = train_net(name, variant, profile.recipe(task, variant), train, profile.seed,
+                            reporter, clock, task=task)
         onnx_path = out_dir / f"{name}.onnx"
         reporter.stage(name, "exporting")
         export_onnx(trained.net, onnx_path, check_on=splits.calib.images[:64])
@@ -104,15 +104,17 @@ def _torch_threads(threads: int) -> Iterator[None]:
 
 
 def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: int,
-              reporter: BuildReporter, clock: Clock = time.perf_counter) -> Trained:
-    """Train a fresh ``variant`` net on ``data`` with ``recipe`` (partial batches dropped)."""
+              reporter: BuildReporter, clock: Clock = time.perf_counter, *,
+              task: str = "fmnist") -> Trained:
+    """Train a fresh ``variant`` net of ``task`` (its input normalisation) on ``data`` with
+    ``recipe`` (partial batches dropped)."""
     steps = len(data) // recipe.batch_size
     if steps == 0:
         raise ZooError(f"{name}: {len(data)} training images is less than one batch")
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     # channels_last: oneDNN's fast path on CPU, ~2x faster for these nets than NCHW.
-    net = build_net(variant).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    net = build_net(variant, task).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     opt = NesterovSGD(list(net.parameters()), recipe.weight_decay)
     images, labels = torch.from_numpy(data.images), torch.from_numpy(data.labels)
     reporter.begin(name, recipe.epochs, steps)
@@ -237,11 +239,11 @@ def measure_card(task: str, variant: str, onnx_path: Path, trained: Trained, spl
     latency = measure_latency(ort_session(onnx_path, threads=1), splits.test.images[:32],
                               runs=profile.latency_runs)
     training = TrainingInfo(
-        epochs=profile.recipes[variant].epochs, seed=profile.seed,
+        epochs=profile.recipe(task, variant).epochs, seed=profile.seed,
         seconds=round(trained.seconds, 2), profile=profile.name,
         torch_version=torch.__version__, train_samples=trained.train_samples,
         calib_samples=len(calib), test_samples=len(test),
-        recipe=recipe_fingerprint(profile, variant))
+        recipe=recipe_fingerprint(profile, variant, task))
     card = ModelCard(
         task=task, name=onnx_path.stem, variant=variant, version=MODEL_VERSION,
         tier=VARIANT_TIERS[variant], params=count_params(trained.net),

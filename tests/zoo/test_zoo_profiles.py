@@ -1,0 +1,77 @@
+"""Tasks, recipes and the recipe fingerprint that keeps cached models valid (torch-free)."""
+
+import pytest
+
+from tierlink.errors import ZooError
+from tierlink.zoo.profiles import (
+    PROFILES,
+    TASK_SPECS,
+    TASKS,
+    VARIANT_TIERS,
+    get_profile,
+    model_names,
+    recipe_fingerprint,
+    task_spec,
+)
+
+# The fingerprints the code computed before tasks other than fmnist existed: the cards of
+# every fmnist zoo built since carry them, so they must never change by accident. (The full
+# small model's changed on purpose when its recipe went from 3 epochs to 10 with flips.)
+FMNIST_FINGERPRINTS = {
+    "test": {"small": "aa472e70304f0433", "medium": "8f33c7623d97d07e",
+             "large": "56ce407e56d01192"},
+    "full": {"small": "f4bc930ba24275f8", "medium": "e3ee04caa9402dac",
+             "large": "917467c9d92248d2"},
+}
+
+
+@pytest.mark.parametrize("profile", sorted(FMNIST_FINGERPRINTS))
+def test_fmnist_fingerprints_are_unchanged(profile):
+    build = get_profile(profile)
+    for variant, expected in FMNIST_FINGERPRINTS[profile].items():
+        assert recipe_fingerprint(build, variant) == expected
+        assert recipe_fingerprint(build, variant, "fmnist") == expected
+
+
+def test_other_tasks_have_their_own_fingerprints():
+    for profile in PROFILES.values():
+        prints = {(task, v): recipe_fingerprint(profile, v, task)
+                  for task in TASKS for v in VARIANT_TIERS}
+        assert len(set(prints.values())) == len(prints)
+
+
+def test_mnist_fingerprint_covers_its_pixel_statistics(monkeypatch):
+    profile = get_profile("test")
+    before = recipe_fingerprint(profile, "small", "mnist")
+    specs = dict(TASK_SPECS)
+    specs["mnist"] = type(specs["mnist"])("MNIST", pixel_mean=0.13, pixel_std=0.31)
+    monkeypatch.setattr("tierlink.zoo.profiles.TASK_SPECS", specs)
+    assert recipe_fingerprint(profile, "small", "mnist") != before
+    assert recipe_fingerprint(profile, "small") == FMNIST_FINGERPRINTS["test"]["small"]
+
+
+def test_every_profile_has_a_recipe_per_task_and_variant():
+    for profile in PROFILES.values():
+        for task in TASKS:
+            for variant in VARIANT_TIERS:
+                assert profile.recipe(task, variant).epochs >= 1
+
+
+def test_mnist_never_trains_on_mirrored_digits():
+    for profile in PROFILES.values():
+        assert not any(profile.recipe("mnist", v).flips for v in VARIANT_TIERS)
+
+
+def test_tasks_name_their_models_and_data():
+    assert TASKS == ("fmnist", "mnist")
+    assert model_names("mnist") == ("mnist-small", "mnist-medium", "mnist-large")
+    assert task_spec("mnist").title == "MNIST" and task_spec("fmnist").title == "Fashion-MNIST"
+    assert (task_spec("mnist").pixel_mean, task_spec("mnist").pixel_std) == (0.1307, 0.3081)
+
+
+def test_unknown_tasks_and_recipes_are_clear_errors():
+    with pytest.raises(ZooError, match="no task 'imagenet'") as info:
+        model_names("imagenet")
+    assert "mnist" in (info.value.hint or "")
+    with pytest.raises(ZooError, match="no recipe for cifar-small"):
+        get_profile("test").recipe("cifar", "small")
