@@ -43,3 +43,12 @@ def test_an_invalid_result_never_replaces_the_file(tmp_path):
         write_thresholds(path, {"fmnist-small": 1.5})  # out of range: parse_fleet refuses
     assert path.read_text() == before
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_symlinked_fleet_file_is_written_through_the_link(tmp_path):
+    target = tmp_path / "real.yaml"
+    shutil.copy(EXAMPLE, target)
+    link = tmp_path / "fleet.yaml"
+    link.symlink_to(target)
+    write_thresholds(link, {"fmnist-small": 0.7})
+    assert link.is_symlink() and load_fleet(target).routing.thresholds["fmnist-small"] == 0.7

@@ -50,7 +50,7 @@ def write_thresholds(path: Path, thresholds: Mapping[str, float],
     yaml.dump(data, out)
     text = out.getvalue()
     parse_fleet(_plain(text), source=str(path))  # never write a fleet that does not load
-    _replace(Path(path), text)
+    _replace(Path(path).resolve(), text)  # through a symlink, not over it
     return text
 
 
