@@ -168,3 +168,14 @@ def _conv_only_model() -> onnx.ModelProto:
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
                                                              None)], [w])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_static_int8_keeps_the_more_accurate_weight_granularity(made) -> None:
+    _, cards = made
+    for precision in ("int8-static", "mixed"):
+        settings = cards[precision].lineage.settings
+        trial = settings["granularity"]
+        channel, tensor = trial["per_channel_calib_accuracy"], trial["per_tensor_calib_accuracy"]
+        chosen = "channel" if channel >= tensor else "tensor"
+        assert trial["chosen"] == chosen
+        assert settings["per_channel"] == (chosen == "channel")

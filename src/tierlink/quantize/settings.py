@@ -31,7 +31,10 @@ class QuantSettings:
     ``calibration`` / ``calib_size``: how activation ranges are found for static INT8 and
     how many calibration-split images feed it. ``activation_type`` / ``weight_type``:
     ``int8`` (signed, S8S8: the fastest on x86 at batch 1 here) or ``uint8``.
-    ``per_channel``: one weight scale per output channel. ``exclude``: node names kept in
+    ``per_channel``: one weight scale per output channel; ``choose_granularity``: for static
+    INT8 and mixed, also try one scale per tensor and keep whichever is more accurate on
+    the calibration split (accuracy-aware, as Intel Neural Compressor tunes; a tie keeps
+    ``per_channel``). ``exclude``: node names kept in
     FP32. ``block_size``: weights per scale for ``int4-weight`` (a power of two >= 16).
     ``budget_pt``: for ``mixed``, the largest accuracy drop (points, calibration split)
     the search accepts; also the accuracy side of a variant's verdict.
@@ -41,6 +44,7 @@ class QuantSettings:
     calibration: str = "minmax"
     calib_size: int = 512
     per_channel: bool = True
+    choose_granularity: bool = True
     activation_type: str = "int8"
     weight_type: str = "int8"
     exclude: tuple[str, ...] = ()

@@ -149,12 +149,15 @@ def _make(zoo: Zoo, parent: str, settings: QuantSettings, data: EvalData, say: S
     tmp = zoo.root / f".{name}.onnx.tmp"
     extra: dict[str, Any] = {}
     try:
+        if settings.choose_granularity and settings.precision in ("int8-static", "mixed"):
+            settings, extra["granularity"] = _pick_granularity(
+                src, settings, data, zoo.root / f".{name}.trial.onnx", say)
         if settings.precision == "mixed":
             plan, sensitivity = _search(src, settings, data, zoo.root / f".{name}.ranges.json",
                                         zoo.root / f".{name}.trial.onnx", say)
             settings = settings.with_exclude(tuple(settings.exclude) + plan.kept_fp32)
-            extra = {"sensitivity": {s.layer: s.drop_pt for s in sensitivity},
-                     "search": plan.to_dict()}
+            extra |= {"sensitivity": {s.layer: s.drop_pt for s in sensitivity},
+                      "search": plan.to_dict()}
         say(f"{name}: quantizing ({settings.precision})")
         result = quantize_model(src, tmp, settings, data.calib.images)
         say(f"{name}: measuring against {parent}")
@@ -167,6 +170,28 @@ def _make(zoo: Zoo, parent: str, settings: QuantSettings, data: EvalData, say: S
             (zoo.root / leftover).unlink(missing_ok=True)
     save_card(card, zoo.root / f"{name}.json")  # last: registers the variant
     return card
+
+
+def _pick_granularity(src: Path, settings: QuantSettings, data: EvalData, trial: Path,
+                      say: Say) -> tuple[QuantSettings, dict[str, Any]]:
+    """Static INT8 with one weight scale per channel and per tensor, judged on the
+    calibration split; the more accurate one wins (a tie keeps ``settings.per_channel``)."""
+    from tierlink.zoo.evaluate import accuracy, onnx_logits
+
+    static = replace(settings, precision="int8-static")
+    scores: dict[bool, float] = {}
+    for per_channel in (settings.per_channel, not settings.per_channel):
+        say(f"{src.stem}: INT8 {'per channel' if per_channel else 'per tensor'} on the "
+            f"calibration split")
+        quantize_model(src, trial, replace(static, per_channel=per_channel),
+                       data.calib.images)
+        scores[per_channel] = accuracy(onnx_logits(trial, data.calib.images), data.calib.labels)
+    trial.unlink(missing_ok=True)
+    best = max(scores, key=lambda pc: (scores[pc], pc == settings.per_channel))
+    return (replace(settings, per_channel=best),
+            {"per_channel_calib_accuracy": scores[True],
+             "per_tensor_calib_accuracy": scores[False], "chosen": "channel" if best
+             else "tensor"})
 
 
 def _search(src: Path, settings: QuantSettings, data: EvalData, ranges: Path, trial: Path,
