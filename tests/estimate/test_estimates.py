@@ -42,3 +42,29 @@ def test_cost_model_overrides_from_config():
     c = CostModel.from_mapping({"compute_usd_per_s": {"cloud": 1.0}})
     assert c.compute(Tier.CLOUD, 1000) == 1.0
     assert c.compute(Tier.EDGE, 1000) == DEFAULT_COST_MODEL.compute(Tier.EDGE, 1000)
+
+
+def _exchange(est, nbytes, rtt, mbit, server=2.0):
+    est.observe(total_ms=server + rtt + nbytes * 8 / (mbit * 1000.0), server_ms=server,
+                nbytes=nbytes)
+
+
+def test_link_estimator_learns_bandwidth_from_mixed_sizes_and_follows_a_drop():
+    est = LinkEstimator(LinkView("a", "b", 10.0, 100.0), window=16)
+    sizes = [3_000, 60_000, 3_000, 200_000]
+    for i in range(16):
+        _exchange(est, sizes[i % 4], rtt=10.0, mbit=100.0)
+    assert est.view().bandwidth_mbit == pytest.approx(100.0, rel=0.01)
+    for i in range(16):  # the link drops to 5 Mbit/s and gains latency
+        _exchange(est, sizes[i % 4], rtt=25.0, mbit=5.0)
+    view = est.view()
+    assert view.bandwidth_mbit == pytest.approx(5.0, rel=0.01)
+    assert view.rtt_ms == pytest.approx(25.0, rel=0.01)
+
+
+def test_link_estimator_keeps_bandwidth_when_sizes_do_not_vary():
+    est = LinkEstimator(LinkView("a", "b", 10.0, 50.0), alpha=1.0)
+    for _ in range(10):
+        _exchange(est, 3_000, rtt=30.0, mbit=50.0)
+    assert est.view().bandwidth_mbit == 50.0
+    assert est.view().rtt_ms == pytest.approx(30.0, rel=0.01)

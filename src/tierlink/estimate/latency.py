@@ -6,6 +6,7 @@ a clock or does I/O, so the live router and the simulator share it.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from tierlink.core.types import LinkView, ModelView, NodeView
@@ -41,27 +42,56 @@ def queue_wait_ms(node: NodeView, model: ModelView, outstanding: int = 0) -> flo
 
 
 class LinkEstimator:
-    """EWMA estimate of one link's RTT and bandwidth, seeded from its declaration.
+    """Estimate of one link's RTT and bandwidth from real traffic, seeded from its declaration.
 
-    Fed by the dispatcher with what real traffic shows: ``observe(total_ms, server_ms, nbytes)``
-    where ``total_ms`` is the hop's wall time and ``server_ms`` what the far side reports it
-    spent. Pure arithmetic; the caller owns the clock.
+    Fed by the dispatcher with what each exchange shows: ``observe(total_ms, server_ms,
+    nbytes)``, where ``total_ms`` is the hop's wall time and ``server_ms`` what the far side
+    reports it spent; the rest is network time ``rtt + nbytes * 8 / bandwidth``. When the
+    recent window holds payloads of clearly different sizes (small requests beside split
+    features or a probe), a least-squares line through (bytes, network ms) gives both the RTT
+    (intercept) and the bandwidth (slope); otherwise the bandwidth is kept and the RTT
+    follows an EWMA. The window is short (``window`` exchanges), so a bandwidth change shows
+    within that many exchanges. Pure arithmetic; the caller owns the clock.
     """
 
-    def __init__(self, prior: LinkView, alpha: float = 0.2, hop_overhead_ms: float = 0.0) -> None:
+    def __init__(self, prior: LinkView, alpha: float = 0.2, hop_overhead_ms: float = 0.0,
+                 window: int = 16, min_spread_bytes: int = 16_384) -> None:
         self._prior = prior
         self._alpha = alpha
         self._overhead = hop_overhead_ms
         self._rtt_ms = prior.rtt_ms
         self._bandwidth = prior.bandwidth_mbit
+        self._window: deque[tuple[int, float]] = deque(maxlen=max(2, window))
+        self._min_spread = min_spread_bytes
         self.samples = 0
 
     def observe(self, total_ms: float, server_ms: float, nbytes: int) -> None:
-        """Fold one exchange in. Network time = total − server − serialisation at the estimate."""
-        serial = nbytes * 8.0 / (self._bandwidth * 1000.0) if self._bandwidth > 0 else 0.0
-        rtt = max(0.0, total_ms - server_ms - serial - self._overhead)
-        self._rtt_ms += self._alpha * (rtt - self._rtt_ms)
+        """Fold one exchange of ``nbytes`` (request + response payload) in."""
+        net = max(0.0, total_ms - server_ms - self._overhead)
+        self._window.append((int(nbytes), net))
         self.samples += 1
+        fit = self._fit()
+        if fit is not None:
+            self._rtt_ms, self._bandwidth = fit
+            return
+        serial = nbytes * 8.0 / (self._bandwidth * 1000.0) if self._bandwidth > 0 else 0.0
+        self._rtt_ms += self._alpha * (max(0.0, net - serial) - self._rtt_ms)
+
+    def _fit(self) -> tuple[float, float] | None:
+        """(rtt_ms, bandwidth_mbit) from the window, or None when sizes barely differ."""
+        sizes = [b for b, _ in self._window]
+        if len(sizes) < 4 or max(sizes) - min(sizes) < self._min_spread:
+            return None
+        n = len(sizes)
+        mean_b = sum(sizes) / n
+        mean_t = sum(t for _, t in self._window) / n
+        var = sum((b - mean_b) ** 2 for b in sizes)
+        cov = sum((b - mean_b) * (t - mean_t) for b, t in self._window)
+        slope = cov / var  # ms per byte
+        if slope <= 1e-9:  # faster than this can measure: keep the bandwidth, fit the RTT
+            return max(0.0, mean_t), self._bandwidth
+        bandwidth = min(100_000.0, max(0.01, 8.0 / (slope * 1000.0)))
+        return max(0.0, mean_t - slope * mean_b), bandwidth
 
     def view(self) -> LinkView:
         p = self._prior
