@@ -23,7 +23,7 @@ from typing import Any, Protocol, Self
 
 import httpx
 
-from tierlink.core.types import CascadePoint, LinkView, ModelView, NodeView, Tier
+from tierlink.core.types import CascadePoint, LinkView, ModelView, NodeView, SplitPoint, Tier
 from tierlink.errors import ControlPlaneError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -247,10 +247,15 @@ def _model_view(model: Mapping[str, Any]) -> ModelView:
                      float(p["answered_accuracy"]))
         for p in model.get("cascade", ())
     )
+    splits = tuple(
+        SplitPoint(str(p["cut"]), float(p["head_ms"]), float(p["tail_ms"]),
+                   int(p["feature_bytes"]))
+        for p in model.get("splits", ())
+    )
     return ModelView(
         name=model["name"], task=model["task"], version=str(model["version"]),
         accuracy=float(model["accuracy"]), latency_ms=float(model["latency_ms"]),
-        output_bytes=int(model.get("output_bytes", 64)), cascade=cascade,
+        output_bytes=int(model.get("output_bytes", 64)), cascade=cascade, splits=splits,
     )
 
 

@@ -67,6 +67,15 @@ class CascadePointSpec(_Open):
     answered_accuracy: float = Field(ge=0.0, le=1.0)
 
 
+class SplitPointSpec(_Open):
+    """One profiled cut of a model on the heartbeating node (see ``core.types.SplitPoint``)."""
+
+    cut: str = Field(min_length=1, max_length=256)
+    head_ms: float = Field(ge=0.0)
+    tail_ms: float = Field(ge=0.0)
+    feature_bytes: int = Field(ge=0)
+
+
 class ModelSpec(_Open):
     """One model variant a node serves, with the figures its model card and profile give."""
 
@@ -79,6 +88,7 @@ class ModelSpec(_Open):
     latency_ms: float = Field(ge=0.0)
     output_bytes: int = Field(default=64, ge=0)
     cascade: list[CascadePointSpec] = Field(default_factory=list)
+    splits: list[SplitPointSpec] = Field(default_factory=list, max_length=512)
 
 
 class LinkSpec(_Open):

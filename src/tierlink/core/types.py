@@ -115,6 +115,17 @@ class CascadePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class SplitPoint:
+    """One cut of a model as its node profiled it: the head (input -> ``cut``) and the tail
+    (``cut`` -> output) latencies on that node, and the cut tensor's FP32 bytes per sample."""
+
+    cut: str
+    head_ms: float
+    tail_ms: float
+    feature_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelView:
     """A model variant as a policy sees it (from its model card and the node's profile)."""
 
@@ -125,6 +136,7 @@ class ModelView:
     latency_ms: float  # measured compute per sample on this node (p50)
     output_bytes: int = 64
     cascade: tuple[CascadePoint, ...] = ()
+    splits: tuple[SplitPoint, ...] = ()  # profiled cut points, in topological order
 
     def cascade_at(self, threshold: float) -> CascadePoint | None:
         """The profiled cascade point with the largest threshold <= ``threshold``."""

@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tierlink.core.types import CascadePoint, ModelView
+from tierlink.core.types import CascadePoint, ModelView, SplitPoint
 from tierlink.errors import RuntimeFailure, TensorError, ZooError
+from tierlink.split.profile import load_profile, profile_path
 
 MAX_BATCH = 256
 
@@ -53,11 +54,12 @@ class ModelInfo:
     cascade: tuple[CascadePoint, ...] = ()
     labels: tuple[str, ...] = ()
     card: dict[str, Any] = field(default_factory=dict)
+    splits: tuple[SplitPoint, ...] = ()  # this machine's split profile, if one was made
 
     def view(self, latency_ms: float | None = None) -> ModelView:
         return ModelView(self.name, self.task, self.version, self.accuracy,
                          latency_ms if latency_ms is not None else self.latency_ms,
-                         cascade=self.cascade)
+                         cascade=self.cascade, splits=self.splits)
 
     @classmethod
     def from_card(cls, path: Path) -> ModelInfo:
@@ -67,11 +69,13 @@ class ModelInfo:
             cascade = tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
                                          float(p["answered_accuracy"]))
                             for p in card.get("cascade", []))
+            profile = load_profile(profile_path(path), sha256=card.get("sha256"))
             return cls(name=card["name"], task=card["task"], version=str(card["version"]),
                        accuracy=float(card["test_accuracy"]),
                        latency_ms=float(card["latency_ms"]["batch1_p50"]),
                        temperature=float(card.get("temperature", 1.0)), cascade=cascade,
-                       labels=tuple(card.get("labels", ())), card=card)
+                       labels=tuple(card.get("labels", ())), card=card,
+                       splits=profile.points if profile else ())
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ZooError(f"model card {path} is unreadable or incomplete: {exc}") from exc
 
