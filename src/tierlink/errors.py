@@ -21,6 +21,9 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── RuntimeFailure              500: the model runtime raised
     ├── ControlPlaneError           503: registry unreachable or refused
     ├── LinkEmulationError          link emulator misconfigured or failed
+    ├── SplitError                  400: a model cannot be cut there (not a single-tensor cut)
+    │   └── CodecError              400: a feature payload is malformed, truncated or of an
+    │                               unknown codec / version; a codec spec is unknown
     └── ZooError                    model zoo could not be built or loaded
         └── QuantizationError       a variant cannot be made: precision does not apply,
                                     bad settings
@@ -140,6 +143,19 @@ class ControlPlaneError(TierlinkError):
 class LinkEmulationError(TierlinkError):
     code = "link_emulation_error"
     hint = "check the link definitions in the fleet file"
+
+
+class SplitError(TierlinkError):
+    code = "split_error"
+    http_status = 400
+    hint = "list the valid cuts with `tierlink split list MODEL`"
+
+
+class CodecError(SplitError):
+    code = "codec_error"
+    http_status = 400
+    hint = ("codecs: fp32, fp16, int8, int8c, topk:R, thr:T, each optionally +zstd; "
+            "the payload must be one encoded by tierlink.split.codecs")
 
 
 class ZooError(TierlinkError):

@@ -259,6 +259,8 @@ class Placement(NamedTuple):
     est_ms: float = 0.0
     est_cost: float = 0.0
     est_accuracy: float = 0.0
+    cut: str = ""    # a split plan: run ``model``'s head here up to this tensor, the tail there
+    codec: str = ""  # the feature codec of a split plan (``tierlink.split.codecs``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,9 @@ class RoutingConfig:
     retry_budget: float = 0.2  # retries may add at most this share of requests
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     cost: CostModel = DEFAULT_COST_MODEL
+    # May the intermediate features of a `local`-privacy request leave the device in a split
+    # plan? Off by default: features can leak the input. On, they travel as an `any` input.
+    local_features_may_leave: bool = False
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
@@ -73,6 +76,7 @@ class NodeConfig:
     workers: int = 1
     max_queue: int = 256
     cpu_quota: float | None = None  # fraction of one core, enforced with a cgroup
+    heads: tuple[str, ...] = ()  # models whose head this node may run for a split plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +115,7 @@ class FleetConfig:
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
-        return tuple(dict.fromkeys(m for n in self.nodes for m in n.models))
+        return tuple(dict.fromkeys(m for n in self.nodes for m in (*n.models, *n.heads)))
 
     def node(self, node_id: str) -> NodeConfig:
         for n in self.nodes:
@@ -206,8 +210,11 @@ def _node(raw: Any, where: str) -> NodeConfig:
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise ConfigError(f"{where}.models must be a list of model names, e.g. [fmnist-small]")
     quota = raw.get("cpu_quota")
+    heads = raw.get("heads") or []
+    if not isinstance(heads, list) or not all(isinstance(m, str) for m in heads):
+        raise ConfigError(f"{where}.heads must be a list of model names, e.g. [fmnist-large]")
     return NodeConfig(
-        node_id=node_id, tier=tier, models=tuple(models),
+        node_id=node_id, tier=tier, models=tuple(models), heads=tuple(heads),
         workers=_int(raw.get("workers", 1), f"{where}.workers", 1),
         max_queue=_int(raw.get("max_queue", 256), f"{where}.max_queue", 1),
         cpu_quota=None if quota is None else _float(quota, f"{where}.cpu_quota", 0.01, 64.0),
@@ -261,7 +268,15 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
                                   "routing.breaker.max_cooldown_s", 0.0),
         ),
         cost=_cost(cost),
+        local_features_may_leave=_bool(raw.get("local_features_may_leave", False),
+                                       "routing.local_features_may_leave"),
     )
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _cost(raw: Mapping[str, Any]) -> CostModel:

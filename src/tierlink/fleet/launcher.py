@@ -107,7 +107,7 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
 
 def _check_models(config: FleetConfig, models: dict[str, tuple[Path, Path]]) -> None:
     for node in config.nodes:
-        for name in node.models:
+        for name in (*node.models, *node.heads):
             if name not in models:
                 raise LaunchError(f"node {node.node_id} wants model {name!r}, which the zoo "
                                   f"does not have", hint=f"available: {sorted(models)}")
@@ -172,7 +172,9 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                      bandwidth_mbit=l.bandwidth_mbit or 10_000.0, loss=l.loss)
         for l in cfg.links_from(node.node_id))
     sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.models)
-    return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, host=HOST, port=port,
+    heads = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.heads)
+    return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, heads=heads,
+                    host=HOST, port=port,
                     control_url=fleet.control_url, upstreams=upstreams,
                     routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),
                     workers=node.workers, max_queue=node.max_queue,

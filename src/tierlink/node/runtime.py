@@ -137,6 +137,7 @@ class OnnxModel:
                                                  providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ZooError(f"cannot load ONNX model {path}: {exc}") from exc
+        self.path = Path(path)
         self.info = info
         self.inputs = tuple(_spec(i) for i in self._session.get_inputs())
         self.outputs = tuple(_spec(o) for o in self._session.get_outputs())

@@ -19,33 +19,48 @@ import asyncio
 import contextvars
 import logging
 import random
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tierlink import __version__
-from tierlink.core.types import LinkView, NodeView, Outcome, Placement, Priority, Request
+from tierlink.core.types import (
+    LinkView,
+    NodeView,
+    Outcome,
+    Placement,
+    Plan,
+    Priority,
+    Privacy,
+    Request,
+    Tier,
+)
 from tierlink.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
     NoFeasiblePlacement,
     PrivacyViolation,
+    TensorError,
 )
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
 from tierlink.node.breaker import BreakerBoard, BreakerSettings
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader
-from tierlink.node.runtime import ModelRuntime, softmax_confidence
+from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
 from tierlink.node.view import build_view, model_view_to_dict
 from tierlink.policy import REGISTRY, Policy
+from tierlink.split.runtime import SplitSessions
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
 from tierlink.transport.client import OipClient
@@ -104,6 +119,8 @@ class NodeService:
         self._outstanding: dict[str, int] = {}
         self._inflight = 0
         self.hard_examples = self._uploader(hard_example_sink)
+        self._split_dir = Path(tempfile.mkdtemp(prefix=f"tierlink-{spec.node_id}-split-"))
+        self.splits = self._split_sessions()
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
                                      _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      _Observer(self.metrics), clock,
@@ -130,6 +147,7 @@ class NodeService:
             await self.hard_examples.stop()
         await self.scheduler.close()
         await self._client.close()
+        shutil.rmtree(self._split_dir, ignore_errors=True)
 
     # -- direct model inference (OIP, no routing) ------------------------------------------
 
@@ -150,8 +168,109 @@ class NodeService:
         priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
         deadline_ms = params.get(protocol.DEADLINE)
         deadline_s = None if deadline_ms is None else self._clock() + float(deadline_ms) / 1000
+        if protocol.CUT in params:
+            return await self._run_tail(name, inputs, params, priority, deadline_s)
         out, _ = await self._submit(rt, inputs, priority, deadline_s)
         return out
+
+    # -- split plans: tails served here, heads run here ------------------------------------
+
+    def _split_sessions(self) -> dict[str, SplitSessions]:
+        """Segments of every ONNX model served here (tails) and of every head model."""
+        sessions = {name: SplitSessions(name, rt.path, self._split_dir / name)
+                    for name, rt in self.runtimes.items() if isinstance(rt, OnnxModel)}
+        for head in self.spec.heads:
+            sessions[head.name] = SplitSessions(head.name, Path(head.onnx),
+                                                self._split_dir / head.name)
+        return sessions
+
+    async def _run_tail(self, name: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
+                        priority: Priority, deadline_s: float | None) -> dict[str, np.ndarray]:
+        """A split plan's second half: decode the features, run the tail of ``name``."""
+        from tierlink.split.codecs import decode_any
+
+        sessions = self.splits.get(name)
+        if sessions is None:
+            raise ModelNotFound(f"{self.spec.node_id} cannot run a tail of {name!r}")
+        if len(inputs) != 1 or next(iter(inputs.values())).dtype != np.uint8:
+            raise TensorError("a split request carries one UINT8 tensor: the encoded features",
+                              hint="encode them with tierlink.split.codecs")
+        features = decode_any(next(iter(inputs.values())).tobytes())
+        cut = str(params[protocol.CUT])
+
+        def call() -> dict[str, np.ndarray]:
+            return sessions.tail(cut, features)
+
+        return await self.scheduler.submit(call, priority=priority, deadline_s=deadline_s,
+                                           key=f"{name}@tail")
+
+    async def _run_split(self, placement: Placement, req: Request,
+                         inputs: dict[str, np.ndarray], budget_ms: float) -> StepResult:
+        """A split plan's first half here: head, encode, send; the tail runs upstream."""
+        from tierlink.split.codecs import get_codec
+
+        model = placement.model or ""
+        sessions = self.splits.get(model)
+        if sessions is None:
+            raise ModelNotFound(f"{self.spec.node_id} holds no head of {model!r}",
+                                hint="list the model under the node's `heads:`")
+        self._check_features_may_leave(req, placement.tier)
+        up = self._upstreams[placement.node_id]
+        x = next(iter(inputs.values()))
+        started = self._clock()
+
+        def head() -> np.ndarray:
+            return sessions.head(placement.cut, x)
+
+        features = await self.scheduler.submit(head, priority=req.priority,
+                                               deadline_s=started + budget_ms / 1000.0,
+                                               key=f"{model}@head")
+        head_ms = (self._clock() - started) * 1000.0
+        payload = np.frombuffer(get_codec(placement.codec).encode(features), dtype=np.uint8)
+        left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
+        if left_ms <= up.estimator.view().rtt_ms:
+            raise DeadlineExceeded(f"no time left to send features to {placement.node_id}")
+        params = {**protocol.forward_params(req, left_ms, tracing.current_traceparent()),
+                  protocol.CUT: placement.cut, protocol.CODEC: placement.codec}
+        sent = self._clock()
+        resp = await self._client.infer(up.spec.url, model, {"features": payload}, params,
+                                        timeout_s=left_ms / 1000.0)
+        total_ms = (self._clock() - sent) * 1000.0
+        up.estimator.observe(total_ms, 0.0, payload.nbytes)
+        logits = next(iter(resp.outputs.values()))
+        probs, conf = softmax_confidence(logits, self._temperature_of(model))
+        cost = (self.routing.cost.compute(self.spec.tier, head_ms)
+                + self.routing.cost.transfer(placement.tier, payload.nbytes))
+        outcome = Outcome(placement.node_id, placement.tier, model,
+                          (self.spec.node_id, placement.node_id), float(conf.min()), cost=cost,
+                          timings_ms={"head_ms": head_ms, "tail_rtt_ms": total_ms,
+                                      "split_bytes": float(payload.nbytes)})
+        self.metrics.split_requests.labels(self.spec.tier.label, model,
+                                           placement.codec).inc()
+        return StepResult({"probabilities": probs,
+                           "label": probs.argmax(axis=1).astype(np.int64)}, outcome)
+
+    def _temperature_of(self, model: str) -> float:
+        for head in self.spec.heads:
+            if head.name == model:
+                return ModelInfo.from_card(Path(head.card)).temperature
+        rt = self.runtimes.get(model)
+        return rt.info.temperature if rt else 1.0
+
+    def _check_features_may_leave(self, req: Request, tier: Tier) -> None:
+        """Features of a ``local`` request leave only when the fleet allows it; otherwise
+        they follow the request's privacy level like the raw input would."""
+        privacy = req.privacy
+        if privacy is Privacy.LOCAL:
+            if not self.routing.local_features_may_leave:
+                raise PrivacyViolation(
+                    f"features of a 'local' request may not leave {self.spec.node_id}",
+                    hint="set routing.local_features_may_leave: true to allow split plans "
+                         "for local requests")
+            privacy = Privacy.ANY
+        if not privacy.allows(tier, at_origin=False):
+            raise PrivacyViolation(f"a {req.privacy.value!r} request's features may not go to "
+                                   f"the {tier.label} tier")
 
     # -- routed inference -----------------------------------------------------------------
 
@@ -176,20 +295,44 @@ class NodeService:
         try:
             with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
                               {"tierlink.node": self.spec.node_id, "tierlink.task": task}):
-                result = await self._route(req, policy, inputs, t0)
+                result = await self._route(req, policy, inputs, t0,
+                                           params.get(protocol.SPLIT))
         finally:
             _LABELS.reset(token)
             self._inflight -= 1
         return result.outputs, result.outcome, (self._clock() - t0) * 1000.0
 
     async def _route(self, req: Request, policy: Policy, inputs: dict[str, np.ndarray],
-                     t0: float) -> StepResult:
-        plan = policy.plan(req, self.view, self._rng)
+                     t0: float, forced_split: Any = None) -> StepResult:
+        plan = (self._forced_split(req, str(forced_split)) if forced_split
+                else policy.plan(req, self.view, self._rng))
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
         self.metrics.placements.labels(self.spec.tier.label, plan.policy, plan.reason).inc()
         return await self.dispatcher.execute(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+
+    def _forced_split(self, req: Request, text: str) -> Plan:
+        """The one-placement plan a request asked for with ``tierlink.split=NODE/CUT/CODEC``
+        (benchmarks measure every cut this way); allowed where policy overrides are."""
+        if not self.routing.allow_policy_override:
+            raise InvalidRequest(f"this fleet does not allow choosing a split per request "
+                                 f"({protocol.SPLIT})",
+                                 hint="set routing.allow_policy_override in the fleet file")
+        node, _, rest = text.partition("/")
+        cut, _, codec = rest.rpartition("/")
+        up = self._upstreams.get(node)
+        target = self.view.nodes.get(node)
+        if up is None or target is None or not cut or not codec:
+            raise InvalidRequest(f"{protocol.SPLIT}={text!r}: expected NODE/CUT/CODEC with "
+                                 f"NODE one of this node's upstreams {sorted(self._upstreams)}")
+        models = [m for m in target.models if m.task == req.task and m.name in self.splits]
+        if not models:
+            raise InvalidRequest(f"{node} serves no model of {req.task!r} whose head "
+                                 f"{self.spec.node_id} holds")
+        self._check_features_may_leave(req, target.tier)  # 403 now, not a failed hop later
+        return Plan((Placement("remote", node, target.tier, models[0].name, cut=cut,
+                               codec=codec),), "forced_split", "forced by the request")
 
     def _policy_for(self, req: Request) -> Policy:
         if req.policy is None or req.policy == self._default_policy.name:
@@ -258,6 +401,8 @@ class NodeService:
     async def _run_remote(self, placement: Placement, req: Request,
                           inputs: dict[str, np.ndarray], remaining_ms: float,
                           budget_ms: float) -> StepResult:
+        if placement.cut:
+            return await self._run_split(placement, req, inputs, budget_ms)
         up = self._upstreams[placement.node_id]
         link = up.estimator.view()
         send_ms = budget_ms - link.rtt_ms - self.routing.reserve_ms

@@ -60,6 +60,7 @@ class NodeSpec:
     trace_file: str | None = None  # write this node's spans here as JSON lines
     hard_examples_raw: dict[str, Any] = field(default_factory=dict)  # fleet `hard_examples:`
     control_tier: str = "cloud"  # the control plane's tier: what hard examples may reach
+    heads: tuple[ModelSource, ...] = ()  # models whose head this node may run (split plans)
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)
@@ -79,6 +80,7 @@ class NodeSpec:
             data["tier"] = Tier.parse(data["tier"])
             data["models"] = tuple(ModelSource(**m) for m in data.get("models", []))
             data["upstreams"] = tuple(UpstreamSpec(**u) for u in data.get("upstreams", []))
+            data["heads"] = tuple(ModelSource(**m) for m in data.get("heads", []))
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid node spec: {exc}") from exc

@@ -50,6 +50,10 @@ class NodeMetrics:
         self.placements = Counter("tierlink_placements_total",
                                   "Routing decisions by the option chosen",
                                   ["tier", "policy", "option"], registry=r)
+        self.split_requests = Counter("tierlink_split_requests_total",
+                                      "Requests answered by a split plan started here "
+                                      "(head here, tail upstream)",
+                                      ["tier", "model", "codec"], registry=r)
         self.escalations = Counter("tierlink_escalations_total",
                                    "Answers passed upstream for low confidence",
                                    ["tier", "model"], registry=r)
