@@ -161,6 +161,9 @@ class NodeView:
     workers: int = 1
     healthy: bool = True  # False when this router's circuit breaker to it is open
     age_s: float = 0.0  # how stale this entry is
+    # Models whose *head* this node can run for a split plan (not served here), with the
+    # head latencies of its own split profile in ``ModelView.splits``.
+    heads: tuple[ModelView, ...] = ()
 
     def model_for(self, task: str, version: str | None = None) -> ModelView | None:
         for model in self.models:

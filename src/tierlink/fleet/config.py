@@ -51,7 +51,8 @@ class RoutingConfig:
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
                             default_threshold=self.default_threshold, max_hops=self.max_hops,
-                            reserve_ms=self.reserve_ms, cost=self.cost)
+                            reserve_ms=self.reserve_ms, cost=self.cost,
+                            local_features_may_leave=self.local_features_may_leave)
 
 
 @dataclass(frozen=True, slots=True)

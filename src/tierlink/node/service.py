@@ -121,6 +121,9 @@ class NodeService:
         self.hard_examples = self._uploader(hard_example_sink)
         self._split_dir = Path(tempfile.mkdtemp(prefix=f"tierlink-{spec.node_id}-split-"))
         self.splits = self._split_sessions()
+        # Head models with this machine's split profile (`tierlink split profile`): what
+        # the policy prices the first half of a split plan with.
+        self._heads = tuple(ModelInfo.from_card(Path(h.card)).view() for h in spec.heads)
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
                                      _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      _Observer(self.metrics), clock,
@@ -449,7 +452,7 @@ class NodeService:
         models = tuple(rt.info.view(stats.service_ms_by_key.get(name, rt.info.latency_ms))
                        for name, rt in self.runtimes.items())
         return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
-                        inflight=stats.inflight, workers=stats.workers)
+                        inflight=stats.inflight, workers=stats.workers, heads=self._heads)
 
     def refresh_view(self) -> None:
         """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""

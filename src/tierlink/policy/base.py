@@ -19,6 +19,7 @@ from tierlink.core.types import ClusterView, Plan, Request
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.latency import EstimateParams
+from tierlink.estimate.split import DEFAULT_CODECS, CodecProfile
 
 ENTRY_POINT_GROUP = "tierlink.policies"
 
@@ -53,6 +54,11 @@ class PolicyConfig:
     reserve_ms: float = 5.0
     estimates: EstimateParams = field(default_factory=EstimateParams)
     cost: CostModel = DEFAULT_COST_MODEL
+    # Split plans: the feature codecs to consider (measured profiles), the accuracy a codec
+    # may cost (points), and whether a `local` request's features may leave the device.
+    split_codecs: tuple[CodecProfile, ...] = DEFAULT_CODECS
+    split_max_accuracy_loss: float = 0.5
+    local_features_may_leave: bool = False
 
     def threshold_for(self, model: str) -> float:
         return self.thresholds.get(model, self.default_threshold)

@@ -28,10 +28,13 @@ from tierlink.core.types import (
     NodeView,
     Placement,
     Plan,
+    Privacy,
     Request,
     Tier,
 )
 from tierlink.estimate.latency import queue_wait_ms, transfer_ms
+from tierlink.estimate.split import SegmentProfile
+from tierlink.estimate.split import candidates as split_candidates
 from tierlink.policy.base import PolicyConfig
 
 
@@ -59,6 +62,9 @@ class Choice(NamedTuple):
     spare: NodeView | None = None
     threshold: float | None = None
     up_worst_ms: float = 0.0  # the upstream part's worst case (for the dispatcher's check)
+    cut: str = ""  # a split choice: the head runs here up to ``cut``, the tail on ``pick``
+    codec: str = ""
+    split_model: str = ""
 
     @property
     def label(self) -> str:
@@ -119,6 +125,10 @@ class TierlinkPolicy:
         if hops >= self._cfg.max_hops:
             return choices
         for tier, ids in view.upstream.get(node_id, {}).items():
+            if node.heads and node_id == view.self_id:
+                split = self._split(node, two_choices(ids, view, req.task, rng)[0], req, view)
+                if split:
+                    choices.append(split)
             if not req.privacy.allows(tier, at_origin=False):
                 continue
             remote = self._remote(node, ids, req, view, budget, hops, rng)
@@ -129,6 +139,42 @@ class TierlinkPolicy:
             if cascade:
                 choices.append(cascade)
         return choices
+
+    def _split(self, node: NodeView, up: NodeView | None, req: Request,
+               view: ClusterView) -> Choice | None:
+        """Run a model's head here and its tail on ``up`` (the power-of-two pick), at the
+        (cut, codec) with the lowest expected latency over the live link."""
+        if up is None or not self._features_may_go(req, up.tier):
+            return None
+        model = up.model_for(req.task, req.version)
+        head = next((h for h in node.heads if model and h.name == model.name), None)
+        link = view.links.get((node.node_id, up.node_id))
+        if model is None or head is None or link is None or not model.splits:
+            return None
+        tails = {p.cut: p for p in model.splits}
+        segments = [SegmentProfile(p.cut, p.head_ms, tails[p.cut].tail_ms, p.feature_bytes)
+                    for p in head.splits if p.cut in tails]
+        if not segments:
+            return None
+        queue = queue_wait_ms(up, model, view.outstanding.get(up.node_id, 0))
+        plans = split_candidates(segments, self._cfg.split_codecs, link, queue,
+                                 self._cfg.split_max_accuracy_loss)
+        if not plans:
+            return None
+        best = plans[0]
+        tail_ms = best.tail_ms - queue
+        cost = (self._cfg.cost.compute(node.tier, best.head_ms)
+                + self._cfg.cost.transfer(up.tier, best.wire_bytes)
+                + self._cfg.cost.compute(up.tier, tail_ms))
+        est = Estimate(best.total_ms, best.total_ms, cost,
+                       max(0.0, model.accuracy - best.accuracy_loss / 100.0))
+        return Choice("split", est, node, None, up, None, None, best.total_ms - best.head_ms,
+                      best.cut, best.codec, model.name)
+
+    def _features_may_go(self, req: Request, tier: Tier) -> bool:
+        if req.privacy is Privacy.LOCAL:
+            return self._cfg.local_features_may_leave
+        return req.privacy.allows(tier, at_origin=False)
 
     def _local(self, node: NodeView, req: Request, view: ClusterView) -> Choice | None:
         model = node.model_for(req.task, req.version)
@@ -286,7 +332,11 @@ def placements(choice: Choice) -> tuple[Placement, ...]:
         node = choice.node
         out.append(Placement("local", node.node_id, node.tier, choice.model.name,
                              choice.threshold, est.latency_ms, est.cost, est.accuracy))
-    if choice.pick is not None:  # est_ms: the worst case of the upstream part alone
+    if choice.cut and choice.pick is not None:  # a split plan: head here, tail upstream
+        out.append(Placement("remote", choice.pick.node_id, choice.pick.tier,
+                             choice.split_model, None, choice.up_worst_ms,
+                             est.cost, est.accuracy, cut=choice.cut, codec=choice.codec))
+    elif choice.pick is not None:  # est_ms: the worst case of the upstream part alone
         out.append(Placement("remote", choice.pick.node_id, choice.pick.tier, None, None,
                              choice.up_worst_ms, est.cost, est.accuracy))
     if choice.spare is not None:

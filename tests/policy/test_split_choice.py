@@ -1,0 +1,59 @@
+"""The policy prices split plans from the nodes' split profiles and the live link: when the
+bandwidth changes, the chosen cut changes (pure: snapshots in, plans out)."""
+
+import random
+
+from tierlink.core.types import (
+    ClusterView,
+    LinkView,
+    ModelView,
+    NodeView,
+    Privacy,
+    Request,
+    SplitPoint,
+    Tier,
+)
+from tierlink.policy.base import PolicyConfig, Weights
+from tierlink.policy.placement import TierlinkPolicy
+
+INPUT = 150_528 * 4  # a 224x224 RGB image in FP32
+# Head latencies on a throttled device, tail latencies in the cloud (an ImageNet-size net).
+HEAD = (SplitPoint("b3", 20.0, 0.0, 294 * 1024), SplitPoint("b7", 45.0, 0.0, 49 * 1024),
+        SplitPoint("b14", 110.0, 0.0, 31 * 1024))
+TAIL = (SplitPoint("b3", 0.0, 9.0, 294 * 1024), SplitPoint("b7", 0.0, 6.0, 49 * 1024),
+        SplitPoint("b14", 0.0, 1.0, 31 * 1024))
+SMALL = ModelView("net-small", "net", "1", 0.60, 8.0)
+BIG = ModelView("net-big", "net", "1", 0.72, 10.0, splits=TAIL)
+
+
+def view(mbit: float, rtt: float = 10.0, heads=True) -> ClusterView:
+    device = NodeView("dev-1", Tier.DEVICE, (SMALL,),
+                      heads=(ModelView("net-big", "net", "1", 0.72, 150.0, splits=HEAD),)
+                      if heads else ())
+    cloud = NodeView("cloud-1", Tier.CLOUD, (BIG,), workers=4)
+    return ClusterView.build("dev-1", [device, cloud],
+                             [LinkView("dev-1", "cloud-1", rtt, mbit)])
+
+
+def choose(v: ClusterView, privacy: Privacy = Privacy.ANY, **cfg):
+    """The first placement of a plan that weighs latency, not cost (a WAN upload of the raw
+    image is dear, so with the default weights splits also win on cost)."""
+    request = Request("r", "net", 300.0, origin="dev-1", privacy=privacy, input_bytes=INPUT)
+    policy = TierlinkPolicy(PolicyConfig(weights=Weights(cost=0.0), **cfg))
+    return policy.plan(request, v, random.Random(0)).placements[0]
+
+
+def test_the_cut_follows_the_bandwidth():
+    fat = choose(view(1000.0, rtt=2.0))
+    assert fat.kind == "remote" and not fat.cut  # upload the image: the cloud is fast
+    mid = choose(view(10.0))
+    assert mid.cut == "b7" and mid.codec == "int8" and mid.model == "net-big"
+    thin = choose(view(0.3))
+    assert thin.kind == "local" and thin.model == "net-small"  # no uplink worth using
+
+
+def test_no_split_without_heads_or_for_local_privacy():
+    assert not choose(view(10.0, heads=False)).cut
+    assert choose(view(10.0), privacy=Privacy.LOCAL).kind == "local"
+    allowed = choose(view(10.0), privacy=Privacy.LOCAL, local_features_may_leave=True)
+    assert allowed.cut == "b7"
