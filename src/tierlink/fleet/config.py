@@ -47,6 +47,9 @@ class RoutingConfig:
     # May the intermediate features of a `local`-privacy request leave the device in a split
     # plan? Off by default: features can leak the input. On, they travel as an `any` input.
     local_features_may_leave: bool = False
+    # Probe a link that carried no traffic for this long (s; 0 = never) — only nodes that
+    # can start split plans probe, since only split plans depend on the bandwidth.
+    probe_idle_s: float = 2.0
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
@@ -271,6 +274,7 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
         cost=_cost(cost),
         local_features_may_leave=_bool(raw.get("local_features_may_leave", False),
                                        "routing.local_features_may_leave"),
+        probe_idle_s=_float(raw.get("probe_idle_s", 2.0), "routing.probe_idle_s", 0.0),
     )
 
 

@@ -101,6 +101,12 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
     async def status() -> dict[str, Any]:
         return service.status()
 
+    @app.post("/tierlink/v1/probe", status_code=204, response_class=Response)
+    async def probe(request: Request) -> Response:
+        """A link probe: read the body (so its bytes cross the link) and answer empty."""
+        await request.body()
+        return Response(status_code=204)
+
     @app.post("/v2/repository/index")
     async def repository_index() -> list[dict[str, Any]]:
         models = [{"name": n, "version": rt.info.version, "state": "READY"}

@@ -49,6 +49,7 @@ from tierlink.errors import (
     NoFeasiblePlacement,
     PrivacyViolation,
     TensorError,
+    TierlinkError,
 )
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
@@ -79,6 +80,9 @@ _LABELS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar
 class _Upstream:
     spec: UpstreamSpec
     estimator: LinkEstimator
+    last_seen: float = float("-inf")  # when traffic last measured this link (node clock)
+
+PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwidth
 
 
 class NodeService:
@@ -131,6 +135,7 @@ class NodeService:
                                      on_hard_example=self._hard_example)
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
         self.started_at = time.time()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -139,13 +144,17 @@ class NodeService:
         self.scheduler.start()
         self._register_gauges()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="view-refresh")
+        self._prober = (asyncio.create_task(self._probe_loop(), name="link-probe")
+                        if self.routing.probe_idle_s > 0 and self.spec.heads and self._upstreams
+                        else None)
         if self.hard_examples is not None:
             self.hard_examples.start()
 
     async def stop(self) -> None:
-        if self._refresher:
-            self._refresher.cancel()
-            await asyncio.gather(self._refresher, return_exceptions=True)
+        for task in (self._refresher, self._prober):
+            if task:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.hard_examples is not None:
             await self.hard_examples.stop()
         await self.scheduler.close()
@@ -240,6 +249,7 @@ class NodeService:
                                         timeout_s=left_ms / 1000.0)
         total_ms = (self._clock() - sent) * 1000.0
         up.estimator.observe(total_ms, 0.0, payload.nbytes)
+        up.last_seen = self._clock()
         logits = next(iter(resp.outputs.values()))
         probs, conf = softmax_confidence(logits, self._temperature_of(model))
         cost = (self.routing.cost.compute(self.spec.tier, head_ms)
@@ -425,6 +435,7 @@ class NodeService:
         total_ms = (self._clock() - start) * 1000.0
         outcome = protocol.parse_outcome(resp.parameters)
         up.estimator.observe(total_ms, outcome.timings_ms.get("server_ms", 0.0), req.input_bytes)
+        up.last_seen = self._clock()
         transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
         return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
 
@@ -444,6 +455,29 @@ class NodeService:
         if self.hard_examples is not None:
             self.hard_examples.offer(placement, req, inputs, result.outputs.get("probabilities"),
                                      _LABELS.get())
+
+    # -- link probes -----------------------------------------------------------------------
+
+    async def _probe_loop(self) -> None:
+        """Keep idle links measured: a link that carried no traffic for ``probe_idle_s``
+        gets a small and a large probe, so its bandwidth estimate (what split plans are
+        priced with) follows the link even while no request uses it."""
+        idle = self.routing.probe_idle_s
+        while True:
+            await asyncio.sleep(idle / 2)
+            for up in list(self._upstreams.values()):
+                if self._clock() - up.last_seen >= idle:
+                    await self._probe(up)
+
+    async def _probe(self, up: _Upstream) -> None:
+        for nbytes in (PROBE_SMALL, PROBE_LARGE):
+            start = self._clock()
+            try:
+                await self._client.probe(up.spec.url, nbytes, timeout_s=5.0)
+            except TierlinkError:
+                return  # an unreachable upstream is the breakers' business, not the probe's
+            up.estimator.observe((self._clock() - start) * 1000.0, 0.0, nbytes)
+        up.last_seen = self._clock()
 
     # -- view, heartbeat, metrics ----------------------------------------------------------
 

@@ -138,6 +138,12 @@ class OipClient:
             return False
         return response.status_code == 200
 
+    async def probe(self, base_url: str, nbytes: int, timeout_s: float | None = None) -> None:
+        """POST ``nbytes`` of padding to ``/tierlink/v1/probe`` (answered at once, empty):
+        a timed exchange of a known size that teaches a link estimator the bandwidth."""
+        await self._send("POST", f"{base_url.rstrip('/')}/tierlink/v1/probe", timeout_s,
+                         content=bytes(nbytes))
+
     async def model_metadata(
         self, base_url: str, model: str, version: str | None = None, timeout_s: float | None = None
     ) -> dict[str, Any]:
