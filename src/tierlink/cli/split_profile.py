@@ -1,0 +1,49 @@
+"""``tierlink split profile``: time every head and tail of a zoo model on this machine."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierlink.errors import TierlinkError
+
+console = Console(stderr=True)
+
+
+def profile_cmd(
+    model: str = typer.Argument(..., help="a zoo model name, e.g. fmnist-large"),
+    task: str = typer.Option("fmnist", help="the zoo task of MODEL"),
+    profile: str = typer.Option("full", help="zoo profile: full or test"),
+    rounds: int = typer.Option(30, help="interleaved timing rounds"),
+    as_json: bool = typer.Option(False, "--json", help="print the profile as JSON"),
+) -> None:
+    """Measure head and tail latency at every cut (1 thread, batch 1, interleaved) and save
+    it beside the model card as <model>.splits.json, where nodes read it and report it
+    with their heartbeat."""
+    from tierlink.split.profile import profile_model, profile_path, save_profile
+    from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.datasets import load_splits
+
+    try:
+        zoo = ensure_zoo(task=task, profile=profile, progress=not as_json)
+        card = zoo.card(model)
+        sample = load_splits(task).test.images[:1]
+        result = profile_model(model, zoo.path(model), sample, card.sha256, rounds=rounds)
+        save_profile(result, profile_path(zoo.card_path(model)))
+    except TierlinkError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return
+    table = Table(title=f"{model} on {result.host}: whole model {result.full_ms:.3f} ms")
+    for col in ("cut", "head ms", "tail ms", "KB / sample"):
+        table.add_column(col)
+    for p in result.points:
+        table.add_row(p.cut, f"{p.head_ms:.3f}", f"{p.tail_ms:.3f}",
+                      f"{p.feature_bytes / 1024:.1f}")
+    Console().print(table)
+    console.print(f"saved to {profile_path(zoo.card_path(model))}")
