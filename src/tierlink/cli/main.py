@@ -18,6 +18,8 @@ from tierlink.cli.calibration import calibration
 from tierlink.cli.cascade import app as cascade_app
 from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.quantize import quantize
+from tierlink.cli.split import app as split_app
+from tierlink.cli.split_profile import profile_cmd
 from tierlink.errors import TierlinkError
 
 app = typer.Typer(help="tierlink: cloud-edge-device collaborative inference.",
@@ -28,6 +30,8 @@ app.add_typer(hard_examples_app, name="hard-examples")
 app.add_typer(cascade_app, name="cascade")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
+app.add_typer(split_app, name="split")
+split_app.command("profile")(profile_cmd)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
 

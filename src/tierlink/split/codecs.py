@@ -49,6 +49,7 @@ MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: the most a payload may decode to
 MAX_RANK = 16
 ZSTD_LEVEL = 3
 FP16_MAX = 65504.0
+_MAX_SCALE = float(np.finfo(np.float32).max) / 255  # larger: (q - zero) * scale overflows
 _PREFIX = struct.Struct("<3sBI")  # magic, format version, header length
 _INDEX_TYPES: dict[str, np.dtype[Any]] = {"u2": np.dtype("<u2"), "u4": np.dtype("<u4")}
 DEFAULT_SPECS: tuple[str, ...] = (
@@ -235,7 +236,7 @@ def _as_float32(x: Any, finite_only: bool, spec: str) -> np.ndarray:
     if arr.size > MAX_ELEMENTS or arr.ndim > MAX_RANK:
         raise CodecError(f"tensor {arr.shape} is too large to encode "
                          f"(at most {MAX_ELEMENTS} elements, rank {MAX_RANK})")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    arr = np.asarray(arr, dtype=np.float32, order="C")  # (ascontiguousarray makes 0-d 1-d)
     if finite_only and not np.isfinite(arr).all():
         raise CodecError(f"codec {spec} cannot encode NaN or infinity",
                          hint="use fp32 or fp16 for tensors with non-finite values")
@@ -318,8 +319,12 @@ class Int8Codec(Codec):
     def _pack(self, x: np.ndarray) -> tuple[bytes, dict[str, Any]]:
         lo = np.minimum(_reduce(x, np.min, self.name), 0.0)  # (C,) or (1,)
         hi = np.maximum(_reduce(x, np.max, self.name), 0.0)
-        scale = ((hi - lo) / np.float32(255.0)).astype(np.float32)
+        with np.errstate(over="ignore"):  # an overflowing range is refused just below
+            scale = ((hi - lo) / np.float32(255.0)).astype(np.float32)
         scale[scale == 0] = 1.0  # an all-zero channel: any scale decodes it exactly
+        if not (scale <= _MAX_SCALE).all():  # hi - lo overflowed float32
+            raise CodecError(f"{self.spec} cannot encode values spanning more than float32's "
+                             "range", hint="use fp32")
         zero = np.clip(np.rint(-lo / scale), 0, 255).astype(np.float32)
         b_scale, b_zero = _broadcast(scale, x.ndim, self.name), _broadcast(zero, x.ndim, self.name)
         q = np.clip(np.rint(x / b_scale) + b_zero, 0, 255).astype(np.uint8)
@@ -332,15 +337,17 @@ class Int8Codec(Codec):
         channels = _channels(header.shape, cls.name)
         scale = _b64_array(header.params, "scale", np.dtype("<f4"), channels)
         zero = _b64_array(header.params, "zero_point", np.dtype(np.uint8), channels)
-        if not np.isfinite(scale).all():
-            raise CodecError(f"{cls.name} header has a non-finite scale")
+        if not ((scale > 0) & (scale <= _MAX_SCALE)).all():
+            raise CodecError(f"{cls.name} header has a scale outside (0, {_MAX_SCALE:.3g}]")
         rank = len(header.shape)
         q = np.frombuffer(raw, np.uint8).reshape(header.shape).astype(np.float32)
         return (q - _broadcast(zero, rank, cls.name)) * _broadcast(scale, rank, cls.name)
 
 
 class Int8ChannelCodec(Int8Codec):
-    """Affine 8-bit with one scale / zero point per channel (axis 1; rank >= 2)."""
+    """Affine 8-bit with one scale / zero point per channel (axis 1; rank >= 2). Meant for
+    convolution features (N, C, H, W): on a flat (N, F) vector every feature is a channel,
+    and its 5 bytes of parameters make the payload larger than fp32 — use ``int8`` there."""
 
     name = "int8c"
 
@@ -413,7 +420,8 @@ class _SparseCodec(Codec):
     @classmethod
     def _unpack(cls, raw: bytes, header: FeatureHeader) -> np.ndarray:
         nnz, itype = header.params.get("nnz"), header.params.get("index")
-        if type(nnz) is not int or not 0 <= nnz <= header.size or itype not in _INDEX_TYPES:
+        if type(nnz) is not int or not 0 <= nnz <= header.size or not isinstance(
+                itype, str) or itype not in _INDEX_TYPES:
             raise CodecError(f"{cls.name} header needs nnz (0..{header.size}) and index "
                              f"(u2 or u4), got nnz={nnz!r:.20}, index={itype!r:.20}")
         isize = _INDEX_TYPES[itype].itemsize

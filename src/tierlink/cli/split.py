@@ -1,0 +1,237 @@
+"""``tierlink split``: where a model can be cut, and what each feature codec costs there.
+
+``list MODEL``: every single-tensor cut (index, tensor, shape, KB per sample in FP32).
+``codecs MODEL``: for each cut and codec, on real test-split images pushed one at a time
+through head -> encode -> decode -> tail (batch 1, as a device sends them): payload size and
+ratio to fp32, encode / decode time per sample, test accuracy against the whole model and
+top-1 agreement with it.
+
+MODEL is a path to an ``.onnx`` file or a zoo model name (``fmnist-large``; ``--profile``).
+The lead registers ``app`` as ``tierlink split``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierlink.errors import SplitError, TierlinkError
+
+app = typer.Typer(help="Split computing: a model's cut points and feature codecs.",
+                  no_args_is_help=True)
+console = Console(stderr=True)
+TAIL_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class CodecRow:
+    """One (cut, codec) measurement. Times are medians per sample in µs; ``ratio`` is the
+    fp32 payload's size over this codec's (both with their headers); accuracy and
+    ``agreement`` (top-1 equal to the whole model) are shares in 0..1 of the samples;
+    ``delta_pt`` is accuracy minus the whole model's, in points."""
+
+    cut: int
+    tensor: str
+    codec: str
+    kb_fp32: float
+    payload_bytes: float
+    ratio: float
+    encode_us: float
+    decode_us: float
+    accuracy: float
+    delta_pt: float
+    agreement: float
+
+
+@app.command("list")
+def list_cuts(
+    model: str = typer.Argument(..., help="an .onnx file or a zoo model name"),
+    profile: str = typer.Option("full", help="zoo profile for a model name: full | test"),
+    as_json: bool = typer.Option(False, "--json", help="print the cuts as JSON"),
+) -> None:
+    """Every valid single-tensor cut of MODEL in topological order."""
+    from tierlink.split.partition import cut_points
+
+    try:
+        path, _ = resolve_model(model, profile, progress=not as_json)
+        cuts = cut_points(path)
+    except TierlinkError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps([c.to_dict() for c in cuts], indent=2))
+        return
+    table = Table(title=f"cut points of {model}")
+    for col in ("cut", "tensor", "after node", "shape", "dtype", "KB/sample"):
+        table.add_column(col, justify="right" if col in ("cut", "KB/sample") else "left")
+    for c in cuts:
+        table.add_row(str(c.index), c.tensor, c.after_node or "(graph input)",
+                      "x".join("?" if d < 0 else str(d) for d in c.shape), c.dtype,
+                      f"{c.kb_per_sample:.2f}" if c.bytes_per_sample >= 0 else "?")
+    Console().print(table)
+
+
+@app.command("codecs")
+def codecs(
+    model: str = typer.Argument(..., help="an .onnx file or a zoo model name"),
+    cut: list[str] | None = typer.Option(None, "--cut", help="cut tensor (repeat; "
+                                         "default: every cut)"),
+    codec: list[str] | None = typer.Option(None, "--codec", help="codec spec (repeat; "
+                                           "default: a representative set)"),
+    samples: int = typer.Option(3000, help="test-split images to push through"),
+    task: str = typer.Option("", help="dataset of an .onnx file (default: from the name, "
+                             "else fmnist)"),
+    profile: str = typer.Option("full", help="zoo profile for a model name: full | test"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Compression ratio, encode/decode time and accuracy impact of each codec at each cut,
+    on real test images."""
+    from tierlink.split.codecs import DEFAULT_SPECS, get_codec
+
+    try:
+        path, zoo_task = resolve_model(model, profile, progress=not as_json)
+        specs = [get_codec(s).spec for s in (codec or DEFAULT_SPECS)]
+        doc = codec_report(path, task or zoo_task, specs, cuts=cut or None, samples=samples,
+                           progress=not as_json)
+    except TierlinkError as exc:
+        _fail(exc)
+    doc["model"] = model
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_report(doc)
+
+
+def _fail(exc: TierlinkError) -> NoReturn:
+    console.print(f"[red]error:[/red] {exc.message}")
+    if exc.hint:
+        console.print(f"[yellow]hint:[/yellow] {exc.hint}")
+    raise typer.Exit(2)
+
+
+def resolve_model(model: str, profile: str, progress: bool = False) -> tuple[Path, str]:
+    """(the .onnx path, its task) of a path or a zoo model name (built if missing)."""
+    from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.profiles import TASKS
+
+    task = next((t for t in TASKS if model.startswith(f"{t}-")), "fmnist")
+    path = Path(model)
+    if path.suffix == ".onnx" or path.exists():
+        if not path.is_file():
+            raise SplitError(f"no model file {path}", hint="pass an .onnx file or a zoo name")
+        return path, task
+    if not any(model.startswith(f"{t}-") for t in TASKS):
+        raise SplitError(f"{model!r} is neither an .onnx file nor a zoo model name",
+                         hint=f"zoo names start with one of {', '.join(TASKS)}-")
+    return ensure_zoo(task=task, profile=profile, progress=progress).path(model), task
+
+
+def codec_report(path: Path, task: str, specs: Sequence[str], *,
+                 cuts: Sequence[str] | None = None, samples: int = 3000,
+                 progress: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Measure every codec of ``specs`` at every cut of ``cuts`` (default: all) on the first
+    ``samples`` test images of ``task``: JSON-ready ``{"task", "samples", "accuracy",
+    "cuts": [CutPoint...], "rows": [CodecRow...]}``."""
+    from tierlink.split.partition import cut_points
+    from tierlink.zoo.datasets import load_splits
+    from tierlink.zoo.evaluate import accuracy, onnx_logits
+
+    test = load_splits(task).test.head(samples)
+    whole = onnx_logits(path, test.images)  # (N, classes)
+    chosen = _chosen_cuts(cut_points(path), cuts)
+    base = accuracy(whole, test.labels)
+    rows: list[CodecRow] = []
+    with tempfile.TemporaryDirectory(prefix="tierlink-split-") as tmp:
+        for point in chosen:
+            if progress:
+                console.print(f"cut {point.index}: {point.tensor}")
+            rows.extend(_measure_cut(path, Path(tmp), point, specs, test, whole, base, clock))
+    return {"task": task, "samples": len(test), "accuracy": base,
+            "cuts": [c.to_dict() for c in chosen], "rows": [asdict(r) for r in rows]}
+
+
+def _chosen_cuts(all_cuts: list[Any], wanted: Sequence[str] | None) -> list[Any]:
+    if not wanted:
+        return all_cuts
+    by_tensor = {c.tensor: c for c in all_cuts}
+    unknown = [t for t in wanted if t not in by_tensor]
+    if unknown:
+        raise SplitError(f"not single-tensor cuts: {', '.join(unknown)}; valid: "
+                         f"{', '.join(by_tensor)}")
+    return [by_tensor[t] for t in wanted]
+
+
+def _measure_cut(path: Path, tmp: Path, point: Any, specs: Sequence[str], test: Any,
+                 whole: Any, base: float, clock: Callable[[], float]) -> list[CodecRow]:
+    from tierlink.split.codecs import get_codec
+    from tierlink.split.partition import split_model
+    from tierlink.zoo.evaluate import accuracy, ort_session
+
+    head, tail = split_model(path, point.tensor, tmp / "head.onnx", tmp / "tail.onnx")
+    features = _run(ort_session(head), test.images)  # (N, *cut shape)
+    tail_session = ort_session(tail)
+    fp32 = get_codec("fp32")
+    fp32_bytes = sum(len(fp32.encode(features[i:i + 1])) for i in range(len(features))) / \
+        max(1, len(features))  # the mean: header sizes vary by a few digits
+    rows = []
+    for spec in specs:
+        decoded, size, enc_us, dec_us = _roundtrip(get_codec(spec), features, clock)
+        logits = _run(tail_session, decoded)
+        acc = accuracy(logits, test.labels)
+        agree = float((logits.argmax(axis=1) == whole.argmax(axis=1)).mean())
+        rows.append(CodecRow(point.index, point.tensor, spec, point.bytes_per_sample / 1024,
+                             size, fp32_bytes / size, enc_us, dec_us, acc,
+                             100.0 * (acc - base), agree))
+    return rows
+
+
+def _run(session: Any, x: Any) -> Any:
+    """The first output of ``session`` on ``x`` in batches of ``TAIL_BATCH``."""
+    import numpy as np
+
+    name = session.get_inputs()[0].name
+    chunks = [session.run(None, {name: x[i:i + TAIL_BATCH]})[0]
+              for i in range(0, len(x), TAIL_BATCH)]
+    return np.concatenate(chunks)
+
+
+def _roundtrip(codec: Any, features: Any,
+               clock: Callable[[], float]) -> tuple[Any, float, float, float]:
+    """Encode and decode each sample alone (batch 1): decoded (N, ...), mean payload
+    bytes, median encode and decode µs."""
+    import numpy as np
+
+    n = len(features)
+    enc, dec, sizes = np.empty(n), np.empty(n), np.empty(n)
+    out = np.empty_like(features)
+    for i in range(n):
+        t0 = clock()
+        payload = codec.encode(features[i:i + 1])
+        t1 = clock()
+        out[i:i + 1] = codec.decode(payload)
+        enc[i], dec[i], sizes[i] = t1 - t0, clock() - t1, len(payload)
+    return out, float(sizes.mean()), 1e6 * float(np.median(enc)), 1e6 * float(np.median(dec))
+
+
+def _print_report(doc: dict[str, Any]) -> None:
+    table = Table(title=f"codecs on {doc['model']} ({doc['samples']} test images, whole "
+                        f"model {100 * doc['accuracy']:.2f}%)")
+    for col in ("cut", "tensor", "KB fp32", "codec", "bytes", "ratio", "enc µs", "dec µs",
+                "acc %", "Δ pt", "agree %"):
+        table.add_column(col, justify="left" if col in ("tensor", "codec") else "right")
+    for r in doc["rows"]:
+        table.add_row(str(r["cut"]), r["tensor"], f"{r['kb_fp32']:.2f}", r["codec"],
+                      f"{r['payload_bytes']:.0f}", f"{r['ratio']:.2f}x",
+                      f"{r['encode_us']:.0f}", f"{r['decode_us']:.0f}",
+                      f"{100 * r['accuracy']:.2f}", f"{r['delta_pt']:+.2f}",
+                      f"{100 * r['agreement']:.2f}")
+    Console().print(table)
