@@ -143,3 +143,37 @@ def test_ensure_keeps_a_valid_export_and_rebuilds_a_stale_one(tmp_path, monkeypa
     assert mobilenet.ensure_mobilenet(tmp_path) == path and builds == []
     path.write_bytes(b"changed")
     assert mobilenet.ensure_mobilenet(tmp_path) == path and builds == [path]
+
+
+def _session(path, level):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.graph_optimization_level = level
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("cut", ["features.2", "features.7", "features.14"])
+def test_residual_cuts_are_bit_exact_unless_a_fusion_spans_the_cut(exported, photos, cut,
+                                                                   tmp_path):
+    """Head then tail equals the whole model bit for bit when neither may fuse across the
+    cut (ORT_ENABLE_EXTENDED). At ORT_ENABLE_ALL — what nodes run, ~3x faster here — the
+    whole model fuses the Conv before a residual Add into it, which a cut right there
+    prevents: the logits then differ in the last bits, and the answers do not."""
+    import onnxruntime as ort
+
+    from tierlink.split.partition import split_model
+
+    x = photos[0][:3]
+    head, tail = split_model(exported.path, cut, tmp_path / "h.onnx", tmp_path / "t.onnx")
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        whole = _session(exported.path, level).run(None, {"input": x})[0]
+        features = _session(head, level).run(None, {"input": x})[0]
+        split = _session(tail, level).run(None, {cut: features})[0]
+        if level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED:
+            assert np.array_equal(split, whole)
+        else:
+            assert np.abs(split - whole).max() < 1e-4
+            assert (split.argmax(1) == whole.argmax(1)).all()
