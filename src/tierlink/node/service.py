@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ import numpy as np
 from tierlink import __version__
 from tierlink.core.types import (
     LinkView,
+    ModelView,
     NodeView,
     Outcome,
     Placement,
@@ -486,7 +487,12 @@ class NodeService:
         models = tuple(rt.info.view(stats.service_ms_by_key.get(name, rt.info.latency_ms))
                        for name, rt in self.runtimes.items())
         return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
-                        inflight=stats.inflight, workers=stats.workers, heads=self._heads)
+                        inflight=stats.inflight, workers=stats.workers,
+                        heads=self._scaled_heads(stats.service_ms_by_key))
+
+    def _scaled_heads(self, service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
+        card_ms = {name: rt.info.latency_ms for name, rt in self.runtimes.items()}
+        return scale_heads(self._heads, card_ms, service_ms)
 
     def refresh_view(self) -> None:
         """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""
@@ -552,6 +558,23 @@ class NodeService:
 
     def _initial_ms(self) -> float:
         return max((rt.info.latency_ms for rt in self.runtimes.values()), default=5.0)
+
+
+def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
+                service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
+    """Head profiles priced at this node's real speed. Profiles are timed on an unthrottled
+    core; the median ratio of what this node's models really take (the scheduler's service
+    times, learned from every call) to what their cards say is this node's slowdown (a CPU
+    quota, a busy machine), applied to every head latency."""
+    if not heads:
+        return ()
+    ratios = sorted(service_ms[name] / ms for name, ms in card_ms.items()
+                    if name in service_ms and ms > 0)
+    factor = ratios[len(ratios) // 2] if ratios else 1.0
+    if abs(factor - 1.0) < 0.05:
+        return heads
+    return tuple(replace(h, splits=tuple(replace(p, head_ms=p.head_ms * factor)
+                                         for p in h.splits)) for h in heads)
 
 
 def _batch_size(inputs: dict[str, np.ndarray]) -> int:
