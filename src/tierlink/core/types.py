@@ -311,3 +311,4 @@ class Outcome:
     timings_ms: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     cost: float = 0.0
     degraded: str = ""  # why a lower-quality answer was returned, "" when none
+    split: str = ""  # "CUT/CODEC" when a split plan answered (head here, tail upstream)

@@ -133,6 +133,7 @@ def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
         "tierlink.cost_usd": outcome.cost,
         "tierlink.server_ms": round(server_ms, 3),
         "tierlink.degraded": outcome.degraded,
+        "tierlink.split_plan": outcome.split,
     }
 
 
@@ -150,6 +151,7 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
                             for f in json.loads(params.get("tierlink.fallbacks", "[]"))),
             cost=float(params.get("tierlink.cost_usd", 0.0)),
             degraded=str(params.get("tierlink.degraded", "")),
+            split=str(params.get("tierlink.split_plan", "")),
             timings_ms={"server_ms": float(params.get("tierlink.server_ms", 0.0))},
         )
     except (KeyError, ValueError, TypeError) as exc:

@@ -55,6 +55,7 @@ class ModelInfo:
     labels: tuple[str, ...] = ()
     card: dict[str, Any] = field(default_factory=dict)
     splits: tuple[SplitPoint, ...] = ()  # this machine's split profile, if one was made
+    profile_ms: float = 0.0  # the whole model's latency in that profile (same timing run)
 
     def view(self, latency_ms: float | None = None) -> ModelView:
         return ModelView(self.name, self.task, self.version, self.accuracy,
@@ -75,7 +76,8 @@ class ModelInfo:
                        latency_ms=float(card["latency_ms"]["batch1_p50"]),
                        temperature=float(card.get("temperature", 1.0)), cascade=cascade,
                        labels=tuple(card.get("labels", ())), card=card,
-                       splits=profile.points if profile else ())
+                       splits=profile.points if profile else (),
+                       profile_ms=profile.full_ms if profile else 0.0)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ZooError(f"model card {path} is unreadable or incomplete: {exc}") from exc
 

@@ -258,7 +258,8 @@ class NodeService:
         outcome = Outcome(placement.node_id, placement.tier, model,
                           (self.spec.node_id, placement.node_id), float(conf.min()), cost=cost,
                           timings_ms={"head_ms": head_ms, "tail_rtt_ms": total_ms,
-                                      "split_bytes": float(payload.nbytes)})
+                                      "split_bytes": float(payload.nbytes)},
+                          split=f"{placement.cut}/{placement.codec}")
         self.metrics.split_requests.labels(self.spec.tier.label, model,
                                            placement.codec).inc()
         return StepResult({"probabilities": probs,
@@ -491,7 +492,10 @@ class NodeService:
                         heads=self._scaled_heads(stats.service_ms_by_key))
 
     def _scaled_heads(self, service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
-        card_ms = {name: rt.info.latency_ms for name, rt in self.runtimes.items()}
+        # The split profile's own whole-model time is the fairest yardstick (same machine,
+        # same timing run as the head latencies); the card's latency otherwise.
+        card_ms = {name: rt.info.profile_ms or rt.info.latency_ms
+                   for name, rt in self.runtimes.items()}
         return scale_heads(self._heads, card_ms, service_ms)
 
     def refresh_view(self) -> None:

@@ -79,14 +79,16 @@ def save_profile(profile: SplitProfile, path: Path) -> None:
 
 def profile_model(name: str, model_path: Path, sample: np.ndarray, sha256: str, *,
                   rounds: int = 30, clock: Callable[[], float] = time.perf_counter,
-                  ) -> SplitProfile:
-    """Time the whole model and every (head, tail) pair on ``sample`` (one input, batch 1)."""
+                  only: Callable[[str], bool] | None = None) -> SplitProfile:
+    """Time the whole model and every (head, tail) pair on ``sample`` (one input, batch 1);
+    ``only`` keeps the cuts whose tensor name it accepts (e.g. block boundaries)."""
     from tierlink.split.partition import cut_points, split_model
     from tierlink.zoo.evaluate import ort_session
 
     x = np.ascontiguousarray(sample[:1], dtype=np.float32)
     full = ort_session(model_path, threads=1)
-    cuts = [c for c in cut_points(model_path) if c.index > 0]
+    cuts = [c for c in cut_points(model_path)
+            if c.index > 0 and (only is None or only(c.tensor))]
     with tempfile.TemporaryDirectory(prefix="tierlink-split-") as tmp:
         pairs = []
         for i, cut in enumerate(cuts):

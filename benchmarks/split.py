@@ -1,0 +1,226 @@
+"""Where should MobileNetV2 be cut? tierlink's split choice against the oracle, per link.
+
+A real fleet on loopback: control plane, ``cloud-1`` (MobileNetV2, unthrottled) and
+``dev-1`` (the same model, allowed to run its heads, CPU throttled by a cgroup quota of
+``--cpu-quota`` of one core), one emulated link dev-1 -> cloud-1 whose bandwidth and delay
+are changed through the link emulator's control API for each condition (bandwidths 1, 5,
+20, 100 Mbit/s x RTT 10 and 50 ms by default). For each condition, on real photos
+(scikit-image's samples, 224x224):
+
+* ``device``: the whole model on the device (its model endpoint);
+* ``cloud``: the raw image uploaded and classified in the cloud (``cloud_only`` policy);
+* ``tierlink``: the task posted to the device, routed by the default policy with
+  latency-first weights (cost weight 0): local, remote or a split (cut, codec) from the
+  nodes' split profiles and the live link estimate;
+* ``oracle``: every candidate (block cut x codec) forced with ``tierlink.split`` and timed;
+  the fastest measured wins.
+
+Medians of ``--requests`` requests per cell. Prints a table, writes JSON (one row per
+condition with ``bandwidth_mbit, rtt_ms, device_ms, cloud_ms, chosen, oracle`` plus the
+codec table) and a PNG of latency against bandwidth::
+
+    .venv/bin/python benchmarks/split.py [--json PATH] [--png PATH] [--requests 3]
+        [--cpu-quota 0.5] [--bandwidths 1,5,20,100] [--rtts 10,50]
+
+Every process it starts is stopped at the end (the fleet's context manager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from tierlink.fleet.config import parse_fleet
+from tierlink.fleet.launcher import launch
+from tierlink.netem.server import LinkControlClient
+from tierlink.transport.oip import HEADER_LENGTH, decode_infer_response, encode_infer_request
+
+MODEL, TASK = "imagenet-mobilenetv2", "imagenet"
+CUTS = ("features.1", "features.3", "features.5", "features.7", "features.10",
+        "features.13", "features.14", "features.16", "features.17", "features.18")
+CODECS = ("fp16", "int8+zstd")
+LINK = "dev-1->cloud-1"
+
+FLEET = """
+name: split-bench
+seed: 1
+zoo: {profile: full}
+control: {ttl_s: 10}
+routing:
+  allow_policy_override: true
+  weights: {accuracy: 1.0, latency: 1.0, cost: 0.0}
+  probe_idle_s: 1.0
+nodes:
+  - {id: cloud-1, tier: cloud,  models: [imagenet-mobilenetv2], workers: 1}
+  - {id: dev-1,   tier: device, models: [imagenet-mobilenetv2],
+     heads: [imagenet-mobilenetv2], cpu_quota: %s}
+links:
+  - {from: dev-1, to: cloud-1, delay_ms: 5, bandwidth_mbit: 100}
+"""
+
+
+def post(http: httpx.Client, url: str, name: str, x: np.ndarray,
+         params: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """One binary OIP request; (wall ms, response parameters)."""
+    body, headers = encode_infer_request({"input": x}, params, None, binary_inputs=True,
+                                         binary_outputs=True)
+    start = time.perf_counter()
+    resp = http.post(f"{url}/v2/models/{name}/infer", content=body, headers=headers)
+    ms = (time.perf_counter() - start) * 1000.0
+    if resp.status_code != 200:
+        raise RuntimeError(f"{name} {params}: HTTP {resp.status_code} {resp.text[:300]}")
+    header = resp.headers.get(HEADER_LENGTH)
+    data = decode_infer_response(resp.content, None if header is None else int(header))
+    return ms, dict(data.parameters or {})
+
+
+def timed(http: httpx.Client, url: str, name: str, photos: np.ndarray, n: int,
+          params: dict[str, Any]) -> tuple[float, list[dict[str, Any]]]:
+    runs = [post(http, url, name, photos[i % len(photos)][None], params) for i in range(n)]
+    return statistics.median(ms for ms, _ in runs), [p for _, p in runs]
+
+
+def condition(http: httpx.Client, dev: str, photos: np.ndarray, n: int) -> dict[str, Any]:
+    base = {"tierlink.privacy": "any", "tierlink.deadline_ms": 120_000.0}
+    device_ms, _ = timed(http, dev, MODEL, photos, n, {})
+    cloud_ms, _ = timed(http, dev, TASK, photos, n, {**base, "tierlink.policy": "cloud_only"})
+    # Let the estimator see this link (requests above and idle probes), then route.
+    time.sleep(2.5)
+    tier_ms, answers = timed(http, dev, TASK, photos, n, base)
+    chosen = answers[-1].get("tierlink.split_plan") or (
+        "local" if answers[-1]["tierlink.served_by"] == "dev-1" else "remote")
+    oracle = {"cut": "local", "codec": "", "ms": device_ms}
+    if cloud_ms < oracle["ms"]:
+        oracle = {"cut": "remote", "codec": "", "ms": cloud_ms}
+    for cut in CUTS:
+        for codec in CODECS:
+            ms, _ = timed(http, dev, TASK, photos, n,
+                          {**base, "tierlink.split": f"cloud-1/{cut}/{codec}"})
+            if ms < oracle["ms"]:
+                oracle = {"cut": cut, "codec": codec, "ms": ms}
+    cut, _, codec = chosen.rpartition("/") if "/" in chosen else (chosen, "", "")
+    return {"device_ms": device_ms, "cloud_ms": cloud_ms,
+            "chosen": {"cut": cut, "codec": codec, "ms": tier_ms}, "oracle": oracle}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from tierlink.split.profile import load_profile, profile_model, profile_path, save_profile
+    from tierlink.zoo.cards import load_card
+    from tierlink.zoo.mobilenet import card_path, ensure_mobilenet
+    from tierlink.zoo.photos import imagenet_photos
+
+    onnx_path = ensure_mobilenet()
+    card = load_card(card_path(onnx_path))
+    photos, _ = imagenet_photos(views=False)
+    ppath = profile_path(card_path(onnx_path))
+    if load_profile(ppath, card.sha256) is None:
+        print("profiling MobileNetV2's block cuts on this machine ...", file=sys.stderr)
+        save_profile(profile_model(MODEL, onnx_path, photos[:1], card.sha256, rounds=10,
+                                   only=lambda t: t.startswith("features.")), ppath)
+    config = parse_fleet(yaml.safe_load(FLEET % args.cpu_quota), source="<split-bench>")
+    rows = []
+    with launch(config, {MODEL: (onnx_path, card_path(onnx_path))},
+                Path(tempfile.mkdtemp(prefix="tierlink-split-bench-"))) as fleet, \
+            httpx.Client(timeout=300.0) as http:
+        links = LinkControlClient(fleet.links_url)
+        dev = fleet.node_urls["dev-1"]
+        post(http, dev, MODEL, photos[:1], {})  # warm up sessions
+        for rtt in args.rtts:
+            for mbit in args.bandwidths:
+                links.update(LINK, delay_ms=rtt / 2.0, bandwidth_mbit=mbit)
+                row = {"bandwidth_mbit": mbit, "rtt_ms": rtt,
+                       **condition(http, dev, photos, args.requests)}
+                print(json.dumps(row), file=sys.stderr)
+                rows.append(row)
+    return {"rows": rows, "settings": {"cpu_quota": args.cpu_quota, "requests": args.requests,
+                                       "cuts": list(CUTS), "codecs": list(CODECS)},
+            "checks": checks(rows)}
+
+
+def checks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    within = [r["chosen"]["ms"] <= 1.10 * r["oracle"]["ms"] for r in rows]
+    split_rows = [r for r in rows if r["oracle"]["cut"] not in ("local", "remote")]
+    gains = [min(r["device_ms"], r["cloud_ms"]) / r["chosen"]["ms"] for r in split_rows]
+    return {"chosen_within_10pct_of_oracle": f"{sum(within)}/{len(rows)}",
+            "split_is_oracle_in": len(split_rows),
+            "speedup_vs_best_single_where_split_wins": [round(g, 2) for g in gains]}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="MobileNetV2: where to cut (median ms per image)")
+    for col in ("Mbit/s", "RTT ms", "device", "cloud", "tierlink (cut/codec)", "oracle"):
+        table.add_column(col)
+    for r in result["rows"]:
+        c, o = r["chosen"], r["oracle"]
+        table.add_row(f"{r['bandwidth_mbit']:g}", f"{r['rtt_ms']:g}", f"{r['device_ms']:.0f}",
+                      f"{r['cloud_ms']:.0f}", f"{c['ms']:.0f} ({c['cut']} {c['codec']})",
+                      f"{o['ms']:.0f} ({o['cut']} {o['codec']})")
+    Console().print(table)
+    Console().print(result["checks"])
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rtts = sorted({r["rtt_ms"] for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(rtts), figsize=(5 * len(rtts), 4), squeeze=False)
+    for ax, rtt in zip(axes[0], rtts, strict=True):
+        rows = [r for r in result["rows"] if r["rtt_ms"] == rtt]
+        bw = [r["bandwidth_mbit"] for r in rows]
+        for key, label in (("device_ms", "all on device"), ("cloud_ms", "all in cloud")):
+            ax.plot(bw, [r[key] for r in rows], "o--", label=label)
+        ax.plot(bw, [r["chosen"]["ms"] for r in rows], "s-", label="tierlink")
+        ax.plot(bw, [r["oracle"]["ms"] for r in rows], "x:", label="oracle")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("bandwidth, Mbit/s")
+        ax.set_ylabel("latency per image, ms")
+        ax.set_title(f"RTT {rtt:g} ms")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--png", type=Path)
+    parser.add_argument("--requests", type=int, default=3)
+    parser.add_argument("--cpu-quota", type=float, default=0.5)
+    parser.add_argument("--bandwidths", type=lambda s: [float(x) for x in s.split(",")],
+                        default=[1.0, 5.0, 20.0, 100.0])
+    parser.add_argument("--rtts", type=lambda s: [float(x) for x in s.split(",")],
+                        default=[10.0, 50.0])
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    result = run(args)
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.png:
+        plot(result, args.png)
+
+
+if __name__ == "__main__":
+    main()
