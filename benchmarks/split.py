@@ -15,7 +15,9 @@ are changed through the link emulator's control API for each condition (bandwidt
 * ``oracle``: every candidate (block cut x codec) forced with ``tierlink.split`` and timed;
   the fastest measured wins.
 
-Medians of ``--requests`` requests per cell. Prints a table, writes JSON (one row per
+Strategies and forced plans are interleaved round by round; medians of ``--requests``
+rounds per cell. The routed requests carry a ``--deadline-ms`` deadline (latency is scored
+against it; a loose deadline lets a codec's tiny accuracy loss outweigh a faster plan). Prints a table, writes JSON (one row per
 condition with ``bandwidth_mbit, rtt_ms, device_ms, cloud_ms, chosen, oracle`` plus the
 codec table) and a PNG of latency against bandwidth::
 
@@ -46,10 +48,11 @@ from tierlink.netem.server import LinkControlClient
 from tierlink.transport.oip import HEADER_LENGTH, decode_infer_response, encode_infer_request
 
 MODEL, TASK = "imagenet-mobilenetv2", "imagenet"
-CUTS = ("features.1", "features.3", "features.5", "features.7", "features.10",
+CUTS = ("features.3", "features.5", "features.7", "features.10",
         "features.13", "features.14", "features.16", "features.17", "features.18")
 CODECS = ("fp16", "int8+zstd")
 LINK = "dev-1->cloud-1"
+WARMED: list[bool] = []  # set once every plan's sessions exist on both nodes
 
 FLEET = """
 name: split-bench
@@ -58,7 +61,7 @@ zoo: {profile: full}
 control: {ttl_s: 10}
 routing:
   allow_policy_override: true
-  weights: {accuracy: 1.0, latency: 1.0, cost: 0.0}
+  weights: {accuracy: 1.0, latency: 5.0, cost: 0.0}
   probe_idle_s: 1.0
 nodes:
   - {id: cloud-1, tier: cloud,  models: [imagenet-mobilenetv2], workers: 1}
@@ -90,27 +93,47 @@ def timed(http: httpx.Client, url: str, name: str, photos: np.ndarray, n: int,
     return statistics.median(ms for ms, _ in runs), [p for _, p in runs]
 
 
-def condition(http: httpx.Client, dev: str, photos: np.ndarray, n: int) -> dict[str, Any]:
-    base = {"tierlink.privacy": "any", "tierlink.deadline_ms": 120_000.0}
-    device_ms, _ = timed(http, dev, MODEL, photos, n, {})
-    cloud_ms, _ = timed(http, dev, TASK, photos, n, {**base, "tierlink.policy": "cloud_only"})
-    # Let the estimator see this link (requests above and idle probes), then route.
-    time.sleep(2.5)
-    tier_ms, answers = timed(http, dev, TASK, photos, n, base)
-    chosen = answers[-1].get("tierlink.split_plan") or (
-        "local" if answers[-1]["tierlink.served_by"] == "dev-1" else "remote")
-    oracle = {"cut": "local", "codec": "", "ms": device_ms}
-    if cloud_ms < oracle["ms"]:
-        oracle = {"cut": "remote", "codec": "", "ms": cloud_ms}
+def condition(http: httpx.Client, dev: str, photos: np.ndarray, n: int,
+              deadline_ms: float) -> dict[str, Any]:
+    """Every strategy and every forced plan, interleaved round by round (drift and the
+    quota's jitter hit them alike); medians per strategy."""
+    slow = {"tierlink.privacy": "any", "tierlink.deadline_ms": 120_000.0}
+    cases: dict[str, tuple[str, dict[str, Any]]] = {
+        "device": (MODEL, {}),
+        "cloud": (TASK, {**slow, "tierlink.policy": "cloud_only"}),
+        "tierlink": (TASK, {"tierlink.privacy": "any", "tierlink.deadline_ms": deadline_ms}),
+    }
     for cut in CUTS:
         for codec in CODECS:
-            ms, _ = timed(http, dev, TASK, photos, n,
-                          {**base, "tierlink.split": f"cloud-1/{cut}/{codec}"})
-            if ms < oracle["ms"]:
-                oracle = {"cut": cut, "codec": codec, "ms": ms}
-    cut, _, codec = chosen.rpartition("/") if "/" in chosen else (chosen, "", "")
-    return {"device_ms": device_ms, "cloud_ms": cloud_ms,
-            "chosen": {"cut": cut, "codec": codec, "ms": tier_ms}, "oracle": oracle}
+            cases[f"{cut}/{codec}"] = (TASK, {**slow, "tierlink.split": f"cloud-1/{cut}/{codec}"})
+    if not WARMED:  # first use of a cut builds its head and tail sessions: not timed
+        for name, params in cases.values():
+            post(http, dev, name, photos[0][None], {**params, "tierlink.deadline_ms": 120_000.0})
+        WARMED.append(True)
+    time.sleep(2.5)  # idle probes teach the device's estimator this link
+    ms: dict[str, list[float]] = {k: [] for k in cases}
+    plans: list[str] = []
+    for i in range(n):
+        for key, (name, params) in cases.items():
+            took, answer = post(http, dev, name, photos[i % len(photos)][None], params)
+            ms[key].append(took)
+            if key == "tierlink":
+                plans.append(answer.get("tierlink.split_plan") or (
+                    "local" if answer["tierlink.served_by"] == "dev-1" else "remote"))
+    med = {k: statistics.median(v) for k, v in ms.items()}
+    oracle_key = min((k for k in med if k != "tierlink"), key=med.__getitem__)
+    chosen = statistics.mode(plans)
+    return {"device_ms": med["device"], "cloud_ms": med["cloud"],
+            "chosen": {**_plan(chosen), "ms": med["tierlink"], "plans": plans},
+            "oracle": {**_plan({"device": "local", "cloud": "remote"}.get(oracle_key,
+                                                                          oracle_key)),
+                       "ms": med[oracle_key]},
+            "forced_ms": {k: v for k, v in med.items() if "/" in k}}
+
+
+def _plan(text: str) -> dict[str, str]:
+    cut, _, codec = text.partition("/")
+    return {"cut": cut, "codec": codec}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -139,10 +162,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for mbit in args.bandwidths:
                 links.update(LINK, delay_ms=rtt / 2.0, bandwidth_mbit=mbit)
                 row = {"bandwidth_mbit": mbit, "rtt_ms": rtt,
-                       **condition(http, dev, photos, args.requests)}
+                       **condition(http, dev, photos, args.requests, args.deadline_ms)}
                 print(json.dumps(row), file=sys.stderr)
                 rows.append(row)
     return {"rows": rows, "settings": {"cpu_quota": args.cpu_quota, "requests": args.requests,
+                                       "deadline_ms": args.deadline_ms,
                                        "cuts": list(CUTS), "codecs": list(CODECS)},
             "checks": checks(rows)}
 
@@ -204,7 +228,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     parser.add_argument("--requests", type=int, default=3)
-    parser.add_argument("--cpu-quota", type=float, default=0.5)
+    parser.add_argument("--cpu-quota", type=float, default=0.25)
+    parser.add_argument("--deadline-ms", type=float, default=1000.0,
+                        help="the routed requests' deadline (latency counts against it)")
     parser.add_argument("--bandwidths", type=lambda s: [float(x) for x in s.split(",")],
                         default=[1.0, 5.0, 20.0, 100.0])
     parser.add_argument("--rtts", type=lambda s: [float(x) for x in s.split(",")],
