@@ -113,22 +113,29 @@ def condition(http: httpx.Client, dev: str, photos: np.ndarray, n: int,
     time.sleep(2.5)  # idle probes teach the device's estimator this link
     ms: dict[str, list[float]] = {k: [] for k in cases}
     plans: list[str] = []
+    failures: dict[str, str] = {}
     for i in range(n):
         for key, (name, params) in cases.items():
-            took, answer = post(http, dev, name, photos[i % len(photos)][None], params)
+            try:
+                took, answer = post(http, dev, name, photos[i % len(photos)][None], params)
+            except RuntimeError as exc:  # a refused or timed-out request counts as failed
+                failures[key] = str(exc)[:300]
+                ms[key].append(float("inf"))
+                continue
             ms[key].append(took)
             if key == "tierlink":
                 plans.append(answer.get("tierlink.split_plan") or (
                     "local" if answer["tierlink.served_by"] == "dev-1" else "remote"))
     med = {k: statistics.median(v) for k, v in ms.items()}
     oracle_key = min((k for k in med if k != "tierlink"), key=med.__getitem__)
-    chosen = statistics.mode(plans)
+    chosen = statistics.mode(plans) if plans else "failed"
     return {"device_ms": med["device"], "cloud_ms": med["cloud"],
             "chosen": {**_plan(chosen), "ms": med["tierlink"], "plans": plans},
             "oracle": {**_plan({"device": "local", "cloud": "remote"}.get(oracle_key,
                                                                           oracle_key)),
                        "ms": med[oracle_key]},
-            "forced_ms": {k: v for k, v in med.items() if "/" in k}}
+            "forced_ms": {k: v for k, v in med.items() if "/" in k},
+            "failures": failures}
 
 
 def _plan(text: str) -> dict[str, str]:
