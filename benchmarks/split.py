@@ -126,7 +126,7 @@ def condition(http: httpx.Client, dev: str, photos: np.ndarray, n: int,
             if key == "tierlink":
                 plans.append(answer.get("tierlink.split_plan") or (
                     "local" if answer["tierlink.served_by"] == "dev-1" else "remote"))
-    med = {k: statistics.median(v) for k, v in ms.items()}
+    med = {k: statistics.median(v) for k, v in ms.items()}  # inf where a round failed
     oracle_key = min((k for k in med if k != "tierlink"), key=med.__getitem__)
     chosen = statistics.mode(plans) if plans else "failed"
     return {"device_ms": med["device"], "cloud_ms": med["cloud"],
@@ -185,6 +185,16 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"chosen_within_10pct_of_oracle": f"{sum(within)}/{len(rows)}",
             "split_is_oracle_in": len(split_rows),
             "speedup_vs_best_single_where_split_wins": [round(g, 2) for g in gains]}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -249,8 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     result = run(args)
     print_table(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:  # strict JSON: a cell whose requests failed is null (see "failures")
+        args.json.write_text(json.dumps(_finite(result), indent=2) + "\n")
     if args.png:
         plot(result, args.png)
 

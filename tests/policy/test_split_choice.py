@@ -47,7 +47,7 @@ def test_the_cut_follows_the_bandwidth():
     fat = choose(view(1000.0, rtt=2.0))
     assert fat.kind == "remote" and not fat.cut  # upload the image: the cloud is fast
     mid = choose(view(10.0))
-    assert mid.cut == "b7" and mid.codec == "int8" and mid.model == "net-big"
+    assert mid.cut == "b7" and mid.codec == "int8+zstd" and mid.model == "net-big"
     thin = choose(view(0.3))
     assert thin.kind == "local" and thin.model == "net-small"  # no uplink worth using
 
