@@ -48,7 +48,7 @@ def test_the_cut_follows_the_bandwidth():
     assert fat.kind == "remote" and not fat.cut  # upload the image: the cloud is fast
     mid = choose(view(10.0))
     assert mid.cut == "b7" and mid.codec == "int8+zstd" and mid.model == "net-big"
-    thin = choose(view(0.3))
+    thin = choose(view(0.1))
     assert thin.kind == "local" and thin.model == "net-small"  # no uplink worth using
 
 
