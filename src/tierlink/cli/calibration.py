@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierlink.cli.errors import fail
 from tierlink.errors import TierlinkError
 
 console = Console(stderr=True)
@@ -29,8 +30,7 @@ def calibration(
         if png:
             _plot(zoo, png)
     except TierlinkError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(2) from None
+        fail(exc)
     rows = {n: c.calibration.to_dict() for n, c in zoo.cards.items() if c.calibration}
     if as_json:
         print(json.dumps(rows, indent=2))

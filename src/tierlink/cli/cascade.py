@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierlink.cli.errors import fail
 from tierlink.errors import ConfigError, TierlinkError
 
 app = typer.Typer(help="Tune where cascades stop.", no_args_is_help=True)
@@ -45,10 +46,7 @@ def tune_cmd(
             write_thresholds(fleet_file, report.thresholds(),
                              comment=f"cascade tune: {report.target.describe()}")
     except TierlinkError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        if exc.hint:
-            console.print(f"[yellow]hint:[/yellow] {exc.hint}")
-        raise typer.Exit(2) from None
+        fail(exc)
     if as_json:
         print(json.dumps(report.to_dict() | {"written": write}, indent=2))
     else:

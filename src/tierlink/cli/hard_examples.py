@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierlink.cli.errors import fail
 from tierlink.errors import TierlinkError
 
 if TYPE_CHECKING:
@@ -28,12 +29,6 @@ app = typer.Typer(help="List and export hard examples kept by the control plane.
 console = Console(stderr=True)
 TIMEOUT_S = 60.0  # an export of the whole store can be tens of megabytes
 
-
-def _fail(exc: TierlinkError) -> None:
-    console.print(f"[red]error:[/red] {exc.message}")
-    if exc.hint:
-        console.print(f"[yellow]hint:[/yellow] {exc.hint}")
-    raise typer.Exit(2)
 
 
 def _client(url: str) -> ControlClient:
@@ -64,7 +59,7 @@ def list_cmd(control_url: str = typer.Argument(..., help="control plane URL"),
     try:
         examples = asyncio.run(_page(control_url, model, node, limit))
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         print(json.dumps(examples, indent=2))
         return
@@ -92,7 +87,7 @@ def export_cmd(control_url: str = typer.Argument(..., help="control plane URL"),
     try:
         data = asyncio.run(_export(control_url, model, node))
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     console.print(f"wrote {out} ({len(data):,} bytes, {_count(out)} examples)")

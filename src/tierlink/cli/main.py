@@ -16,6 +16,7 @@ from rich.table import Table
 
 from tierlink.cli.calibration import calibration
 from tierlink.cli.cascade import app as cascade_app
+from tierlink.cli.errors import fail
 from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.quantize import quantize
 from tierlink.cli.split import app as split_app
@@ -35,12 +36,6 @@ split_app.command("profile")(profile_cmd)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
 
-
-def _fail(exc: TierlinkError) -> None:
-    console.print(f"[red]error:[/red] {exc.message}")
-    if exc.hint:
-        console.print(f"[yellow]hint:[/yellow] {exc.hint}")
-    raise typer.Exit(2)
 
 
 def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True,
@@ -90,7 +85,7 @@ def zoo_build(profile: str = typer.Option("full", help="full (the real models) o
     try:
         zoo = ensure_zoo(task=task, profile=profile, progress=not as_json, force=force)
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
     _print_cards(zoo, as_json)
 
 
@@ -129,7 +124,7 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
     try:
         run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate)
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command()
@@ -146,7 +141,7 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
         fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"))
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
     with fleet:
         info = {"control": fleet.control_url, "links": fleet.links_url, "nodes": fleet.node_urls,
                 "run_dir": str(rd), "device_cpu_throttle": fleet.cpu_mode}
@@ -214,7 +209,7 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
                           upstreams=tuple(_upstream(u) for u in upstream),
                           trace_file=str(trace_file) if trace_file else None))
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _upstream(text: str) -> Any:

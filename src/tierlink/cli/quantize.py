@@ -14,6 +14,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from tierlink.cli.errors import fail
 from tierlink.errors import TierlinkError
 
 CLI_PRECISIONS = ("int8", "int8dyn", "fp16", "int4w", "mixed")
@@ -47,10 +48,7 @@ def quantize(
         doc, mixed = run_quantize(models, settings, profile=profile, task=task,
                                   plot_dir=plot_dir, progress=not as_json)
     except TierlinkError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        if exc.hint:
-            console.print(f"[yellow]hint:[/yellow] {exc.hint}")
-        raise typer.Exit(2) from exc
+        fail(exc)
     if as_json:
         print(json.dumps(doc, indent=2))
     else:

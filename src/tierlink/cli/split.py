@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierlink.cli.errors import fail
 from tierlink.errors import SplitError, TierlinkError
 
 app = typer.Typer(help="Split computing: a model's cut points and feature codecs.",
@@ -65,7 +66,7 @@ def list_cuts(
         path, _ = resolve_model(model, profile, progress=not as_json)
         cuts = cut_points(path)
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         print(json.dumps([c.to_dict() for c in cuts], indent=2))
         return
@@ -102,19 +103,13 @@ def codecs(
         doc = codec_report(path, task or zoo_task, specs, cuts=cut or None, samples=samples,
                            progress=not as_json)
     except TierlinkError as exc:
-        _fail(exc)
+        fail(exc)
     doc["model"] = model
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
         _print_report(doc)
 
-
-def _fail(exc: TierlinkError) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc.message}")
-    if exc.hint:
-        console.print(f"[yellow]hint:[/yellow] {exc.hint}")
-    raise typer.Exit(2)
 
 
 def resolve_model(model: str, profile: str, progress: bool = False) -> tuple[Path, str]:

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierlink.cli.errors import fail
 from tierlink.errors import TierlinkError
 
 console = Console(stderr=True)
@@ -34,8 +35,7 @@ def profile_cmd(
         result = profile_model(model, zoo.path(model), sample, card.sha256, rounds=rounds)
         save_profile(result, profile_path(zoo.card_path(model)))
     except TierlinkError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(2) from None
+        fail(exc)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return
