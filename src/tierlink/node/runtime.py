@@ -19,6 +19,7 @@ import numpy as np
 from tierlink.core.types import CascadePoint, ModelView, SplitPoint
 from tierlink.errors import RuntimeFailure, TensorError, ZooError
 from tierlink.split.profile import load_profile, profile_path
+from tierlink.zoo.cards import cascade_from_dicts
 
 MAX_BATCH = 256
 
@@ -67,9 +68,7 @@ class ModelInfo:
         """Read a zoo model card (JSON written by ``tierlink zoo build``)."""
         try:
             card = json.loads(path.read_text())
-            cascade = tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
-                                         float(p["answered_accuracy"]))
-                            for p in card.get("cascade", []))
+            cascade = cascade_from_dicts(card.get("cascade", []))
             profile = load_profile(profile_path(path), sha256=card.get("sha256"))
             return cls(name=card["name"], task=card["task"], version=str(card["version"]),
                        accuracy=float(card["test_accuracy"]),

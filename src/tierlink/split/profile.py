@@ -24,6 +24,7 @@ import numpy as np
 
 from tierlink.core.types import SplitPoint
 from tierlink.errors import ZooError
+from tierlink.zoo.cards import write_json
 
 PROFILE_VERSION = 1
 
@@ -69,12 +70,7 @@ def load_profile(path: Path, sha256: str | None = None) -> SplitProfile | None:
 
 def save_profile(profile: SplitProfile, path: Path) -> None:
     """Write ``profile`` as JSON atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ZooError(f"cannot write split profile {path}: {exc}") from exc
+    write_json(path, profile.to_dict(), "split profile")
 
 
 def profile_model(name: str, model_path: Path, sample: np.ndarray, sha256: str, *,

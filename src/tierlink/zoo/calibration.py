@@ -113,9 +113,19 @@ def calibrated_card(card: ModelCard, calib_logits: np.ndarray, calib_labels: np.
     only measures how well the fit holds (``test_ece_*``); it never influences ``T``."""
     from tierlink.zoo.evaluate import cascade_curve
 
-    t = fit_temperature(calib_logits, calib_labels)
-    calibration = Calibration(
-        temperature=round(t, 5),
+    calibration = measure_calibration(calib_logits, calib_labels, test_logits, test_labels)
+    t = calibration.temperature
+    return replace(card, temperature=t, calibration=calibration,
+                   cascade=cascade_curve(calib_logits, calib_labels, temperature=t))
+
+
+def measure_calibration(calib_logits: np.ndarray, calib_labels: np.ndarray,
+                        test_logits: np.ndarray, test_labels: np.ndarray) -> Calibration:
+    """A temperature fitted on the calibration split (rounded to 5 decimals, as cards keep
+    it) and ECE/NLL before and after it; the test split only checks how well it holds."""
+    t = round(fit_temperature(calib_logits, calib_labels), 5)
+    return Calibration(
+        temperature=t,
         ece_before=round(ece(calib_logits, calib_labels), 5),
         ece_after=round(ece(calib_logits, calib_labels, t), 5),
         nll_before=round(nll(calib_logits, calib_labels), 5),
@@ -123,5 +133,3 @@ def calibrated_card(card: ModelCard, calib_logits: np.ndarray, calib_labels: np.
         test_ece_before=round(ece(test_logits, test_labels), 5),
         test_ece_after=round(ece(test_logits, test_labels, t), 5),
         samples=len(calib_labels))
-    return replace(card, temperature=calibration.temperature, calibration=calibration,
-                   cascade=cascade_curve(calib_logits, calib_labels, temperature=t))

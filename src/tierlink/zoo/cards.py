@@ -211,8 +211,7 @@ def _convert(data: Mapping[str, Any]) -> ModelCard:
         test_accuracy=float(data["test_accuracy"]),
         calib_accuracy=float(data["calib_accuracy"]),
         latency_ms=MappingProxyType({k: float(data["latency_ms"][k]) for k in LATENCY_KEYS}),
-        cascade=tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
-                                   float(p["answered_accuracy"])) for p in data["cascade"]),
+        cascade=cascade_from_dicts(data["cascade"]),
         temperature=float(data["temperature"]),
         training=_training(data["training"]),
         precision=str(data.get("precision", "fp32")),
@@ -222,12 +221,21 @@ def _convert(data: Mapping[str, Any]) -> ModelCard:
 
 
 def _calibration(data: Mapping[str, Any] | None) -> Calibration | None:
-    if data is None:
-        return None
+    return None if data is None else calibration_from_dict(data)
+
+
+def calibration_from_dict(data: Mapping[str, Any]) -> Calibration:
+    """The inverse of ``Calibration.to_dict``."""
     f = {k: float(data[k]) for k in (x.name for x in fields(Calibration)) if k != "samples"}
     return Calibration(f["temperature"], f["ece_before"], f["ece_after"], f["nll_before"],
                        f["nll_after"], f["test_ece_before"], f["test_ece_after"],
                        int(data["samples"]))
+
+
+def cascade_from_dicts(points: Any) -> tuple[CascadePoint, ...]:
+    """Cascade points from their JSON form (threshold, answered_share, answered_accuracy)."""
+    return tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
+                              float(p["answered_accuracy"])) for p in points)
 
 
 def _lineage(data: Mapping[str, Any] | None) -> Lineage | None:
@@ -267,13 +275,19 @@ def load_card(path: Path) -> ModelCard:
 
 def save_card(card: ModelCard, path: Path) -> None:
     """Write ``card`` as JSON atomically (a reader never sees a half-written card)."""
-    path = Path(path)
+    write_json(Path(path), card.to_dict(), "model card")
+
+
+def write_json(path: Path, data: Any, what: str) -> None:
+    """Write ``data`` as indented JSON to ``path`` atomically (temp file, then rename);
+    ``ZooError`` naming ``what`` when the disk refuses."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(card.to_dict(), indent=2) + "\n")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
-        raise ZooError(f"cannot write model card {path}: {exc}") from exc
+        tmp.unlink(missing_ok=True)
+        raise ZooError(f"cannot write {what} {path}: {exc}") from exc
 
 
 def file_sha256(path: Path) -> str:

@@ -43,7 +43,15 @@ import numpy as np
 
 from tierlink.core.types import CascadePoint
 from tierlink.errors import ConfigError, TensorError, ZooError
-from tierlink.zoo.cards import Calibration, TensorInfo, TrainingInfo, file_sha256
+from tierlink.zoo.cards import (
+    Calibration,
+    TensorInfo,
+    TrainingInfo,
+    calibration_from_dict,
+    cascade_from_dicts,
+    file_sha256,
+    write_json,
+)
 from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, softmax
 from tierlink.zoo.profiles import SPECS, BuildProfile, TrainRecipe, get_profile
 
@@ -257,20 +265,10 @@ def _segment(d: Mapping[str, Any]) -> SegmentInfo:
         latency_ms=MappingProxyType({k: float(v) for k, v in d["latency_ms"].items()}))
 
 
-_CALIBRATION_FLOATS = ("temperature", "ece_before", "ece_after", "nll_before", "nll_after",
-                       "test_ece_before", "test_ece_after")
-
-
 def _exit(d: Mapping[str, Any]) -> ExitInfo:
-    c = d["calibration"]
-    f = {k: float(c[k]) for k in _CALIBRATION_FLOATS}
-    calibration = Calibration(f["temperature"], f["ece_before"], f["ece_after"],
-                              f["nll_before"], f["nll_after"], f["test_ece_before"],
-                              f["test_ece_after"], int(c["samples"]))
-    cascade = tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
-                                 float(p["answered_accuracy"])) for p in d["cascade"])
     return ExitInfo(str(d["name"]), float(d["test_accuracy"]), float(d["calib_accuracy"]),
-                    float(d["temperature"]), calibration, cascade)
+                    float(d["temperature"]), calibration_from_dict(d["calibration"]),
+                    cascade_from_dicts(d["cascade"]))
 
 
 def _evaluation(d: Mapping[str, Any]) -> ExitEvaluation:
@@ -281,12 +279,7 @@ def _evaluation(d: Mapping[str, Any]) -> ExitEvaluation:
 
 def save_exit_card(card: ExitCard, path: Path) -> None:
     """Write ``card`` as JSON atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(card.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ZooError(f"cannot write exit card {path}: {exc}") from exc
+    write_json(path, card.to_dict(), "exit card")
 
 
 def load_exit_card(path: Path) -> ExitCard:
@@ -883,19 +876,11 @@ def measure_exits(paths: ExitPaths, trained: Trained, macs: Sequence[int], split
 
 def _exit_info(name: str, calib_logits: np.ndarray, calib_labels: np.ndarray,
                test_logits: np.ndarray, test_labels: np.ndarray) -> ExitInfo:
-    from tierlink.zoo.calibration import ece, fit_temperature, nll
+    from tierlink.zoo.calibration import measure_calibration
     from tierlink.zoo.evaluate import accuracy, cascade_curve
 
-    t = round(fit_temperature(calib_logits, calib_labels), 5)
-    calibration = Calibration(
-        temperature=t,
-        ece_before=round(ece(calib_logits, calib_labels), 5),
-        ece_after=round(ece(calib_logits, calib_labels, t), 5),
-        nll_before=round(nll(calib_logits, calib_labels), 5),
-        nll_after=round(nll(calib_logits, calib_labels, t), 5),
-        test_ece_before=round(ece(test_logits, test_labels), 5),
-        test_ece_after=round(ece(test_logits, test_labels, t), 5),
-        samples=len(calib_labels))
+    calibration = measure_calibration(calib_logits, calib_labels, test_logits, test_labels)
+    t = calibration.temperature
     return ExitInfo(name, accuracy(test_logits, test_labels),
                     accuracy(calib_logits, calib_labels), t, calibration,
                     cascade_curve(calib_logits, calib_labels, temperature=t))
