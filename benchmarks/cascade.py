@@ -40,6 +40,7 @@ from tierlink.cascade.report import Goal, TuneReport, tune_chain
 from tierlink.cascade.stages import Chain, build_stages
 from tierlink.cascade.tune import Operating, Stage, evaluate, evaluate_assignment, single
 from tierlink.core.types import Tier
+from tierlink.quantize.variants import with_variants
 from tierlink.zoo import ensure_zoo
 from tierlink.zoo.datasets import load_splits
 
@@ -189,12 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     zoo = ensure_zoo(task=args.task, profile=args.profile, progress=sys.stderr.isatty())
     device = args.device_model or f"{args.task}-small"
-    if device not in zoo.cards:
-        from tierlink.quantize.variants import ensure_variant
-        from tierlink.zoo import load_zoo
-
-        ensure_variant(zoo, device)
-        zoo = load_zoo(zoo.task, zoo.profile, zoo.root)
+    zoo = with_variants(zoo, [device])  # a quantized device variant is made on first use
     chain = Chain((device, f"{args.task}-medium", f"{args.task}-large"), TIERS)
     splits = load_splits(args.task)
     report = tune_chain(zoo, chain, splits, Goal("accuracy_drop", args.accuracy_drop))

@@ -79,27 +79,15 @@ def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) ->
     from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
     from tierlink.fleet.config import load_fleet
+    from tierlink.quantize.variants import with_variants
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.datasets import load_splits
 
     config = load_fleet(fleet_file)
     chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task)
     zoo = ensure_zoo(task=task, profile=config.zoo_profile, progress=progress)
-    zoo = _with_variants(zoo, chain.models)
+    zoo = with_variants(zoo, chain.models)  # e.g. fmnist-small-fp16, made on first use
     return tune_chain(zoo, chain, load_splits(task), goal, config.routing.policy_config().cost)
-
-
-def _with_variants(zoo: Any, names: tuple[str, ...]) -> Any:
-    """Make any quantized variant the chain names (``fmnist-small-int8``) if missing."""
-    missing = [n for n in names if n not in zoo.cards]
-    if not missing:
-        return zoo
-    from tierlink.quantize.variants import ensure_variant
-    from tierlink.zoo import load_zoo
-
-    for name in missing:
-        ensure_variant(zoo, name)
-    return load_zoo(zoo.task, zoo.profile, zoo.root)
 
 
 def _print(report: Any, written: Path | None) -> None:

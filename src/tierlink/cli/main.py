@@ -43,6 +43,7 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
     """Build what ``wanted`` needs (every task it names; quantized variants such as
     ``fmnist-small-fp16`` are made on first use); model name -> (onnx, card) and a summary
     for reports. Without ``wanted``: the Fashion-MNIST zoo."""
+    from tierlink.quantize.variants import with_variants
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.profiles import TASKS
 
@@ -50,8 +51,9 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
     models: dict[str, tuple[Path, Path]] = {}
     summary: dict[str, dict[str, Any]] = {}
     for task in tasks or ["fmnist"]:
-        zoo = _with_variants(ensure_zoo(task=task, profile=profile, progress=progress),
-                             [n for n in wanted if n.startswith(f"{task}-")])
+        zoo = with_variants(ensure_zoo(task=task, profile=profile, progress=progress),
+                            [n for n in wanted if n.startswith(f"{task}-")],
+                            say=lambda m: console.print(f"[dim]{m}[/dim]"))
         models.update({name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards})
         summary.update({name: {"params": c.params, "test_accuracy": c.test_accuracy,
                                "latency_ms_batch1_p50": c.latency_ms["batch1_p50"],
@@ -59,19 +61,6 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
                                "temperature": c.temperature}
                         for name, c in zoo.cards.items() if name in wanted or not wanted})
     return models, summary
-
-
-def _with_variants(zoo: Any, names: list[str]) -> Any:
-    missing = [n for n in names if n not in zoo.cards]
-    if not missing:
-        return zoo
-    from tierlink.quantize.variants import ensure_variant
-    from tierlink.zoo import load_zoo
-
-    for name in missing:
-        console.print(f"[dim]making {name} (first use)[/dim]")
-        ensure_variant(zoo, name)
-    return load_zoo(zoo.task, zoo.profile, zoo.root)
 
 
 @zoo_app.command("build")

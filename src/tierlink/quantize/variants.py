@@ -14,7 +14,7 @@ side by side with the parent in one run (:mod:`tierlink.quantize.timing`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,16 @@ def ensure_variant(zoo: Zoo, name: str, *, data: EvalData | None = None,
             return fresh.cards[name]
         return _make(fresh, parent, QuantSettings(precision=precision),
                      data or eval_data(fresh), say or _quiet, latency_rounds)
+
+
+def with_variants(zoo: Zoo, names: Iterable[str], say: Say | None = None) -> Zoo:
+    """``zoo`` with every variant among ``names`` made if missing (base models and names
+    already present pass through); the zoo reloaded when anything was made."""
+    missing = [n for n in names if n not in zoo.cards]
+    for name in missing:
+        (say or _quiet)(f"making {name} (first use)")
+        ensure_variant(zoo, name)
+    return load_zoo(zoo.task, zoo.profile, zoo.root) if missing else zoo
 
 
 def _quiet(_: str) -> None:
