@@ -128,7 +128,9 @@ class NodeService:
         self.splits = self._split_sessions()
         # Head models with this machine's split profile (`tierlink split profile`): what
         # the policy prices the first half of a split plan with.
-        self._heads = tuple(ModelInfo.from_card(Path(h.card)).view() for h in spec.heads)
+        head_infos = [ModelInfo.from_card(Path(h.card)) for h in spec.heads]  # read once
+        self._heads = tuple(info.view() for info in head_infos)
+        self._head_temperature = {info.name: info.temperature for info in head_infos}
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
                                      _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      _Observer(self.metrics), clock,
@@ -266,9 +268,8 @@ class NodeService:
                            "label": probs.argmax(axis=1).astype(np.int64)}, outcome)
 
     def _temperature_of(self, model: str) -> float:
-        for head in self.spec.heads:
-            if head.name == model:
-                return ModelInfo.from_card(Path(head.card)).temperature
+        if model in self._head_temperature:
+            return self._head_temperature[model]
         rt = self.runtimes.get(model)
         return rt.info.temperature if rt else 1.0
 
