@@ -7,7 +7,8 @@ are changed through the link emulator's control API for each condition (bandwidt
 20, 100 Mbit/s x RTT 10 and 50 ms by default). For each condition, on real photos
 (scikit-image's samples, 224x224):
 
-* ``device``: the whole model on the device (its model endpoint);
+* ``device``: the whole model on the device (``device_only`` policy: the same routed
+  endpoint, so every strategy pays the same request handling);
 * ``cloud``: the raw image uploaded and classified in the cloud (``cloud_only`` policy);
 * ``tierlink``: the task posted to the device, routed by the default policy with
   latency-first weights (cost weight 0): local, remote or a split (cut, codec) from the
@@ -16,13 +17,15 @@ are changed through the link emulator's control API for each condition (bandwidt
   the fastest measured wins.
 
 Strategies and forced plans are interleaved round by round; medians of ``--requests``
-rounds per cell. The routed requests carry a ``--deadline-ms`` deadline (latency is scored
+rounds per cell. The forced plans are raced: all run in the first two rounds, then a plan
+whose median is over ``--race`` x the best so far is dropped, and a plan whose payload alone
+would take longer on the link than the device needs for everything is never run. The routed requests carry a ``--deadline-ms`` deadline (latency is scored
 against it; a loose deadline lets a codec's tiny accuracy loss outweigh a faster plan). Prints a table, writes JSON (one row per
 condition with ``bandwidth_mbit, rtt_ms, device_ms, cloud_ms, chosen, oracle`` plus the
 codec table) and a PNG of latency against bandwidth::
 
-    .venv/bin/python benchmarks/split.py [--json PATH] [--png PATH] [--requests 3]
-        [--cpu-quota 0.5] [--bandwidths 1,5,20,100] [--rtts 10,50]
+    .venv/bin/python benchmarks/split.py [--json PATH] [--png PATH] [--requests 8]
+        [--cpu-quota 0.1] [--bandwidths 1,5,20,100] [--rtts 10,50] [--no-codec-table]
 
 Every process it starts is stopped at the end (the fleet's context manager).
 """
@@ -48,9 +51,6 @@ from tierlink.netem.server import LinkControlClient
 from tierlink.transport.oip import HEADER_LENGTH, decode_infer_response, encode_infer_request
 
 MODEL, TASK = "imagenet-mobilenetv2", "imagenet"
-CUTS = ("features.3", "features.5", "features.7", "features.10",
-        "features.13", "features.14", "features.16", "features.17", "features.18")
-CODECS = ("fp16", "int8+zstd")
 LINK = "dev-1->cloud-1"
 WARMED: list[bool] = []  # set once every plan's sessions exist on both nodes
 
@@ -87,54 +87,86 @@ def post(http: httpx.Client, url: str, name: str, x: np.ndarray,
     return ms, dict(data.parameters or {})
 
 
-def timed(http: httpx.Client, url: str, name: str, photos: np.ndarray, n: int,
-          params: dict[str, Any]) -> tuple[float, list[dict[str, Any]]]:
-    runs = [post(http, url, name, photos[i % len(photos)][None], params) for i in range(n)]
-    return statistics.median(ms for ms, _ in runs), [p for _, p in runs]
-
-
-def condition(http: httpx.Client, dev: str, photos: np.ndarray, n: int,
-              deadline_ms: float) -> dict[str, Any]:
-    """Every strategy and every forced plan, interleaved round by round (drift and the
-    quota's jitter hit them alike); medians per strategy."""
+def condition(http: httpx.Client, dev: str, photos: np.ndarray, plans: dict[str, int],
+              args: argparse.Namespace, mbit: float) -> dict[str, Any]:
+    """Every strategy every round, and every (cut, codec) plan raced: all plans run in the
+    first rounds, then a plan whose median is over ``--race`` x the best median so far is
+    dropped (it cannot be the oracle); plans whose payload alone would take longer on this
+    link than the device needs for the whole model are never run. Medians per plan."""
     slow = {"tierlink.privacy": "any", "tierlink.deadline_ms": 120_000.0}
-    cases: dict[str, tuple[str, dict[str, Any]]] = {
-        "device": (MODEL, {}),
+    strategies: dict[str, tuple[str, dict[str, Any]]] = {
+        "device": (TASK, {**slow, "tierlink.policy": "device_only"}),
         "cloud": (TASK, {**slow, "tierlink.policy": "cloud_only"}),
-        "tierlink": (TASK, {"tierlink.privacy": "any", "tierlink.deadline_ms": deadline_ms}),
+        "tierlink": (TASK, {"tierlink.privacy": "any",
+                            "tierlink.deadline_ms": args.deadline_ms}),
     }
-    for cut in CUTS:
-        for codec in CODECS:
-            cases[f"{cut}/{codec}"] = (TASK, {**slow, "tierlink.split": f"cloud-1/{cut}/{codec}"})
+    forced = {key: (TASK, {**slow, "tierlink.split": f"cloud-1/{key}"}) for key in plans}
     if not WARMED:  # first use of a cut builds its head and tail sessions: not timed
-        for name, params in cases.values():
+        for name, params in [*strategies.values(), *forced.values()]:
             post(http, dev, name, photos[0][None], {**params, "tierlink.deadline_ms": 120_000.0})
         WARMED.append(True)
     time.sleep(2.5)  # idle probes teach the device's estimator this link
-    ms: dict[str, list[float]] = {k: [] for k in cases}
-    plans: list[str] = []
+    ms: dict[str, list[float]] = {k: [] for k in [*strategies, *forced]}
+    est: dict[str, list[float]] = {k: [] for k in forced}
+    chosen: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
-    for i in range(n):
-        for key, (name, params) in cases.items():
-            try:
-                took, answer = post(http, dev, name, photos[i % len(photos)][None], params)
-            except RuntimeError as exc:  # a refused or timed-out request counts as failed
-                failures[key] = str(exc)[:300]
-                ms[key].append(float("inf"))
-                continue
+    alive = set(forced)
+    for i in range(args.requests):
+        x = photos[i % len(photos)][None]
+        for key, (name, params) in strategies.items():
+            took, answer = _attempt(http, dev, name, x, params, key, failures)
             ms[key].append(took)
             if key == "tierlink":
-                plans.append(answer.get("tierlink.split_plan") or (
-                    "local" if answer["tierlink.served_by"] == "dev-1" else "remote"))
-    med = {k: statistics.median(v) for k, v in ms.items()}  # inf where a round failed
+                chosen.append(_chosen(answer, took))
+        bound = statistics.median(ms["device"]) * 1.0
+        for key in sorted(alive):
+            if plans[key] * 8.0 / (mbit * 1000.0) > bound:
+                alive.discard(key)  # the payload alone takes longer than the device
+                continue
+            name, params = forced[key]
+            took, answer = _attempt(http, dev, name, x, params, key, failures)
+            ms[key].append(took)
+            est[key].append(float(json.loads(answer.get("tierlink.timings_ms", "{}"))
+                                  .get("est_ms", 0.0)))
+        if i >= 1:
+            best = min(statistics.median(v) for v in ms.values() if v)
+            alive = {k for k in alive if statistics.median(ms[k]) <= args.race * best}
+    return summarize(ms, est, chosen, failures)
+
+
+def _attempt(http: httpx.Client, dev: str, name: str, x: np.ndarray, params: dict[str, Any],
+             key: str, failures: dict[str, str]) -> tuple[float, dict[str, Any]]:
+    """One request; a refused or timed-out one counts as infinitely slow."""
+    try:
+        return post(http, dev, name, x, params)
+    except RuntimeError as exc:
+        failures[key] = str(exc)[:300]
+        return float("inf"), {}
+
+
+def _chosen(answer: dict[str, Any], took: float) -> dict[str, Any]:
+    timings = json.loads(answer.get("tierlink.timings_ms", "{}"))
+    plan = answer.get("tierlink.split_plan") or (
+        "local" if answer.get("tierlink.served_by") == "dev-1" else
+        "remote" if answer else "failed")
+    return {"plan": plan, "ms": took, "est_ms": timings.get("est_ms")}
+
+
+def summarize(ms: dict[str, list[float]], est: dict[str, list[float]],
+              chosen: list[dict[str, Any]], failures: dict[str, str]) -> dict[str, Any]:
+    """Medians per strategy and plan; the oracle is the fastest measured of device, cloud
+    and every plan that ran (tierlink's own requests are not candidates)."""
+    med = {k: statistics.median(v) for k, v in ms.items() if v}
     oracle_key = min((k for k in med if k != "tierlink"), key=med.__getitem__)
-    chosen = statistics.mode(plans) if plans else "failed"
+    plan = statistics.mode(c["plan"] for c in chosen)
     return {"device_ms": med["device"], "cloud_ms": med["cloud"],
-            "chosen": {**_plan(chosen), "ms": med["tierlink"], "plans": plans},
+            "chosen": {**_plan(plan), "ms": med["tierlink"], "requests": chosen},
             "oracle": {**_plan({"device": "local", "cloud": "remote"}.get(oracle_key,
                                                                           oracle_key)),
                        "ms": med[oracle_key]},
-            "forced_ms": {k: v for k, v in med.items() if "/" in k},
+            "forced": {k: {"ms": med[k], "rounds": len(ms[k]),
+                           "est_ms": statistics.median(est[k]) if est[k] else None}
+                       for k in est if k in med},
             "failures": failures}
 
 
@@ -153,10 +185,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     card = load_card(card_path(onnx_path))
     photos, _ = imagenet_photos(views=False)
     ppath = profile_path(card_path(onnx_path))
-    if load_profile(ppath, card.sha256) is None:
-        print("profiling MobileNetV2's block cuts on this machine ...", file=sys.stderr)
-        save_profile(profile_model(MODEL, onnx_path, photos[:1], card.sha256, rounds=10,
-                                   only=lambda t: t.startswith("features.")), ppath)
+    profile = load_profile(ppath, card.sha256)
+    if profile is None or not all(p.codecs for p in profile.points):
+        print("profiling MobileNetV2's block cuts and codecs on this machine ...",
+              file=sys.stderr)
+        profile = profile_model(MODEL, onnx_path, photos[:1], card.sha256, rounds=10,
+                                only=lambda t: t.startswith("features."))
+        save_profile(profile, ppath)
+    # every plan the policy may pick: each profiled cut x each codec it measured there
+    plans = {f"{p.cut}/{c.codec}": c.wire_bytes for p in profile.points for c in p.codecs}
+    codecs = {} if args.no_codec_table else _codec_table()
     config = parse_fleet(yaml.safe_load(FLEET % args.cpu_quota), source="<split-bench>")
     rows = []
     with launch(config, {MODEL: (onnx_path, card_path(onnx_path))},
@@ -169,13 +207,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for mbit in args.bandwidths:
                 links.update(LINK, delay_ms=rtt / 2.0, bandwidth_mbit=mbit)
                 row = {"bandwidth_mbit": mbit, "rtt_ms": rtt,
-                       **condition(http, dev, photos, args.requests, args.deadline_ms)}
+                       **condition(http, dev, photos, plans, args, mbit)}
                 print(json.dumps(row), file=sys.stderr)
                 rows.append(row)
     return {"rows": rows, "settings": {"cpu_quota": args.cpu_quota, "requests": args.requests,
-                                       "deadline_ms": args.deadline_ms,
-                                       "cuts": list(CUTS), "codecs": list(CODECS)},
-            "checks": checks(rows)}
+                                       "deadline_ms": args.deadline_ms, "race": args.race,
+                                       "plans": len(plans), "profile": profile.to_dict()},
+            "codecs": codecs, "checks": checks(rows)}
+
+
+def _codec_table() -> dict[str, Any]:
+    """Every codec's ratio, encode / decode time and accuracy impact on Fashion-MNIST and
+    MobileNetV2 (``benchmarks/split_codec_table.py``), measured before the fleet starts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from split_codec_table import codec_table
+
+    print("measuring the feature codecs (about a minute) ...", file=sys.stderr)
+    return codec_table()
 
 
 def checks(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -244,8 +292,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
-    parser.add_argument("--requests", type=int, default=3)
-    parser.add_argument("--cpu-quota", type=float, default=0.25)
+    parser.add_argument("--requests", type=int, default=8, help="rounds per condition")
+    parser.add_argument("--no-codec-table", action="store_true",
+                        help="skip measuring the codec table (the JSON's \"codecs\")")
+    parser.add_argument("--race", type=float, default=1.2,
+                        help="drop a forced plan once its median is over this x the best")
+    parser.add_argument("--cpu-quota", type=float, default=0.1,
+                        help="the device's CPU, as a fraction of one core (cgroup quota)")
     parser.add_argument("--deadline-ms", type=float, default=1000.0,
                         help="the routed requests' deadline (latency counts against it)")
     parser.add_argument("--bandwidths", type=lambda s: [float(x) for x in s.split(",")],

@@ -56,3 +56,28 @@ def test_lossy_codecs_beyond_the_budget_are_never_chosen():
 def test_no_offload_leaves_only_the_local_plan():
     choice = best(SEGMENTS, CODECS, link(1000.0, rtt=1.0), allow_offload=False)
     assert choice.cut == LOCAL_CUT and choice.total_ms == 150.0 and choice.wire_bytes == 0
+
+
+def test_real_requests_cost_more_than_probes_and_the_estimate_prices_requests():
+    """Probes (cheap padding) fix the wire's line; real requests land 12 ms above it on a
+    throttled sender. The estimator learns that, and keeps pricing requests at their real
+    cost when the link goes idle and only probes come back."""
+    from tierlink.estimate.latency import LinkEstimator, transfer_ms
+
+    def probes(est: LinkEstimator, rtt: float, mbit: float) -> None:
+        for _ in range(6):
+            for nbytes in (1024, 65_536):
+                est.observe(rtt + nbytes * 8 / (mbit * 1000), 0.0, nbytes, probe=True)
+
+    est = LinkEstimator(LinkView("dev", "cloud", 10.0, 20.0))
+    probes(est, 10.0, 20.0)
+    for _ in range(20):  # real 20 KB feature payloads, 5 ms of each spent upstream
+        est.observe(5.0 + 10.0 + 20_480 * 8 / 20_000 + 12.0, 5.0, 20_480)
+    real = 10.0 + 20_480 * 8 / 20_000 + 12.0
+    assert 9.0 < est.request_ms < 13.0
+    assert abs(transfer_ms(20_480, est.view()) - real) < 0.15 * real
+    probes(est, 10.0, 20.0)  # idle again: only probes
+    assert abs(transfer_ms(20_480, est.view()) - real) < 0.15 * real
+    probes(est, 10.0, 5.0)  # the link slows while idle: requests are priced slower too
+    slower = 10.0 + 20_480 * 8 / 5_000 + 12.0
+    assert abs(transfer_ms(20_480, est.view()) - slower) < 0.15 * slower

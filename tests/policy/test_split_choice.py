@@ -47,7 +47,10 @@ def test_the_cut_follows_the_bandwidth():
     fat = choose(view(1000.0, rtt=2.0))
     assert fat.kind == "remote" and not fat.cut  # upload the image: the cloud is fast
     mid = choose(view(10.0))
-    assert mid.cut == "b7" and mid.codec == "int8+zstd" and mid.model == "net-big"
+    assert mid.cut == "b7" and mid.model == "net-big"
+    # fp16 (lossless here) beats int8+zstd (12 ms faster, but priced at 0.05 pt accuracy,
+    # worth 15 ms at latency weight 1 and a 300 ms deadline)
+    assert mid.codec == "fp16"
     thin = choose(view(0.1))
     assert thin.kind == "local" and thin.model == "net-small"  # no uplink worth using
 
@@ -57,3 +60,34 @@ def test_no_split_without_heads_or_for_local_privacy():
     assert choose(view(10.0), privacy=Privacy.LOCAL).kind == "local"
     allowed = choose(view(10.0), privacy=Privacy.LOCAL, local_features_may_leave=True)
     assert allowed.cut == "b7"
+
+
+def exits_view(mbit: float, rtt: float) -> ClusterView:
+    """A device that serves a multi-exit net (slow: throttled) and may split it at its exit
+    boundaries; the cloud serves the same net (fast). 80% of inputs exit at exit 1."""
+    from tierlink.node.exits import exit_split_points
+
+    bounds = [("features1", 25_088), ("features2", 12_544)]
+    dev_points = exit_split_points((3.0, 30.0, 30.0), (0.8, 0.15, 0.05), bounds)
+    cloud_points = exit_split_points((0.3, 3.0, 3.0), (0.8, 0.15, 0.05), bounds)
+    local_ms = 3.0 + 30.0 * 0.2 + 30.0 * 0.05
+    exits_dev = ModelView("net-exits", "net", "1", 0.70, local_ms, splits=dev_points)
+    exits_cloud = ModelView("net-exits", "net", "1", 0.70, 0.3 + 3.0 * 0.25, splits=cloud_points)
+    device = NodeView("dev-1", Tier.DEVICE, (exits_dev,), heads=(exits_dev,))
+    cloud = NodeView("cloud-1", Tier.CLOUD, (exits_cloud,), workers=4)
+    return ClusterView.build("dev-1", [device, cloud],
+                             [LinkView("dev-1", "cloud-1", rtt, mbit)])
+
+
+def test_exit_and_split_are_chosen_together():
+    """Weak uplink: the device runs the multi-exit net itself, exiting early. Strong
+    uplink: it runs the first segment, answers the 80% its first exit is sure of, and sends
+    only the rest at the first boundary (cheaper than uploading every input)."""
+    request = Request("r", "net", 300.0, origin="dev-1", input_bytes=3136)
+    policy = TierlinkPolicy(PolicyConfig(weights=Weights(cost=0.0)))
+    weak = policy.plan(request, exits_view(0.5, rtt=80.0), random.Random(0)).placements[0]
+    assert weak.kind == "local" and weak.model == "net-exits"
+    strong = policy.plan(request, exits_view(50.0, rtt=10.0), random.Random(0)).placements[0]
+    assert strong.cut == "features1" and strong.model == "net-exits"
+    # the estimate: 3 ms here, then 20% x (send + tail) -- below local (10.5) and remote (11.6)
+    assert strong.est_ms < 7.0

@@ -247,11 +247,7 @@ def _model_view(model: Mapping[str, Any]) -> ModelView:
                      float(p["answered_accuracy"]))
         for p in model.get("cascade", ())
     )
-    splits = tuple(
-        SplitPoint(str(p["cut"]), float(p["head_ms"]), float(p["tail_ms"]),
-                   int(p["feature_bytes"]))
-        for p in model.get("splits", ())
-    )
+    splits = tuple(SplitPoint.from_dict(p) for p in model.get("splits", ()))
     return ModelView(
         name=model["name"], task=model["task"], version=str(model["version"]),
         accuracy=float(model["accuracy"]), latency_ms=float(model["latency_ms"]),

@@ -67,6 +67,15 @@ class CascadePointSpec(_Open):
     answered_accuracy: float = Field(ge=0.0, le=1.0)
 
 
+class CodecPointSpec(_Open):
+    """One codec measured at one cut (see ``core.types.CodecPoint``)."""
+
+    codec: str = Field(min_length=1, max_length=64)
+    wire_bytes: int = Field(ge=0)
+    encode_ms: float = Field(ge=0.0)
+    decode_ms: float = Field(ge=0.0)
+
+
 class SplitPointSpec(_Open):
     """One profiled cut of a model on the heartbeating node (see ``core.types.SplitPoint``)."""
 
@@ -74,6 +83,8 @@ class SplitPointSpec(_Open):
     head_ms: float = Field(ge=0.0)
     tail_ms: float = Field(ge=0.0)
     feature_bytes: int = Field(ge=0)
+    codecs: list[CodecPointSpec] = Field(default_factory=list, max_length=32)
+    continue_share: float = Field(default=1.0, ge=0.0, le=1.0)
 
 
 class ModelSpec(_Open):

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from types import MappingProxyType
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 
 class Tier(IntEnum):
@@ -115,14 +115,51 @@ class CascadePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class CodecPoint:
+    """A feature codec measured at one cut: its payload's bytes per sample (header
+    included) and its encode / decode latency on the profiling node."""
+
+    codec: str
+    wire_bytes: int
+    encode_ms: float
+    decode_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class SplitPoint:
     """One cut of a model as its node profiled it: the head (input -> ``cut``) and the tail
-    (``cut`` -> output) latencies on that node, and the cut tensor's FP32 bytes per sample."""
+    (``cut`` -> output) latencies on that node, the cut tensor's FP32 bytes per sample, and
+    each profiled codec's real size and cost on those features (they compress differently
+    at every cut). ``continue_share`` < 1 for a multi-exit model: the share of inputs that
+    no exit before the cut answered — only those are sent on (then ``head_ms`` and
+    ``tail_ms`` are expectations over where inputs exit)."""
 
     cut: str
     head_ms: float
     tail_ms: float
     feature_bytes: int
+    codecs: tuple[CodecPoint, ...] = ()
+    continue_share: float = 1.0
+
+    def codec(self, spec: str) -> CodecPoint | None:
+        return next((c for c in self.codecs if c.codec == spec), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (heartbeats, split profiles) that :meth:`from_dict` reads."""
+        return {"cut": self.cut, "head_ms": round(self.head_ms, 4),
+                "tail_ms": round(self.tail_ms, 4), "feature_bytes": self.feature_bytes,
+                "codecs": [{"codec": c.codec, "wire_bytes": c.wire_bytes,
+                            "encode_ms": round(c.encode_ms, 4),
+                            "decode_ms": round(c.decode_ms, 4)} for c in self.codecs],
+                "continue_share": round(self.continue_share, 6)}
+
+    @classmethod
+    def from_dict(cls, p: Mapping[str, Any]) -> SplitPoint:
+        codecs = tuple(CodecPoint(str(c["codec"]), int(c["wire_bytes"]),
+                                  float(c["encode_ms"]), float(c["decode_ms"]))
+                       for c in p.get("codecs", ()))
+        return cls(str(p["cut"]), float(p["head_ms"]), float(p["tail_ms"]),
+                   int(p["feature_bytes"]), codecs, float(p.get("continue_share", 1.0)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,13 @@ class LinkEstimator:
     (intercept) and the bandwidth (slope); otherwise the bandwidth is kept and the RTT
     follows an EWMA. The window is short (``window`` exchanges), so a bandwidth change shows
     within that many exchanges. Pure arithmetic; the caller owns the clock.
+
+    Probes (``probe=True``: padding to an endpoint that answers at once, sent while the link
+    is idle) measure the bare wire, but a real request also pays for the HTTP stacks, OIP
+    encoding and the sender's own CPU (tens of ms on a throttled device). So the estimator
+    keeps the probes' own line too, learns ``request_ms`` — an EWMA of how far real requests
+    land above it — and enters each probe into the shared window as ``probe + request_ms``:
+    the view stays in *request* terms whether the link was last busy or idle.
     """
 
     def __init__(self, prior: LinkView, alpha: float = 0.2, hop_overhead_ms: float = 0.0,
@@ -62,37 +69,57 @@ class LinkEstimator:
         self._rtt_ms = prior.rtt_ms
         self._bandwidth = prior.bandwidth_mbit
         self._window: deque[tuple[int, float]] = deque(maxlen=max(2, window))
+        self._probes: deque[tuple[int, float]] = deque(maxlen=8)
         self._min_spread = min_spread_bytes
+        self.request_ms = 0.0  # what a real request costs above the probes' line
         self.samples = 0
 
-    def observe(self, total_ms: float, server_ms: float, nbytes: int) -> None:
+    def observe(self, total_ms: float, server_ms: float, nbytes: int, *,
+                probe: bool = False) -> None:
         """Fold one exchange of ``nbytes`` (request + response payload) in."""
         net = max(0.0, total_ms - server_ms - self._overhead)
+        if probe:
+            self._probes.append((int(nbytes), net))
+            net += self.request_ms
+        else:
+            self._learn_request_cost(nbytes, net)
         self._window.append((int(nbytes), net))
         self.samples += 1
-        fit = self._fit()
+        fit = _line(self._window, self._min_spread, self._bandwidth)
         if fit is not None:
             self._rtt_ms, self._bandwidth = fit
             return
         serial = nbytes * 8.0 / (self._bandwidth * 1000.0) if self._bandwidth > 0 else 0.0
         self._rtt_ms += self._alpha * (max(0.0, net - serial) - self._rtt_ms)
 
-    def _fit(self) -> tuple[float, float] | None:
-        """(rtt_ms, bandwidth_mbit) from the window, or None when sizes barely differ."""
-        sizes = [b for b, _ in self._window]
-        if len(sizes) < 4 or max(sizes) - min(sizes) < self._min_spread:
-            return None
-        n = len(sizes)
-        mean_b = sum(sizes) / n
-        mean_t = sum(t for _, t in self._window) / n
-        var = sum((b - mean_b) ** 2 for b in sizes)
-        cov = sum((b - mean_b) * (t - mean_t) for b, t in self._window)
-        slope = cov / var  # ms per byte
-        if slope <= 1e-9:  # faster than this can measure: keep the bandwidth, fit the RTT
-            return max(0.0, mean_t), self._bandwidth
-        bandwidth = min(100_000.0, max(0.01, 8.0 / (slope * 1000.0)))
-        return max(0.0, mean_t - slope * mean_b), bandwidth
+    def _learn_request_cost(self, nbytes: int, net: float) -> None:
+        wire = _line(self._probes, self._min_spread, self._bandwidth)
+        if wire is None:
+            return
+        rtt, bandwidth = wire
+        extra = net - rtt - nbytes * 8.0 / (bandwidth * 1000.0)
+        self.request_ms += self._alpha * (max(0.0, extra) - self.request_ms)
 
     def view(self) -> LinkView:
         p = self._prior
-        return LinkView(p.src, p.dst, rtt_ms=self._rtt_ms, bandwidth_mbit=self._bandwidth, loss=p.loss)
+        return LinkView(p.src, p.dst, rtt_ms=self._rtt_ms, bandwidth_mbit=self._bandwidth,
+                        loss=p.loss)
+
+
+def _line(window: deque[tuple[int, float]], min_spread: int,
+          bandwidth: float) -> tuple[float, float] | None:
+    """(rtt_ms, bandwidth_mbit) by least squares over (bytes, ms), or None when the sizes
+    barely differ. A flat or falling slope keeps ``bandwidth`` and fits the RTT alone."""
+    sizes = [b for b, _ in window]
+    if len(sizes) < 4 or max(sizes) - min(sizes) < min_spread:
+        return None
+    n = len(sizes)
+    mean_b = sum(sizes) / n
+    mean_t = sum(t for _, t in window) / n
+    var = sum((b - mean_b) ** 2 for b in sizes)
+    cov = sum((b - mean_b) * (t - mean_t) for b, t in window)
+    slope = cov / var  # ms per byte
+    if slope <= 1e-9:  # faster than this can measure
+        return max(0.0, mean_t), bandwidth
+    fitted = min(100_000.0, max(0.01, 8.0 / (slope * 1000.0)))
+    return max(0.0, mean_t - slope * mean_b), fitted

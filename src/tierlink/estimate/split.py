@@ -4,15 +4,21 @@ A split plan runs the model's head (input -> cut tensor) on this node, encodes t
 tensor with a feature codec, sends it over the link, and runs the tail upstream. For each
 candidate (cut, codec)::
 
-    total = head_ms + encode_ms + transfer(encoded bytes, link) + queue_ms + decode_ms
-            + tail_ms
+    total = head_ms + continue_share x (encode_ms + transfer(encoded bytes, link)
+                                         + queue_ms + decode_ms + tail_ms)
+
+(``continue_share`` is 1 except for a multi-exit model cut at an exit boundary: the inputs
+its early exits answer on the device never pay for the second half.)
 
 ``transfer`` is :func:`tierlink.estimate.latency.transfer_ms` over the *live* link estimate
 (RTT and bandwidth learned from traffic), so when the bandwidth changes the best cut moves.
 "All local" is the cut after the last node (no transfer), "all remote" the cut at the input
 (the raw input is uploaded with the identity codec). No I/O, no clock: profiles come in as
-data (:class:`SegmentProfile` from the node's own measurements, :class:`CodecProfile` from
-``tierlink split codecs``).
+data (:class:`SegmentProfile` from the nodes' split profiles, :class:`CodecProfile` from
+``tierlink split codecs``). Where a segment carries the codec measured on its own features
+(:class:`~tierlink.core.types.CodecPoint`: real payload bytes, encode ms on the head's node,
+decode ms on the tail's), that is used; the codec's average ratio and per-KB costs only
+stand in for cuts that were profiled without codecs.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tierlink.core.types import LinkView
+from tierlink.core.types import CodecPoint, LinkView
 from tierlink.estimate.latency import transfer_ms
 
 LOCAL_CUT = "<local>"    # the whole model here
@@ -36,6 +42,8 @@ class SegmentProfile:
     head_ms: float
     tail_ms: float
     feature_bytes: int
+    codecs: tuple[CodecPoint, ...] = ()  # measured at this cut: encode here, decode upstream
+    continue_share: float = 1.0  # multi-exit models: share of inputs no earlier exit answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +89,24 @@ def estimate(segment: SegmentProfile, codec: CodecProfile, link: LinkView,
     if segment.cut == LOCAL_CUT:
         return SplitEstimate(LOCAL_CUT, "", segment.head_ms, segment.head_ms, 0.0, 0.0, 0.0,
                              0, 0.0)
-    wire = max(1, int(segment.feature_bytes / max(codec.ratio, 1e-9)))
-    kb = segment.feature_bytes / 1024.0
-    codec_ms = kb * (codec.encode_ms_per_kb + codec.decode_ms_per_kb)
+    wire, codec_ms = _codec_cost(segment, codec)
     net = transfer_ms(wire, link)
-    total = segment.head_ms + codec_ms + net + queue_ms + segment.tail_ms
+    # Only the inputs that no exit before the cut answered pay for the second half.
+    total = segment.head_ms + segment.continue_share * (codec_ms + net + queue_ms
+                                                        + segment.tail_ms)
     return SplitEstimate(segment.cut, codec.spec, total, segment.head_ms, codec_ms, net,
                          segment.tail_ms + queue_ms, wire, codec.accuracy_loss)
+
+
+def _codec_cost(segment: SegmentProfile, codec: CodecProfile) -> tuple[int, float]:
+    """(payload bytes, encode + decode ms) of ``codec`` at ``segment``'s cut: as measured
+    there when profiled, else from the codec's average ratio and per-KB costs."""
+    point = next((c for c in segment.codecs if c.codec == codec.spec), None)
+    if point is not None:
+        return max(1, point.wire_bytes), point.encode_ms + point.decode_ms
+    kb = segment.feature_bytes / 1024.0
+    return (max(1, int(segment.feature_bytes / max(codec.ratio, 1e-9))),
+            kb * (codec.encode_ms_per_kb + codec.decode_ms_per_kb))
 
 
 def candidates(segments: Sequence[SegmentProfile], codecs: Sequence[CodecProfile],

@@ -169,10 +169,13 @@ async def _infer(service: NodeService, name: str, version: str | None,
 async def _infer_model(service: NodeService, name: str, version: str | None,
                        data: oip.InferRequestData) -> Response:
     rt = service.runtime(name, version)
+    start = time.perf_counter()
     outputs = await service.infer_model(name, version, data.inputs, data.parameters)
     selected = _select(outputs, data)
-    body, headers = oip.encode_infer_response(name, rt.info.version, data.id, selected, None,
-                                              data.binary_outputs(selected))
+    # What this node spent (queue + compute): a caller's link estimate subtracts it.
+    server_ms = {protocol.SERVER_MS: round((time.perf_counter() - start) * 1000.0, 3)}
+    body, headers = oip.encode_infer_response(name, rt.info.version, data.id, selected,
+                                              server_ms, data.binary_outputs(selected))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tierlink.node.exits import ExitsModel, is_exit_card
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
@@ -22,6 +23,9 @@ log = logging.getLogger("tierlink.node")
 def load_runtimes(spec: NodeSpec) -> dict[str, ModelRuntime]:
     runtimes: dict[str, ModelRuntime] = {}
     for src in spec.models:
+        if is_exit_card(Path(src.card)):  # a multi-exit model: served with early exit
+            runtimes[src.name] = ExitsModel(Path(src.card))
+            continue
         info = ModelInfo.from_card(Path(src.card))
         runtimes[src.name] = OnnxModel(Path(src.onnx), info)
     return runtimes

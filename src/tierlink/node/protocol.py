@@ -19,8 +19,11 @@ Request parameters (all optional; a client on the device may send none):
 
 Response parameters describe the :class:`~tierlink.core.types.Outcome`: ``served_by``,
 ``tier``, ``model``, ``path`` (JSON list), ``confidence``, ``escalations``, ``fallbacks``
-(JSON list of ``{node, reason, detail}``), ``cost_usd``, ``server_ms`` and ``degraded``, each
-prefixed with ``tierlink.``.
+(JSON list of ``{node, reason, detail}``), ``cost_usd``, ``server_ms``, ``degraded``,
+``split_plan`` (``CUT/CODEC`` when a split served it) and ``timings_ms`` (JSON: where the time
+went, e.g. a split's ``head_ms``, ``tail_rtt_ms``, ``split_bytes`` and the policy's ``est_ms``),
+each prefixed with ``tierlink.``. A model endpoint's answer carries ``tierlink.server_ms``
+(queue + compute on that node), so a caller can tell network time from server time.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ CODEC = "tierlink.codec"  # ...and how they are encoded (tierlink.split.codecs)
 SPLIT = "tierlink.split"  # ask for a split plan: "NODE/CUT/CODEC" (benchmarks, tests)
 BREACHED = "tierlink.privacy_breached"  # set by the first node that held it against its privacy
 LABEL = "tierlink.label"
+SERVER_MS = "tierlink.server_ms"  # in answers: what the answering node spent on the request
+TIMINGS = "tierlink.timings_ms"  # in answers: JSON of where the time went (split: head_ms...)
 TRACEPARENT = "traceparent"
 
 DEFAULT_DEADLINE_MS = 1000.0
@@ -131,7 +136,8 @@ def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
         "tierlink.fallbacks": json.dumps([{"node": f.node_id, "reason": f.reason,
                                            "detail": f.detail} for f in outcome.fallbacks]),
         "tierlink.cost_usd": outcome.cost,
-        "tierlink.server_ms": round(server_ms, 3),
+        SERVER_MS: round(server_ms, 3),
+        TIMINGS: json.dumps({k: round(v, 3) for k, v in outcome.timings_ms.items()}),
         "tierlink.degraded": outcome.degraded,
         "tierlink.split_plan": outcome.split,
     }
@@ -152,7 +158,7 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
             cost=float(params.get("tierlink.cost_usd", 0.0)),
             degraded=str(params.get("tierlink.degraded", "")),
             split=str(params.get("tierlink.split_plan", "")),
-            timings_ms={"server_ms": float(params.get("tierlink.server_ms", 0.0))},
+            timings_ms={"server_ms": float(params.get(SERVER_MS, 0.0))},
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise InvalidRequest(f"upstream response lacks routing parameters: {exc}") from exc

@@ -41,6 +41,7 @@ from tierlink.core.types import (
     Priority,
     Privacy,
     Request,
+    SplitPoint,
     Tier,
 )
 from tierlink.errors import (
@@ -56,12 +57,14 @@ from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
 from tierlink.node.breaker import BreakerBoard, BreakerSettings
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
+from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
 from tierlink.node.view import build_view, model_view_to_dict
 from tierlink.policy import REGISTRY, Policy
+from tierlink.policy.placement import split_plans
 from tierlink.split.runtime import SplitSessions
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
@@ -128,7 +131,7 @@ class NodeService:
         self.splits = self._split_sessions()
         # Head models with this machine's split profile (`tierlink split profile`): what
         # the policy prices the first half of a split plan with.
-        head_infos = [ModelInfo.from_card(Path(h.card)) for h in spec.heads]  # read once
+        head_infos = [self._head_info(h.name, Path(h.card)) for h in spec.heads]  # read once
         self._heads = tuple(info.view() for info in head_infos)
         self._head_temperature = {info.name: info.temperature for info in head_infos}
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
@@ -184,20 +187,41 @@ class NodeService:
         deadline_ms = params.get(protocol.DEADLINE)
         deadline_s = None if deadline_ms is None else self._clock() + float(deadline_ms) / 1000
         if protocol.CUT in params:
-            return await self._run_tail(name, inputs, params, priority, deadline_s)
-        out, _ = await self._submit(rt, inputs, priority, deadline_s)
+            out = await self._run_tail(name, inputs, params, priority, deadline_s)
+        else:
+            out, _ = await self._submit(rt, inputs, priority, deadline_s)
+        self._count_exits(name, out)
         return out
+
+    def _count_exits(self, model: str, out: dict[str, np.ndarray]) -> None:
+        """A multi-exit model's answers, by the exit that gave them."""
+        for k in out["exit"].tolist() if "exit" in out else ():
+            self.metrics.early_exits.labels(self.spec.tier.label, model, str(k)).inc()
 
     # -- split plans: tails served here, heads run here ------------------------------------
 
-    def _split_sessions(self) -> dict[str, SplitSessions]:
-        """Segments of every ONNX model served here (tails) and of every head model."""
-        sessions = {name: SplitSessions(name, rt.path, self._split_dir / name)
-                    for name, rt in self.runtimes.items() if isinstance(rt, OnnxModel)}
+    def _split_sessions(self) -> dict[str, SplitSessions | ExitsModel]:
+        """Segments of every model served here (tails) and of every head model; a
+        multi-exit model is split at its exit boundaries by its own runtime."""
+        sessions: dict[str, SplitSessions | ExitsModel] = {
+            name: SplitSessions(name, rt.path, self._split_dir / name)
+            for name, rt in self.runtimes.items() if isinstance(rt, OnnxModel)}
+        for name, rt in self.runtimes.items():
+            if isinstance(rt, ExitsModel):
+                sessions[name] = rt
         for head in self.spec.heads:
-            sessions[head.name] = SplitSessions(head.name, Path(head.onnx),
-                                                self._split_dir / head.name)
+            if head.name in sessions:
+                continue
+            sessions[head.name] = (ExitsModel(Path(head.card)) if is_exit_card(Path(head.card))
+                                   else SplitSessions(head.name, Path(head.onnx),
+                                                      self._split_dir / head.name))
         return sessions
+
+    def _head_info(self, name: str, card: Path) -> ModelInfo:
+        executor = self.splits.get(name)
+        if isinstance(executor, ExitsModel):
+            return executor.info
+        return ModelInfo.from_card(card)
 
     async def _run_tail(self, name: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
                         priority: Priority, deadline_s: float | None) -> dict[str, np.ndarray]:
@@ -216,14 +240,13 @@ class NodeService:
         def call() -> dict[str, np.ndarray]:
             return sessions.tail(cut, features)
 
-        return await self.scheduler.submit(call, priority=priority, deadline_s=deadline_s,
-                                           key=f"{name}@tail")
+        out: dict[str, np.ndarray] = await self.scheduler.submit(
+            call, priority=priority, deadline_s=deadline_s, key=f"{name}@tail")
+        return out
 
     async def _run_split(self, placement: Placement, req: Request,
                          inputs: dict[str, np.ndarray], budget_ms: float) -> StepResult:
         """A split plan's first half here: head, encode, send; the tail runs upstream."""
-        from tierlink.split.codecs import get_codec
-
         model = placement.model or ""
         sessions = self.splits.get(model)
         if sessions is None:
@@ -234,36 +257,74 @@ class NodeService:
         x = next(iter(inputs.values()))
         started = self._clock()
 
-        def head() -> np.ndarray:
+        def head() -> Any:
             return sessions.head(placement.cut, x)
 
-        features = await self.scheduler.submit(head, priority=req.priority,
+        head_out = await self.scheduler.submit(head, priority=req.priority,
                                                deadline_s=started + budget_ms / 1000.0,
                                                key=f"{model}@head")
         head_ms = (self._clock() - started) * 1000.0
+        # A multi-exit model's head answers what its exits before the cut can; only the
+        # rest of the batch is sent on.
+        exited = head_out if isinstance(head_out, ExitHead) else None
+        features: np.ndarray | None = exited.features if exited is not None else head_out
+        if exited is not None:
+            self._count_exits(model, {"exit": np.array(exited.exits, dtype=np.int64)})
+        if features is None:
+            assert exited is not None  # only an early-exit head sends nothing
+            return self._exited_here(model, exited, head_ms)
+        logits, timings, wire = await self._send_features(placement, req, up, features,
+                                                          started, budget_ms)
+        probs, conf = softmax_confidence(logits, self._temperature_of(model))
+        if exited is not None:
+            probs = exited.merge(probs)
+            conf = probs.max(axis=1)
+        cost = (self.routing.cost.compute(self.spec.tier, head_ms)
+                + self.routing.cost.transfer(placement.tier, wire))
+        outcome = Outcome(placement.node_id, placement.tier, model,
+                          (self.spec.node_id, placement.node_id), float(conf.min()), cost=cost,
+                          timings_ms={"head_ms": head_ms, **timings,
+                                      "est_ms": placement.est_ms},
+                          split=f"{placement.cut}/{placement.codec}")
+        self.metrics.split_requests.labels(self.spec.tier.label, model,
+                                           placement.codec).inc()
+        return StepResult({"probabilities": probs,
+                           "label": probs.argmax(axis=1).astype(np.int64)}, outcome)
+
+    async def _send_features(self, placement: Placement, req: Request, up: _Upstream,
+                             features: np.ndarray, started: float, budget_ms: float,
+                             ) -> tuple[np.ndarray, dict[str, float], int]:
+        """Encode the cut tensor, send it to the tail's node: (its logits, timings, bytes)."""
+        from tierlink.split.codecs import get_codec
+
+        encoding = self._clock()
         payload = np.frombuffer(get_codec(placement.codec).encode(features), dtype=np.uint8)
+        encode_ms = (self._clock() - encoding) * 1000.0
         left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
         if left_ms <= up.estimator.view().rtt_ms:
             raise DeadlineExceeded(f"no time left to send features to {placement.node_id}")
         params = {**protocol.forward_params(req, left_ms, tracing.current_traceparent()),
                   protocol.CUT: placement.cut, protocol.CODEC: placement.codec}
         sent = self._clock()
-        resp = await self._client.infer(up.spec.url, model, {"features": payload}, params,
+        resp = await self._client.infer(up.spec.url, placement.model or "",
+                                        {"features": payload}, params,
                                         timeout_s=left_ms / 1000.0)
         total_ms = (self._clock() - sent) * 1000.0
-        up.estimator.observe(total_ms, 0.0, payload.nbytes)
+        tail_ms = float(resp.parameters.get(protocol.SERVER_MS, 0.0))
+        up.estimator.observe(total_ms, tail_ms, payload.nbytes)
         up.last_seen = self._clock()
-        logits = next(iter(resp.outputs.values()))
-        probs, conf = softmax_confidence(logits, self._temperature_of(model))
-        cost = (self.routing.cost.compute(self.spec.tier, head_ms)
-                + self.routing.cost.transfer(placement.tier, payload.nbytes))
-        outcome = Outcome(placement.node_id, placement.tier, model,
-                          (self.spec.node_id, placement.node_id), float(conf.min()), cost=cost,
-                          timings_ms={"head_ms": head_ms, "tail_rtt_ms": total_ms,
-                                      "split_bytes": float(payload.nbytes)},
-                          split=f"{placement.cut}/{placement.codec}")
-        self.metrics.split_requests.labels(self.spec.tier.label, model,
-                                           placement.codec).inc()
+        timings = {"encode_ms": encode_ms, "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
+                   "split_bytes": float(payload.nbytes)}
+        return next(iter(resp.outputs.values())), timings, int(payload.nbytes)
+
+    def _exited_here(self, model: str, head: ExitHead, head_ms: float) -> StepResult:
+        """A split plan of a multi-exit model whose exits before the cut answered every
+        sample: nothing is sent; the answer is this node's."""
+        probs = np.stack([a.probs for a in head.answers]).astype(np.float32)
+        outcome = Outcome(self.spec.node_id, self.spec.tier, model, (self.spec.node_id,),
+                          float(probs.max(axis=1).min()),
+                          cost=self.routing.cost.compute(self.spec.tier, head_ms),
+                          timings_ms={"head_ms": head_ms, "exit": float(max(head.exits))})
         return StepResult({"probabilities": probs,
                            "label": probs.argmax(axis=1).astype(np.int64)}, outcome)
 
@@ -347,8 +408,13 @@ class NodeService:
             raise InvalidRequest(f"{node} serves no model of {req.task!r} whose head "
                                  f"{self.spec.node_id} holds")
         self._check_features_may_leave(req, target.tier)  # 403 now, not a failed hop later
-        return Plan((Placement("remote", node, target.tier, models[0].name, cut=cut,
-                               codec=codec),), "forced_split", "forced by the request")
+        # What the policy expects of this plan (0 when it would not consider it), so a
+        # benchmark can compare every plan's estimate with what it really took.
+        plans = split_plans(self.view.nodes[self.spec.node_id], target, models[0], self.view,
+                            self.routing.policy_config())
+        est = next((p.total_ms for p in plans if p.cut == cut and p.codec == codec), 0.0)
+        return Plan((Placement("remote", node, target.tier, models[0].name, est_ms=est,
+                               cut=cut, codec=codec),), "forced_split", "forced by the request")
 
     def _policy_for(self, req: Request) -> Policy:
         if req.policy is None or req.policy == self._default_policy.name:
@@ -393,8 +459,12 @@ class NodeService:
         self.metrics.confidence.labels(self.spec.tier.label, rt.info.name).observe(confidence)
         cost = self.routing.cost.compute(self.spec.tier, compute_ms)
         self.metrics.cost.labels(self.spec.tier.label).inc(cost)
+        timings = {"compute_ms": compute_ms}
+        if "exit" in out:  # a multi-exit model: which exit answered (the last, for a batch)
+            timings["exit"] = float(out["exit"].max())
+            self._count_exits(rt.info.name, out)
         outcome = Outcome(self.spec.node_id, self.spec.tier, rt.info.name, (self.spec.node_id,),
-                          confidence, cost=cost, timings_ms={"compute_ms": compute_ms})
+                          confidence, cost=cost, timings_ms=timings)
         return StepResult({"probabilities": probs, "label": probs.argmax(axis=1).astype(np.int64)},
                           outcome)
 
@@ -479,7 +549,7 @@ class NodeService:
                 await self._client.probe(up.spec.url, nbytes, timeout_s=5.0)
             except TierlinkError:
                 return  # an unreachable upstream is the breakers' business, not the probe's
-            up.estimator.observe((self._clock() - start) * 1000.0, 0.0, nbytes)
+            up.estimator.observe((self._clock() - start) * 1000.0, 0.0, nbytes, probe=True)
         up.last_seen = self._clock()
 
     # -- view, heartbeat, metrics ----------------------------------------------------------
@@ -570,7 +640,7 @@ def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
     """Head profiles priced at this node's real speed. Profiles are timed on an unthrottled
     core; the median ratio of what this node's models really take (the scheduler's service
     times, learned from every call) to what their cards say is this node's slowdown (a CPU
-    quota, a busy machine), applied to every head latency."""
+    quota, a busy machine), applied to every head latency and codec encode time."""
     if not heads:
         return ()
     ratios = sorted(service_ms[name] / ms for name, ms in card_ms.items()
@@ -578,8 +648,14 @@ def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
     factor = ratios[len(ratios) // 2] if ratios else 1.0
     if abs(factor - 1.0) < 0.05:
         return heads
-    return tuple(replace(h, splits=tuple(replace(p, head_ms=p.head_ms * factor)
-                                         for p in h.splits)) for h in heads)
+    return tuple(replace(h, splits=tuple(_slower(p, factor) for p in h.splits))
+                 for h in heads)
+
+
+def _slower(point: SplitPoint, factor: float) -> SplitPoint:
+    return replace(point, head_ms=point.head_ms * factor,
+                   codecs=tuple(replace(c, encode_ms=c.encode_ms * factor)
+                                for c in point.codecs))
 
 
 def _batch_size(inputs: dict[str, np.ndarray]) -> int:

@@ -15,9 +15,7 @@ def model_view_to_dict(m: ModelView) -> dict[str, Any]:
             "latency_ms": round(m.latency_ms, 4), "output_bytes": m.output_bytes,
             "cascade": [{"threshold": p.threshold, "answered_share": p.answered_share,
                          "answered_accuracy": p.answered_accuracy} for p in m.cascade],
-            "splits": [{"cut": p.cut, "head_ms": round(p.head_ms, 4),
-                        "tail_ms": round(p.tail_ms, 4), "feature_bytes": p.feature_bytes}
-                       for p in m.splits]}
+            "splits": [p.to_dict() for p in m.splits]}
 
 
 def build_view(

@@ -20,20 +20,23 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from typing import NamedTuple
 
 from tierlink.core.types import (
     ClusterView,
+    CodecPoint,
     ModelView,
     NodeView,
     Placement,
     Plan,
     Privacy,
     Request,
+    SplitPoint,
     Tier,
 )
 from tierlink.estimate.latency import queue_wait_ms, transfer_ms
-from tierlink.estimate.split import SegmentProfile
+from tierlink.estimate.split import SegmentProfile, SplitEstimate
 from tierlink.estimate.split import candidates as split_candidates
 from tierlink.policy.base import PolicyConfig
 
@@ -143,26 +146,19 @@ class TierlinkPolicy:
     def _split(self, node: NodeView, up: NodeView | None, req: Request,
                view: ClusterView) -> Choice | None:
         """Run a model's head here and its tail on ``up`` (the power-of-two pick), at the
-        (cut, codec) with the lowest expected latency over the live link."""
+        (cut, codec) that scores best over the live link: the fastest, unless a slightly
+        slower codec loses less accuracy than its extra latency is worth (the weights)."""
         if up is None or not self._features_may_go(req, up.tier):
             return None
         model = up.model_for(req.task, req.version)
-        head = next((h for h in node.heads if model and h.name == model.name), None)
-        link = view.links.get((node.node_id, up.node_id))
-        if model is None or head is None or link is None or not model.splits:
+        plans = split_plans(node, up, model, view, self._cfg) if model else []
+        if model is None or not plans:
             return None
-        tails = {p.cut: p for p in model.splits}
-        segments = [SegmentProfile(p.cut, p.head_ms, tails[p.cut].tail_ms, p.feature_bytes)
-                    for p in head.splits if p.cut in tails]
-        if not segments:
-            return None
-        queue = queue_wait_ms(up, model, view.outstanding.get(up.node_id, 0))
-        plans = split_candidates(segments, self._cfg.split_codecs, link, queue,
-                                 self._cfg.split_max_accuracy_loss)
-        if not plans:
-            return None
-        best = plans[0]
-        tail_ms = best.tail_ms - queue
+        w, deadline = self._cfg.weights, max(req.deadline_ms, 1e-9)
+        best = max(plans, key=lambda p: -w.accuracy * p.accuracy_loss
+                   - w.latency * p.total_ms / deadline)
+        tail_ms = best.tail_ms - queue_wait_ms(up, model, view.outstanding.get(up.node_id, 0)) \
+            - self._cfg.estimates.hop_overhead_ms
         cost = (self._cfg.cost.compute(node.tier, best.head_ms)
                 + self._cfg.cost.transfer(up.tier, best.wire_bytes)
                 + self._cfg.cost.compute(up.tier, tail_ms))
@@ -361,5 +357,33 @@ def merge_placements(ranked: list[Choice]) -> tuple[Placement, ...]:
     return tuple(out)
 
 
+def split_plans(node: NodeView, up: NodeView, model: ModelView, view: ClusterView,
+                cfg: PolicyConfig) -> list[SplitEstimate]:
+    """Every admissible (cut, codec) plan for ``model``'s head on ``node`` and its tail on
+    ``up``, fastest first (empty when ``node`` holds no profiled head of it or no link to
+    ``up`` is known)."""
+    head = next((h for h in node.heads if h.name == model.name), None)
+    link = view.links.get((node.node_id, up.node_id))
+    if head is None or link is None or not model.splits:
+        return []
+    tails = {p.cut: p for p in model.splits}
+    segments = [SegmentProfile(p.cut, p.head_ms, tails[p.cut].tail_ms, p.feature_bytes,
+                               _codecs_across(p, tails[p.cut]), p.continue_share)
+                for p in head.splits if p.cut in tails]
+    # the tail's queue, and the hop's fixed overhead (the link estimate leaves it out)
+    queue = (queue_wait_ms(up, model, view.outstanding.get(up.node_id, 0))
+             + cfg.estimates.hop_overhead_ms)
+    return split_candidates(segments, cfg.split_codecs, link, queue,
+                            cfg.split_max_accuracy_loss) if segments else []
+
+
+def _codecs_across(head: SplitPoint, tail: SplitPoint) -> tuple[CodecPoint, ...]:
+    """The codecs measured at a cut, encoded on the head's node and decoded on the tail's
+    (each side's own profile; the head's decode time where the tail has none)."""
+    return tuple(replace(c, decode_ms=getattr(tail.codec(c.codec), "decode_ms", c.decode_ms))
+                 for c in head.codecs)
+
+
 __all__ = ["Choice", "Estimate", "TierlinkPolicy", "hard_slice_accuracy", "merge_placements",
-           "placements", "two_choices"]
+           "placements", "split_plans", "two_choices"]
+

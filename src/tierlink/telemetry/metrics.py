@@ -54,6 +54,9 @@ class NodeMetrics:
                                       "Requests answered by a split plan started here "
                                       "(head here, tail upstream)",
                                       ["tier", "model", "codec"], registry=r)
+        self.early_exits = Counter("tierlink_early_exits_total",
+                                   "Answers of a multi-exit model, by the exit that gave them",
+                                   ["tier", "model", "exit"], registry=r)
         self.escalations = Counter("tierlink_escalations_total",
                                    "Answers passed upstream for low confidence",
                                    ["tier", "model"], registry=r)

@@ -92,7 +92,7 @@ def _valid_variants(root: Path, task: str, bases: Mapping[str, ModelCard]) -> di
     found = {}
     for card_path in sorted(root.glob(f"{task}-*.json")):
         name = card_path.stem
-        if name in bases:
+        if name in bases or name.endswith(".splits"):  # a split profile, not a card
             continue
         try:
             card = load_card(card_path)

@@ -1,0 +1,172 @@
+"""Early exit in a node: a multi-exit model served so that each input stops at its first
+confident exit, and split at the exit boundaries so a device can exit early *or* hand the
+hard inputs on.
+
+:class:`ExitsModel` wraps a built multi-exit model (:mod:`tierlink.zoo.exits`: segments
+``s1 -> exit1 | s2 -> exit2 | s3 -> logits`` with calibrated exits and an operating point
+of thresholds chosen on the calibration split). It is three things at once:
+
+* a model runtime (``infer``): every sample runs segment by segment and answers at the first
+  exit whose calibrated confidence clears its threshold; the answer is the log of that
+  exit's calibrated probabilities (so ``softmax`` at temperature 1 gives them back) plus the
+  exit index per sample (output ``exit``);
+* the head of a split (``head(boundary, x)``): segments up to a boundary, which may already
+  answer (an :class:`~tierlink.zoo.exits.ExitResult`) or return the boundary features to send;
+* the tail of a split (``tail(boundary, features)``): the remaining segments, with their exits.
+
+Its split points (:func:`exit_split_points`) carry ``continue_share``, the share of inputs
+that pass every exit before the boundary (on the calibration split), so the policy prices
+"exit early here, offload the rest" as ``head + continue_share x (send + tail)``: with a weak
+uplink the whole model runs here (early exits included); with a strong one the device runs
+the cheap first segment and sends only the inputs its first exit could not answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierlink.core.types import SplitPoint
+from tierlink.errors import SplitError, ZooError
+from tierlink.node.runtime import ModelInfo, TensorSpec, validate_inputs
+
+PLATFORM = "tierlink_early_exit"
+
+
+def is_exit_card(path: Path) -> bool:
+    """Whether the card at ``path`` describes a multi-exit model (has exits and segments)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "exits" in data and "segments" in data
+
+
+def exit_split_points(stage_ms: Sequence[float], shares: Sequence[float],
+                      boundaries: Sequence[tuple[str, int]]) -> tuple[SplitPoint, ...]:
+    """Split points at each boundary k (after segment k): head = segments 0..k, tail = the
+    rest, expected over where inputs exit (``shares[j]``: share answered at exit j).
+    ``continue_share`` = share of inputs no exit up to k answered: only those are sent."""
+    points = []
+    for k, (name, nbytes) in enumerate(boundaries):
+        reach = [1.0 - sum(shares[:j]) for j in range(len(stage_ms))]  # P(run segment j)
+        passed = reach[k + 1] if k + 1 < len(reach) else 0.0
+        head = sum(stage_ms[j] * reach[j] for j in range(k + 1))
+        tail = sum(stage_ms[j] * reach[j] for j in range(k + 1, len(stage_ms)))
+        points.append(SplitPoint(name, head, tail / passed if passed > 0 else 0.0, nbytes,
+                                 continue_share=max(0.0, min(1.0, passed))))
+    return tuple(points)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitHead:
+    """The first half of an early-exit split: per sample, the exit's answer or None, and
+    the boundary features (M, ...) of the M samples that got None (None when M = 0)."""
+
+    answers: tuple[Any, ...]
+    features: np.ndarray | None
+
+    def merge(self, probs: np.ndarray) -> np.ndarray:
+        """All samples' probabilities (N, C): the exits' here, ``probs`` (M, C) from
+        upstream for the rest, in order."""
+        rows = iter(probs)
+        return np.stack([a.probs if a is not None else next(rows) for a in self.answers])
+
+    @property
+    def exits(self) -> tuple[int, ...]:
+        return tuple(a.exit_index for a in self.answers if a is not None)
+
+
+class ExitsModel:
+    """A multi-exit model served with early exit (see the module docstring). Thread-safe:
+    ONNX Runtime sessions may be run concurrently and the runner keeps no per-call state."""
+
+    platform = PLATFORM
+
+    def __init__(self, root: Path, thresholds: Sequence[float] | None = None,
+                 threads: int = 1) -> None:
+        from tierlink.zoo.exits import ExitModel, ExitRunner, load_exit_card
+
+        card = load_exit_card(root / "fmnist-exits.json") if root.is_dir() \
+            else load_exit_card(root)
+        directory = root if root.is_dir() else root.parent
+        op = card.operating_point
+        self.thresholds = tuple(thresholds if thresholds is not None else op.calib.thresholds)
+        self.card = card
+        self._runner = ExitRunner(ExitModel(directory, card), self.thresholds, threads)
+        self._boundaries = {b.name: k for k, b in enumerate(card.boundaries)}
+        self.path = directory / card.whole["file"]
+        first = card.segments[0].input
+        self.inputs: tuple[TensorSpec, ...] = (
+            TensorSpec(first.name, "FP32", (-1, *first.shape[1:])),)
+        self.outputs: tuple[TensorSpec, ...] = (TensorSpec("logits", "FP32", (-1, len(card.labels))),
+                        TensorSpec("exit", "INT64", (-1,)))
+        splits = exit_split_points(card.stage_ms(), op.calib.shares,
+                                   [(b.name, b.fp32_bytes) for b in card.boundaries])
+        self.info = ModelInfo(
+            name=card.name, task=card.task, version=card.version,
+            accuracy=op.test.accuracy, latency_ms=op.test.mean_ms, temperature=1.0,
+            cascade=card.exits[-1].cascade, labels=card.labels, card=card.to_dict(),
+            splits=splits, profile_ms=op.test.mean_ms)
+
+    # -- the whole model, exiting early ---------------------------------------------------
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = validate_inputs(self.info.name, self.inputs, inputs)[self.inputs[0].name]
+        results = [self._runner.run(x[i:i + 1]) for i in range(x.shape[0])]
+        return {"logits": _log_probs([r.probs for r in results]),
+                "exit": np.array([r.exit_index for r in results], dtype=np.int64)}
+
+    # -- split at an exit boundary --------------------------------------------------------
+
+    def head(self, cut: str, x: np.ndarray) -> ExitHead:
+        """Segments up to boundary ``cut``, sample by sample: the answers of the exits
+        there, and the boundary features of the samples none answered (to send on)."""
+        from tierlink.zoo.exits import ExitResult
+
+        k = self._boundary(cut)
+        x = validate_inputs(self.info.name, self.inputs, {self.inputs[0].name: x})[
+            self.inputs[0].name]
+        answers: list[ExitResult | None] = []
+        rest = []
+        for i in range(x.shape[0]):
+            result = self._runner.run_segments(x[i:i + 1], stop=k)
+            answers.append(result if isinstance(result, ExitResult) else None)
+            if not isinstance(result, ExitResult):
+                rest.append(result.features)
+        return ExitHead(tuple(answers), np.concatenate(rest) if rest else None)
+
+    def tail(self, cut: str, features: np.ndarray) -> dict[str, np.ndarray]:
+        """The segments after boundary ``cut`` (their exits included) on ``features``."""
+        k = self._boundary(cut)
+        from tierlink.zoo.exits import ExitResult
+
+        results = []
+        for i in range(features.shape[0]):
+            result = self._runner.run_segments(features[i:i + 1], start=k + 1)
+            if not isinstance(result, ExitResult):
+                raise ZooError("early exit ran past the final exit")
+            results.append(result)
+        return {"logits": _log_probs([r.probs for r in results]),
+                "exit": np.array([r.exit_index for r in results], dtype=np.int64)}
+
+    def cuts(self) -> frozenset[str]:
+        return frozenset(self._boundaries)
+
+    def _boundary(self, cut: str) -> int:
+        if cut not in self._boundaries:
+            raise SplitError(f"{self.info.name} is split only at its exit boundaries "
+                             f"{sorted(self._boundaries)}, not {cut!r}")
+        return self._boundaries[cut]
+
+
+def _log_probs(probs: list[np.ndarray]) -> np.ndarray:
+    return np.log(np.clip(np.stack(probs), 1e-30, 1.0)).astype(np.float32)
+
+
+__all__ = ["ExitHead", "ExitsModel", "exit_split_points", "is_exit_card"]
