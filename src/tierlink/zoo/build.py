@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +47,8 @@ OUTPUT = TensorInfo("logits", "FP32", (-1, NUM_CLASSES))
 EXPORT_ATOL = 1e-4
 
 Clock = Callable[[], float]
+# loss(net outputs, labels (B,)) -> a scalar tensor to minimise
+LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,16 +108,20 @@ def _torch_threads(threads: int) -> Iterator[None]:
 
 def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: int,
               reporter: BuildReporter, clock: Clock = time.perf_counter, *,
-              task: str = "fmnist") -> Trained:
+              task: str = "fmnist", make_net: Callable[[], nn.Module] | None = None,
+              loss_fn: LossFn = nn.functional.cross_entropy) -> Trained:
     """Train a fresh ``variant`` net of ``task`` (its input normalisation) on ``data`` with
-    ``recipe`` (partial batches dropped)."""
+    ``recipe`` (partial batches dropped). ``make_net`` replaces ``build_net(variant, task)``
+    (called after seeding, so its weights are seeded too) and ``loss_fn(net(x), labels)``
+    the cross-entropy: the multi-exit net trains with this loop and its joint loss."""
     steps = len(data) // recipe.batch_size
     if steps == 0:
         raise ZooError(f"{name}: {len(data)} training images is less than one batch")
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     # channels_last: oneDNN's fast path on CPU, ~2x faster for these nets than NCHW.
-    net = build_net(variant, task).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    fresh = build_net(variant, task) if make_net is None else make_net()
+    net = fresh.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     opt = NesterovSGD(list(net.parameters()), recipe.weight_decay)
     images, labels = torch.from_numpy(data.images), torch.from_numpy(data.labels)
     reporter.begin(name, recipe.epochs, steps)
@@ -126,7 +133,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
         for i, idx in enumerate(order.view(steps, recipe.batch_size)):
             x = _augment(images[idx], recipe.flips, gen)  # (B, 1, 28, 28)
             lr, momentum = one_cycle(epoch * steps + i, recipe.epochs * steps, recipe.max_lr)
-            loss = _step(net, x, labels[idx], name)
+            loss = _step(net, x, labels[idx], name, loss_fn)
             opt.step(lr, momentum)
             reporter.batch(name, epoch, loss)
     seconds = clock() - start
@@ -183,8 +190,9 @@ def _augment(x: torch.Tensor, flips: bool, gen: torch.Generator) -> torch.Tensor
     return x.contiguous(memory_format=torch.channels_last)
 
 
-def _step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, name: str) -> float:
-    loss = nn.functional.cross_entropy(net(x), y)
+def _step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, name: str,
+          loss_fn: LossFn) -> float:
+    loss = loss_fn(net(x), y)
     if not torch.isfinite(loss):
         raise ZooError(f"{name}: training diverged (loss {loss.item()})",
                        hint="lower max_lr in the profile's recipe")

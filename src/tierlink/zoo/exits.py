@@ -17,27 +17,25 @@ operating point (thresholds within 0.5 point of the final exit on the calibratio
 Everything lives in ``<zoo dir>/fmnist-exits/``: a subdirectory, because the zoo cache reads
 every ``fmnist-*.json`` beside its models as a ``ModelCard``.
 
-The runtime half (:class:`ExitRunner`, :func:`evaluate_exits`, :func:`choose_thresholds`)
-is numpy + ONNX Runtime; torch is imported only to build.
+This module is torch-free: the layout constants, the card, loading and staleness, threshold
+evaluation and the runtime (:class:`ExitRunner`) are numpy + ONNX Runtime. The torch builder
+(the net, training, export, measuring the card) is :mod:`tierlink.zoo.exits_build`, imported
+by :func:`ensure_exits` only when a build is needed.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import hashlib
 import itertools
 import json
 import math
-import os
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,12 +54,7 @@ from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, softmax
 from tierlink.zoo.profiles import SPECS, BuildProfile, TrainRecipe, get_profile
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
-    from tierlink.zoo.build import Trained
-    from tierlink.zoo.datasets import Split, Splits
-    from tierlink.zoo.progress import BuildReporter
+    from tierlink.zoo.datasets import Split
 
 EXITS_NAME = "fmnist-exits"
 EXITS_VERSION = "1"
@@ -78,7 +71,6 @@ SEGMENT_INPUTS = ("input", "features1", "features2")
 SEGMENT_OUTPUTS: tuple[tuple[str, ...], ...] = (
     ("features1", "exit1"), ("features2", "exit2"), ("logits",))
 EXIT_NAMES = ("exit1", "exit2", "logits")
-CHAIN_ATOL = 1e-5  # segments s1 -> s2 -> s3 against the whole graph
 NEVER = 1.01  # a threshold no calibrated confidence reaches: that exit never answers
 EXIT_THRESHOLDS: tuple[float, ...] = (*CASCADE_THRESHOLDS, 0.995, 0.998, 0.999, NEVER)
 MAX_DROP = 0.005  # the operating point may lose this much accuracy vs the final exit
@@ -383,6 +375,8 @@ def ensure_exits(profile: str = "full", root: Path | None = None, progress: bool
                 return load_exits(profile, base)
             except ZooError:
                 pass
+        from tierlink.zoo.exits_build import build_exits  # torch: only when building
+
         with _reporter(progress) as reporter:
             build_exits(get_profile(profile), exits_dir(profile, base), reporter, clock=clock)
     return load_exits(profile, base)
@@ -579,343 +573,3 @@ class ExitRunner:
             raise TensorError(f"segment {start} takes one {SEGMENT_INPUTS[start]} tensor of "
                               f"shape {want}, got {x.shape}")
         return x
-
-
-# --- building (torch) -----------------------------------------------------------------------
-
-
-@functools.cache
-def _torch_modules() -> tuple[type, type]:
-    """(Segment, Chain): defined on first use so importing this module needs no torch."""
-    from torch import nn
-
-    class Segment(nn.Module):
-        """``trunk`` then, when there is one, a side ``branch`` on the trunk's features:
-        x -> (features, exit logits); without a branch: x -> logits."""
-
-        def __init__(self, trunk: nn.Sequential, branch: nn.Sequential | None) -> None:
-            super().__init__()
-            self.trunk, self.branch = trunk, branch
-
-        def forward(self, x: torch.Tensor) -> Any:
-            features = self.trunk(x)
-            return features if self.branch is None else (features, self.branch(features))
-
-    class Chain(nn.Module):
-        """Segments in a row: x -> (exit1, exit2, ..., logits)."""
-
-        def __init__(self, segments: Sequence[nn.Module]) -> None:
-            super().__init__()
-            self.segments = nn.ModuleList(segments)
-
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            exits = []
-            for segment in self.segments[:-1]:
-                x, logits = segment(x)
-                exits.append(logits)
-            return (*exits, self.segments[-1](x))
-
-    return Segment, Chain
-
-
-def build_chain(task: str = TASK) -> nn.Module:
-    """A freshly initialised multi-exit net: the ``large`` stages with side branches."""
-    from torch import nn
-
-    from tierlink.zoo.nets import Normalize, _conv, _head
-    from tierlink.zoo.profiles import task_spec
-
-    spec, stats = SPECS[BASE_VARIANT], task_spec(task)
-    segment_cls, chain_cls = _torch_modules()
-    segments, cin = [], 1
-    for i, widths in enumerate(spec.stages):
-        layers: list[nn.Module] = [Normalize(stats.pixel_mean, stats.pixel_std)] if i == 0 else []
-        for cout in widths:
-            layers += _conv(cin, cout)
-            cin = cout
-        if i < len(spec.stages) - 1:
-            layers.append(nn.MaxPool2d(2))  # (N, C, H, W) -> (N, C, H/2, W/2)
-            width, pool_first = BRANCHES[i]
-            segments.append(segment_cls(nn.Sequential(*layers), _branch(cin, width, pool_first)))
-        else:
-            segments.append(segment_cls(nn.Sequential(*layers, *_head(spec, cin)), None))
-    return chain_cls(segments)
-
-
-def _branch(channels: int, width: int, pool_first: bool) -> nn.Sequential:
-    from torch import nn
-
-    from tierlink.zoo.nets import NUM_CLASSES, _conv
-
-    # (N, C, 14, 14) -> [pool_first] (N, C, 7, 7) -> (N, w, 7, 7) -> (N, w, 3, 3) -> (N, 9w)
-    # -> (N, 10): the conv runs at 7x7 for both exits, so each costs C * w * 9 * 49 MACs.
-    pool: list[nn.Module] = [nn.MaxPool2d(2)] if pool_first else []
-    return nn.Sequential(*pool, *_conv(channels, width), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(width * 9, NUM_CLASSES))
-
-
-def build_exits(profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *,
-                splits: Splits | None = None, clock: Clock = time.perf_counter) -> ExitCard:
-    """Train the multi-exit net, export and verify its segments, measure them and write the
-    card (last: a card on disk always describes complete, verified files)."""
-    import torch
-
-    from tierlink.zoo.build import _torch_threads
-    from tierlink.zoo.datasets import load_splits
-
-    splits = load_splits(TASK) if splits is None else splits
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train = splits.train.head(profile.train_samples or len(splits.train))
-    with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
-        trained = train_chain(train, exits_recipe(profile), profile.seed, reporter, clock)
-        reporter.stage(EXITS_NAME, "exporting")
-        paths = export_exits(trained.net, out_dir, check_on=splits.calib.images[:64])
-        macs = segment_macs(trained.net)
-    reporter.stage(EXITS_NAME, "evaluating")
-    card = measure_exits(paths, trained, macs, splits, profile)
-    save_exit_card(card, out_dir / f"{EXITS_NAME}.json")
-    accuracies = ", ".join(f"{100 * e.test_accuracy:.2f}%" for e in card.exits)
-    reporter.end(EXITS_NAME, f"test accuracy per exit {accuracies}")
-    return card
-
-
-def train_chain(data: Split, recipe: TrainRecipe, seed: int, reporter: BuildReporter,
-                clock: Clock = time.perf_counter) -> Trained:
-    """Train a fresh multi-exit net on ``data`` with the zoo's recipe code (Nesterov SGD,
-    one-cycle schedule, flips) and the joint loss ``sum(w_k * CE(exit_k))``."""
-    import torch
-
-    from tierlink.zoo.build import NesterovSGD, Trained, _augment, one_cycle
-
-    steps = len(data) // recipe.batch_size
-    if steps == 0:
-        raise ZooError(f"{EXITS_NAME}: {len(data)} training images is less than one batch")
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    chain = build_chain().to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    opt = NesterovSGD(list(chain.parameters()), recipe.weight_decay)
-    images, labels = torch.from_numpy(data.images), torch.from_numpy(data.labels)
-    reporter.begin(EXITS_NAME, recipe.epochs, steps)
-    start = clock()
-    chain.train()
-    for epoch in range(recipe.epochs):
-        order = torch.randperm(len(data), generator=gen)[: steps * recipe.batch_size]
-        for i, idx in enumerate(order.view(steps, recipe.batch_size)):  # (steps, B)
-            x = _augment(images[idx], recipe.flips, gen)  # (B, 1, 28, 28)
-            lr, momentum = one_cycle(epoch * steps + i, recipe.epochs * steps, recipe.max_lr)
-            loss = _joint_step(chain, x, labels[idx])
-            opt.step(lr, momentum)
-            reporter.batch(EXITS_NAME, epoch, loss)
-    seconds = clock() - start
-    chain = chain.eval().to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
-    return Trained(chain, seconds, steps * recipe.batch_size)
-
-
-def _joint_step(chain: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    from torch.nn import functional
-
-    outputs = chain(x)  # (exit1, exit2, logits), each (B, 10)
-    loss = sum(w * functional.cross_entropy(z, y)
-               for w, z in zip(LOSS_WEIGHTS, outputs, strict=True))
-    if not bool(loss.isfinite()):  # type: ignore[union-attr]
-        raise ZooError(f"{EXITS_NAME}: training diverged (loss {float(loss)})",
-                       hint="lower max_lr in the profile's recipe")
-    loss.backward()  # type: ignore[union-attr]
-    return float(loss.item())  # type: ignore[union-attr]
-
-
-@dataclass(frozen=True, slots=True)
-class ExitPaths:
-    """The exported files: one per segment, and the whole chain."""
-
-    segments: tuple[Path, ...]
-    whole: Path
-
-
-def export_exits(chain: nn.Module, out_dir: Path, check_on: np.ndarray) -> ExitPaths:
-    """Export each segment and the whole chain (BatchNorm folded), then verify: ONNX Runtime
-    agrees with torch within ``EXPORT_ATOL`` and the chained segments with the whole graph
-    within ``CHAIN_ATOL``."""
-    import torch
-
-    segment_cls, chain_cls = _torch_modules()
-    folded = [_folded(segment_cls, s) for s in _segments(chain)]
-    x = torch.zeros(2, 1, 28, 28)
-    segments = []
-    for k, segment in enumerate(folded):
-        path = out_dir / f"{EXITS_NAME}-s{k + 1}.onnx"
-        _export(segment, x, path, SEGMENT_INPUTS[k], SEGMENT_OUTPUTS[k])
-        segments.append(path)
-        with torch.no_grad():
-            out = segment(x)
-        x = out[0] if isinstance(out, tuple) else out
-    whole = out_dir / f"{EXITS_NAME}.onnx"
-    _export(chain_cls(folded).eval(), torch.zeros(2, 1, 28, 28), whole, "input", EXIT_NAMES)
-    paths = ExitPaths(tuple(segments), whole)
-    _verify(chain, paths, check_on)
-    return paths
-
-
-def _folded(segment_cls: type, segment: nn.Module) -> nn.Module:
-    from tierlink.zoo.nets import fold_linear_batchnorm
-
-    parts = cast(Any, segment)  # a Segment: .trunk, .branch
-    branch = None if parts.branch is None else copy.deepcopy(parts.branch).eval()
-    return cast("nn.Module", segment_cls(fold_linear_batchnorm(parts.trunk), branch).eval())
-
-
-def _segments(chain: nn.Module) -> list[nn.Module]:
-    return list(cast(Any, chain).segments)
-
-
-def _export(module: nn.Module, sample: torch.Tensor, path: Path, input_name: str,
-            output_names: Sequence[str]) -> None:
-    import torch
-
-    from tierlink.zoo.build import OPSET
-
-    tmp = path.with_name(path.name + ".tmp")
-    names = (input_name, *output_names)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(module, (sample,), str(tmp), dynamo=False, opset_version=OPSET,
-                              input_names=[input_name], output_names=list(output_names),
-                              dynamic_axes={n: {0: "batch"} for n in names},
-                              do_constant_folding=True)
-    except Exception as exc:  # the exporter raises many unrelated types
-        tmp.unlink(missing_ok=True)
-        raise ZooError(f"ONNX export of {path.name} failed: {exc}") from exc
-    os.replace(tmp, path)
-
-
-def _verify(chain: nn.Module, paths: ExitPaths, images: np.ndarray) -> None:
-    import torch
-
-    from tierlink.zoo.build import EXPORT_ATOL
-    from tierlink.zoo.evaluate import ort_session
-
-    with torch.no_grad():
-        expected = [z.numpy() for z in chain(torch.from_numpy(images))]  # 3 x (B, 10)
-    chained = exit_logits([ort_session(p, 1) for p in paths.segments], images)
-    whole = ort_session(paths.whole, 1).run(None, {"input": images})
-    for name, want, got, atol in [
-        *(("segments vs torch", w, g, EXPORT_ATOL) for w, g in zip(expected, chained)),
-        *(("segments vs whole", w, g, CHAIN_ATOL) for w, g in zip(whole, chained)),
-    ]:
-        err = float(np.abs(got - want).max())
-        if got.shape != want.shape or err > atol:
-            raise ZooError(f"{EXITS_NAME} export check failed ({name}): max |diff| "
-                           f"{err:.2e} > {atol} (shapes {got.shape} vs {want.shape})")
-
-
-def segment_macs(chain: nn.Module) -> tuple[int, ...]:
-    """Multiply-accumulates per sample of each segment (convolutions and dense layers)."""
-    import torch
-    from torch import nn
-
-    macs = []
-    x = torch.zeros(1, 1, 28, 28)
-    for segment in _segments(chain):
-        total = [0]
-
-        def count(m: nn.Module, _: Any, out: torch.Tensor, total: list[int] = total) -> None:
-            if isinstance(m, nn.Conv2d):
-                kh, kw = m.kernel_size
-                total[0] += out.numel() * (m.in_channels // m.groups) * kh * kw
-            elif isinstance(m, nn.Linear):
-                total[0] += m.in_features * m.out_features
-
-        hooks = [m.register_forward_hook(count) for m in segment.modules()
-                 if isinstance(m, (nn.Conv2d, nn.Linear))]
-        with torch.no_grad():
-            out = segment(x)
-        for hook in hooks:
-            hook.remove()
-        x = out[0] if isinstance(out, tuple) else out
-        macs.append(total[0])
-    return tuple(macs)
-
-
-def measure_exits(paths: ExitPaths, trained: Trained, macs: Sequence[int], splits: Splits,
-                  profile: BuildProfile) -> ExitCard:
-    """Evaluate the exported segments (accuracy, temperature, ECE and cascade curve per
-    exit), time each one, choose an operating point; returns the card."""
-    import torch
-
-    from tierlink.zoo.evaluate import ort_session
-    from tierlink.zoo.nets import count_params
-
-    limit = profile.eval_samples
-    calib = splits.calib.head(limit or len(splits.calib))
-    test = splits.test.head(limit or len(splits.test))
-    sessions = [ort_session(p, profile.threads) for p in paths.segments]
-    calib_logits, test_logits = exit_logits(sessions, calib.images), exit_logits(
-        sessions, test.images)
-    exits = tuple(_exit_info(name, c, calib.labels, t, test.labels)
-                  for name, c, t in zip(EXIT_NAMES, calib_logits, test_logits, strict=True))
-    segments, boundaries = _segment_infos(paths, macs, splits.test.images[:32],
-                                          profile.latency_runs)
-    temps = tuple(e.temperature for e in exits)
-    point = _operating_point(ExitScores.of(calib_logits, calib.labels, temps),
-                             ExitScores.of(test_logits, test.labels, temps),
-                             tuple(s.latency_ms["batch1_p50"] for s in segments), macs)
-    training = TrainingInfo(
-        epochs=exits_recipe(profile).epochs, seed=profile.seed,
-        seconds=round(trained.seconds, 2), profile=profile.name,
-        torch_version=torch.__version__, train_samples=trained.train_samples,
-        calib_samples=len(calib), test_samples=len(test), recipe=exits_fingerprint(profile))
-    return ExitCard(
-        name=EXITS_NAME, task=TASK, version=EXITS_VERSION, base_variant=BASE_VARIANT,
-        params=count_params(trained.net), labels=splits.class_names,
-        loss_weights=LOSS_WEIGHTS, segments=segments, exits=exits, boundaries=boundaries,
-        whole=MappingProxyType({"file": paths.whole.name,
-                                "sha256": file_sha256(paths.whole)}),
-        operating_point=point, training=training)
-
-
-def _exit_info(name: str, calib_logits: np.ndarray, calib_labels: np.ndarray,
-               test_logits: np.ndarray, test_labels: np.ndarray) -> ExitInfo:
-    from tierlink.zoo.calibration import measure_calibration
-    from tierlink.zoo.evaluate import accuracy, cascade_curve
-
-    calibration = measure_calibration(calib_logits, calib_labels, test_logits, test_labels)
-    t = calibration.temperature
-    return ExitInfo(name, accuracy(test_logits, test_labels),
-                    accuracy(calib_logits, calib_labels), t, calibration,
-                    cascade_curve(calib_logits, calib_labels, temperature=t))
-
-
-def _segment_infos(paths: ExitPaths, macs: Sequence[int], sample: np.ndarray,
-                   runs: int) -> tuple[tuple[SegmentInfo, ...], tuple[Boundary, ...]]:
-    """Per segment: signature and latency (one thread, batch 1 and 32), fed with the real
-    features of ``sample`` (32 test images) at its input; and the boundary tensors."""
-    from tierlink.zoo.evaluate import measure_latency, ort_session
-
-    segments, boundaries = [], []
-    x = np.ascontiguousarray(sample, dtype=np.float32)
-    for k, path in enumerate(paths.segments):
-        session = ort_session(path, threads=1)
-        outs = session.run(None, {SEGMENT_INPUTS[k]: x})
-        latency = measure_latency(session, x, runs=runs)
-        segments.append(SegmentInfo(
-            file=path.name, sha256=file_sha256(path), size_bytes=path.stat().st_size,
-            input=TensorInfo(SEGMENT_INPUTS[k], "FP32", (-1, *x.shape[1:])),
-            outputs=tuple(TensorInfo(n, "FP32", (-1, *o.shape[1:]))
-                          for n, o in zip(SEGMENT_OUTPUTS[k], outs, strict=True)),
-            macs=int(macs[k]),
-            latency_ms=MappingProxyType({k: round(v, 4) for k, v in latency.items()})))
-        if k < len(paths.segments) - 1:
-            shape = tuple(int(d) for d in outs[0].shape[1:])
-            boundaries.append(Boundary(SEGMENT_OUTPUTS[k][0], shape, 4 * math.prod(shape)))
-        x = outs[0]
-    return tuple(segments), tuple(boundaries)
-
-
-def _operating_point(calib: ExitScores, test: ExitScores, stage_ms: Sequence[float],
-                     macs: Sequence[int]) -> OperatingPoint:
-    chosen = choose_thresholds(calib, stage_ms)
-    on_test = evaluate_scores(test, chosen.thresholds, stage_ms)
-    # The same bookkeeping with MACs as the cost: ``saved`` is then the MACs saved.
-    macs_saved = evaluate_scores(test, chosen.thresholds, [float(m) for m in macs]).saved
-    return OperatingPoint(MAX_DROP, chosen, on_test, round(macs_saved, 5))
