@@ -21,8 +21,9 @@ def profile_cmd(
     rounds: int = typer.Option(30, help="interleaved timing rounds"),
     as_json: bool = typer.Option(False, "--json", help="print the profile as JSON"),
 ) -> None:
-    """Measure head and tail latency at every cut (1 thread, batch 1, interleaved) and save
-    it beside the model card as <model>.splits.json, where nodes read it and report it
+    """Measure head and tail latency at every cut (1 thread, batch 1, interleaved) and each
+    feature codec's payload size and encode / decode time there, and save it beside the
+    model card as <model>.splits.json, where nodes read it and report it
     with their heartbeat."""
     from tierlink.split.profile import profile_model, profile_path, save_profile
     from tierlink.zoo import ensure_zoo
@@ -40,10 +41,13 @@ def profile_cmd(
         print(json.dumps(result.to_dict(), indent=2))
         return
     table = Table(title=f"{model} on {result.host}: whole model {result.full_ms:.3f} ms")
-    for col in ("cut", "head ms", "tail ms", "KB / sample"):
+    codecs = [c.codec for c in result.points[0].codecs] if result.points else []
+    for col in ("cut", "head ms", "tail ms", "KB / sample",
+                *(f"{c} KB (enc ms)" for c in codecs)):
         table.add_column(col)
     for p in result.points:
         table.add_row(p.cut, f"{p.head_ms:.3f}", f"{p.tail_ms:.3f}",
-                      f"{p.feature_bytes / 1024:.1f}")
+                      f"{p.feature_bytes / 1024:.1f}",
+                      *(f"{c.wire_bytes / 1024:.1f} ({c.encode_ms:.3f})" for c in p.codecs))
     Console().print(table)
     console.print(f"saved to {profile_path(zoo.card_path(model))}")
