@@ -107,7 +107,7 @@ def condition(http: httpx.Client, dev: str, photos: np.ndarray, plans: dict[str,
         WARMED.append(True)
     time.sleep(2.5)  # idle probes teach the device's estimator this link
     ms: dict[str, list[float]] = {k: [] for k in [*strategies, *forced]}
-    est: dict[str, list[float]] = {k: [] for k in forced}
+    est: dict[str, list[tuple[float, float]]] = {k: [] for k in forced}
     chosen: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     alive = set(forced)
@@ -126,8 +126,7 @@ def condition(http: httpx.Client, dev: str, photos: np.ndarray, plans: dict[str,
             name, params = forced[key]
             took, answer = _attempt(http, dev, name, x, params, key, failures)
             ms[key].append(took)
-            est[key].append(float(json.loads(answer.get("tierlink.timings_ms", "{}"))
-                                  .get("est_ms", 0.0)))
+            est[key].append(_after_head(answer))
         if i >= 1:
             best = min(statistics.median(v) for v in ms.values() if v)
             alive = {k for k in alive if statistics.median(ms[k]) <= args.race * best}
@@ -144,15 +143,22 @@ def _attempt(http: httpx.Client, dev: str, name: str, x: np.ndarray, params: dic
         return float("inf"), {}
 
 
+def _after_head(answer: dict[str, Any]) -> tuple[float, float]:
+    """(the policy's estimate, the measured time) of a split's part after the head:
+    encode + send + tail."""
+    t = json.loads(answer.get("tierlink.timings_ms", "{}"))
+    return float(t.get("est_ms", 0.0)), float(t.get("encode_ms", 0.0) + t.get("tail_rtt_ms", 0.0))
+
+
 def _chosen(answer: dict[str, Any], took: float) -> dict[str, Any]:
-    timings = json.loads(answer.get("tierlink.timings_ms", "{}"))
     plan = answer.get("tierlink.split_plan") or (
         "local" if answer.get("tierlink.served_by") == "dev-1" else
         "remote" if answer else "failed")
-    return {"plan": plan, "ms": took, "est_ms": timings.get("est_ms")}
+    est, after = _after_head(answer) if answer.get("tierlink.split_plan") else (None, None)
+    return {"plan": plan, "ms": took, "after_head_est_ms": est, "after_head_ms": after}
 
 
-def summarize(ms: dict[str, list[float]], est: dict[str, list[float]],
+def summarize(ms: dict[str, list[float]], est: dict[str, list[tuple[float, float]]],
               chosen: list[dict[str, Any]], failures: dict[str, str]) -> dict[str, Any]:
     """Medians per strategy and plan; the oracle is the fastest measured of device, cloud
     and every plan that ran (tierlink's own requests are not candidates)."""
@@ -165,9 +171,15 @@ def summarize(ms: dict[str, list[float]], est: dict[str, list[float]],
                                                                           oracle_key)),
                        "ms": med[oracle_key]},
             "forced": {k: {"ms": med[k], "rounds": len(ms[k]),
-                           "est_ms": statistics.median(est[k]) if est[k] else None}
+                           "after_head_est_ms": _median(e for e, _ in est[k]),
+                           "after_head_ms": _median(a for _, a in est[k])}
                        for k in est if k in med},
             "failures": failures}
+
+
+def _median(values: Any) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
 
 
 def _plan(text: str) -> dict[str, str]:

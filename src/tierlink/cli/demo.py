@@ -1,9 +1,11 @@
-"""The demo's terminal side: progress while it runs, the side-by-side table at the end."""
+"""The demo's terminal side: progress while it runs, the side-by-side tables at the end
+(Fashion-MNIST, then the photo workload and its split plans)."""
 
 from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,15 @@ from tierlink.fleet.config import load_fleet
 from tierlink.fleet.demo import (
     RUNS,
     DemoSettings,
+    PhotoPhase,
     environment,
     fleet_summary,
     hard_example_summary,
+    photo_models,
+    photo_phase,
+    run_photos,
     run_workload,
+    warm_up,
     workload_for,
 )
 from tierlink.fleet.launcher import launch
@@ -32,15 +39,22 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     from tierlink.zoo.datasets import fashion_mnist
 
     settings = DemoSettings.quick() if quick else DemoSettings()
-    settings = DemoSettings(requests or settings.requests, rate or settings.rate_per_s,
-                            settings.seed, settings.task)
+    settings = replace(settings, requests=requests or settings.requests,
+                       rate_per_s=rate or settings.rate_per_s)
     config = load_fleet(fleet_file)
     models, zoo_summary = zoo_models(config.zoo_profile, config.model_names())
+    # MobileNetV2 (and its split profile), which the Fashion-MNIST zoo does not make.
+    models.update(photo_models([n for n in config.model_names() if n not in models],
+                               say=_say))
+    zoo_summary.update({name: _card_summary(models[name][1]) for name in config.model_names()
+                        if name in models and name not in zoo_summary})
     test = fashion_mnist().test
     items = workload_for(config, settings, len(test.labels))
+    photos = photo_phase(config, settings, models)
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-demo-"))
-    with launch(config, models, run_dir, say=lambda m: console.print(f"[dim]{m}[/dim]")) as fleet:
-        runs = {name: _one_run(fleet, name, policy, items, test, settings) for name, policy in RUNS}
+    with launch(config, models, run_dir, say=_say) as fleet:
+        runs = {name: _one_run(fleet, name, policy, items, test, settings, photos)
+                for name, policy in RUNS}
         report = {"runs": runs, "fleet": fleet_summary(fleet),
                   "thresholds": dict(config.routing.thresholds),
                   "hard_examples": hard_example_summary(fleet.control_url),
@@ -52,27 +66,79 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     return report
 
 
+def _say(message: str) -> None:
+    console.print(f"[dim]{message}[/dim]")
+
+
+def _card_summary(card_path: Path) -> dict[str, Any]:
+    from tierlink.zoo.cards import load_card
+
+    c = load_card(card_path)
+    return {"params": c.params, "test_accuracy": c.test_accuracy,
+            "latency_ms_batch1_p50": c.latency_ms["batch1_p50"], "tier": c.tier,
+            "precision": c.precision, "temperature": c.temperature}
+
+
 def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
-             settings: DemoSettings) -> dict[str, Any]:
+             settings: DemoSettings, photos: PhotoPhase | None) -> dict[str, Any]:
+    from tierlink.fleet.workload import summarize, summarize_split
+
+    def fmnist(on_done: Any) -> tuple[list, int]:
+        return run_workload(fleet, items, test.images, test.labels, settings.task, policy,
+                            on_done)
+
+    run = summarize(*_with_progress(name, len(items), fmnist, _fmnist_live))
+    if photos is not None:
+        # Routed runs may split: make the segments the policy picks now, after the
+        # Fashion-MNIST run taught the device its real speed (see warm_up).
+        warmed = warm_up(fleet, photos, settings.photo_warmup) if policy is None else []
+
+        def photo(on_done: Any) -> tuple[list, int]:
+            return run_photos(fleet, photos, policy, on_done)
+
+        records, violations = _with_progress("  photos", len(photos.items), photo,
+                                             _photo_live)
+        origins = list(dict.fromkeys(i.origin for i in photos.items))
+        run["imagenet"] = {"model": photos.model, "origins": origins,
+                           "head_holders": [o for o in origins
+                                            if photos.model in fleet.config.node(o).heads],
+                           **summarize_split(records, violations), "warmed_plans": warmed}
+    return run
+
+
+def _fmnist_live(done: list) -> str:
     from tierlink.fleet.workload import summarize
 
-    columns = (TextColumn(f"[bold]{name:<12}"), BarColumn(), MofNCompleteColumn(),
+    s: dict[str, Any] = summarize(done, 0)
+    return (f"acc {100 * s['accuracy']:.1f}%  p95 {s['p95_ms']:.0f} ms  "
+            f"SLA {100 * s['sla_attainment']:.0f}%  lost {s['lost']}")
+
+
+def _photo_live(done: list) -> str:
+    from tierlink.fleet.workload import summarize_split
+
+    s: dict[str, Any] = summarize_split(done, 0)
+    p95 = "-" if s["p95_ms"] is None else f"{s['p95_ms']:.0f}"
+    return (f"split {s['served']['split']}  remote {s['served']['remote']}  "
+            f"p95 {p95} ms  refused {s['refused']}")
+
+
+def _with_progress(label: str, total: int, run: Any, live: Any) -> tuple[list, int]:
+    """``run(on_done)`` under a progress bar showing ``live(records so far)``; its
+    (records, violations)."""
+    columns = (TextColumn(f"[bold]{label:<12}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[live]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task(name, total=len(items), live="")
+        task = progress.add_task(label, total=total, live="")
         done: list[Any] = []
 
         def on_done(record: Any) -> None:
             done.append(record)
-            if len(done) % 10 == 0 or len(done) == len(items):
-                s: dict[str, Any] = summarize(done, 0)
-                progress.update(task, completed=len(done), live=(
-                    f"acc {100 * s['accuracy']:.1f}%  p95 {s['p95_ms']:.0f} ms  "
-                    f"SLA {100 * s['sla_attainment']:.0f}%  lost {s['lost']}"))
+            if len(done) % 10 == 0 or len(done) == total:
+                progress.update(task, completed=len(done), live=live(done))
 
-        records, violations = run_workload(fleet, items, test.images, test.labels,
-                                           settings.task, policy, on_done)
-    return summarize(records, violations)
+        result: tuple[list, int] = run(on_done)
+    return result
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -103,3 +169,74 @@ def _print_report(report: dict[str, Any]) -> None:
                      if wrong is not None else ""))
     console.print(f"device CPU throttle: {env['device_cpu_throttle']}; "
                   f"{env['requests_per_run']} requests per run at {env['rate_per_s']}/s")
+    photos = {name: r["imagenet"] for name, r in runs.items() if "imagenet" in r}
+    if photos:
+        _print_photos(photos)
+
+
+def _print_photos(runs: dict[str, dict[str, Any]]) -> None:
+    """The photo workload's table: how each run served it, split plans included."""
+    first = next(iter(runs.values()))
+    table = Table(title=f"{first['model']} on photos (the imagenet task)")
+    table.add_column("")
+    for name in runs:
+        table.add_column(name, justify="right")
+
+    def row(label: str, value: Any) -> None:
+        table.add_row(label, *(value(r) for r in runs.values()))
+
+    def pair(a: float | None, b: float | None) -> str:
+        return f"{_ms(a)}/{_ms(b)}"
+
+    med = "split_medians"
+    row("requests/answered", lambda r: f"{r['requests']}/{r['answered']}")
+    row("split/local/remote",
+        lambda r: "/".join(str(r["served"][k]) for k in ("split", "local", "remote")))
+    row("split plan", lambda r: _plans(r["split_plans"]))
+    row("p50/p95 ms", lambda r: pair(r["p50_ms"], r["p95_ms"]))
+    for kind in ("split", "remote"):
+        row(f" {kind} p50/p95", lambda r, k=kind: (
+            pair(r["by_kind"][k]["p50_ms"], r["by_kind"][k]["p95_ms"])
+            if k in r["by_kind"] else "-"))
+    row(" split head ms", lambda r: _ms(r[med]["head_ms"]))
+    row(" after head est/ms", lambda r: pair(r[med]["est_ms"], r[med]["after_head_ms"]))
+    row(" split KB sent", lambda r: (
+        "-" if r[med]["split_bytes"] is None else f"{r[med]['split_bytes'] / 1e3:.1f}"))
+    row("SLA attainment", lambda r: f"{r['sla_attainment']:.1%}")
+    row("top-1 agreement", lambda r: (
+        "-" if r["agreement_top1"] is None else f"{r['agreement_top1']:.1%}"))
+    row("privacy violations", lambda r: str(r["privacy_violations"]))
+    row("refused", lambda r: str(r["refused"]))
+    Console().print(table)
+    _photo_notes(runs)
+
+
+def _photo_notes(runs: dict[str, dict[str, Any]]) -> None:
+    first = next(iter(runs.values()))
+    holders = first["head_holders"]
+    others = [o for o in first["origins"] if o not in holders]
+    console.print(f"photos from {', '.join(first['origins'])}, {first['requests']} per run: "
+                  f"{', '.join(holders)} may split (holding the model's head)"
+                  + (f"; {', '.join(others)}: the raw photo is uploaded" if others else "")
+                  + ". Agreement: with the unsplit model's top-1. After head: encode + send "
+                  "+ tail, the policy's estimate / measured (medians).")
+    refused = [f"{name} {r['refused']} ({_errors(r['errors'])})" for name, r in runs.items()
+               if r["refused"]]
+    if refused:
+        console.print("refused photo requests: " + "; ".join(refused))
+
+
+def _plans(plans: dict[str, int]) -> str:
+    """The most used plan; how many others were used below it."""
+    if not plans:
+        return "-"
+    top = max(plans, key=plans.__getitem__)
+    return top + (f"\n+{len(plans) - 1} other" if len(plans) > 1 else "")
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{code} x{n}" for code, n in errors.items())
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"

@@ -43,16 +43,20 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
     """Build what ``wanted`` needs (every task it names; quantized variants such as
     ``fmnist-small-fp16`` are made on first use); model name -> (onnx, card) and a summary
     for reports. Without ``wanted``: the Fashion-MNIST zoo."""
+    from tierlink.fleet.demo import photo_models
     from tierlink.quantize.variants import with_variants
     from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.exits import EXITS_NAME
     from tierlink.zoo.profiles import TASKS
 
-    tasks = sorted({t for t in TASKS for name in wanted if name.startswith(f"{t}-")})
+    special = {EXITS_NAME}  # built by their own recipes, not zoo variants
+    tasks = sorted({t for t in TASKS for name in wanted
+                    if name.startswith(f"{t}-") and name not in special})
     models: dict[str, tuple[Path, Path]] = {}
     summary: dict[str, dict[str, Any]] = {}
     for task in tasks or ["fmnist"]:
         zoo = with_variants(ensure_zoo(task=task, profile=profile, progress=progress),
-                            [n for n in wanted if n.startswith(f"{task}-")],
+                            [n for n in wanted if n.startswith(f"{task}-") and n not in special],
                             say=lambda m: console.print(f"[dim]{m}[/dim]"))
         models.update({name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards})
         summary.update({name: {"params": c.params, "test_accuracy": c.test_accuracy,
@@ -60,6 +64,13 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
                                "tier": c.tier, "precision": c.precision,
                                "temperature": c.temperature}
                         for name, c in zoo.cards.items() if name in wanted or not wanted})
+    # imagenet-mobilenetv2: exported, with its split profile, on first use (not trained here)
+    models.update(photo_models(wanted, say=lambda m: console.print(f"[dim]{m}[/dim]")))
+    if EXITS_NAME in wanted:  # the multi-exit net (early exit), trained on first use
+        from tierlink.zoo.exits import ensure_exits
+
+        built = ensure_exits(profile, progress=progress)
+        models[EXITS_NAME] = (built.whole_path, built.card_path)
     return models, summary
 
 

@@ -5,6 +5,12 @@ throttled device CPUs), drives the same Fashion-MNIST workload three times — r
 tierlink, then all to the cloud, then all on the device — and reports each run side by side.
 Privacy violations are counted from what the nodes received (their
 ``tierlink_inputs_received_total{verdict="violation"}`` counters), not from the plans.
+
+Each run then sends a small photo workload (:class:`PhotoPhase`): MobileNetV2 on real
+224x224 photos (602 KB inputs, where split computing pays; Fashion-MNIST's 3 KB never do),
+from the devices that hold the model's head (``heads:``) and, for contrast, one that does
+not. The report counts how many requests a split plan served and at which cut/codec, and
+checks their answers against the unsplit model's.
 """
 
 from __future__ import annotations
@@ -13,17 +19,32 @@ import asyncio
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
+from tierlink.errors import TierlinkError
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.fleet.workload import Record, WorkItem, drive, make_workload
+from tierlink.fleet.workload import (
+    Record,
+    WorkItem,
+    drive,
+    make_photo_workload,
+    make_workload,
+)
 
 RUNS = (("tierlink", None), ("cloud_only", "cloud_only"), ("device_only", "device_only"))
+PHOTO_TASK = "imagenet"
+# Rounds per segment when a split profile is made on first use: ~11 s for MobileNetV2's 19
+# block cuts on one core (what benchmarks/split.py uses too).
+PROFILE_ROUNDS = 10
+WARMUP_DEADLINE_MS = 60_000.0
+Say = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +53,23 @@ class DemoSettings:
     rate_per_s: float = 25.0
     seed: int = 7
     task: str = "fmnist"
+    photo_requests: int = 120  # per run; 0 = no photo workload
+    photo_rate_per_s: float = 4.0
+    photo_warmup: int = 30  # forced split calls before a routed photo run (warm_up)
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(requests=600, rate_per_s=25.0)
+        return cls(requests=600, rate_per_s=25.0, photo_requests=40)
+
+
+@dataclass(frozen=True, slots=True)
+class PhotoPhase:
+    """The photo workload of one demo: the same items in every run."""
+
+    model: str
+    items: tuple[WorkItem, ...]
+    images: np.ndarray  # (N, 3, 224, 224) float32 in [0, 1]
+    reference: np.ndarray  # (N,) the unsplit model's top-1, computed here once
 
 
 def violations(fleet: RunningFleet) -> int:
@@ -74,15 +108,160 @@ def drain(fleet: RunningFleet, timeout_s: float = 30.0) -> bool:
 
 
 def run_workload(fleet: RunningFleet, items: list[WorkItem], images: Any, labels: Any,
-                 task: str, policy: str | None,
-                 on_done: Callable[[Record], None]) -> tuple[list[Record], int]:
+                 task: str, policy: str | None, on_done: Callable[[Record], None],
+                 send_labels: bool = True) -> tuple[list[Record], int]:
+    """Drive ``items`` through the fleet's devices; (records, privacy violations)."""
     devices = {n.node_id: fleet.node_urls[n.node_id] for n in fleet.config.nodes
                if n.tier.label == "device"}
     drain(fleet)
     before = violations(fleet)
-    records = asyncio.run(drive(items, images, labels, devices, task, policy, on_done))
+    records = asyncio.run(drive(items, images, labels, devices, task, policy, on_done,
+                                send_labels=send_labels))
     drain(fleet)
     return records, violations(fleet) - before
+
+
+def run_photos(fleet: RunningFleet, phase: PhotoPhase, policy: str | None,
+               on_done: Callable[[Record], None]) -> tuple[list[Record], int]:
+    """The photo workload once; each record's ``label`` is the unsplit model's answer."""
+    return run_workload(fleet, list(phase.items), phase.images, phase.reference, PHOTO_TASK,
+                        policy, on_done, send_labels=False)
+
+
+def warm_up(fleet: RunningFleet, phase: PhotoPhase, calls: int) -> list[str]:
+    """Make the split segments the policy picks before anything is timed; the plans
+    (``NODE/CUT/CODEC``) it warmed. Nothing here is counted in the report. Run it right
+    before a routed photo run: the plan the policy picks moves with the device's learned
+    speed (head times are scaled by it), and a plan picked later is cold again.
+
+    Why: a segment's first call cuts the model and opens its sessions (1-2 s, more under a
+    CPU quota), and a node learns that call as the segment's service time; admission control
+    then refuses the segment under a sub-second deadline until calls with looser deadlines
+    teach it otherwise. So: ask the policy which plan it picks (routed requests, loose
+    deadline), force that plan once to every node that could run the tail, then ``calls``
+    more forced requests spread over them so the learned times settle."""
+    return asyncio.run(_warm(fleet, phase, calls))
+
+
+async def _warm(fleet: RunningFleet, phase: PhotoPhase, calls: int) -> list[str]:
+    from tierlink.node import protocol
+    from tierlink.transport.client import OipClient
+
+    base = {protocol.DEADLINE: WARMUP_DEADLINE_MS, protocol.PRIVACY: "site",
+            protocol.PRIORITY: "batch"}
+    warmed: list[str] = []
+    async with OipClient() as client:
+        async def post(origin: str, i: int, extra: dict[str, Any]) -> dict[str, Any]:
+            x = phase.images[i % len(phase.images)][None]  # (1, 3, 224, 224)
+            try:
+                resp = await client.infer(fleet.node_urls[origin], PHOTO_TASK, {"input": x},
+                                          {**base, **extra},
+                                          timeout_s=WARMUP_DEADLINE_MS / 1000.0)
+            except TierlinkError:
+                return {}
+            return dict(resp.parameters)
+
+        for origin in dict.fromkeys(i.origin for i in phase.items):
+            answers = [await post(origin, i, {}) for i in range(3)]
+            plans = {str(a.get("tierlink.split_plan") or "") for a in answers} - {""}
+            tails = tail_nodes(fleet.config, origin, phase.model)
+            forced = [f"{node}/{plan}" for plan in sorted(plans) for node in tails]
+            for i in range(len(forced) + (calls if forced else 0)):
+                await post(origin, i, {protocol.SPLIT: forced[i % len(forced)]})
+            warmed += forced
+    return warmed
+
+
+def tail_nodes(fleet: FleetConfig, origin: str, model: str) -> list[str]:
+    """The upstreams of ``origin`` that serve ``model``: where its split plans may go."""
+    return [link.dst for link in fleet.links_from(origin) if model in fleet.node(link.dst).models]
+
+
+# -- the photo workload's model and items ------------------------------------------------------
+
+
+def photo_model(fleet: FleetConfig) -> str | None:
+    """The fleet's model of the photo task some device holds a head of (None: no photos)."""
+    return next((m for n in fleet.nodes for m in n.heads
+                 if m.startswith(f"{PHOTO_TASK}-") and n.tier.label == "device"), None)
+
+
+def photo_origins(fleet: FleetConfig, model: str) -> tuple[str, ...]:
+    """The devices holding ``model``'s head, then the first device that does not (its
+    requests can only upload the raw photo: the contrast)."""
+    devices = [n for n in fleet.nodes if n.tier.label == "device"]
+    heads = [n.node_id for n in devices if model in n.heads]
+    other = next((n.node_id for n in devices if model not in n.heads), None)
+    return (*heads, *([other] if other else []))
+
+
+def photo_phase(fleet: FleetConfig, settings: DemoSettings,
+                models: dict[str, tuple[Path, Path]]) -> PhotoPhase | None:
+    """The photo workload for ``fleet``, or None when it names no photo model with a
+    device head (or the settings ask for none). Loads the photos (10 views each) and runs
+    the unsplit model on them once, here, for the reference answers."""
+    from tierlink.zoo.evaluate import onnx_logits
+    from tierlink.zoo.photos import imagenet_photos
+
+    model = photo_model(fleet)
+    if model is None or settings.photo_requests <= 0:
+        return None
+    images, _ = imagenet_photos(views=True)  # (100, 3, 224, 224)
+    logits = onnx_logits(models[model][0], images, batch_size=25, threads=1)  # (100, 1000)
+    items = make_photo_workload(settings.photo_requests, settings.photo_rate_per_s,
+                                photo_origins(fleet, model), len(images), settings.seed)
+    return PhotoPhase(model, tuple(items), images, logits.argmax(axis=1))
+
+
+def photo_models(wanted: Collection[str], say: Say = lambda _: None,
+                 ) -> dict[str, tuple[Path, Path]]:
+    """Model name -> (onnx, card) for the photo-task models among ``wanted`` that the zoo
+    can make: MobileNetV2, exported on first use, with this machine's split profile beside
+    its card (made on first use too, so nodes can price split plans)."""
+    from tierlink.zoo.mobilenet import MODEL_NAME, card_path, ensure_mobilenet
+
+    if MODEL_NAME not in wanted:
+        return {}
+    onnx_path = ensure_mobilenet(progress=True)
+    ensure_split_profile(MODEL_NAME, onnx_path, say)
+    return {MODEL_NAME: (onnx_path, card_path(onnx_path))}
+
+
+def ensure_split_profile(name: str, onnx_path: Path, say: Say = lambda _: None) -> Path:
+    """The split profile beside ``onnx_path``'s card, made (block cuts ``features.*``,
+    :data:`PROFILE_ROUNDS` rounds) when missing, made for another file, or without codec
+    measurements. Holds the zoo's build lock, so concurrent callers profile once."""
+    from tierlink.split.profile import load_profile, profile_path
+    from tierlink.zoo.cache import build_lock
+    from tierlink.zoo.cards import load_card
+    from tierlink.zoo.mobilenet import card_path
+
+    card = load_card(card_path(onnx_path))
+    path = profile_path(card_path(onnx_path))
+    if _profile_ok(load_profile(path, card.sha256)):
+        return path
+    with build_lock(onnx_path.parent, PHOTO_TASK):
+        if not _profile_ok(load_profile(path, card.sha256)):
+            _make_profile(name, onnx_path, card.sha256, path, say)
+    return path
+
+
+def _profile_ok(profile: Any) -> bool:
+    return profile is not None and all(p.codecs for p in profile.points)
+
+
+def _make_profile(name: str, onnx_path: Path, sha256: str, path: Path, say: Say) -> None:
+    from tierlink.split.profile import profile_model, save_profile
+    from tierlink.zoo.photos import imagenet_photos
+
+    say(f"profiling {name}'s block cuts on this machine for split plans (once, ~10 s) ...")
+    start = time.perf_counter()
+    photos, _ = imagenet_photos(views=False)
+    profile = profile_model(name, onnx_path, photos[:1], sha256, rounds=PROFILE_ROUNDS,
+                            only=lambda tensor: tensor.startswith("features."))
+    save_profile(profile, path)
+    say(f"split profile of {name}: {len(profile.points)} cuts in "
+        f"{time.perf_counter() - start:.1f} s")
 
 
 def workload_for(fleet: FleetConfig, settings: DemoSettings, n_samples: int) -> list[WorkItem]:
@@ -96,7 +275,8 @@ def fleet_summary(fleet: RunningFleet) -> dict[str, Any]:
     return {
         "name": cfg.name,
         "nodes": [{"id": n.node_id, "tier": n.tier.label, "models": list(n.models),
-                   "workers": n.workers, "cpu_quota": n.cpu_quota} for n in cfg.nodes],
+                   "heads": list(n.heads), "workers": n.workers, "cpu_quota": n.cpu_quota}
+                  for n in cfg.nodes],
         "links": [{"from": l.src, "to": l.dst, "delay_ms": l.delay_ms,
                    "jitter_ms": l.jitter_ms, "bandwidth_mbit": l.bandwidth_mbit,
                    "loss": l.loss} for l in cfg.links],
@@ -114,7 +294,9 @@ def environment(fleet: RunningFleet, settings: DemoSettings, zoo: dict[str, Any]
         "onnxruntime": onnxruntime.__version__, "platform": platform.platform(),
         "cpus": os.cpu_count(), "device_cpu_throttle": fleet.cpu_mode,
         "requests_per_run": settings.requests, "rate_per_s": settings.rate_per_s,
-        "seed": settings.seed, "zoo": zoo, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "photo_requests_per_run": settings.photo_requests,
+        "photo_rate_per_s": settings.photo_rate_per_s, "seed": settings.seed, "zoo": zoo,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cost_model": "docs/cost-model.md (cloud A100 $2.00/h, edge box $0.12/h, device "
                       "energy, WAN $0.05/GB)",
     }

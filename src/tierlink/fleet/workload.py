@@ -2,16 +2,22 @@
 
 Each request comes from one device, with an SLA class (deadline + priority) and a privacy
 level drawn from a documented mix. The driver sends at a steady rate (open loop: a slow
-fleet does not slow the arrivals) and records what came back.
+fleet does not slow the arrivals) and records what came back — including, for requests a
+split plan served, the plan (``CUT/CODEC``) and where its time went.
+
+A second, small workload sends photos for a large model (MobileNetV2, 602 KB inputs): one
+SLA class and privacy level, origins in turn (:func:`make_photo_workload`);
+:func:`summarize_split` reports it by how each request was served (local, remote, split).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,6 +29,13 @@ from tierlink.node import protocol
 SLA_CLASSES = ((30.0, Priority.REALTIME, 0.3), (150.0, Priority.INTERACTIVE, 0.4),
                (1000.0, Priority.BATCH, 0.3))
 PRIVACY_MIX = ((Privacy.LOCAL, 0.2), (Privacy.SITE, 0.3), (Privacy.ANY, 0.5))
+# The photo workload: an interactive app (half a second) whose photos may not leave the site.
+PHOTO_SLA = (500.0, Priority.INTERACTIVE)
+PHOTO_PRIVACY = Privacy.SITE
+# Reported for split-served requests (medians of tierlink.timings_ms): the head on the
+# device, encoding, the round trip to the tail's node (tail_ms of it upstream), the payload,
+# and the policy's estimate of everything after the head.
+SPLIT_TIMINGS = ("head_ms", "encode_ms", "tail_rtt_ms", "tail_ms", "split_bytes", "est_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,15 @@ class Record:
     fallbacks: int = 0
     escalations: int = 0
     degraded: str = ""
+    split: str = ""  # "CUT/CODEC" when a split plan served it
+    timings: Mapping[str, float] = field(default_factory=dict)  # tierlink.timings_ms
+
+    @property
+    def kind(self) -> str:
+        """How it was served: ``split``, ``local`` (on its own device) or ``remote``."""
+        if self.split:
+            return "split"
+        return "local" if self.served_by == self.item.origin else "remote"
 
     @property
     def correct(self) -> bool:
@@ -75,6 +97,16 @@ def make_workload(n: int, rate_per_s: float, devices: list[str], n_samples: int,
         items.append(WorkItem(i, rng.randrange(n_samples), rng.choice(devices), deadline,
                               priority, privacy, i / rate_per_s))
     return items
+
+
+def make_photo_workload(n: int, rate_per_s: float, origins: Sequence[str], n_samples: int,
+                        seed: int) -> list[WorkItem]:
+    """``n`` photo requests at a steady rate, the origins taking turns (so each sees the
+    same conditions), samples drawn with ``seed``; one SLA class and privacy level."""
+    rng = random.Random(seed)
+    deadline, priority = PHOTO_SLA
+    return [WorkItem(i, rng.randrange(n_samples), origins[i % len(origins)], deadline,
+                     priority, PHOTO_PRIVACY, i / rate_per_s) for i in range(n)]
 
 
 async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
@@ -106,7 +138,7 @@ async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.n
               protocol.PRIORITY: item.priority.label, protocol.ORIGIN: item.origin}
     if policy:
         params[protocol.POLICY] = policy
-    x = images[item.sample: item.sample + 1]  # (1, 1, 28, 28)
+    x = images[item.sample: item.sample + 1]  # (1, C, H, W)
     label = int(labels[item.sample])
     if send_labels:
         params[protocol.LABEL] = label
@@ -124,7 +156,17 @@ async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.n
                   pred=int(np.asarray(resp.outputs["label"]).reshape(-1)[0]),
                   tier=out.tier.label, served_by=out.served_by, cost=out.cost,
                   fallbacks=len(out.fallbacks), escalations=out.escalations,
-                  degraded=out.degraded)
+                  degraded=out.degraded, split=out.split,
+                  timings=_timings(resp.parameters.get(protocol.TIMINGS)))
+
+
+def _timings(raw: object) -> dict[str, float]:
+    """The answer's ``tierlink.timings_ms`` (JSON); empty when absent or unreadable."""
+    try:
+        data = json.loads(str(raw)) if raw else {}
+        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (ValueError, TypeError):
+        return {}
 
 
 def summarize(records: list[Record], violations: int) -> dict[str, object]:
@@ -152,6 +194,58 @@ def summarize(records: list[Record], violations: int) -> dict[str, object]:
         "degraded": sum(bool(r.degraded) for r in answered),
         "errors": _count(r.error for r in records if not r.answered),
     }
+
+
+def summarize_split(records: list[Record], violations: int) -> dict[str, object]:
+    """The photo workload's figures: how each request was served (``split`` at which
+    cut/codec, ``local``, ``remote``), latency overall and per kind, top-1 agreement with
+    the unsplit model (``Record.label`` holds its answer), and for split-served requests
+    the medians of the head time, the bytes sent and the policy's estimate."""
+    answered = [r for r in records if r.answered]
+    split = [r for r in answered if r.split]
+    return {
+        "requests": len(records),
+        "answered": len(answered),
+        "refused": sum(not r.answered and not r.lost for r in records),
+        "lost": sum(r.lost for r in records),
+        "served": {k: sum(r.kind == k for r in answered) for k in ("split", "local", "remote")},
+        "split_plans": _count(r.split for r in split),
+        "by_origin": {o: _count(r.kind for r in answered if r.item.origin == o)
+                      for o in dict.fromkeys(r.item.origin for r in records)},
+        **_percentiles(answered),
+        "by_kind": {k: {"requests": len(rs), **_percentiles(rs)}
+                    for k in ("split", "local", "remote")
+                    if (rs := [r for r in answered if r.kind == k])},
+        "sla_attainment": sum(r.in_sla for r in records) / max(1, len(records)),
+        "agreement_top1": (sum(r.correct for r in answered) / len(answered)
+                           if answered else None),
+        "split_agreement_top1": sum(r.correct for r in split) / len(split) if split else None,
+        "split_medians": {**{key: _median(r.timings.get(key) for r in split)
+                             for key in SPLIT_TIMINGS},
+                          "after_head_ms": _median(_after_head(r) for r in split)},
+        "tiers": _count(r.tier for r in answered),
+        "cost_per_1k": 1000.0 * sum(r.cost for r in answered) / max(1, len(records)),
+        "privacy_violations": violations,
+        "errors": _count(r.error for r in records if not r.answered),
+    }
+
+
+def _after_head(record: Record) -> float | None:
+    """Encode + the round trip to the tail's node: what the policy's ``est_ms`` estimates."""
+    t = record.timings
+    return t["encode_ms"] + t["tail_rtt_ms"] if "encode_ms" in t and "tail_rtt_ms" in t else None
+
+
+def _percentiles(records: list[Record]) -> dict[str, float | None]:
+    if not records:
+        return {"p50_ms": None, "p95_ms": None}
+    lat = np.array([r.latency_ms for r in records])
+    return {"p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))}
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.median(present)) if present else None
 
 
 def _count(codes: Iterable[str]) -> dict[str, int]:

@@ -155,6 +155,13 @@ class ExitsModel:
         return {"logits": _log_probs([r.probs for r in results]),
                 "exit": np.array([r.exit_index for r in results], dtype=np.int64)}
 
+    def ready(self, cut: str) -> bool:
+        return True
+
+    def prepare(self, cut: str) -> None:
+        """Nothing to make: the segments are separate files, opened at start."""
+        self._boundary(cut)
+
     def cuts(self) -> frozenset[str]:
         return frozenset(self._boundaries)
 

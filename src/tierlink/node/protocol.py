@@ -21,7 +21,8 @@ Response parameters describe the :class:`~tierlink.core.types.Outcome`: ``served
 ``tier``, ``model``, ``path`` (JSON list), ``confidence``, ``escalations``, ``fallbacks``
 (JSON list of ``{node, reason, detail}``), ``cost_usd``, ``server_ms``, ``degraded``,
 ``split_plan`` (``CUT/CODEC`` when a split served it) and ``timings_ms`` (JSON: where the time
-went, e.g. a split's ``head_ms``, ``tail_rtt_ms``, ``split_bytes`` and the policy's ``est_ms``),
+went, e.g. a split's ``head_ms``, ``encode_ms``, ``tail_rtt_ms``, ``split_bytes`` and
+``est_ms``, the policy's estimate of what follows the head: encode + send + tail),
 each prefixed with ``tierlink.``. A model endpoint's answer carries ``tierlink.server_ms``
 (queue + compute on that node), so a caller can tell network time from server time.
 """

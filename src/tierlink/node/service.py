@@ -236,6 +236,8 @@ class NodeService:
                               hint="encode them with tierlink.split.codecs")
         features = decode_any(next(iter(inputs.values())).tobytes())
         cut = str(params[protocol.CUT])
+        if not sessions.ready(cut):  # first use: not learned as the tail's time
+            await asyncio.to_thread(sessions.prepare, cut)
 
         def call() -> dict[str, np.ndarray]:
             return sessions.tail(cut, features)
@@ -256,6 +258,9 @@ class NodeService:
         up = self._upstreams[placement.node_id]
         x = next(iter(inputs.values()))
         started = self._clock()
+        if not sessions.ready(placement.cut):  # first use: not learned as the head's time
+            await asyncio.to_thread(sessions.prepare, placement.cut)
+        head_from = self._clock()
 
         def head() -> Any:
             return sessions.head(placement.cut, x)
@@ -263,7 +268,7 @@ class NodeService:
         head_out = await self.scheduler.submit(head, priority=req.priority,
                                                deadline_s=started + budget_ms / 1000.0,
                                                key=f"{model}@head")
-        head_ms = (self._clock() - started) * 1000.0
+        head_ms = (self._clock() - head_from) * 1000.0
         # A multi-exit model's head answers what its exits before the cut can; only the
         # rest of the batch is sent on.
         exited = head_out if isinstance(head_out, ExitHead) else None
@@ -412,7 +417,8 @@ class NodeService:
         # benchmark can compare every plan's estimate with what it really took.
         plans = split_plans(self.view.nodes[self.spec.node_id], target, models[0], self.view,
                             self.routing.policy_config())
-        est = next((p.total_ms for p in plans if p.cut == cut and p.codec == codec), 0.0)
+        est = next((p.total_ms - p.head_ms for p in plans if p.cut == cut and p.codec == codec),
+                   0.0)  # like a policy's split placement: the part after the head
         return Plan((Placement("remote", node, target.tier, models[0].name, est_ms=est,
                                cut=cut, codec=codec),), "forced_split", "forced by the request")
 

@@ -38,6 +38,16 @@ class SplitSessions:
             self._cuts = frozenset(c.tensor for c in cut_points(self.model_path) if c.index > 0)
         return self._cuts
 
+    def ready(self, cut: str) -> bool:
+        """Whether the sessions for ``cut`` exist (``prepare`` has nothing to do)."""
+        return ("head", cut) in self._sessions
+
+    def prepare(self, cut: str) -> None:
+        """Cut the model at ``cut`` and open both sessions now (blocking; ~1 s the first
+        time): done before the scheduler runs a segment, so the time it learns is the
+        segment's, not this one-off cost."""
+        self._session("head", cut)
+
     def head(self, cut: str, x: np.ndarray) -> np.ndarray:
         """Run input -> ``cut`` on ``x`` (N, ...) and return the cut tensor."""
         session = self._session("head", cut)

@@ -1,0 +1,83 @@
+"""The demo's photo workload on a real fleet: MobileNetV2 on an edge, one device holding its
+head, one not. Routed, the head holder's requests are served by split plans (the answer
+names the cut and codec; fewer bytes than the photo cross the link) and agree with the
+unsplit model; the other device's are remote. ``cloud_only`` never splits.
+
+The split profile the nodes price plans with is made here for a handful of block cuts,
+beside a copy of the model card in the test's own directory (the zoo cache is not written).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tierlink.fleet.demo import DemoSettings, photo_phase, run_photos, warm_up
+from tierlink.fleet.workload import summarize_split
+
+from .integration_support import Models, fleet_config, running_fleet
+
+pytestmark = pytest.mark.integration
+
+MODEL = "imagenet-mobilenetv2"
+CUTS = frozenset({"features.4", "features.7", "features.14"})
+PHOTO_BYTES = 3 * 224 * 224 * 4
+
+FLEET = """
+name: itest-demo-photos
+seed: 9
+control: {ttl_s: 5}
+routing: {allow_policy_override: true, weights: {accuracy: 1.0, latency: 1.0, cost: 2.0}}
+nodes:
+  - {id: edge-1, tier: edge,   models: [imagenet-mobilenetv2]}
+  - {id: dev-1,  tier: device, models: [], heads: [imagenet-mobilenetv2]}
+  - {id: dev-2,  tier: device, models: []}
+links:
+  - {from: [dev-1, dev-2], to: edge-1, delay_ms: 5, bandwidth_mbit: 100}
+"""
+
+
+@pytest.fixture(scope="module")
+def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    """MobileNetV2 linked into a directory of this module, with a small split profile."""
+    from tierlink.errors import ZooError
+    from tierlink.split.profile import profile_model, profile_path, save_profile
+    from tierlink.zoo.cards import load_card
+    from tierlink.zoo.mobilenet import card_path, ensure_mobilenet
+    from tierlink.zoo.photos import imagenet_photos
+
+    try:
+        source = ensure_mobilenet()
+        photos, _ = imagenet_photos(views=False)
+    except ZooError as exc:
+        pytest.skip(f"MobileNetV2 or its photos are not available here: {exc}")
+    root = tmp_path_factory.mktemp("mobilenet")
+    onnx_path, card = root / source.name, root / card_path(source).name
+    onnx_path.symlink_to(source)
+    shutil.copyfile(card_path(source), card)
+    profile = profile_model(MODEL, onnx_path, photos[:1], load_card(card).sha256, rounds=5,
+                            only=CUTS.__contains__)
+    save_profile(profile, profile_path(card))
+    return {MODEL: (onnx_path, card)}
+
+
+def test_the_head_holder_splits_and_agrees_with_the_unsplit_model(mobilenet: Models,
+                                                                  tmp_path: Path) -> None:
+    config = fleet_config(FLEET, "photos")
+    phase = photo_phase(config, DemoSettings(photo_requests=8, photo_rate_per_s=8.0),
+                        mobilenet)
+    assert phase is not None and phase.model == MODEL
+    with running_fleet(FLEET, tmp_path / "fleet", mobilenet) as fleet:
+        warmed = warm_up(fleet, phase, calls=4)
+        routed = summarize_split(*run_photos(fleet, phase, None, lambda r: None))
+        baseline = summarize_split(*run_photos(fleet, phase, "cloud_only", lambda r: None))
+    assert len(warmed) == 1 and warmed[0].startswith("edge-1/features.")
+    assert routed["answered"] == 8, routed["errors"]
+    assert routed["by_origin"] == {"dev-1": {"split": 4}, "dev-2": {"remote": 4}}
+    assert all(plan.split("/")[0] in CUTS for plan in routed["split_plans"])
+    assert routed["split_medians"]["split_bytes"] < PHOTO_BYTES / 4
+    assert routed["split_medians"]["head_ms"] > 0 and routed["split_medians"]["est_ms"] > 0
+    assert routed["agreement_top1"] >= 0.875 and routed["privacy_violations"] == 0
+    assert baseline["served"] == {"split": 0, "local": 0, "remote": baseline["answered"]}
