@@ -6,6 +6,7 @@ a clock or does I/O, so the live router and the simulator share it.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -41,6 +42,10 @@ def queue_wait_ms(node: NodeView, model: ModelView, outstanding: int = 0) -> flo
     return ahead * model.latency_ms / max(1, node.workers)
 
 
+REQUEST_COST_WINDOW = 9  # real requests whose median extra cost is request_ms
+FRESH_REQUESTS = 3  # real requests after a probe round that request_ms is learned from
+
+
 class LinkEstimator:
     """Estimate of one link's RTT and bandwidth from real traffic, seeded from its declaration.
 
@@ -56,8 +61,9 @@ class LinkEstimator:
     Probes (``probe=True``: padding to an endpoint that answers at once, sent while the link
     is idle) measure the bare wire, but a real request also pays for the HTTP stacks, OIP
     encoding and the sender's own CPU (tens of ms on a throttled device). So the estimator
-    keeps the probes' own line too, learns ``request_ms`` — an EWMA of how far real requests
-    land above it — and enters each probe into the shared window as ``probe + request_ms``:
+    keeps the probes' own line too, learns ``request_ms`` — the median of how far the first
+    real requests after a probe round land above it — and enters each probe into the shared
+    window as ``probe + request_ms``:
     the view stays in *request* terms whether the link was last busy or idle.
     """
 
@@ -70,7 +76,9 @@ class LinkEstimator:
         self._bandwidth = prior.bandwidth_mbit
         self._window: deque[tuple[int, float]] = deque(maxlen=max(2, window))
         self._probes: deque[tuple[int, float]] = deque(maxlen=8)
+        self._extras: deque[float] = deque(maxlen=REQUEST_COST_WINDOW)
         self._min_spread = min_spread_bytes
+        self._since_probe = 0  # real requests since the last probe
         self.request_ms = 0.0  # what a real request costs above the probes' line
         self.samples = 0
 
@@ -80,6 +88,7 @@ class LinkEstimator:
         net = max(0.0, total_ms - server_ms - self._overhead)
         if probe:
             self._probes.append((int(nbytes), net))
+            self._since_probe = 0
             net += self.request_ms
         else:
             self._learn_request_cost(nbytes, net)
@@ -93,12 +102,19 @@ class LinkEstimator:
         self._rtt_ms += self._alpha * (max(0.0, net - serial) - self._rtt_ms)
 
     def _learn_request_cost(self, nbytes: int, net: float) -> None:
+        """``request_ms``: the median time real requests spend above the probes' line,
+        learned only from the first few requests after a probe round. Later ones may have
+        met a link that changed since (its extra serialisation is not request cost), and
+        nothing corrects that while the policy keeps the work off the link: every probe
+        would carry the error into the window for good. A median, so the one request that
+        straddles a change does not count either."""
+        self._since_probe += 1
         wire = _line(self._probes, self._min_spread, self._bandwidth)
-        if wire is None:
+        if wire is None or self._since_probe > FRESH_REQUESTS:
             return
         rtt, bandwidth = wire
-        extra = net - rtt - nbytes * 8.0 / (bandwidth * 1000.0)
-        self.request_ms += self._alpha * (max(0.0, extra) - self.request_ms)
+        self._extras.append(max(0.0, net - rtt - nbytes * 8.0 / (bandwidth * 1000.0)))
+        self.request_ms = statistics.median(self._extras)
 
     def view(self) -> LinkView:
         p = self._prior

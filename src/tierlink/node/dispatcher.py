@@ -196,7 +196,9 @@ class Dispatcher:
             reason = reason_of(exc)
             fallbacks.append(Fallback(placement.node_id, reason, exc.message[:200]))
             self._obs.fell_back(placement.node_id, reason)
-            if placement.kind == "remote":
+            # A step that failed here before reaching the upstream (a split plan's head
+            # refused by this node's scheduler) says nothing about the upstream's health.
+            if placement.kind == "remote" and not exc.details.get("before_hop"):
                 self._breakers.failure(placement.node_id, reason)
             return None
         if placement.kind == "remote":

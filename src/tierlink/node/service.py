@@ -50,6 +50,7 @@ from tierlink.errors import (
     ModelNotFound,
     NoFeasiblePlacement,
     PrivacyViolation,
+    Refused,
     TensorError,
     TierlinkError,
 )
@@ -243,7 +244,7 @@ class NodeService:
             return sessions.tail(cut, features)
 
         out: dict[str, np.ndarray] = await self.scheduler.submit(
-            call, priority=priority, deadline_s=deadline_s, key=f"{name}@tail")
+            call, priority=priority, deadline_s=deadline_s, key=f"{name}@tail:{cut}")
         return out
 
     async def _run_split(self, placement: Placement, req: Request,
@@ -265,9 +266,13 @@ class NodeService:
         def head() -> Any:
             return sessions.head(placement.cut, x)
 
-        head_out = await self.scheduler.submit(head, priority=req.priority,
-                                               deadline_s=started + budget_ms / 1000.0,
-                                               key=f"{model}@head")
+        try:
+            head_out = await self.scheduler.submit(head, priority=req.priority,
+                                                   deadline_s=started + budget_ms / 1000.0,
+                                                   key=f"{model}@head:{placement.cut}")
+        except Refused as exc:  # refused by this node's own scheduler: not the upstream
+            exc.details["before_hop"] = True
+            raise
         head_ms = (self._clock() - head_from) * 1000.0
         # A multi-exit model's head answers what its exits before the cut can; only the
         # rest of the batch is sent on.
@@ -307,7 +312,8 @@ class NodeService:
         encode_ms = (self._clock() - encoding) * 1000.0
         left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
         if left_ms <= up.estimator.view().rtt_ms:
-            raise DeadlineExceeded(f"no time left to send features to {placement.node_id}")
+            raise DeadlineExceeded(f"no time left to send features to {placement.node_id}",
+                                   before_hop=True)
         params = {**protocol.forward_params(req, left_ms, tracing.current_traceparent()),
                   protocol.CUT: placement.cut, protocol.CODEC: placement.codec}
         sent = self._clock()
