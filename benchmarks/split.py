@@ -188,7 +188,8 @@ def _plan(text: str) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tierlink.split.profile import load_profile, profile_model, profile_path, save_profile
+    from tierlink.fleet.demo import ensure_split_profile
+    from tierlink.split.profile import load_profile
     from tierlink.zoo.cards import load_card
     from tierlink.zoo.mobilenet import card_path, ensure_mobilenet
     from tierlink.zoo.photos import imagenet_photos
@@ -196,14 +197,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     onnx_path = ensure_mobilenet()
     card = load_card(card_path(onnx_path))
     photos, _ = imagenet_photos(views=False)
-    ppath = profile_path(card_path(onnx_path))
+    ppath = ensure_split_profile(MODEL, onnx_path, say=lambda m: print(m, file=sys.stderr))
     profile = load_profile(ppath, card.sha256)
-    if profile is None or not all(p.codecs for p in profile.points):
-        print("profiling MobileNetV2's block cuts and codecs on this machine ...",
-              file=sys.stderr)
-        profile = profile_model(MODEL, onnx_path, photos[:1], card.sha256, rounds=10,
-                                only=lambda t: t.startswith("features."))
-        save_profile(profile, ppath)
+    if profile is None:
+        raise RuntimeError(f"no split profile at {ppath}")
     # every plan the policy may pick: each profiled cut x each codec it measured there
     plans = {f"{p.cut}/{c.codec}": c.wire_bytes for p in profile.points for c in p.codecs}
     codecs = {} if args.no_codec_table else _codec_table()

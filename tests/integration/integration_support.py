@@ -207,3 +207,27 @@ def least_confident(onnx_path: Path, images: np.ndarray, n: int, pool: int = 100
     z = logits - logits.max(axis=1, keepdims=True)
     probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
     return np.argsort(probs.max(axis=1))[:n]
+
+
+# -- models ---------------------------------------------------------------------------------
+
+
+def profiled_mobilenet(root: Path, sample: np.ndarray, cuts: frozenset[str],
+                       rounds: int) -> Models:
+    """MobileNetV2 linked into ``root`` (the shared zoo cache is not written) with a split
+    profile of ``cuts`` only, timed on ``sample``; raises ``ZooError`` if it cannot be made."""
+    import shutil
+
+    from tierlink.split.profile import profile_model, profile_path, save_profile
+    from tierlink.zoo.cards import load_card
+    from tierlink.zoo.mobilenet import MODEL_NAME, card_path, ensure_mobilenet
+
+    source = ensure_mobilenet()
+    onnx_path, card = root / source.name, root / card_path(source).name
+    onnx_path.symlink_to(source)
+    shutil.copyfile(card_path(source), card)
+    profile = profile_model(MODEL_NAME, onnx_path, sample[:1], load_card(card).sha256,
+                            rounds=rounds, only=cuts.__contains__)
+    save_profile(profile, profile_path(card))
+    return {MODEL_NAME: (onnx_path, card)}
+

@@ -9,7 +9,6 @@ beside a copy of the model card in the test's own directory (the zoo cache is no
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from tierlink.fleet.demo import DemoSettings, photo_phase, run_photos, warm_up
 from tierlink.fleet.workload import summarize_split
 
-from .integration_support import Models, fleet_config, running_fleet
+from .integration_support import Models, fleet_config, profiled_mobilenet, running_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -43,24 +42,14 @@ links:
 def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> Models:
     """MobileNetV2 linked into a directory of this module, with a small split profile."""
     from tierlink.errors import ZooError
-    from tierlink.split.profile import profile_model, profile_path, save_profile
-    from tierlink.zoo.cards import load_card
-    from tierlink.zoo.mobilenet import card_path, ensure_mobilenet
     from tierlink.zoo.photos import imagenet_photos
 
     try:
-        source = ensure_mobilenet()
         photos, _ = imagenet_photos(views=False)
+        return profiled_mobilenet(tmp_path_factory.mktemp("mobilenet"), photos,
+                                  CUTS, 5)
     except ZooError as exc:
         pytest.skip(f"MobileNetV2 or its photos are not available here: {exc}")
-    root = tmp_path_factory.mktemp("mobilenet")
-    onnx_path, card = root / source.name, root / card_path(source).name
-    onnx_path.symlink_to(source)
-    shutil.copyfile(card_path(source), card)
-    profile = profile_model(MODEL, onnx_path, photos[:1], load_card(card).sha256, rounds=5,
-                            only=CUTS.__contains__)
-    save_profile(profile, profile_path(card))
-    return {MODEL: (onnx_path, card)}
 
 
 def test_the_head_holder_splits_and_agrees_with_the_unsplit_model(mobilenet: Models,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import statistics
 import time
 from collections import Counter
@@ -33,7 +32,7 @@ import pytest
 
 from tierlink.fleet.launcher import RunningFleet
 
-from .integration_support import Answer, Models, infer, running_fleet
+from .integration_support import Answer, Models, infer, profiled_mobilenet, running_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -131,22 +130,11 @@ def photos() -> np.ndarray:
 def mobilenet(tmp_path_factory: pytest.TempPathFactory, photos: np.ndarray) -> Models:
     """MobileNetV2 linked into a directory of this module, with a small split profile."""
     from tierlink.errors import ZooError
-    from tierlink.split.profile import profile_model, profile_path, save_profile
-    from tierlink.zoo.cards import load_card
-    from tierlink.zoo.mobilenet import card_path, ensure_mobilenet
 
     try:
-        source = ensure_mobilenet()
+        return profiled_mobilenet(tmp_path_factory.mktemp("mobilenet"), photos, CUTS, 8)
     except ZooError as exc:
         pytest.skip(f"MobileNetV2 cannot be built here: {exc}")
-    root = tmp_path_factory.mktemp("mobilenet")
-    onnx_path, card = root / source.name, root / card_path(source).name
-    onnx_path.symlink_to(source)
-    shutil.copyfile(card_path(source), card)
-    profile = profile_model(MODEL, onnx_path, photos[:1], load_card(card).sha256, rounds=8,
-                            only=CUTS.__contains__)
-    save_profile(profile, profile_path(card))
-    return {MODEL: (onnx_path, card)}
 
 
 @pytest.fixture(scope="module")

@@ -135,9 +135,8 @@ def warm_up(fleet: RunningFleet, phase: PhotoPhase, calls: int) -> list[str]:
     speed (head times are scaled by it), and a plan picked later is cold again.
 
     Why: a segment's first call cuts the model and opens its sessions (1-2 s, more under a
-    CPU quota), and a node learns that call as the segment's service time; admission control
-    then refuses the segment under a sub-second deadline until calls with looser deadlines
-    teach it otherwise. So: ask the policy which plan it picks (routed requests, loose
+    CPU quota) — a one-off cost the nodes no longer learn as service time, but one that
+    would still land in the first timed answers. So: ask the policy which plan it picks (routed requests, loose
     deadline), force that plan once to every node that could run the tail, then ``calls``
     more forced requests spread over them so the learned times settle."""
     return asyncio.run(_warm(fleet, phase, calls))
