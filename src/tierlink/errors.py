@@ -24,9 +24,18 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── SplitError                  400: a model cannot be cut there (not a single-tensor cut)
     │   └── CodecError              400: a feature payload is malformed, truncated or of an
     │                               unknown codec / version; a codec spec is unknown
-    └── ZooError                    model zoo could not be built or loaded
-        └── QuantizationError       a variant cannot be made: precision does not apply,
-                                    bad settings
+    ├── ZooError                    model zoo could not be built or loaded
+    │   └── QuantizationError       a variant cannot be made: precision does not apply,
+    │                               bad settings
+    ├── RepositoryError             model repository: unknown version, artifact missing, a
+    │   │                           store that cannot be written (404 / 409 / 503 by case)
+    │   └── ArtifactRejected        422: hash or signature does not verify, unsigned, signed
+    │                               by a key this node does not trust
+    ├── NotEnrolled                 401: unknown or revoked node / bad enrollment token
+    ├── RolloutError                409: a rollout cannot start or move (one already runs,
+    │                               no such version, no nodes in the tier)
+    └── OutboxError                 the durable outbox cannot take an item (full with the
+                                    `refuse` policy, disk failing)
 """
 
 from __future__ import annotations
@@ -166,6 +175,37 @@ class ZooError(TierlinkError):
 class QuantizationError(ZooError):
     code = "quantization_error"
     hint = "see `tierlink quantize --help` for the precisions and their settings"
+
+
+class RepositoryError(TierlinkError):
+    code = "repository_error"
+    http_status = 404
+    hint = "list the published versions with `tierlink model list`"
+
+
+class ArtifactRejected(RepositoryError):
+    code = "artifact_rejected"
+    http_status = 422
+    hint = ("republish the version with `tierlink model publish` signed by a key the nodes "
+            "trust (`trusted_keys` in the fleet file)")
+
+
+class NotEnrolled(TierlinkError):
+    code = "not_enrolled"
+    http_status = 401
+    hint = "enroll the node with a valid token (`tierlink node token create`), or re-enroll it"
+
+
+class RolloutError(TierlinkError):
+    code = "rollout_error"
+    http_status = 409
+    hint = "see `tierlink rollout status` for what is running"
+
+
+class OutboxError(TierlinkError):
+    code = "outbox_error"
+    http_status = 503
+    hint = "the node's outbox is full or its disk fails; see tierlink_outbox_* metrics"
 
 
 _BY_CODE: dict[str, type[TierlinkError]] = {}
