@@ -300,7 +300,7 @@ def start_fleet(procs: Processes, onnx: Path, card: Path) -> Fleet:
     ready = procs.run_dir / "control.ready"
     procs.spawn("control", ["-m", "tierlink.control.server", "--host", HOST, "--port", "0",
                             "--db", str(procs.run_dir / "registry.db"), "--ready-file",
-                            str(ready)])
+                            str(ready), "--open"])
     control_url = f"http://{HOST}:{procs.wait_ready('control', ready)['port']}"
     model = (ModelSource(MODEL, str(onnx), str(card)),)
     urls: dict[str, str] = {}

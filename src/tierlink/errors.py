@@ -193,7 +193,8 @@ class ArtifactRejected(RepositoryError):
 class NotEnrolled(TierlinkError):
     code = "not_enrolled"
     http_status = 401
-    hint = "enroll the node with a valid token (`tierlink node token create`), or re-enroll it"
+    hint = ("enroll the node with a token from `tierlink enroll token` (its state directory then "
+            "keeps its identity); a revoked node must enroll under a new id")
 
 
 class RolloutError(TierlinkError):

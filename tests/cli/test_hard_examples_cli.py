@@ -35,7 +35,7 @@ def example(rid: str, label: int) -> dict[str, object]:
 def control(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     registry = SqliteRegistryStore(":memory:")
     app = create_app(registry)
-    monkeypatch.setattr(hard_examples, "_client", lambda url: ControlClient(
+    monkeypatch.setattr(hard_examples, "_client", lambda url, token=None: ControlClient(
         url, transport=httpx.ASGITransport(app)))
     client = TestClient(app)
     client.post("/v1/hard-examples", json={"examples": [example("a", 3), example("b", -1)]})

@@ -33,7 +33,7 @@ def start_server(tmp_path: Path) -> Iterator[Start]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tierlink.control.server", "--host", "127.0.0.1",
              "--port", str(port), "--db", str(db), "--ttl", str(ttl_s),
-             "--ready-file", str(ready)],
+             "--ready-file", str(ready), "--open"],
             stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()

@@ -90,13 +90,13 @@ def test_only_escalated_any_inputs_reach_the_control_plane(
     assert all(s.path == ["dev-1"] for s in sent if s.privacy == "local")
 
     control = fleet.control_url
-    wait_for(lambda: len(_stored(http, control)) >= len(expected), 15.0,
+    wait_for(lambda: len(_stored(http, control, fleet.admin_headers)) >= len(expected), 15.0,
              "the escalated `any` inputs to reach the control plane")
     # The device has nothing left to send: what is stored now is all it ever will send.
     dev = fleet.node_urls["dev-1"]
     wait_for(lambda: metric_sum(http, dev, "tierlink_hard_examples_pending") == 0, 5.0,
              "the device's hard-example queue to drain")
-    stored = _stored(http, control)
+    stored = _stored(http, control, fleet.admin_headers)
 
     assert sorted(e["request_id"] for e in stored) == sorted(expected)
     for e in stored:
@@ -109,7 +109,8 @@ def test_only_escalated_any_inputs_reach_the_control_plane(
     assert metric_sum(http, fleet.node_urls["edge-1"], HARD) == 0  # nothing to escalate to
 
     # The export holds the very inputs that were sent, with their labels.
-    export = http.get(f"{control}/v1/hard-examples/export", params={"model": "fmnist-small"})
+    export = http.get(f"{control}/v1/hard-examples/export", params={"model": "fmnist-small"},
+                      headers=fleet.admin_headers)
     with np.load(io.BytesIO(export.content), allow_pickle=False) as npz:
         by_id = dict(zip(npz["request_ids"].tolist(), range(len(npz["ids"])), strict=True))
         assert set(by_id) == set(expected)
@@ -119,7 +120,7 @@ def test_only_escalated_any_inputs_reach_the_control_plane(
             assert npz["labels"][row] == s.label
 
 
-def _stored(http: httpx.Client, control: str) -> list[dict[str, Any]]:
-    page = http.get(f"{control}/v1/hard-examples", params={"limit": 1000})
+def _stored(http: httpx.Client, control: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+    page = http.get(f"{control}/v1/hard-examples", params={"limit": 1000}, headers=headers)
     page.raise_for_status()
     return list(page.json()["examples"])

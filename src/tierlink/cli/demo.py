@@ -57,7 +57,8 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
                 for name, policy in RUNS}
         report = {"runs": runs, "fleet": fleet_summary(fleet),
                   "thresholds": dict(config.routing.thresholds),
-                  "hard_examples": hard_example_summary(fleet.control_url),
+                  "hard_examples": hard_example_summary(fleet.control_url,
+                                                       headers=fleet.admin_headers),
                   "environment": environment(fleet, settings, zoo_summary)}
     _print_report(report)
     if json_path:

@@ -1,4 +1,5 @@
-"""How every command reports a ``TierlinkError``: the message and its hint on stderr, exit 2."""
+"""How every command reports a ``TierlinkError`` (the message and its hint on stderr, exit 2),
+and the operator credential commands that call the control plane share."""
 
 from __future__ import annotations
 
@@ -18,3 +19,19 @@ def fail(exc: TierlinkError) -> NoReturn:
     if exc.hint:
         _console.print(f"[yellow]hint:[/yellow] {exc.hint}")
     raise typer.Exit(2) from None
+
+
+# Commands that call the control plane as an operator take the control plane's admin token
+# (``tierlink control`` writes it to <db>.admin-token; ``tierlink up`` to <run dir>/admin.token).
+ADMIN_TOKEN_HELP = "the control plane's admin token (or set TIERLINK_ADMIN_TOKEN)"
+
+
+def admin_authorization(token: str | None) -> str | None:
+    """The ``Authorization`` header value for an operator, None without a token (an open
+    control plane)."""
+    return f"Bearer admin:{token.strip()}" if token and token.strip() else None
+
+
+def admin_headers(token: str | None) -> dict[str, str]:
+    value = admin_authorization(token)
+    return {"authorization": value} if value else {}

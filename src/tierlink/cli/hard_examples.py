@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tierlink.cli.errors import fail
+from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_authorization, fail
 from tierlink.errors import TierlinkError
 
 if TYPE_CHECKING:
@@ -31,21 +31,23 @@ TIMEOUT_S = 60.0  # an export of the whole store can be tens of megabytes
 
 
 
-def _client(url: str) -> ControlClient:
+def _client(url: str, token: str | None = None) -> ControlClient:
     """The control plane client (tests replace this to talk to an in-process app)."""
     from tierlink.control.client import ControlClient
 
-    return ControlClient(url, timeout_s=TIMEOUT_S)
+    return ControlClient(url, timeout_s=TIMEOUT_S, authorization=admin_authorization(token))
 
 
-async def _page(url: str, model: str | None, node: str | None, limit: int) -> list[dict[str, Any]]:
-    async with _client(url) as client:
+async def _page(url: str, model: str | None, node: str | None, limit: int,
+                token: str | None = None) -> list[dict[str, Any]]:
+    async with _client(url, token) as client:
         page = await client.hard_examples(model=model, node=node, limit=limit)
     return list(page["examples"])
 
 
-async def _export(url: str, model: str | None, node: str | None) -> bytes:
-    async with _client(url) as client:
+async def _export(url: str, model: str | None, node: str | None,
+                  token: str | None = None) -> bytes:
+    async with _client(url, token) as client:
         return await client.export_hard_examples(model=model, node=node)
 
 
@@ -54,10 +56,12 @@ def list_cmd(control_url: str = typer.Argument(..., help="control plane URL"),
              model: str | None = typer.Option(None, help="only this model's examples"),
              node: str | None = typer.Option(None, help="only those from this node"),
              limit: int = typer.Option(50, min=1, max=1000, help="at most this many (oldest first)"),
-             as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+             as_json: bool = typer.Option(False, "--json", help="print JSON"),
+             admin_token: str | None = typer.Option(None, envvar="TIERLINK_ADMIN_TOKEN",
+                                                    help=ADMIN_TOKEN_HELP)) -> None:
     """Show stored hard examples (metadata, not inputs)."""
     try:
-        examples = asyncio.run(_page(control_url, model, node, limit))
+        examples = asyncio.run(_page(control_url, model, node, limit, admin_token))
     except TierlinkError as exc:
         fail(exc)
     if as_json:
@@ -82,10 +86,12 @@ def _table(url: str, examples: list[dict[str, Any]]) -> Table:
 def export_cmd(control_url: str = typer.Argument(..., help="control plane URL"),
                out: Path = typer.Option(..., "--out", help="the .npz file to write"),
                model: str | None = typer.Option(None, help="only this model's examples"),
-               node: str | None = typer.Option(None, help="only those from this node")) -> None:
+               node: str | None = typer.Option(None, help="only those from this node"),
+               admin_token: str | None = typer.Option(None, envvar="TIERLINK_ADMIN_TOKEN",
+                                                      help=ADMIN_TOKEN_HELP)) -> None:
     """Write stored hard examples (with their inputs) to an .npz for retraining."""
     try:
-        data = asyncio.run(_export(control_url, model, node))
+        data = asyncio.run(_export(control_url, model, node, admin_token))
     except TierlinkError as exc:
         fail(exc)
     out.parent.mkdir(parents=True, exist_ok=True)

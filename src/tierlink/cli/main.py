@@ -16,7 +16,8 @@ from rich.table import Table
 
 from tierlink.cli.calibration import calibration
 from tierlink.cli.cascade import app as cascade_app
-from tierlink.cli.errors import fail
+from tierlink.cli.enroll import app as enroll_app
+from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
 from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.quantize import quantize
 from tierlink.cli.split import app as split_app
@@ -29,6 +30,7 @@ zoo_app = typer.Typer(help="Build and inspect the model zoo.", no_args_is_help=T
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(hard_examples_app, name="hard-examples")
 app.add_typer(cascade_app, name="cascade")
+app.add_typer(enroll_app, name="enroll")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
 app.add_typer(split_app, name="split")
@@ -158,6 +160,8 @@ def _print_endpoints(info: dict[str, Any]) -> None:
     Console().print(table)
     console.print(f"control plane {info['control']}  ·  links {info['links']}  ·  "
                   f"logs {info['run_dir']}/logs")
+    console.print(f"operator token: export TIERLINK_ADMIN_TOKEN=$(cat {info['run_dir']}/"
+                  "admin.token)")
 
 
 def _wait_for_signal(fleet: Any) -> None:
@@ -225,24 +229,41 @@ def _upstream(text: str) -> Any:
 @app.command("control")
 def control_cmd(port: int = typer.Option(7000), host: str = typer.Option("127.0.0.1"),
                 db: Path = typer.Option(Path("tierlink-registry.db")),
-                ttl: float = typer.Option(5.0, help="seconds before a silent node expires")) -> None:
-    """Run the control plane (fleet registry, SQLite)."""
+                ttl: float = typer.Option(5.0, help="seconds before a silent node expires"),
+                admin_token_file: Path | None = typer.Option(
+                    None, help="operators' token (created 0600 if absent; default "
+                               "<db>.admin-token)"),
+                open_registry: bool = typer.Option(
+                    False, "--open", help="no credentials (a trusted loopback only)")) -> None:
+    """Run the control plane (fleet registry, model repository, rollouts; SQLite)."""
     from tierlink.control.server import run_control
 
-    run_control(host, port, db, ttl)
+    try:
+        run_control(host, port, db, ttl, admin_token_file=admin_token_file,
+                    open_registry=open_registry)
+    except TierlinkError as exc:
+        fail(exc)
 
 
 @app.command()
 def status(control: str = typer.Argument(..., help="control plane URL"),
-           as_json: bool = typer.Option(False, "--json")) -> None:
+           as_json: bool = typer.Option(False, "--json"),
+           admin_token: str | None = typer.Option(None, envvar="TIERLINK_ADMIN_TOKEN",
+                                                  help=ADMIN_TOKEN_HELP)) -> None:
     """The fleet as the control plane sees it."""
     import httpx
 
+    from tierlink.errors import error_from_dict
+
     try:
-        nodes = httpx.get(f"{control.rstrip('/')}/v1/nodes", timeout=3.0).json()["nodes"]
+        response = httpx.get(f"{control.rstrip('/')}/v1/nodes", timeout=3.0,
+                             headers=admin_headers(admin_token), trust_env=False)
     except httpx.HTTPError as exc:
         console.print(f"[red]error:[/red] cannot reach the control plane at {control}: {exc}")
         raise typer.Exit(2) from exc
+    if response.status_code >= 400:
+        fail(error_from_dict(response.json(), response.status_code))
+    nodes = response.json()["nodes"]
     if as_json:
         print(json.dumps(nodes, indent=2))
         return

@@ -7,6 +7,10 @@
     POST   /v1/hard-examples               a node's batch of hard examples (HardExampleBatch)
     GET    /v1/hard-examples               their metadata: ?model=&node=&after_id=&limit=
     GET    /v1/hard-examples/export        an .npz of them with their inputs: ?model=&node=&limit=
+    POST   /v1/enroll                      a node enrolls: {token, node_id, tier} -> {secret}
+    POST   /v1/enrollment-tokens           (operator) a new enrollment token
+    GET    /v1/credentials                 (operator) enrolled nodes, revoked ones marked
+    POST   /v1/credentials/{node_id}/revoke (operator) revoke a node; it leaves the registry
     GET    /healthz                        the store answers
     GET    /metrics                        Prometheus text exposition
 
@@ -18,6 +22,11 @@ Hard examples are inputs a node escalated for low confidence and whose privacy l
 them reach the control plane (the node decides; the store still refuses ``local`` ones).
 A malformed batch (e.g. a tensor whose bytes do not match its shape) is a 400 naming the
 field; a failing disk is a 503 and the registry keeps serving.
+
+With an :class:`~tierlink.control.identity.IdentityStore` (``tierlink control`` always has
+one; tests may leave it out) every call but ``/healthz``, ``/metrics`` and ``/v1/enroll``
+needs ``Authorization: Bearer node:<id>:<secret>`` or ``Bearer admin:<token>``; who may call
+what is :func:`tierlink.control.identity.access_rule`. Unknown or revoked nodes get a 401.
 
 Errors are ``{"error", "code", "hint"}`` JSON, from the :mod:`tierlink.errors` tree.
 """
@@ -48,10 +57,13 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
+from tierlink.control.identity import IdentityStore, authorize
 from tierlink.control.schemas import (
+    EnrollIn,
     HardExampleBatch,
     Heartbeat,
     NodeRecord,
+    TokenIn,
     format_error_list,
     format_validation_error,
 )
@@ -224,6 +236,7 @@ def create_app(
     sweep_interval_s: float = 1.0,
     hard_examples: HardExampleStore | None = None,
     hard_example_max_rows: int = 50_000,
+    identity: IdentityStore | None = None,
 ) -> FastAPI:
     """The registry app over ``store``. The caller owns ``store`` and closes it after the
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
@@ -231,7 +244,10 @@ def create_app(
 
     ``hard_examples``: where hard examples go (owned by the caller). When None and ``store``
     is SQLite, the app opens a :class:`SqliteHardExampleStore` on the same file, capped at
-    ``hard_example_max_rows``, and closes it when its lifespan ends."""
+    ``hard_example_max_rows``, and closes it when its lifespan ends.
+
+    ``identity``: when given, calls are authenticated (see the module docstring); the caller
+    owns it. None: an open registry (unit tests, a trusted loopback)."""
     if ttl_s <= 0 or sweep_interval_s <= 0:
         raise ConfigError(
             f"ttl_s ({ttl_s}) and sweep_interval_s ({sweep_interval_s}) must be positive",
@@ -262,11 +278,57 @@ def create_app(
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)
     app.state.registry = service
     app.state.hard_examples = examples
+    app.state.identity = identity
     _install_error_handlers(app)
     _install_timing(app, service.metrics)
+    if identity is not None:
+        _install_auth(app, identity)
+        _install_identity_routes(app, identity, service)
     _install_routes(app, service, examples)
     _install_hard_example_routes(app, examples)
     return app
+
+
+def _install_auth(app: FastAPI, identity: IdentityStore) -> None:
+    @app.middleware("http")
+    async def authenticated(request: Request, call_next: Callable[[Request], Awaitable[Response]]
+                            ) -> Response:
+        try:
+            request.state.caller = await asyncio.to_thread(
+                authorize, identity, request.method, request.url.path,
+                request.headers.get("authorization"))
+        except TierlinkError as exc:
+            return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+        return await call_next(request)
+
+
+def _install_identity_routes(app: FastAPI, identity: IdentityStore,
+                             service: RegistryService) -> None:
+    @app.post("/v1/enroll")
+    def enroll(body: EnrollIn) -> dict[str, Any]:
+        secret = identity.enroll(body.token, body.node_id, body.tier, service.clock())
+        log.info("node %s (%s) enrolled", body.node_id, body.tier)
+        return {"node_id": body.node_id, "secret": secret}
+
+    @app.post("/v1/enrollment-tokens", status_code=201)
+    def create_token(body: TokenIn) -> dict[str, Any]:
+        token = identity.create_token(service.clock(), ttl_s=body.ttl_s, uses=body.uses,
+                                      note=body.note)
+        return {"token": token, "ttl_s": body.ttl_s, "uses": body.uses, "note": body.note}
+
+    @app.get("/v1/credentials")
+    def credentials() -> dict[str, Any]:
+        return {"nodes": [{"node_id": c.node_id, "tier": c.tier, "enrolled_at": c.enrolled_at,
+                           "revoked_at": c.revoked_at} for c in identity.credentials()]}
+
+    @app.post("/v1/credentials/{node_id}/revoke")
+    def revoke(node_id: str) -> Any:
+        if not identity.revoke(node_id, service.clock()):
+            return _error(404, f"node {node_id!r} is not enrolled or already revoked",
+                          "node_not_found", "list them with GET /v1/credentials")
+        service.deregister(node_id)  # nobody routes to it any more
+        log.warning("node %s revoked", node_id)
+        return {"node_id": node_id, "revoked": True}
 
 
 def _install_routes(app: FastAPI, service: RegistryService,

@@ -40,19 +40,39 @@ class ControlClient:
     """
 
     def __init__(self, base_url: str, timeout_s: float = 1.0, *,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 authorization: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
                                        transport=transport, trust_env=False)
+        if authorization:
+            self.authorize(authorization)
 
-    async def heartbeat(self, body: Mapping[str, Any]) -> None:
-        """Send one heartbeat (a :class:`~tierlink.control.schemas.Heartbeat` as a dict)."""
+    def authorize(self, authorization: str) -> None:
+        """Send ``Authorization: <authorization>`` from now on (see control/identity.py)."""
+        self._http.headers["authorization"] = authorization
+
+    async def enroll(self, token: str, node_id: str, tier: str) -> str:
+        """Enroll this node with an operator's token; returns its secret (keep it safe)."""
+        response = await self._call("POST", "/v1/enroll", "an enrollment",
+                                    json={"token": token, "node_id": node_id, "tier": tier})
+        secret = _json_object(response, self._url("/v1/enroll")).get("secret")
+        if not isinstance(secret, str) or not secret:
+            raise ControlPlaneError(f"control plane at {self.base_url} enrolled {node_id} "
+                                    "without a secret", hint="is it a tierlink control plane?")
+        return secret
+
+    async def heartbeat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one heartbeat (a :class:`~tierlink.control.schemas.Heartbeat` as a dict);
+        returns the control plane's answer (generation, and what it wants of the node)."""
         node_id = body.get("node_id")
         if not isinstance(node_id, str) or not node_id:
             raise InvalidRequest("heartbeat body has no 'node_id'",
                                  hint="build the body with the node's stable id")
-        await self._call("POST", f"/v1/nodes/{node_id}/heartbeat", "a heartbeat", json=body)
+        response = await self._call("POST", f"/v1/nodes/{node_id}/heartbeat", "a heartbeat",
+                                    json=body)
+        return _json_object(response, self._url(f"/v1/nodes/{node_id}/heartbeat"))
 
     async def nodes(self) -> list[dict[str, Any]]:
         """The alive nodes, as ``NodeRecord`` dicts sorted by node id."""

@@ -283,3 +283,23 @@ def _location(loc: tuple[int | str, ...]) -> str:
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class EnrollIn(BaseModel):
+    """``POST /v1/enroll``: a node asks for a credential with an operator's token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: str = Field(min_length=16, max_length=256)
+    node_id: NodeId
+    tier: TierName
+
+
+class TokenIn(BaseModel):
+    """``POST /v1/enrollment-tokens``: lifetime (None: no expiry) and uses (None: any)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttl_s: float | None = Field(default=None, gt=0)
+    uses: int | None = Field(default=None, ge=1)
+    note: str = Field(default="", max_length=256)

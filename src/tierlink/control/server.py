@@ -36,23 +36,38 @@ def run_control(
     ttl_s: float = 5.0,
     ready_file: Path | None = None,
     hard_example_rows: int = 50_000,
+    admin_token_file: Path | None = None,
+    open_registry: bool = False,
 ) -> None:
     """Serve the registry on ``host:port`` (0: any free port) until SIGTERM/SIGINT.
+
+    Calls are authenticated (nodes enroll; operators use the admin token in
+    ``admin_token_file``, default ``<db>.admin-token``, created mode 0600 when absent)
+    unless ``open_registry`` (a trusted loopback without credentials).
 
     Raises :class:`~tierlink.errors.ConfigError` when the port cannot be bound and
     :class:`~tierlink.errors.ControlPlaneError` when the database cannot be opened.
     """
     from tierlink.control.app import create_app
+    from tierlink.control.identity import IdentityStore, load_or_create_admin_token
     from tierlink.control.store import SqliteRegistryStore
 
     sock = _bind(host, port)
     actual_port = sock.getsockname()[1]
     try:
         store = SqliteRegistryStore(db_path)
+        identity = None
         try:
-            _serve(create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows), sock,
-                   on_ready=lambda: _announce(ready_file, host, actual_port))
+            if not open_registry:
+                token_file = admin_token_file or Path(f"{db_path}.admin-token")
+                identity = IdentityStore(db_path, load_or_create_admin_token(token_file))
+                log.info("admin token in %s; nodes must enroll", token_file)
+            app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
+                             identity=identity)
+            _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
         finally:
+            if identity is not None:
+                identity.close()
             store.close()
     finally:
         sock.close()
@@ -131,6 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help='write {"port": N} here once listening')
     parser.add_argument("--hard-example-rows", type=int, default=50_000,
                         help="keep at most this many hard examples (oldest evicted)")
+    parser.add_argument("--admin-token-file", type=Path, default=None,
+                        help="the operators' token (created 0600 if absent; default "
+                             "<db>.admin-token)")
+    parser.add_argument("--open", action="store_true",
+                        help="no credentials: any caller may heartbeat, publish and read "
+                             "(a trusted loopback only)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -138,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("tierlink").setLevel(logging.INFO)
     try:
         run_control(args.host, args.port, args.db, args.ttl, args.ready_file,
-                    args.hard_example_rows)
+                    args.hard_example_rows, args.admin_token_file, args.open)
     except TierlinkError as exc:
         log.error("%s", exc)
         return 2

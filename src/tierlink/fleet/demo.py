@@ -301,7 +301,8 @@ def environment(fleet: RunningFleet, settings: DemoSettings, zoo: dict[str, Any]
     }
 
 
-def hard_example_summary(control_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+def hard_example_summary(control_url: str, timeout_s: float = 10.0,
+                         headers: dict[str, str] | None = None) -> dict[str, Any]:
     """What the control plane's hard-example store holds after the runs: how many, from
     which models and privacy levels, and how often the escalating model was in fact wrong
     (where the client sent the label) — read back from its ``.npz`` export."""
@@ -309,7 +310,8 @@ def hard_example_summary(control_url: str, timeout_s: float = 10.0) -> dict[str,
 
     import numpy as np
 
-    response = httpx.get(f"{control_url}/v1/hard-examples/export", timeout=timeout_s)
+    response = httpx.get(f"{control_url}/v1/hard-examples/export", timeout=timeout_s,
+                         headers=headers)
     response.raise_for_status()
     data = np.load(io.BytesIO(response.content), allow_pickle=False)
     labels, predictions = data["labels"], data["predictions"]

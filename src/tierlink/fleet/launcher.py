@@ -45,6 +45,13 @@ class RunningFleet:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     throttles: list[Any] = field(default_factory=list)
     cpu_mode: str = "none"
+    admin_token: str = ""  # operators' credential (also in run_dir/admin.token)
+    enroll_token: str = ""  # the token this fleet's nodes enroll with
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers for an operator's call to the control plane."""
+        return {"authorization": f"Bearer admin:{self.admin_token}"}
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate every process this fleet started (nodes first), then clean cgroups."""
@@ -136,12 +143,27 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: 
 
 def _start_control(fleet: RunningFleet, timeout_s: float) -> None:
     ready = fleet.run_dir / "control.ready"
+    token_file = fleet.run_dir / "admin.token"
     proc = _spawn(fleet, "control", [
         "-m", "tierlink.control.server", "--host", HOST, "--port", str(fleet.config.control_port),
         "--db", str(fleet.run_dir / "registry.db"), "--ttl", str(fleet.config.control_ttl_s),
-        "--ready-file", str(ready)])
+        "--ready-file", str(ready), "--admin-token-file", str(token_file)])
     info = _wait_file(ready, proc, "control plane", timeout_s)
     fleet.control_url = f"http://{HOST}:{info['port']}"
+    fleet.admin_token = token_file.read_text().strip()
+    fleet.enroll_token = _enrollment_token(fleet)
+
+
+def _enrollment_token(fleet: RunningFleet) -> str:
+    """One token for this fleet's nodes (any number of uses: nodes added later use it too)."""
+    try:
+        response = httpx.post(f"{fleet.control_url}/v1/enrollment-tokens",
+                              json={"note": f"fleet {fleet.config.name}"},
+                              headers=fleet.admin_headers, timeout=10.0, trust_env=False)
+        response.raise_for_status()
+        return str(response.json()["token"])
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise LaunchError(f"could not create an enrollment token: {exc}") from exc
 
 
 def _link_spec(link: LinkConfig, ports: dict[str, int]) -> dict[str, Any]:
@@ -181,7 +203,9 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     seed=cfg.seed + zlib.crc32(node.node_id.encode()) % 1000,
                     ready_file=str(fleet.run_dir / f"{node.node_id}.ready"),
                     hard_examples_raw=dict(cfg.raw_hard_examples),
-                    control_tier=cfg.control_tier.label)
+                    control_tier=cfg.control_tier.label,
+                    state_dir=str(fleet.run_dir / "state" / node.node_id),
+                    enroll_token=fleet.enroll_token)
 
 
 def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],

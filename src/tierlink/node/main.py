@@ -60,6 +60,8 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     from tierlink.node.app import create_app
 
     control = ControlClient(spec.control_url) if spec.control_url else None
+    if control is not None:
+        await _identify(spec, control)
     cache = RegistryCache(control) if control else None
     # The control client is also where hard examples go (see node/hard_examples.py).
     service = NodeService(spec, runtimes, records=(lambda: cache.nodes) if cache else list,
@@ -90,6 +92,38 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
             await beat.stop(deregister=True)
         if control:
             await control.close()
+
+
+async def _identify(spec: NodeSpec, control: Any) -> None:
+    """Load or enroll this node's identity (see node/identity.py) before any other call."""
+    from tierlink.errors import ConfigError
+    from tierlink.node.identity import ensure_identity
+
+    if spec.state_dir is None:
+        if spec.enroll_token:
+            raise ConfigError("a node with an enroll_token needs a state_dir to keep its "
+                              "identity in", hint="set state_dir in the node spec")
+        return
+    from tierlink.errors import ControlPlaneError
+
+    state_dir = Path(spec.state_dir)
+    attempt = 0
+    while True:
+        try:
+            identity = await ensure_identity(control, state_dir, spec.node_id,
+                                             spec.tier.label, spec.enroll_token)
+        except ControlPlaneError as exc:
+            if exc.details.get("status") is not None:
+                raise  # refused (bad token, revoked id): retrying cannot help
+            if attempt == 0:
+                log.warning("cannot enroll yet (%s); retrying every 2 s", exc)
+            attempt += 1
+            await asyncio.sleep(2.0)
+            continue
+        if identity is not None:
+            log.info("node %s identified (enrolled %s)", identity.node_id,
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(identity.enrolled_at)))
+        return
 
 
 async def _wait_started(server: Any, serving: asyncio.Task[None]) -> int:

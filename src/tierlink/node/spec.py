@@ -61,6 +61,9 @@ class NodeSpec:
     hard_examples_raw: dict[str, Any] = field(default_factory=dict)  # fleet `hard_examples:`
     control_tier: str = "cloud"  # the control plane's tier: what hard examples may reach
     heads: tuple[ModelSource, ...] = ()  # models whose head this node may run (split plans)
+    # Where the node keeps what must survive a restart: its identity, model slots, outbox.
+    state_dir: str | None = None
+    enroll_token: str | None = None  # enrolls with it when state_dir holds no identity yet
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)
