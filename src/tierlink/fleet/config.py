@@ -18,6 +18,7 @@ import yaml
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.node.hedging import HedgeConfig
 from tierlink.policy.base import PolicyConfig, Weights
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -50,6 +51,9 @@ class RoutingConfig:
     # Probe a link that carried no traffic for this long (s; 0 = never) — only nodes that
     # can start split plans probe, since only split plans depend on the bandwidth.
     probe_idle_s: float = 2.0
+    # Hedged calls upstream (node/hedging.py): after the learned delay, a copy to the plan's
+    # next upstream, within a duplicate budget.
+    hedging: HedgeConfig = field(default_factory=HedgeConfig)
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
@@ -275,6 +279,23 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
         local_features_may_leave=_bool(raw.get("local_features_may_leave", False),
                                        "routing.local_features_may_leave"),
         probe_idle_s=_float(raw.get("probe_idle_s", 2.0), "routing.probe_idle_s", 0.0),
+        hedging=_hedging(_mapping(raw.get("hedging") or {}, "routing.hedging")),
+    )
+
+
+def _hedging(raw: Mapping[str, Any]) -> HedgeConfig:
+    known = ("enabled", "quantile", "budget", "min_samples", "window", "min_delay_ms")
+    for key in raw:
+        _known(key, known, "routing.hedging")
+    d = HedgeConfig()
+    return HedgeConfig(
+        enabled=_bool(raw.get("enabled", d.enabled), "routing.hedging.enabled"),
+        quantile=_float(raw.get("quantile", d.quantile), "routing.hedging.quantile", 0.5, 1.0),
+        budget=_float(raw.get("budget", d.budget), "routing.hedging.budget", 0.0, 1.0),
+        min_samples=_int(raw.get("min_samples", d.min_samples), "routing.hedging.min_samples", 1),
+        window=_int(raw.get("window", d.window), "routing.hedging.window", 1),
+        min_delay_ms=_float(raw.get("min_delay_ms", d.min_delay_ms),
+                            "routing.hedging.min_delay_ms", 0.0),
     )
 
 

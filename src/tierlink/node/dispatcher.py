@@ -8,6 +8,10 @@ escalation is recorded in the ``Outcome`` and counted; nothing is swallowed. Whe
 placements fail after a low-confidence answer, that answer is returned, marked degraded,
 rather than an error.
 
+A remote placement whose call takes longer than usual may be **hedged** (``node/hedging.py``):
+after the learned delay a copy goes to the plan's next remote placement (another node), the
+first answer wins and the loser is cancelled; that next placement is then not tried again.
+
 A *local* answer that is escalated for low confidence is also handed to ``on_hard_example``
 (the hard-example loop): synchronously, on the event loop, before the next placement runs.
 Answers that fail, or that fall back, are never handed over: only low confidence counts.
@@ -15,6 +19,7 @@ Answers that fail, or that fall back, are never handed over: only low confidence
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -32,6 +37,7 @@ from tierlink.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from tierlink.node.hedging import Hedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class DispatchObserver(Protocol):
     def escalated(self, model: str) -> None: ...
     def fell_back(self, node_id: str, reason: str) -> None: ...
     def retried(self, node_id: str) -> None: ...
+    def hedged(self, node_id: str, outcome: str) -> None: ...
 
 
 def reason_of(exc: TierlinkError) -> str:
@@ -110,9 +117,10 @@ class Dispatcher:
         self, node_id: str, tier: Tier, local: LocalStep, remote: RemoteStep,
         breakers: Breakers, budget: RetryBudget, observer: DispatchObserver,
         clock: Callable[[], float], margin_ms: float = 1.0,
-        on_hard_example: HardExampleHook = _ignore,
+        on_hard_example: HardExampleHook = _ignore, hedger: Hedger | None = None,
     ) -> None:
         self._node_id, self._tier = node_id, tier
+        self._hedger = hedger
         self._on_hard_example = on_hard_example
         self._local, self._remote = local, remote
         self._breakers, self._budget, self._obs = breakers, budget, observer
@@ -123,10 +131,15 @@ class Dispatcher:
     ) -> StepResult:
         """Run ``plan`` until an answer is final; ``deadline_at`` on the injected clock."""
         self._budget.deposit()
+        if self._hedger is not None:
+            self._hedger.deposit()
         in_hand: StepResult | None = None
         fallbacks: list[Fallback] = []
         escalations, spent = 0, 0.0  # spent: cost of answers superseded by an escalation
+        tried: set[int] = set()  # placements a hedge already tried
         for i, placement in enumerate(plan.placements):
+            if i in tried:
+                continue
             remaining_ms = (deadline_at - self._clock()) * 1000.0
             if not plan.respects_deadline:
                 remaining_ms = max(remaining_ms, ADVISORY_DEADLINE_MS)
@@ -135,7 +148,8 @@ class Dispatcher:
                 self._obs.fell_back(placement.node_id, "deadline")
                 break
             result = await self._attempt(placement, req, inputs, remaining_ms,
-                                         in_hand is not None, fallbacks)
+                                         in_hand is not None, fallbacks,
+                                         self._hedge_target(plan, i, tried), tried)
             if result is None:
                 continue
             if in_hand is not None:
@@ -159,7 +173,8 @@ class Dispatcher:
 
     async def _attempt(
         self, placement: Placement, req: Request, inputs: Inputs, remaining_ms: float,
-        holding: bool, fallbacks: list[Fallback],
+        holding: bool, fallbacks: list[Fallback], hedge: tuple[int, Placement] | None = None,
+        tried: set[int] | None = None,
     ) -> StepResult | None:
         if placement.kind == "local":
             return await self._try(placement, self._local(placement, req, inputs, remaining_ms),
@@ -177,14 +192,91 @@ class Dispatcher:
             return None
         # Keep a margin to still return the answer in hand if this hop times out.
         budget_ms = remaining_ms - (self._margin_ms if holding else 0.0)
-        result = await self._try(
-            placement, self._remote(placement, req, inputs, remaining_ms, budget_ms), fallbacks)
-        if result is None and self._retryable(fallbacks[-1], placement, remaining_ms):
+        result, hedged = await self._first_try(placement, req, inputs, remaining_ms, budget_ms,
+                                               fallbacks, hedge)
+        if hedged and hedge is not None and tried is not None:
+            tried.add(hedge[0])
+        if result is None and not hedged and self._retryable(fallbacks[-1], placement, remaining_ms):
             self._obs.retried(placement.node_id)
             fallbacks[-1] = replace(fallbacks[-1], detail=fallbacks[-1].detail + " (retried)")
             result = await self._try(
                 placement, self._remote(placement, req, inputs, remaining_ms, budget_ms),
                 fallbacks)
+        return result
+
+    def _hedge_target(self, plan: Plan, i: int, tried: set[int]
+                      ) -> tuple[int, Placement] | None:
+        """The placement a hedge of ``plan.placements[i]`` would go to: the next plain remote
+        one on another node whose breaker is closed."""
+        first = plan.placements[i]
+        if self._hedger is None or first.kind != "remote" or first.cut:
+            return None
+        for j in range(i + 1, len(plan.placements)):
+            other = plan.placements[j]
+            if (other.kind == "remote" and not other.cut and other.node_id != first.node_id
+                    and j not in tried and self._breakers.allow(other.node_id)):
+                return j, other
+        return None
+
+    async def _first_try(
+        self, placement: Placement, req: Request, inputs: Inputs, remaining_ms: float,
+        budget_ms: float, fallbacks: list[Fallback], hedge: tuple[int, Placement] | None,
+    ) -> tuple[StepResult | None, bool]:
+        """One call upstream, hedged when it runs late; ``(answer, whether a hedge went)``."""
+        start = self._clock()
+        delay_ms = None if hedge is None or self._hedger is None \
+            else self._hedger.delay_ms(req.task)
+        if (hedge is None or self._hedger is None or delay_ms is None
+                or remaining_ms - delay_ms - self._margin_ms < hedge[1].est_ms):
+            call = self._remote(placement, req, inputs, remaining_ms, budget_ms)
+            return await self._timed(placement, req, call, fallbacks, start), False
+        first = asyncio.ensure_future(self._remote(placement, req, inputs, remaining_ms,
+                                                   budget_ms))
+        try:
+            done, _ = await asyncio.wait({first}, timeout=delay_ms / 1000.0)
+            if done:
+                return await self._timed(placement, req, first, fallbacks, start), False
+            if not self._hedger.take():
+                self._obs.hedged(hedge[1].node_id, "no_budget")
+                return await self._timed(placement, req, first, fallbacks, start), False
+            return await self._race(placement, first, hedge[1], req, inputs, remaining_ms,
+                                    budget_ms, fallbacks, start), True
+        finally:
+            if not first.done():  # we were cancelled (the caller went away)
+                first.cancel()
+
+    async def _race(
+        self, first: Placement, call: asyncio.Future[StepResult], second: Placement,
+        req: Request, inputs: Inputs, remaining_ms: float, budget_ms: float,
+        fallbacks: list[Fallback], start: float,
+    ) -> StepResult | None:
+        elapsed_ms = (self._clock() - start) * 1000.0
+        self._obs.hedged(second.node_id, "sent")
+        hedge = asyncio.ensure_future(self._remote(second, req, inputs,
+                                                   remaining_ms - elapsed_ms,
+                                                   budget_ms - elapsed_ms))
+        owner = {call: first, hedge: second}
+        pending: set[asyncio.Future[StepResult]] = {call, hedge}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    result = await self._timed(owner[task], req, task, fallbacks, start)
+                    if result is not None:
+                        self._obs.hedged(second.node_id, "won" if task is hedge else "lost")
+                        return result
+            return None
+        finally:
+            for task in pending:  # the loser: its answer is not needed any more
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _timed(self, placement: Placement, req: Request, call: Awaitable[StepResult],
+                     fallbacks: list[Fallback], start: float) -> StepResult | None:
+        result = await self._try(placement, call, fallbacks)
+        if result is not None and self._hedger is not None:
+            self._hedger.observe(req.task, placement.node_id, (self._clock() - start) * 1000.0)
         return result
 
     async def _try(

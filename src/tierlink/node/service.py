@@ -60,6 +60,7 @@ from tierlink.node.breaker import BreakerBoard, BreakerSettings
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader
+from tierlink.node.hedging import Hedger
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
@@ -139,7 +140,8 @@ class NodeService:
                                      _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      _Observer(self.metrics), clock,
                                      margin_ms=self.routing.reserve_ms,
-                                     on_hard_example=self._hard_example)
+                                     on_hard_example=self._hard_example,
+                                     hedger=Hedger(self.routing.hedging))
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
@@ -704,6 +706,9 @@ class _Observer:
 
     def retried(self, node_id: str) -> None:
         self._m.retries.labels(self._m.tier, node_id).inc()
+
+    def hedged(self, node_id: str, outcome: str) -> None:
+        self._m.hedges.labels(self._m.tier, node_id, outcome).inc()
 
 
 __all__ = ["NodeService"]

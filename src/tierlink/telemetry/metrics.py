@@ -65,6 +65,11 @@ class NodeMetrics:
                                  ["tier", "upstream", "reason"], registry=r)
         self.retries = Counter("tierlink_retries_total", "Retries on the same upstream",
                                ["tier", "upstream"], registry=r)
+        self.hedges = Counter(
+            "tierlink_hedges_total",
+            "Hedged calls by the hedge's upstream and outcome: sent, won (the hedge answered "
+            "first), lost (the first call did), no_budget (late, but the budget was spent)",
+            ["tier", "upstream", "outcome"], registry=r)
         self.breaker_state = Gauge("tierlink_breaker_open",
                                    "1 while the circuit breaker to an upstream is open",
                                    ["tier", "upstream"], registry=r)
