@@ -120,6 +120,11 @@ class FleetConfig:
     hard_examples: HardExampleConfig = field(default_factory=HardExampleConfig)
     raw_hard_examples: Mapping[str, Any] = field(default_factory=dict)  # for node specs
     seed: int = 0
+    # Public keys (ed25519:<base64>) whose signatures on model versions the nodes accept.
+    trusted_keys: tuple[str, ...] = ()
+    # Lets benchmarks and tests slow a node down over HTTP (/tierlink/v1/faults). Never on
+    # in production: anyone who reaches the node could degrade it.
+    fault_injection: bool = False
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
@@ -174,7 +179,15 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
                                           control.get("tier", "cloud")),
         raw_hard_examples=dict(data.get("hard_examples") or {}),
         seed=_int(data.get("seed", 0), "seed", 0),
+        trusted_keys=_strings(data.get("trusted_keys") or [], "trusted_keys"),
+        fault_injection=_bool(data.get("fault_injection", False), "fault_injection"),
     )
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} must be a list of strings")
+    return tuple(value)
 
 
 def parse_hard_examples(raw: Any, control_tier: str | Tier = "cloud") -> HardExampleConfig:

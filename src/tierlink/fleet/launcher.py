@@ -205,7 +205,8 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     hard_examples_raw=dict(cfg.raw_hard_examples),
                     control_tier=cfg.control_tier.label,
                     state_dir=str(fleet.run_dir / "state" / node.node_id),
-                    enroll_token=fleet.enroll_token)
+                    enroll_token=fleet.enroll_token, trusted_keys=cfg.trusted_keys,
+                    fault_injection=cfg.fault_injection)
 
 
 def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from tierlink import __version__
-from tierlink.errors import ModelNotFound, TensorError, TierlinkError
+from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, TierlinkError
 from tierlink.node import protocol
 from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
@@ -100,6 +100,17 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
     @app.get("/tierlink/v1/status")
     async def status() -> dict[str, Any]:
         return service.status()
+
+    @app.post("/tierlink/v1/faults")
+    async def faults(request: Request) -> dict[str, Any]:
+        """Fault injection (only with ``fault_injection`` in the spec): ``{"slowdown": N}``."""
+        try:
+            body = await request.json()
+            slowdown = float(body.get("slowdown", 1.0))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise InvalidRequest(f"faults: expected {{\"slowdown\": N}}: {exc}") from None
+        service.set_faults(slowdown)
+        return {"slowdown": service.slowdown}
 
     @app.post("/tierlink/v1/probe", status_code=204, response_class=Response)
     async def probe(request: Request) -> Response:

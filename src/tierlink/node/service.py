@@ -146,6 +146,18 @@ class NodeService:
         self._refresher: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
         self.started_at = time.time()
+        self.slowdown = 1.0  # > 1: an injected fault (spec.fault_injection), see set_faults
+
+    def set_faults(self, slowdown: float) -> None:
+        """Fault injection for tests and benchmarks: every local inference takes
+        ``slowdown`` times as long (the worker stays busy, like a slow CPU)."""
+        if not self.spec.fault_injection:
+            raise InvalidRequest(f"fault injection is off on {self.spec.node_id}",
+                                 hint="set fault_injection: true in the fleet file (tests only)")
+        if not 1.0 <= slowdown <= 1000.0:
+            raise InvalidRequest(f"slowdown must be in [1, 1000], got {slowdown}")
+        self.slowdown = slowdown
+        log.warning("fault injected: local inference %.1fx slower", slowdown)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -486,10 +498,15 @@ class NodeService:
                       deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:
         timing: list[float] = []
 
+        slowdown = self.slowdown
+
         def call() -> dict[str, np.ndarray]:
             start = time.perf_counter()
             try:
-                return rt.infer(inputs)
+                out = rt.infer(inputs)
+                if slowdown > 1.0:  # injected fault: this node computes N times slower
+                    time.sleep((slowdown - 1.0) * (time.perf_counter() - start))
+                return out
             finally:
                 timing.append((time.perf_counter() - start) * 1000.0)
 

@@ -64,6 +64,8 @@ class NodeSpec:
     # Where the node keeps what must survive a restart: its identity, model slots, outbox.
     state_dir: str | None = None
     enroll_token: str | None = None  # enrolls with it when state_dir holds no identity yet
+    trusted_keys: tuple[str, ...] = ()  # model versions must be signed by one of these
+    fault_injection: bool = False  # POST /tierlink/v1/faults may slow this node (tests)
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)
@@ -84,6 +86,7 @@ class NodeSpec:
             data["models"] = tuple(ModelSource(**m) for m in data.get("models", []))
             data["upstreams"] = tuple(UpstreamSpec(**u) for u in data.get("upstreams", []))
             data["heads"] = tuple(ModelSource(**m) for m in data.get("heads", []))
+            data["trusted_keys"] = tuple(data.get("trusted_keys", ()))
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid node spec: {exc}") from exc
