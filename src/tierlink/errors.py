@@ -190,6 +190,14 @@ class ArtifactRejected(RepositoryError):
             "trust (`trusted_keys` in the fleet file)")
 
 
+class VersionConflict(RepositoryError):
+    """A different artifact is already published under this (name, version)."""
+
+    code = "version_conflict"
+    http_status = 409
+    hint = "versions are immutable: publish this one under a new --version"
+
+
 class NotEnrolled(TierlinkError):
     code = "not_enrolled"
     http_status = 401

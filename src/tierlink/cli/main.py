@@ -19,6 +19,7 @@ from tierlink.cli.cascade import app as cascade_app
 from tierlink.cli.enroll import app as enroll_app
 from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
 from tierlink.cli.hard_examples import app as hard_examples_app
+from tierlink.cli.model import app as model_app
 from tierlink.cli.quantize import quantize
 from tierlink.cli.split import app as split_app
 from tierlink.cli.split_profile import profile_cmd
@@ -31,6 +32,7 @@ app.add_typer(zoo_app, name="zoo")
 app.add_typer(hard_examples_app, name="hard-examples")
 app.add_typer(cascade_app, name="cascade")
 app.add_typer(enroll_app, name="enroll")
+app.add_typer(model_app, name="model")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
 app.add_typer(split_app, name="split")
@@ -234,13 +236,19 @@ def control_cmd(port: int = typer.Option(7000), host: str = typer.Option("127.0.
                     None, help="operators' token (created 0600 if absent; default "
                                "<db>.admin-token)"),
                 open_registry: bool = typer.Option(
-                    False, "--open", help="no credentials (a trusted loopback only)")) -> None:
+                    False, "--open", help="no credentials (a trusted loopback only)"),
+                repo_dir: Path | None = typer.Option(
+                    None, help="model repository blobs (default <db>.blobs)"),
+                trusted_key: list[str] = typer.Option(
+                    [], help="accept model versions signed by this ed25519 public key only "
+                             "(repeatable)")) -> None:
     """Run the control plane (fleet registry, model repository, rollouts; SQLite)."""
     from tierlink.control.server import run_control
 
     try:
         run_control(host, port, db, ttl, admin_token_file=admin_token_file,
-                    open_registry=open_registry)
+                    open_registry=open_registry, repo_dir=repo_dir,
+                    trusted_publishers=tuple(trusted_key))
     except TierlinkError as exc:
         fail(exc)
 

@@ -11,6 +11,7 @@
     POST   /v1/enrollment-tokens           (operator) a new enrollment token
     GET    /v1/credentials                 (operator) enrolled nodes, revoked ones marked
     POST   /v1/credentials/{node_id}/revoke (operator) revoke a node; it leaves the registry
+    PUT    /v1/blobs/{sha256}, GET /v1/models...  the model repository (tierlink.repo.routes)
     GET    /healthz                        the store answers
     GET    /metrics                        Prometheus text exposition
 
@@ -76,6 +77,8 @@ from tierlink.control.store import (
     StoredExample,
 )
 from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, TierlinkError
+from tierlink.repo.routes import install_repository_routes
+from tierlink.repo.service import RepositoryService
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +240,7 @@ def create_app(
     hard_examples: HardExampleStore | None = None,
     hard_example_max_rows: int = 50_000,
     identity: IdentityStore | None = None,
+    repository: RepositoryService | None = None,
 ) -> FastAPI:
     """The registry app over ``store``. The caller owns ``store`` and closes it after the
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
@@ -247,7 +251,10 @@ def create_app(
     ``hard_example_max_rows``, and closes it when its lifespan ends.
 
     ``identity``: when given, calls are authenticated (see the module docstring); the caller
-    owns it. None: an open registry (unit tests, a trusted loopback)."""
+    owns it. None: an open registry (unit tests, a trusted loopback).
+
+    ``repository``: the model repository (``/v1/blobs``, ``/v1/models``; see
+    :mod:`tierlink.repo.routes`), owned by the caller; None: no repository routes."""
     if ttl_s <= 0 or sweep_interval_s <= 0:
         raise ConfigError(
             f"ttl_s ({ttl_s}) and sweep_interval_s ({sweep_interval_s}) must be positive",
@@ -286,6 +293,8 @@ def create_app(
         _install_identity_routes(app, identity, service)
     _install_routes(app, service, examples)
     _install_hard_example_routes(app, examples)
+    if repository is not None:
+        install_repository_routes(app, repository)
     return app
 
 

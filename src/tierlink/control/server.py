@@ -38,6 +38,8 @@ def run_control(
     hard_example_rows: int = 50_000,
     admin_token_file: Path | None = None,
     open_registry: bool = False,
+    repo_dir: Path | None = None,
+    trusted_publishers: tuple[str, ...] = (),
 ) -> None:
     """Serve the registry on ``host:port`` (0: any free port) until SIGTERM/SIGINT.
 
@@ -45,29 +47,41 @@ def run_control(
     ``admin_token_file``, default ``<db>.admin-token``, created mode 0600 when absent)
     unless ``open_registry`` (a trusted loopback without credentials).
 
+    The model repository keeps its blobs under ``repo_dir`` (default ``<db>.blobs``) and its
+    versions in the same SQLite file; with ``trusted_publishers`` (ed25519 public keys) only
+    versions signed by one of them are accepted.
+
     Raises :class:`~tierlink.errors.ConfigError` when the port cannot be bound and
     :class:`~tierlink.errors.ControlPlaneError` when the database cannot be opened.
     """
     from tierlink.control.app import create_app
     from tierlink.control.identity import IdentityStore, load_or_create_admin_token
     from tierlink.control.store import SqliteRegistryStore
+    from tierlink.repo.blobs import BlobStore
+    from tierlink.repo.service import RepositoryService
+    from tierlink.repo.store import SqliteVersionStore
 
     sock = _bind(host, port)
     actual_port = sock.getsockname()[1]
     try:
         store = SqliteRegistryStore(db_path)
+        versions = SqliteVersionStore(db_path)
         identity = None
         try:
+            repository = RepositoryService(
+                versions, BlobStore(repo_dir or Path(f"{db_path}.blobs")),
+                trusted_publishers=tuple(trusted_publishers))
             if not open_registry:
                 token_file = admin_token_file or Path(f"{db_path}.admin-token")
                 identity = IdentityStore(db_path, load_or_create_admin_token(token_file))
                 log.info("admin token in %s; nodes must enroll", token_file)
             app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
-                             identity=identity)
+                             identity=identity, repository=repository)
             _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
         finally:
             if identity is not None:
                 identity.close()
+            versions.close()
             store.close()
     finally:
         sock.close()
@@ -152,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--open", action="store_true",
                         help="no credentials: any caller may heartbeat, publish and read "
                              "(a trusted loopback only)")
+    parser.add_argument("--repo-dir", type=Path, default=None,
+                        help="where the model repository keeps its blobs (default <db>.blobs)")
+    parser.add_argument("--trusted-key", action="append", default=[], metavar="PUBLIC_KEY",
+                        help="accept model versions signed by this ed25519 key only "
+                             "(repeatable; default: any key whose signature verifies)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -159,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("tierlink").setLevel(logging.INFO)
     try:
         run_control(args.host, args.port, args.db, args.ttl, args.ready_file,
-                    args.hard_example_rows, args.admin_token_file, args.open)
+                    args.hard_example_rows, args.admin_token_file, args.open,
+                    args.repo_dir, tuple(args.trusted_key))
     except TierlinkError as exc:
         log.error("%s", exc)
         return 2

@@ -147,7 +147,8 @@ def _start_control(fleet: RunningFleet, timeout_s: float) -> None:
     proc = _spawn(fleet, "control", [
         "-m", "tierlink.control.server", "--host", HOST, "--port", str(fleet.config.control_port),
         "--db", str(fleet.run_dir / "registry.db"), "--ttl", str(fleet.config.control_ttl_s),
-        "--ready-file", str(ready), "--admin-token-file", str(token_file)])
+        "--ready-file", str(ready), "--admin-token-file", str(token_file),
+        *(arg for key in fleet.config.trusted_keys for arg in ("--trusted-key", key))])
     info = _wait_file(ready, proc, "control plane", timeout_s)
     fleet.control_url = f"http://{HOST}:{info['port']}"
     fleet.admin_token = token_file.read_text().strip()

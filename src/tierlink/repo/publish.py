@@ -1,0 +1,93 @@
+"""Make a publishable version out of a zoo model: the card rewritten, the validation measured.
+
+:func:`prepare_version` copies the card with its ``version`` set to the new version (its
+``name`` to the served name, its ``sha256`` to the graph's), hashes both files and builds the
+:class:`~tierlink.repo.manifest.VersionManifest` to sign. :func:`measure_validation` runs the
+graph with ONNX Runtime on the test split of the card's task (the zoo's datasets and
+evaluation code), which is the validation record every version carries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tierlink.errors import ConfigError
+from tierlink.repo.manifest import NAME_PATTERN, Validation, VersionManifest, is_safe_name
+from tierlink.repo.verify import hash_file
+
+Clock = Callable[[], float]
+Progress = Callable[[int, int], None]  # (images done, images in all)
+EVAL_BATCH = 1000
+
+
+def prepare_version(name: str, onnx_path: Path | str, card_path: Path | str, version: str,
+                    notes: str, out_dir: Path | str, validation: Validation, *,
+                    clock: Clock = time.time) -> tuple[VersionManifest, Path, Path]:
+    """The manifest of ``onnx_path`` + a copy of ``card_path`` (written into ``out_dir`` with
+    ``version``, ``name`` and, when the card has the field, ``sha256`` set) as version
+    ``version`` of model ``name``. Returns ``(manifest, onnx_path, the new card's path)``;
+    the graph itself is not copied. :class:`ConfigError` for a bad name, version or card."""
+    for field, value in (("model name", name), ("--version", version)):
+        if not is_safe_name(value):
+            raise ConfigError(f"{field} {value!r} does not match {NAME_PATTERN}",
+                              hint="use letters, digits, '.', '_' and '-'")
+    onnx = Path(onnx_path)
+    onnx_sha, onnx_size = hash_file(onnx)
+    card = _read_card(card_path)
+    card.update(name=name, version=version)
+    if "sha256" in card:
+        card["sha256"] = onnx_sha
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    new_card = out / f"{name}-{version}.json"
+    new_card.write_text(json.dumps(card, indent=2) + "\n")
+    card_sha, card_size = hash_file(new_card)
+    manifest = VersionManifest(name=name, task=str(card["task"]), version=version,
+                               onnx_sha256=onnx_sha, onnx_size=onnx_size,
+                               card_sha256=card_sha, card_size=card_size, notes=notes,
+                               validation=validation, created_at=clock())
+    return manifest, onnx, new_card
+
+
+def measure_validation(onnx_path: Path | str, card_path: Path | str,
+                       limit: int | None = None, *, progress: Progress | None = None,
+                       clock: Clock = time.time) -> Validation:
+    """Top-1 accuracy of the graph on the first ``limit`` (default: all) images of the test
+    split of the card's task (``fmnist`` or ``mnist``), one ONNX Runtime thread, in batches
+    of :data:`EVAL_BATCH` (``progress`` is called after each)."""
+    import numpy as np
+
+    from tierlink.zoo.datasets import load_splits
+    from tierlink.zoo.evaluate import accuracy, onnx_logits, ort_session
+
+    task = str(_read_card(card_path)["task"])
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--eval-limit must be >= 1, got {limit}",
+                          hint="omit it to evaluate the whole test split")
+    test = load_splits(task).test
+    test = test.head(limit) if limit is not None else test
+    session = ort_session(onnx_path, threads=1)
+    chunks = []
+    for start in range(0, len(test), EVAL_BATCH):
+        chunks.append(onnx_logits(session, test.images[start:start + EVAL_BATCH]))
+        if progress is not None:
+            progress(min(start + EVAL_BATCH, len(test)), len(test))
+    logits = np.concatenate(chunks)  # (N, classes)
+    return Validation(dataset=task, split="test", n=len(test),
+                      accuracy=accuracy(logits, test.labels), measured_at=clock())
+
+
+def _read_card(path: Path | str) -> dict[str, Any]:
+    try:
+        card = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the model card {path}: {exc}",
+                          hint="pass the .json card beside the .onnx with --card") from exc
+    if not isinstance(card, dict) or not isinstance(card.get("task"), str):
+        raise ConfigError(f"model card {path} is not a JSON object with a 'task'",
+                          hint="pass a zoo model card (tierlink zoo list shows them)")
+    return card

@@ -1,0 +1,78 @@
+"""Publishing a real zoo model: validation measured with ONNX Runtime, the card rewritten."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from repo_support import NOW, validation
+
+from tierlink.errors import ConfigError
+from tierlink.repo.publish import measure_validation, prepare_version
+from tierlink.repo.signing import sign_manifest
+from tierlink.repo.verify import hash_file, verify_artifact
+
+LIMIT = 600
+
+
+@pytest.fixture(scope="module")
+def zoo_model() -> tuple[Path, Path]:
+    """fmnist-small of the built ``full`` zoo; the quick ``test`` zoo where it is not built
+    (a fresh clone's CI builds that one for other tests anyway)."""
+    from tierlink.zoo.cache import ensure_zoo, zoo_dir
+
+    full = zoo_dir("full")
+    if (full / "fmnist-small.onnx").is_file() and (full / "fmnist-small.json").is_file():
+        return full / "fmnist-small.onnx", full / "fmnist-small.json"
+    zoo = ensure_zoo(profile="test", progress=False)
+    return zoo.root / "fmnist-small.onnx", zoo.root / "fmnist-small.json"
+
+
+def test_measure_validation_on_the_test_split(zoo_model: tuple[Path, Path]) -> None:
+    onnx, card = zoo_model
+    seen: list[tuple[int, int]] = []
+    v = measure_validation(onnx, card, LIMIT, progress=lambda d, t: seen.append((d, t)),
+                           clock=lambda: NOW)
+    assert (v.dataset, v.split, v.n, v.measured_at) == ("fmnist", "test", LIMIT, NOW)
+    card_accuracy = json.loads(card.read_text())["test_accuracy"]
+    # The card's figure is on the whole split; 600 images are within a few points of it.
+    assert abs(v.accuracy - card_accuracy) < 0.06, (v.accuracy, card_accuracy)
+    assert v.accuracy > 0.45
+    assert seen[-1] == (LIMIT, LIMIT)
+
+
+def test_prepare_version_rewrites_the_card_and_signs_clean(
+        zoo_model: tuple[Path, Path], tmp_path: Path, key: Ed25519PrivateKey,
+        public: str) -> None:
+    onnx, card = zoo_model
+    original = card.read_bytes()
+    manifest, onnx_path, card_path = prepare_version(
+        "fmnist-medium", onnx, card, "7", "small graph as a bad canary", tmp_path,
+        validation(), clock=lambda: NOW)
+    assert card.read_bytes() == original  # the zoo's card is never modified
+    new_card = json.loads(card_path.read_text())
+    assert (new_card["version"], new_card["name"]) == ("7", "fmnist-medium")
+    assert new_card["sha256"] == manifest.onnx_sha256 == hash_file(onnx)[0]
+    assert (manifest.name, manifest.task, manifest.version) == ("fmnist-medium", "fmnist", "7")
+    assert onnx_path == onnx and manifest.card_sha256 == hash_file(card_path)[0]
+    signed = sign_manifest(manifest, key)
+    assert verify_artifact(signed, onnx_path, card_path, [public]) == signed.key_id
+
+
+@pytest.mark.parametrize(("name", "version", "problem"), [
+    ("../x", "2", "model name"), ("fmnist-small", "2/../../3", "--version"),
+    ("fmnist-small", "", "--version")])
+def test_prepare_version_refuses_unsafe_names(zoo_model: tuple[Path, Path], tmp_path: Path,
+                                              name: str, version: str, problem: str) -> None:
+    onnx, card = zoo_model
+    with pytest.raises(ConfigError, match=problem):
+        prepare_version(name, onnx, card, version, "", tmp_path, validation())
+
+
+def test_a_card_without_a_task_is_refused(tmp_path: Path) -> None:
+    card = tmp_path / "card.json"
+    card.write_text("[]")
+    with pytest.raises(ConfigError, match="with a 'task'"):
+        measure_validation(tmp_path / "model.onnx", card, 10)

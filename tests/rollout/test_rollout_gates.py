@@ -1,0 +1,142 @@
+import pytest
+
+from tierlink.errors import ConfigError
+from tierlink.rollout.gates import (
+    Baseline,
+    Gates,
+    Outcome,
+    Verdict,
+    enough_data,
+    evaluate,
+    z_score,
+)
+from tierlink.rollout.stats import LATENCY_BUCKETS_MS, VersionStats
+
+NB = len(LATENCY_BUCKETS_MS)
+CONF = (0, 0, 0, 0, 1, 2, 3, 6, 13, 75)
+
+
+def hist(shares, n):
+    return tuple(round(s * n / sum(shares)) for s in shares)
+
+
+def lat_at(bucket, n):
+    counts = [0] * NB
+    counts[bucket] = n
+    return tuple(counts)
+
+
+def vs(n=400, err=0.0, esc=0.1, bucket=4, conf=CONF, fb=0, acc=0.9):
+    return VersionStats(requests=n, errors=round(n * err), escalations=round(n * esc),
+                        latency_ms_buckets=lat_at(bucket, n), confidence_buckets=hist(conf, n),
+                        feedback=fb, feedback_correct=round(fb * acc))
+
+
+def by_gate(verdicts):
+    return {v.gate: v for v in verdicts}
+
+
+def test_all_pass_on_equal_stats_accuracy_insufficient_without_feedback():
+    v = by_gate(evaluate(Gates(), 100, vs(), [Baseline(vs(n=4000))]))
+    assert [v[g].outcome for g in ("error_rate", "p95_latency", "escalation_rate",
+                                   "confidence_psi")] == [Outcome.PASS] * 4
+    assert v["feedback_accuracy"].outcome is Outcome.INSUFFICIENT
+    assert "need 100" in v["feedback_accuracy"].reason
+
+
+def test_error_rate_fails_with_readable_reason():
+    v = by_gate(evaluate(Gates(), 100, vs(err=0.125), [Baseline(vs(err=0.005))]))["error_rate"]
+    assert v.outcome is Outcome.FAIL
+    assert v.reason == "error rate 12.5% vs 0.5% (+12.0 pt > 2.0 pt) over 400 requests"
+
+
+def test_accuracy_drop_reason_and_minimum_feedback():
+    gates = Gates(min_feedback=200)
+    v = by_gate(evaluate(gates, 100, vs(fb=240, acc=0.8125),
+                         [Baseline(vs(fb=1000, acc=0.91))]))["feedback_accuracy"]
+    assert v.outcome is Outcome.FAIL
+    assert v.reason == ("accuracy on labelled feedback 81.2% vs 91.0% (-9.8 pt, drop > 2.0 pt)"
+                        " over 240 answers")
+    short = by_gate(evaluate(gates, 100, vs(fb=150, acc=0.5),
+                             [Baseline(vs(fb=1000, acc=0.91))]))["feedback_accuracy"]
+    assert short.outcome is Outcome.INSUFFICIENT
+
+
+def test_p95_needs_ratio_and_absolute_increase():
+    # 1 ms -> 2 ms is 2x but only +1 ms: passes
+    v = by_gate(evaluate(Gates(), 100, vs(bucket=1), [Baseline(vs(bucket=0))]))["p95_latency"]
+    assert v.outcome is Outcome.PASS
+    v = by_gate(evaluate(Gates(), 100, vs(bucket=6), [Baseline(vs(bucket=4))]))["p95_latency"]
+    assert v.outcome is Outcome.FAIL and "x > 1.50x" in v.reason
+
+
+def test_psi_gate_fails_on_shift():
+    shifted = (2, 3, 5, 10, 15, 15, 15, 15, 10, 10)
+    v = by_gate(evaluate(Gates(), 100, vs(conf=shifted), [Baseline(vs())]))["confidence_psi"]
+    assert v.outcome is Outcome.FAIL and "significant shift" in v.reason and v.value > 0.25
+
+
+def test_escalation_gate():
+    v = by_gate(evaluate(Gates(), 100, vs(esc=0.3), [Baseline(vs(esc=0.1))]))
+    assert v["escalation_rate"].outcome is Outcome.FAIL
+
+
+def test_fallback_baseline_is_used_and_named():
+    empty_window = Baseline(VersionStats())
+    before = Baseline(vs(n=2000, err=0.0), "vs 1 before this stage")
+    v = by_gate(evaluate(Gates(), 100, vs(err=0.1), [empty_window, before]))["error_rate"]
+    assert v.outcome is Outcome.FAIL and v.reason.endswith("(vs 1 before this stage)")
+    assert enough_data(100, vs(), [empty_window, before])
+    assert not enough_data(100, vs(n=50), [empty_window, before])
+    assert not enough_data(100, vs(), [empty_window])
+
+
+def test_insufficient_on_both_sides():
+    v = evaluate(Gates(), 100, vs(n=20), [Baseline(vs(n=20))])
+    assert all(x.outcome is Outcome.INSUFFICIENT for x in v)
+    assert evaluate(Gates(), 100, vs(), [])[0].outcome is Outcome.INSUFFICIENT
+
+
+def test_gates_json_and_validation():
+    g = Gates(max_psi=0.2, min_feedback=50)
+    assert Gates.from_dict(g.to_dict()) == g
+    assert Gates.from_dict({}) == Gates()
+    with pytest.raises(ConfigError, match="max_psy"):
+        Gates.from_dict({"max_psy": 0.1})
+    with pytest.raises(ConfigError, match="max_error_rate_delta"):
+        Gates(max_error_rate_delta=-1)
+    with pytest.raises(ConfigError, match="max_p95_ratio"):
+        Gates(max_p95_ratio=0.5)
+    with pytest.raises(ConfigError, match="min_feedback"):
+        Gates(min_feedback=0)
+
+
+def test_verdict_json_round_trip():
+    for v in evaluate(Gates(), 100, vs(err=0.2, fb=300), [Baseline(vs(fb=300))]):
+        assert Verdict.from_dict(v.to_dict()) == v
+
+
+def test_z_score():
+    assert z_score(0, 100, 0, 1000) == 0.0
+    assert z_score(100, 100, 0, 1000) > 10
+    assert z_score(5, 100, 50, 1000) == pytest.approx(0.0)
+    se = (0.03 * 0.97 / 100 + 0.005 * 0.995 / 1000) ** 0.5
+    assert z_score(3, 100, 5, 1000) == pytest.approx(0.025 / se)
+    assert z_score(0, 100, 5, 1000) < 0
+
+
+def test_marginal_regression_is_suspect_not_fail():
+    # 3.0% vs 0.5% over 100 requests: +2.5 pt > 2 pt, but z ~ 1.5
+    v = by_gate(evaluate(Gates(), 100, vs(n=100, err=0.03), [Baseline(vs(n=1000, err=0.005))]))
+    err = v["error_rate"]
+    assert err.outcome is Outcome.SUSPECT and "not yet significant: z" in err.reason
+    big = by_gate(evaluate(Gates(), 100, vs(n=2000, err=0.03),
+                           [Baseline(vs(n=20000, err=0.005))]))
+    assert big["error_rate"].outcome is Outcome.FAIL
+
+
+def test_accuracy_noise_at_the_threshold_is_not_a_rollback():
+    # 88.8% vs 90.9% over 169 answers: -2.1 pt is within sampling noise (+-2.4 pt)
+    v = by_gate(evaluate(Gates(), 100, vs(fb=169, acc=0.888),
+                         [Baseline(vs(fb=2000, acc=0.909))]))["feedback_accuracy"]
+    assert v.outcome is Outcome.SUSPECT
