@@ -80,6 +80,40 @@ class RunningFleet:
         proc.kill()
         proc.wait(5)
 
+    def restart_node(self, node_id: str, timeout_s: float = 60.0) -> None:
+        """Start a stopped (or killed) node again from its spec file: same id, port and
+        state directory, so it keeps its identity, model slots and outbox. Blocks until it
+        is ready."""
+        proc = self.procs[node_id]
+        if proc.poll() is None:
+            raise LaunchError(f"node {node_id} is still running", hint="kill or stop it first")
+        ready = self.run_dir / f"{node_id}.ready"
+        ready.unlink(missing_ok=True)
+        proc = _spawn(self, node_id, ["-m", "tierlink.node.main", "--spec",
+                                      str(self.run_dir / f"{node_id}.json")])
+        node = next(n for n in self.config.nodes if n.node_id == node_id)
+        if node.cpu_quota:
+            from tierlink.netem.cgroup import CpuThrottle
+
+            throttle = CpuThrottle.create(f"{self.run_dir.name}-{node_id}-r{proc.pid}",
+                                          node.cpu_quota)
+            throttle.add(proc.pid)
+            self.throttles.append(throttle)
+        _wait_file(ready, proc, f"node {node_id}", timeout_s)
+
+    def restart_control(self, down_s: float = 0.0, timeout_s: float = 30.0) -> None:
+        """Stop the control plane (SIGTERM), wait ``down_s``, start it again on the same
+        port and database (nodes keep their address and credentials)."""
+        proc = self.procs["control"]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        time.sleep(down_s)
+        _start_control(self, timeout_s, port=int(self.control_url.rsplit(":", 1)[1]))
+
     def __enter__(self) -> Self:
         return self
 
@@ -121,7 +155,7 @@ def _check_models(config: FleetConfig, models: dict[str, tuple[Path, Path]]) -> 
 
 
 def _spawn(fleet: RunningFleet, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-    log = open(fleet.run_dir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (owned by child)
+    log = open(fleet.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (owned by child)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
@@ -141,11 +175,12 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: 
     raise LaunchError(f"{what} was not ready after {timeout_s:.0f} s")
 
 
-def _start_control(fleet: RunningFleet, timeout_s: float) -> None:
+def _start_control(fleet: RunningFleet, timeout_s: float, port: int | None = None) -> None:
     ready = fleet.run_dir / "control.ready"
     token_file = fleet.run_dir / "admin.token"
+    port = fleet.config.control_port if port is None else port
     proc = _spawn(fleet, "control", [
-        "-m", "tierlink.control.server", "--host", HOST, "--port", str(fleet.config.control_port),
+        "-m", "tierlink.control.server", "--host", HOST, "--port", str(port),
         "--db", str(fleet.run_dir / "registry.db"), "--ttl", str(fleet.config.control_ttl_s),
         "--ready-file", str(ready), "--admin-token-file", str(token_file),
         *(arg for key in fleet.config.trusted_keys for arg in ("--trusted-key", key))])

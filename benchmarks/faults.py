@@ -1,0 +1,352 @@
+"""The fault suite: what tierlink loses, and how fast it recovers, when things break under load.
+
+Each case starts its own real fleet on loopback (control plane, link emulator, node processes,
+the ``test`` zoo's Fashion-MNIST models unless ``--zoo-profile full``), drives a steady load of
+real test images through the devices' routed endpoints (``fleet.workload.drive``), breaks
+something, and measures:
+
+* ``kill_edge``: kill -9 the busiest edge node — requests lost (no answer at all; must be 0),
+  p99 latency of the requests sent during failover, recovery time (from the kill until the
+  last request that was not answered within its deadline).
+* ``control_restart``: stop the control plane for ``--control-down-s`` under load and start
+  it again — requests that failed (any error; must be 0: the registry is not on the request
+  path).
+* ``slow_node``: one of two edges gets 10x slower compute (fault injection) with hedging on —
+  p99 against the deadline, hedges sent, and the extra load they cost (hedges / requests).
+* ``uplink_cut``, ``bad_canary_accuracy``, ``bad_canary_crash``, ``tampered``: see their
+  functions (store-and-forward, rollouts, the model repository).
+
+Prints a table, writes JSON (``{"cases": {name: figures}}``, the shape issue 5 asks for)::
+
+    .venv/bin/python benchmarks/faults.py [--json PATH] [--cases kill_edge,slow_node]
+        [--zoo-profile test|full] [--rate 40]
+
+Every process it starts is stopped at the end of its case (the fleet's context manager), also
+when a case fails; a failing case is reported with its error and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from tierlink.core.types import Priority, Privacy
+from tierlink.fleet.config import parse_fleet
+from tierlink.fleet.launcher import RunningFleet, launch
+from tierlink.fleet.workload import Record, WorkItem, drive
+
+Models = dict[str, tuple[Path, Path]]
+EDGES = ("edge-1", "edge-2")
+DEVICES = ("dev-1", "dev-2")
+
+
+# -- fleets and load ------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """What every case gets: the zoo, the test images, a work directory and the options."""
+
+    models: Models
+    images: np.ndarray  # (N, 1, 28, 28) float32
+    labels: np.ndarray  # (N,) int64
+    hard: np.ndarray  # indices of images the device model escalates
+    work: Path
+    rate: float
+    control_down_s: float
+    profile: str
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10.0,
+                                                                     trust_env=False))
+
+
+@contextmanager
+def fleet_of(bench: Bench, yaml_text: str, name: str) -> Iterator[RunningFleet]:
+    config = parse_fleet(yaml.safe_load(yaml_text), source=f"<{name}>")
+    fleet = launch(config, bench.models, bench.work / name)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def steady(bench: Bench, seconds: float, deadline_ms: float,
+           privacies: tuple[Privacy, ...] = (Privacy.ANY, Privacy.SITE)) -> list[WorkItem]:
+    """``--rate`` requests/s from both devices on inputs the devices escalate."""
+    n = int(bench.rate * seconds)
+    return [WorkItem(seq=i, sample=int(bench.hard[i % len(bench.hard)]), origin=DEVICES[i % 2],
+                     deadline_ms=deadline_ms, priority=Priority.INTERACTIVE,
+                     privacy=privacies[(i // 2) % len(privacies)], at_s=i / bench.rate)
+            for i in range(n)]
+
+
+class Load(threading.Thread):
+    """``drive`` on its own event loop; ``done`` fills in completion order, ``started`` is
+    the monotonic time the first item was due."""
+
+    def __init__(self, bench: Bench, items: list[WorkItem], urls: dict[str, str]) -> None:
+        super().__init__(name="fault-load", daemon=True)
+        self.bench, self.items, self.urls = bench, items, urls
+        self.done: list[Record] = []
+        self.records: list[Record] = []
+        self.error: BaseException | None = None
+        self.started = 0.0
+
+    def run(self) -> None:
+        self.started = time.monotonic()
+        try:
+            self.records = asyncio.run(drive(self.items, self.bench.images, self.bench.labels,
+                                             self.urls, "fmnist", None,
+                                             on_done=self.done.append))
+        except BaseException as exc:  # noqa: BLE001 (reported by finish())
+            self.error = exc
+
+    def at(self, seconds: float) -> None:
+        """Block until ``seconds`` into the load."""
+        while time.monotonic() < self.started + seconds and self.is_alive():
+            time.sleep(0.02)
+
+    def finish(self, timeout_s: float = 120.0) -> list[Record]:
+        self.join(timeout_s)
+        if self.is_alive():
+            raise RuntimeError("the load did not finish")
+        if self.error is not None:
+            raise RuntimeError(f"the load failed: {self.error!r}") from self.error
+        return self.records
+
+
+def p99(records: list[Record]) -> float | None:
+    lat = [r.latency_ms for r in records if r.answered]
+    return round(float(np.percentile(lat, 99)), 1) if lat else None
+
+
+def errors(records: list[Record]) -> dict[str, int]:
+    """Error codes of the requests not answered, counted."""
+    out: dict[str, int] = {}
+    for r in records:
+        if not r.answered:
+            out[r.error or "lost"] = out.get(r.error or "lost", 0) + 1
+    return out
+
+
+def metric_sum(http: httpx.Client, url: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus counter's samples at ``url`` matching ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(http.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def busiest_edge(records: list[Record]) -> str:
+    counts = {e: sum(r.served_by == e for r in records) for e in EDGES}
+    return max(counts, key=lambda e: counts[e])
+
+
+# -- (a) kill -9 an edge --------------------------------------------------------------------
+
+EDGE_FLEET = """
+name: faults-{name}
+seed: 5
+zoo: {{profile: {profile}}}
+control: {{ttl_s: 3}}
+fault_injection: true
+routing:
+  policy: tierlink
+  thresholds: {{fmnist-small: 0.9}}
+  breaker: {{failure_threshold: 3, cooldown_s: 1}}
+  hedging: {{enabled: {hedging}}}
+nodes:
+  - {{id: edge-1, tier: edge,   models: [fmnist-medium]}}
+  - {{id: edge-2, tier: edge,   models: [fmnist-medium]}}
+  - {{id: dev-1,  tier: device, models: [fmnist-small]}}
+  - {{id: dev-2,  tier: device, models: [fmnist-small]}}
+links:
+  - {{from: [dev-1, dev-2], to: [edge-1, edge-2], delay_ms: 2}}
+"""
+
+
+def edge_fleet(bench: Bench, name: str, hedging: bool = True) -> str:
+    return EDGE_FLEET.format(name=name, profile=bench.profile, hedging=str(hedging).lower())
+
+
+def kill_edge(bench: Bench) -> dict[str, Any]:
+    """kill -9 the busiest edge 3 s into a 12 s load (500 ms deadlines)."""
+    with fleet_of(bench, edge_fleet(bench, "kill-edge"), "kill-edge") as fleet:
+        load = Load(bench, steady(bench, 12.0, 500.0), fleet.node_urls)
+        load.start()
+        load.at(3.0)
+        dead = busiest_edge(list(load.done))
+        fleet.kill(dead)
+        killed_at = time.monotonic() - load.started
+        records = load.finish()
+    after = [r for r in records if r.item.at_s >= killed_at]
+    bad = [r.item.at_s for r in after if not r.answered or r.latency_ms > r.item.deadline_ms]
+    return {"requests": len(records), "lost": sum(r.lost for r in records),
+            "failed": sum(not r.answered for r in records), "errors": errors(records),
+            "killed": dead,
+            "p99_ms": p99([r for r in after if r.item.at_s < killed_at + 3.0]),
+            "p99_before_ms": p99([r for r in records if r.item.at_s < killed_at]),
+            "recovery_s": round(max(bad) - killed_at, 2) if bad else 0.0}
+
+
+# -- (e) restart the control plane ----------------------------------------------------------
+
+
+def control_restart(bench: Bench) -> dict[str, Any]:
+    """Stop the control plane 3 s into a 12 s load, keep it down ``--control-down-s``,
+    start it again on the same port and database."""
+    with fleet_of(bench, edge_fleet(bench, "control-restart"), "control-restart") as fleet:
+        load = Load(bench, steady(bench, 12.0, 500.0), fleet.node_urls)
+        load.start()
+        load.at(3.0)
+        fleet.restart_control(down_s=bench.control_down_s)
+        records = load.finish()
+        back = wait_registered(bench.http, fleet, 15.0)
+    return {"requests": len(records), "failed": sum(not r.answered for r in records),
+            "errors": errors(records), "lost": sum(r.lost for r in records), "down_s": bench.control_down_s,
+            "nodes_back": back, "p99_ms": p99(records)}
+
+
+def wait_registered(http: httpx.Client, fleet: RunningFleet, timeout_s: float) -> int:
+    """How many nodes the restarted control plane lists within ``timeout_s``."""
+    deadline, seen = time.monotonic() + timeout_s, 0
+    while time.monotonic() < deadline:
+        try:
+            seen = len(http.get(f"{fleet.control_url}/v1/nodes",
+                                headers=fleet.admin_headers).json()["nodes"])
+        except (httpx.HTTPError, KeyError, ValueError):
+            seen = 0
+        if seen == len(fleet.config.nodes):
+            break
+        time.sleep(0.2)
+    return seen
+
+
+# -- (f) a slow node, hedged ----------------------------------------------------------------
+
+
+def slow_node(bench: Bench) -> dict[str, Any]:
+    """edge-1 computes 10x slower (injected) for the whole 12 s load, 150 ms deadlines;
+    hedging on (the fleet default: p95 delay, 5% budget), then the same without hedging."""
+    hedged = _slow_node(bench, hedging=True)
+    unhedged = _slow_node(bench, hedging=False)
+    return {**hedged, "unhedged": {k: unhedged[k] for k in ("p99_ms", "late")}}
+
+
+def _slow_node(bench: Bench, hedging: bool) -> dict[str, Any]:
+    deadline_ms = 150.0
+    name = "slow-node" if hedging else "slow-node-unhedged"
+    with fleet_of(bench, edge_fleet(bench, name, hedging), name) as fleet:
+        bench.http.post(f"{fleet.node_urls['edge-1']}/tierlink/v1/faults",
+                        json={"slowdown": 10}).raise_for_status()
+        load = Load(bench, steady(bench, 12.0, deadline_ms), fleet.node_urls)
+        load.start()
+        records = load.finish()
+        sent = sum(metric_sum(bench.http, fleet.node_urls[d], "tierlink_hedges_total",
+                              outcome="sent") for d in DEVICES)
+        won = sum(metric_sum(bench.http, fleet.node_urls[d], "tierlink_hedges_total",
+                             outcome="won") for d in DEVICES)
+    late = sum(not r.answered or r.latency_ms > deadline_ms for r in records)
+    return {"requests": len(records), "p99_ms": p99(records), "deadline_ms": deadline_ms,
+            "late": late, "hedges": int(sent), "hedges_won": int(won),
+            "extra_load_share": round(sent / max(1, len(records)), 4)}
+
+
+# -- running --------------------------------------------------------------------------------
+
+CASES: dict[str, Callable[[Bench], dict[str, Any]]] = {
+    "kill_edge": kill_edge, "control_restart": control_restart, "slow_node": slow_node,
+}
+
+
+def load_bench(profile: str, work: Path, rate: float, control_down_s: float) -> Bench:
+    from tierlink.zoo.cache import ensure_zoo
+    from tierlink.zoo.datasets import fashion_mnist
+
+    zoo = ensure_zoo(task="fmnist", profile=profile, progress=True)
+    models = {name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards}
+    test = fashion_mnist().test
+    hard = least_confident(models["fmnist-small"][0], test.images, 100)
+    return Bench(models, test.images, test.labels, hard, work, rate, control_down_s, profile)
+
+
+def least_confident(onnx_path: Path, images: np.ndarray, n: int) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    pool = images[:2000]
+    logits = session.run(None, {session.get_inputs()[0].name: pool})[0]
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    confidence = (z / z.sum(axis=1, keepdims=True)).max(axis=1)
+    return np.argsort(confidence)[:n]
+
+
+def run(names: list[str], bench: Bench) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name in names:
+        print(f"[{name}] ...", flush=True)
+        start = time.monotonic()
+        try:
+            results[name] = CASES[name](bench)
+        except Exception as exc:  # noqa: BLE001 (one broken case must not hide the others)
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[name]["wall_s"] = round(time.monotonic() - start, 1)
+        print(f"[{name}] {json.dumps(results[name])}", flush=True)
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| case | figures |", "|---|---|"]
+    for name, figures in results.items():
+        shown = ", ".join(f"{k}={v}" for k, v in figures.items())
+        lines.append(f"| {name} | {shown} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--zoo-profile", default="test", choices=("test", "full"))
+    parser.add_argument("--rate", type=float, default=40.0, help="requests/s (both devices)")
+    parser.add_argument("--control-down-s", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    names = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
+    with tempfile.TemporaryDirectory(prefix="tierlink-faults-") as tmp:
+        bench = load_bench(args.zoo_profile, Path(tmp), args.rate, args.control_down_s)
+        results = run(names, bench)
+        bench.http.close()
+    print(table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"cases": results, "zoo_profile": args.zoo_profile,
+                                         "rate_per_s": args.rate}, indent=2))
+        print(f"wrote {args.json}")
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
