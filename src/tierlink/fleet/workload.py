@@ -66,6 +66,7 @@ class Record:
     degraded: str = ""
     split: str = ""  # "CUT/CODEC" when a split plan served it
     timings: Mapping[str, float] = field(default_factory=dict)  # tierlink.timings_ms
+    model_version: str = ""  # tierlink.model_version: the version that answered
 
     @property
     def kind(self) -> str:
@@ -157,7 +158,8 @@ async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.n
                   tier=out.tier.label, served_by=out.served_by, cost=out.cost,
                   fallbacks=len(out.fallbacks), escalations=out.escalations,
                   degraded=out.degraded, split=out.split,
-                  timings=_timings(resp.parameters.get(protocol.TIMINGS)))
+                  timings=_timings(resp.parameters.get(protocol.TIMINGS)),
+                  model_version=str(resp.parameters.get("tierlink.model_version", "")))
 
 
 def _timings(raw: object) -> dict[str, float]:
