@@ -52,7 +52,7 @@ def test_heartbeat_registers_and_acknowledges(http, make_body, clock):
     response = beat(http, make_body())
     assert response.status_code == 200
     assert response.json() == {"node_id": "edge-1", "generation": 1,
-                               "registered_at": clock.now, "ttl_s": TTL}
+                               "registered_at": clock.now, "ttl_s": TTL, "desired": {}}
 
 
 def test_list_returns_records_with_registry_fields(http, make_body, clock):

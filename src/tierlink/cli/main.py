@@ -21,6 +21,7 @@ from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
 from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.model import app as model_app
 from tierlink.cli.quantize import quantize
+from tierlink.cli.rollout import app as rollout_app
 from tierlink.cli.split import app as split_app
 from tierlink.cli.split_profile import profile_cmd
 from tierlink.errors import TierlinkError
@@ -33,6 +34,7 @@ app.add_typer(hard_examples_app, name="hard-examples")
 app.add_typer(cascade_app, name="cascade")
 app.add_typer(enroll_app, name="enroll")
 app.add_typer(model_app, name="model")
+app.add_typer(rollout_app, name="rollout")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
 app.add_typer(split_app, name="split")

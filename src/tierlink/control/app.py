@@ -12,11 +12,17 @@
     GET    /v1/credentials                 (operator) enrolled nodes, revoked ones marked
     POST   /v1/credentials/{node_id}/revoke (operator) revoke a node; it leaves the registry
     PUT    /v1/blobs/{sha256}, GET /v1/models...  the model repository (tierlink.repo.routes)
+    POST   /v1/rollouts, GET /v1/rollouts[/{id}], POST /v1/rollouts/{id}/{action}
+                                           (operator) staged rollouts
+                                           (tierlink.control.rollout_routes)
     GET    /healthz                        the store answers
     GET    /metrics                        Prometheus text exposition
 
 A node is alive while its last heartbeat is at most ``ttl_s`` old; a background task marks
-silent nodes expired every ``sweep_interval_s``. The registry is not on the request path:
+silent nodes expired every ``sweep_interval_s``. The heartbeat answer carries ``desired``:
+per model under a rollout, the version (and weight) the node should serve
+(:class:`~tierlink.control.rollouts.RolloutController`, stepped by another background task
+every ``rollout_interval_s``). The registry is not on the request path:
 nodes route from their cached copy of ``GET /v1/nodes`` and keep going while it is away.
 
 Hard examples are inputs a node escalated for low confidence and whose privacy level lets
@@ -59,6 +65,8 @@ from prometheus_client import (
 from pydantic import ValidationError
 
 from tierlink.control.identity import IdentityStore, authorize
+from tierlink.control.rollout_routes import install_rollout_routes
+from tierlink.control.rollouts import RolloutController, RolloutStore
 from tierlink.control.schemas import (
     EnrollIn,
     HardExampleBatch,
@@ -88,6 +96,8 @@ _HEARTBEAT_HINT = "send the fields of tierlink.control.schemas.Heartbeat as JSON
 _BATCH_HINT = ("send {\"examples\": [...]} with the fields of "
                "tierlink.control.schemas.HardExampleIn; input.data is base64 of the raw "
                "little-endian bytes of input.datatype and input.shape")
+_ROLLOUT_HINT = ("send {\"name\", \"version\", \"tier\"} and optional fields of "
+                 "tierlink.control.schemas.RolloutIn as JSON")
 MAX_BATCH_BODY_BYTES = 64 * 1024 * 1024
 MAX_PAGE = 1000
 
@@ -241,6 +251,8 @@ def create_app(
     hard_example_max_rows: int = 50_000,
     identity: IdentityStore | None = None,
     repository: RepositoryService | None = None,
+    rollouts: bool = True,
+    rollout_interval_s: float = 1.0,
 ) -> FastAPI:
     """The registry app over ``store``. The caller owns ``store`` and closes it after the
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
@@ -254,48 +266,76 @@ def create_app(
     owns it. None: an open registry (unit tests, a trusted loopback).
 
     ``repository``: the model repository (``/v1/blobs``, ``/v1/models``; see
-    :mod:`tierlink.repo.routes`), owned by the caller; None: no repository routes."""
-    if ttl_s <= 0 or sweep_interval_s <= 0:
+    :mod:`tierlink.repo.routes`), owned by the caller; None: no repository routes.
+
+    ``rollouts``: when ``store`` is SQLite, the app opens a
+    :class:`~tierlink.control.rollouts.RolloutStore` on the same file (closed when its
+    lifespan ends) and runs a :class:`RolloutController` (``app.state.rollouts``; None
+    otherwise), stepped every ``rollout_interval_s`` of real time; only versions published
+    in ``repository`` (when given) may be rolled out."""
+    if ttl_s <= 0 or sweep_interval_s <= 0 or rollout_interval_s <= 0:
         raise ConfigError(
-            f"ttl_s ({ttl_s}) and sweep_interval_s ({sweep_interval_s}) must be positive",
+            f"ttl_s ({ttl_s}), sweep_interval_s ({sweep_interval_s}) and rollout_interval_s "
+            f"({rollout_interval_s}) must be positive",
             hint="pass e.g. --ttl 5 (seconds a silent node stays listed)",
         )
     metrics = ControlMetrics.create()
     service = RegistryService(store, clock, float(ttl_s), metrics)
-    owned = hard_examples is None and isinstance(store, SqliteRegistryStore)
+    owned: list[Callable[[], None]] = []  # closed when the lifespan ends
     if hard_examples is None and isinstance(store, SqliteRegistryStore):
         hard_examples = SqliteHardExampleStore(store.path, max_rows=hard_example_max_rows)
+        owned.append(hard_examples.close)
     examples = None if hard_examples is None else HardExampleService(hard_examples, clock,
                                                                       metrics)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_sweep_forever(service, sweep_interval_s),
-                                   name="tierlink-control-sweep")
-        app.state.sweep_task = task  # for tests: done (cancelled) once shut down
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            if owned and examples is not None:
-                examples.store.close()
-
+    controller = None
+    if rollouts and isinstance(store, SqliteRegistryStore):
+        controller = RolloutController(RolloutStore(store.path), service, clock,
+                                       metrics.registry, repository)
+        owned.append(controller.store.close)
+    lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned)
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)
     app.state.registry = service
     app.state.hard_examples = examples
     app.state.identity = identity
+    app.state.rollouts = controller
     _install_error_handlers(app)
     _install_timing(app, service.metrics)
     if identity is not None:
         _install_auth(app, identity)
         _install_identity_routes(app, identity, service)
-    _install_routes(app, service, examples)
+    _install_routes(app, service, examples, controller)
     _install_hard_example_routes(app, examples)
+    install_rollout_routes(app, controller)
     if repository is not None:
         install_repository_routes(app, repository)
     return app
+
+
+def _lifespan(service: RegistryService, sweep_interval_s: float,
+              controller: RolloutController | None, rollout_interval_s: float,
+              owned: list[Callable[[], None]]
+              ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the expiry sweep and the rollout tick run in the background;
+    at shutdown they are cancelled (a running tick finishes first), then ``owned`` stores
+    are closed."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(_sweep_forever(service, sweep_interval_s),
+                                     name="tierlink-control-sweep")]
+        if controller is not None:
+            tasks.append(asyncio.create_task(_tick_forever(controller, rollout_interval_s),
+                                             name="tierlink-control-rollouts"))
+        app.state.sweep_task = tasks[0]  # for tests: done (cancelled) once shut down
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for close in owned:
+                close()
+    return lifespan
 
 
 def _install_auth(app: FastAPI, identity: IdentityStore) -> None:
@@ -341,7 +381,8 @@ def _install_identity_routes(app: FastAPI, identity: IdentityStore,
 
 
 def _install_routes(app: FastAPI, service: RegistryService,
-                    examples: HardExampleService | None) -> None:
+                    examples: HardExampleService | None,
+                    rollouts: RolloutController | None) -> None:
     @app.post("/v1/nodes/{node_id}/heartbeat")
     def heartbeat(node_id: str, body: Heartbeat) -> Any:
         if body.node_id != node_id:
@@ -349,8 +390,10 @@ def _install_routes(app: FastAPI, service: RegistryService,
                           f"the path's node id {node_id!r}", "invalid_request",
                           "post to /v1/nodes/{the body's node_id}/heartbeat")
         record = service.heartbeat(body)
+        desired = rollouts.desired_for(node_id) if rollouts is not None else {}
         return {"node_id": record.node_id, "generation": record.generation,
-                "registered_at": record.registered_at, "ttl_s": service.ttl_s}
+                "registered_at": record.registered_at, "ttl_s": service.ttl_s,
+                "desired": desired}
 
     @app.get("/v1/nodes")
     def nodes() -> dict[str, Any]:
@@ -471,6 +514,10 @@ def _install_error_handlers(app: FastAPI) -> None:
             message = format_error_list(exc.errors(), what="hard-example query",
                                         strip_first=True)
             return _error(400, message, "invalid_request", "see GET /docs for the parameters")
+        if request.url.path.startswith("/v1/rollouts"):
+            message = format_error_list(exc.errors(), what="rollout request",
+                                        strip_first=True)
+            return _error(400, message, "invalid_request", _ROLLOUT_HINT)
         message = format_error_list(exc.errors(), what="heartbeat", strip_first=True)
         return _error(422, message, "invalid_request", _HEARTBEAT_HINT)
 
@@ -507,6 +554,27 @@ async def _sweep_forever(service: RegistryService, interval_s: float) -> None:
         except Exception:
             if not failing:  # once per failure streak, not every second
                 log.exception("expiry sweep failed; retrying every %.1f s", interval_s)
+            failing = True
+        else:
+            failing = False
+
+
+async def _tick_forever(controller: RolloutController, interval_s: float) -> None:
+    """Step the rollouts every ``interval_s`` until cancelled; never dies on an error."""
+    failing = False
+    while True:
+        await asyncio.sleep(interval_s)
+        # Off the loop (SQLite, the registry's records); shielded so that a cancel at
+        # shutdown waits for a running tick instead of closing the store under it.
+        tick = asyncio.ensure_future(asyncio.to_thread(controller.tick))
+        try:
+            await asyncio.shield(tick)
+        except asyncio.CancelledError:
+            await asyncio.wait([tick])
+            raise
+        except Exception:
+            if not failing:  # once per failure streak, not every second
+                log.exception("rollout tick failed; retrying every %.1f s", interval_s)
             failing = True
         else:
             failing = False

@@ -100,6 +100,13 @@ class ModelSpec(_Open):
     output_bytes: int = Field(default=64, ge=0)
     cascade: list[CascadePointSpec] = Field(default_factory=list)
     splits: list[SplitPointSpec] = Field(default_factory=list, max_length=512)
+    # Rollouts (defaults keep older nodes valid): the A/B slot this version sits in, the
+    # share of the node's requests for ``name`` it serves now (active = 1 - standby), and
+    # its counters (``VersionStatsBook.get``; decoded by the rollout controller, which
+    # skips a malformed one instead of refusing the node's heartbeat).
+    role: Literal["active", "standby"] = "active"
+    weight: float = Field(default=1.0, ge=0.0, le=1.0)
+    stats: dict[str, Any] | None = None
 
 
 class LinkSpec(_Open):
@@ -130,6 +137,9 @@ class Heartbeat(_Open):
     links: list[LinkSpec] = Field(default_factory=list)
     started_at: float = Field(ge=0.0)
     software: str = Field(default="", max_length=64)
+    # {model name: {version: error}}: versions a rollout asked for that failed to install
+    # (refused verification, failed or crashed on load); listed until no longer asked for.
+    install_failures: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> Heartbeat:
@@ -303,3 +313,37 @@ class TokenIn(BaseModel):
     ttl_s: float | None = Field(default=None, gt=0)
     uses: int | None = Field(default=None, ge=1)
     note: str = Field(default="", max_length=256)
+
+
+class RolloutIn(BaseModel):
+    """``POST /v1/rollouts``: roll ``version`` of model ``name`` out to ``tier``.
+
+    ``stages`` (shares of the tier's traffic, increasing, ending at 1) or ``canary`` (the
+    first stage's share; then 50% if that is still far, then all), not both; neither: 10%,
+    50%, 100%. ``previous``: the version to compare with and roll back to (default: the one
+    most of the tier's nodes report active). Omitted fields take
+    :class:`tierlink.rollout.RolloutSpec`'s defaults, which also validates the values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    name: str = Field(min_length=1, max_length=128)
+    version: str = Field(min_length=1, max_length=64)
+    tier: TierName
+    previous: str | None = Field(default=None, min_length=1, max_length=64)
+    stages: list[float] | None = Field(default=None, min_length=1, max_length=16)
+    canary: float | None = Field(default=None, gt=0.0, le=1.0)
+    soak_s: float | None = Field(default=None, ge=0.0)
+    gates: dict[str, int | float] | None = None
+    min_requests: int | None = Field(default=None, ge=1)
+    deploy_timeout_s: float | None = Field(default=None, gt=0.0)
+    max_soak_s: float | None = Field(default=None, ge=0.0)
+    insufficient_data: Literal["hold", "promote", "rollback"] | None = None
+    fail_fast: bool | None = None
+
+
+class RolloutActionIn(BaseModel):
+    """``POST /v1/rollouts/{id}/pause|resume|promote|rollback``: why (goes into the log)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str | None = Field(default=None, max_length=500)
