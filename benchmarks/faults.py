@@ -270,10 +270,186 @@ def _slow_node(bench: Bench, hedging: bool) -> dict[str, Any]:
             "extra_load_share": round(sent / max(1, len(records)), 4)}
 
 
+# -- (c) a bad version to a 10% canary, (d) a tampered artifact -----------------------------
+
+CANARY_FLEET = EDGE_FLEET.replace("fault_injection: true", "fault_injection: true\n"
+                                  "trusted_keys: [{key}]")
+MODEL = "fmnist-medium"  # what the edges serve
+
+
+def canary_fleet(bench: Bench, name: str, key: str) -> str:
+    return CANARY_FLEET.format(name=name, profile=bench.profile, hedging="true", key=key)
+
+
+def publish(bench: Bench, fleet: RunningFleet, key_file: Path, onnx: Path, version: str,
+            notes: str) -> None:
+    from tierlink.cli.model import run_publish
+
+    run_publish(MODEL, onnx, bench.models[MODEL][1], version, notes, key_file,
+                fleet.control_url, eval_limit=1000, admin_token=fleet.admin_token)
+
+
+def signing_key(bench: Bench, name: str) -> tuple[Path, str]:
+    from tierlink.repo.signing import generate_key
+
+    path = bench.work / f"{name}.key"
+    return path, generate_key(path)
+
+
+def start_rollout(bench: Bench, fleet: RunningFleet, version: str,
+                  **options: Any) -> dict[str, Any]:
+    body = {"name": MODEL, "version": version, "tier": "edge", **options}
+    response = bench.http.post(f"{fleet.control_url}/v1/rollouts", json=body,
+                               headers=fleet.admin_headers)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def wait_phase(bench: Bench, fleet: RunningFleet, rollout_id: int, phases: set[str],
+               timeout_s: float) -> dict[str, Any]:
+    """Poll the rollout until its phase is one of ``phases``; the last record either way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = dict(bench.http.get(f"{fleet.control_url}/v1/rollouts/{rollout_id}",
+                                     headers=fleet.admin_headers).json())
+        if record["phase"] in phases or time.monotonic() > deadline:
+            return record
+        time.sleep(0.25)
+
+
+def bad_canary(bench: Bench, kind: str) -> dict[str, Any]:
+    """Roll a bad version of the edges' model (``accuracy``: noisy weights; ``crash``: a
+    graph ONNX Runtime cannot load) to a 10% canary of the edge tier under a steady load
+    whose requests carry their labels (the feedback the accuracy gate reads)."""
+    from tierlink.testing.artifacts import degraded_copy, unloadable_copy
+
+    key_file, public = signing_key(bench, f"canary-{kind}")
+    bad = bench.work / f"{MODEL}-{kind}.onnx"
+    make = {"accuracy": lambda: degraded_copy(bench.models[MODEL][0], bad, noise=1.5),
+            "crash": lambda: unloadable_copy(bench.models[MODEL][0], bad)}[kind]
+    make()
+    name = f"canary-{kind}"
+    with fleet_of(bench, canary_fleet(bench, name, public), name) as fleet:
+        publish(bench, fleet, key_file, bad, f"2-{kind}", f"a bad version ({kind})")
+        load = Load(bench, steady(bench, 60.0, 500.0), fleet.node_urls)
+        load.start()
+        load.at(3.0)
+        started = time.monotonic()
+        rollout = start_rollout(bench, fleet, f"2-{kind}", canary=0.1, soak_s=20.0,
+                                min_requests=40)
+        start_s = started - load.started
+        record = wait_phase(bench, fleet, rollout["id"], {"rolled_back", "promoted", "failed",
+                                                          "paused"}, 55.0)
+        ended = time.monotonic() - started
+        records = load.finish()
+    during = [r for r in records if r.item.at_s >= start_s and r.served_by in EDGES]
+    exposed = sum(r.model_version == f"2-{kind}" for r in during)
+    return {"phase": record["phase"], "reason": _last_reason(record),
+            "rollback_s": round(ended, 1) if record["phase"] == "rolled_back" else None,
+            "exposed_share": round(exposed / max(1, len(during)), 4),
+            "exposed_requests": exposed, "edge_requests": len(during), "canary_share": 0.1,
+            "requests": len(records), "failed": sum(not r.answered for r in records)}
+
+
+def _last_reason(record: dict[str, Any]) -> str:
+    transitions = record.get("transitions") or []
+    return str(transitions[-1].get("reason", "")) if transitions else ""
+
+
+def bad_canary_accuracy(bench: Bench) -> dict[str, Any]:
+    return bad_canary(bench, "accuracy")
+
+
+def bad_canary_crash(bench: Bench) -> dict[str, Any]:
+    return bad_canary(bench, "crash")
+
+
+def tampered(bench: Bench) -> dict[str, Any]:
+    """Three ways to slip in a bad artifact, each must be refused: a manifest edited after
+    signing and one signed by a key nobody trusts (the control plane refuses to publish
+    them), and a blob changed on the control plane's disk after publication, rolled out to
+    every edge at once (each edge must refuse it and keep serving its version)."""
+    from tierlink.repo.blobs import BlobStore
+
+    key_file, public = signing_key(bench, "tamper")
+    rogue_file, _ = signing_key(bench, "rogue")
+    with fleet_of(bench, canary_fleet(bench, "tampered", public), "tampered") as fleet:
+        forged = forged_publish(bench, fleet, key_file)
+        rogue = refused_publish(bench, fleet, rogue_file, "3-rogue")
+        publish(bench, fleet, key_file, bench.models[MODEL][0], "3-flipped", "then tampered")
+        entry = bench.http.get(f"{fleet.control_url}/v1/models/{MODEL}/versions/3-flipped",
+                               headers=fleet.admin_headers).json()
+        flip_byte(BlobStore(fleet.run_dir / "registry.db.blobs").path(
+            entry["signed"]["manifest"]["onnx_sha256"]))
+        rollout = start_rollout(bench, fleet, "3-flipped", stages=[1.0], soak_s=5.0)
+        record = wait_phase(bench, fleet, rollout["id"], {"rolled_back", "promoted"}, 60.0)
+        time.sleep(2.0)  # both edges attempt at once; let the second one finish too
+        refusing = [e for e in EDGES if metric_sum(bench.http, fleet.node_urls[e],
+                                                   "tierlink_model_installs_total",
+                                                   outcome="rejected") > 0]
+        serving = versions_served(bench, fleet)
+    return {"nodes": len(EDGES), "refused": len(refusing), "refusing": refusing,
+            "control_plane_refused": {"forged_signature": forged, "untrusted_key": rogue},
+            "rollout": {"phase": record["phase"], "reason": _last_reason(record)},
+            "serving_after": serving}
+
+
+def refused_publish(bench: Bench, fleet: RunningFleet, key_file: Path, version: str) -> bool:
+    """Publish the edges' model signed by ``key_file``; True when the control plane refuses."""
+    from tierlink.errors import ArtifactRejected
+
+    try:
+        publish(bench, fleet, key_file, bench.models[MODEL][0], version, "rogue key")
+    except ArtifactRejected:
+        return True
+    return False
+
+
+def forged_publish(bench: Bench, fleet: RunningFleet, key_file: Path) -> bool:
+    """Publish a manifest whose notes were edited after signing; True when refused."""
+    from tierlink.errors import ArtifactRejected
+    from tierlink.repo.client import RepositoryClient
+    from tierlink.repo.manifest import SignedManifest, Validation
+    from tierlink.repo.publish import prepare_version
+    from tierlink.repo.signing import load_private_key, sign_manifest
+
+    onnx, card = bench.models[MODEL]
+    validation = Validation(dataset="fmnist", split="test", n=1, accuracy=0.99,
+                            measured_at=time.time())
+    manifest, onnx_path, card_path = prepare_version(MODEL, onnx, card, "3-forged", "honest",
+                                                     bench.work / "forged", validation)
+    signed = sign_manifest(manifest, load_private_key(key_file)).to_dict()
+    signed["manifest"]["notes"] = "edited after signing"
+    with RepositoryClient(fleet.control_url, headers=fleet.admin_headers) as client:
+        client.upload_blob(onnx_path)
+        client.upload_blob(card_path)
+        try:
+            client.publish(SignedManifest.from_dict(signed))
+        except ArtifactRejected:
+            return True
+    return False
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+
+
+def versions_served(bench: Bench, fleet: RunningFleet) -> dict[str, list[str]]:
+    """Per edge, the versions of the model its heartbeat lists (active first)."""
+    nodes = bench.http.get(f"{fleet.control_url}/v1/nodes", headers=fleet.admin_headers).json()
+    return {n["node_id"]: [m["version"] for m in n["models"] if m["name"] == MODEL]
+            for n in nodes["nodes"] if n["node_id"] in EDGES}
+
+
 # -- running --------------------------------------------------------------------------------
 
 CASES: dict[str, Callable[[Bench], dict[str, Any]]] = {
-    "kill_edge": kill_edge, "control_restart": control_restart, "slow_node": slow_node,
+    "kill_edge": kill_edge, "bad_canary_accuracy": bad_canary_accuracy,
+    "bad_canary_crash": bad_canary_crash, "tampered": tampered,
+    "control_restart": control_restart, "slow_node": slow_node,
 }
 
 
