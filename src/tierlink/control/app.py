@@ -12,6 +12,9 @@
     GET    /v1/credentials                 (operator) enrolled nodes, revoked ones marked
     POST   /v1/credentials/{node_id}/revoke (operator) revoke a node; it leaves the registry
     PUT    /v1/blobs/{sha256}, GET /v1/models...  the model repository (tierlink.repo.routes)
+    POST   /v1/rollouts, GET /v1/rollouts...     rollouts (tierlink.control.rollout_routes)
+    POST   /v1/results                     a node delivers store-and-forward items (per-item acks)
+    GET    /v1/results, /v1/results/{key}  delivered results (tierlink.control.results)
     POST   /v1/rollouts, GET /v1/rollouts[/{id}], POST /v1/rollouts/{id}/{action}
                                            (operator) staged rollouts
                                            (tierlink.control.rollout_routes)
@@ -65,6 +68,7 @@ from prometheus_client import (
 from pydantic import ValidationError
 
 from tierlink.control.identity import IdentityStore, authorize
+from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
 from tierlink.control.rollout_routes import install_rollout_routes
 from tierlink.control.rollouts import RolloutController, RolloutStore
 from tierlink.control.schemas import (
@@ -292,6 +296,10 @@ def create_app(
         controller = RolloutController(RolloutStore(store.path), service, clock,
                                        metrics.registry, repository)
         owned.append(controller.store.close)
+    results = None
+    if isinstance(store, SqliteRegistryStore):  # store-and-forward results (control/results.py)
+        results = ResultStore(store.path, clock=clock)
+        owned.append(results.close)
     lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned)
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)
     app.state.registry = service
@@ -308,6 +316,8 @@ def create_app(
     install_rollout_routes(app, controller)
     if repository is not None:
         install_repository_routes(app, repository)
+    if results is not None:
+        install_result_routes(app, results, metrics=ResultMetrics(metrics.registry))
     return app
 
 

@@ -280,7 +280,7 @@ def access_rule(method: str, path: str) -> tuple[str, str | None]:
     """Who may call ``method path``: ``(OPEN | ANY | ADMIN_ONLY | SELF, node_id)``.
 
     Reads of the registry and the repository: any enrolled node or an operator. Publishing,
-    rollouts, tokens, credentials and hard-example reads: operators. A node's heartbeat and
+    rollouts, tokens, credentials, hard-example and result reads: operators. A node's heartbeat and
     deregistration: that node (or an operator)."""
     if path in _OPEN_PATHS:
         return OPEN, None
@@ -288,8 +288,8 @@ def access_rule(method: str, path: str) -> tuple[str, str | None]:
         return ADMIN_ONLY, None
     if path.startswith(_ADMIN_WRITES) and method not in ("GET", "HEAD"):
         return ADMIN_ONLY, None
-    if path.startswith("/v1/hard-examples") and method == "GET":
-        return ADMIN_ONLY, None  # user inputs: for operators, not for other nodes
+    if path.startswith(("/v1/hard-examples", "/v1/results")) and method == "GET":
+        return ADMIN_ONLY, None  # user inputs and answers: for operators, not other nodes
     parts = path.strip("/").split("/")
     if len(parts) >= 3 and parts[:2] == ["v1", "nodes"] and (
             method == "DELETE" or parts[3:] == ["heartbeat"]):

@@ -1,0 +1,148 @@
+"""A node's receiving end of store-and-forward: ``POST /tierlink/v1/inbox``.
+
+A downstream node (a device, for an edge) delivers its outbox here in batches
+(:mod:`tierlink.outbox.wire`). Each item is applied once per idempotency key by an
+:class:`~tierlink.outbox.Inbox` at ``<state_dir>/inbox.db``; applying it means *relaying*
+it: putting it into this node's own :class:`~tierlink.node.uplink.Uplink` toward the
+control plane (or toward its parent when it has no control plane), with the sender appended
+to the item's ``chain``. The item is acknowledged ``ok`` only after that put has been fsynced,
+so it is never lost between hops: until then the sender keeps it.
+
+Answers (``200 {"acks": [...]}``), in item order:
+
+* ``ok``: relayed now; ``duplicate``: relayed before (the sender lost an ack);
+* ``rejected``: an item with a key that cannot be accepted (bad kind, no payload, a key
+  waiting here for another kind): the sender drops it and counts it;
+* ``retry``: this node's outbox refused the item (full, disk failing) — for it and every
+  later item of the batch, so the sender's order holds.
+
+A batch that cannot be read (not JSON, no ``from``, an item without a key, ...) is a ``400``
+naming the field, and nothing of it is applied.
+
+Crash safety: the relay is an effect on another database (the outbox), so the inbox records
+the key just *after* the put (:meth:`Inbox.apply`). A crash between the two leaves the key
+unrecorded; the redelivered item is put again, which stores nothing while the first copy
+waits, and is answered ``duplicate`` by the control plane if the first copy was already
+delivered. The effect at the end is once either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+# The web adapter: importing it means serving, so fastapi is imported here.
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from tierlink.errors import InvalidRequest, OutboxError, TierlinkError
+from tierlink.node.uplink import INBOX_PATH, Uplink
+from tierlink.outbox import Ack, AckStatus, Inbox, wire
+
+log = logging.getLogger("tierlink.node.inbox")
+
+INBOX_FILE = "inbox.db"
+MAX_BODY_BYTES = 64 * 2**20
+
+
+class _Refused(Exception):
+    """An item that cannot be relayed, ever (answered ``rejected``)."""
+
+
+class InboxReceiver:
+    """Dedupes and relays received items (see the module doc). :meth:`receive` blocks on
+    SQLite fsyncs: call it off the event loop (the route does)."""
+
+    def __init__(self, inbox: Inbox, uplink: Uplink, *, relay_to: str | None = None) -> None:
+        self.inbox = inbox
+        self.uplink = uplink
+        # An edge relays to the control plane directly; without one, up its own chain.
+        self.relay_to = relay_to or uplink.destinations[-1]
+
+    @classmethod
+    def open(cls, state_dir: str | Path, uplink: Uplink, *,
+             relay_to: str | None = None) -> InboxReceiver:
+        """A receiver whose inbox lives at ``<state_dir>/inbox.db``."""
+        return cls(Inbox(Path(state_dir) / INBOX_FILE), uplink, relay_to=relay_to)
+
+    def receive(self, body: bytes) -> list[Ack]:
+        """Apply one batch (the raw request body); its acks in item order. Raises
+        :class:`InvalidRequest` for a batch that cannot be read (nothing applied)."""
+        batch = wire.parse_batch(body)
+        acks: list[Ack] = []
+        for entry in batch.entries:
+            if acks and acks[-1].status is AckStatus.RETRY:
+                acks.append(Ack(entry.key, AckStatus.RETRY, "an earlier item must go first"))
+            elif isinstance(entry, wire.Rejected):
+                acks.append(Ack(entry.key, AckStatus.REJECTED, entry.detail))
+            else:
+                acks.append(self._apply(batch.sender, entry))
+        self._count(acks)
+        return acks
+
+    def close(self) -> None:
+        self.inbox.close()
+
+    def _apply(self, sender: str, item: wire.WireItem) -> Ack:
+        try:
+            _, duplicate = self.inbox.apply(item.key, lambda: self._relay(sender, item))
+        except _Refused as exc:
+            return Ack(item.key, AckStatus.REJECTED, str(exc))
+        except OutboxError as exc:  # full or failing: the sender keeps it and retries
+            return Ack(item.key, AckStatus.RETRY, exc.message)
+        return Ack(item.key, AckStatus.DUPLICATE if duplicate else AckStatus.OK)
+
+    def _relay(self, sender: str, item: wire.WireItem) -> bytes:
+        waiting = self.uplink.outbox.get(item.key)
+        if waiting is not None and (waiting.kind, waiting.destination) != \
+                (item.kind, self.relay_to):  # a key reused for something else
+            raise _Refused(f"key {item.key} is waiting here as a {waiting.kind!r} item; "
+                           "use a fresh key for a different item")
+        self.uplink.enqueue(item.kind, item.key, item.payload, self.relay_to,
+                            chain=item.path(sender), created_at=item.created_at)
+        return b"relayed"
+
+    def _count(self, acks: Sequence[Ack]) -> None:
+        if self.uplink.metrics is None:
+            return
+        for status, n in Counter(a.status.value for a in acks).items():
+            self.uplink.metrics.on_received(status, n)
+
+
+def install_inbox_routes(app: FastAPI, receiver: InboxReceiver) -> None:
+    """Add ``POST /tierlink/v1/inbox`` to a node's ``app``; keeps ``receiver`` on
+    ``app.state.inbox``. Errors are answered here as ``{"error", "code", "hint"}`` JSON, so
+    the route needs no handler of the app's."""
+    app.state.inbox = receiver
+
+    @app.post(INBOX_PATH)
+    async def inbox(request: Request) -> Response:
+        try:
+            body = await _body(request)
+            acks = await asyncio.to_thread(receiver.receive, body)
+        except TierlinkError as exc:
+            log.warning("inbox: %s", exc)
+            return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+        receiver.uplink.kick(receiver.relay_to)
+        return JSONResponse(wire.encode_acks(acks))
+
+
+async def _body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large(int(declared))
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise _too_large(len(body))
+    return body
+
+
+def _too_large(size: int) -> InvalidRequest:
+    return InvalidRequest(f"invalid outbox batch: {size} bytes, more than the "
+                          f"{MAX_BODY_BYTES} allowed", hint="send smaller batches")
+
+
+__all__ = ["INBOX_FILE", "InboxReceiver", "install_inbox_routes"]

@@ -1,0 +1,145 @@
+"""The control plane's result store and routes: each key stored once, replays answered
+``duplicate``, malformed batches refused whole, paging, and senders that are who they say."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from tierlink.control.identity import IdentityStore, bearer
+from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
+from tierlink.outbox import AckStatus, wire
+
+ADMIN = "admin-token-0123456789"
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Iterator[ResultStore]:
+    store = ResultStore(tmp_path / "control.db", clock=lambda: 1_733_140_000.0)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def client(results: ResultStore) -> Iterator[tuple[TestClient, ResultMetrics]]:
+    app = FastAPI()
+    metrics = ResultMetrics()
+    install_result_routes(app, results, metrics=metrics)
+    with TestClient(app) as c:
+        yield c, metrics
+
+
+def item(key: str, **extra: Any) -> dict[str, Any]:
+    return {"key": key, "kind": "result", "payload": {"request_id": key.split(":")[-1]},
+            "created_at": 1000.0, **extra}
+
+
+def batch(*items: dict[str, Any], sender: str = "edge-1") -> dict[str, Any]:
+    return {"from": sender, "items": list(items)}
+
+
+def outcomes(metrics: ResultMetrics) -> dict[str, float | None]:
+    return {o: metrics.registry.get_sample_value("tierlink_control_results_total",
+                                                 {"outcome": o})
+            for o in ("stored", "duplicate", "rejected")}
+
+
+def test_a_replay_is_answered_duplicate_and_stored_once(client: Any) -> None:
+    http, metrics = client
+    sent = batch(item("dev-1:1", chain=["dev-1"]), item("edge-1:2"))
+    first = http.post("/v1/results", json=sent)
+    assert first.status_code == 200
+    assert [a["status"] for a in first.json()["acks"]] == ["ok", "ok"]
+    again = http.post("/v1/results", json=sent)
+    assert [a["status"] for a in again.json()["acks"]] == ["duplicate", "duplicate"]
+    stored = http.get("/v1/results/dev-1:1").json()
+    assert stored["origin"] == "dev-1" and stored["chain"] == ["dev-1", "edge-1"]
+    assert (stored["sender"], stored["kind"], stored["created_at"]) == ("edge-1", "result", 1000.0)
+    assert stored["payload"] == {"request_id": "1"}
+    assert http.get("/v1/results/edge-1:2").json()["chain"] == ["edge-1"]
+    assert outcomes(metrics) == {"stored": 2, "duplicate": 2, "rejected": 0}
+    assert metrics.registry.get_sample_value("tierlink_control_results_stored") == 2
+
+
+def test_an_unknown_key_is_a_404_with_a_hint(client: Any) -> None:
+    http, _ = client
+    answer = http.get("/v1/results/dev-1:nope")
+    assert answer.status_code == 404
+    body = answer.json()
+    assert body["code"] == "result_not_found" and "dev-1:nope" in body["error"]
+    assert "retry later" in body["hint"]
+
+
+def test_a_malformed_batch_is_a_400_and_nothing_is_stored(client: Any,
+                                                          results: ResultStore) -> None:
+    http, metrics = client
+    answer = http.post("/v1/results", json=batch(item("dev-1:1"), {"kind": "result"}))
+    assert answer.status_code == 400
+    assert "items[1].key" in answer.json()["error"]
+    assert results.count() == 0
+    assert outcomes(metrics)["rejected"] == 1
+
+
+def test_an_unreadable_item_is_rejected_alone(client: Any, results: ResultStore) -> None:
+    http, metrics = client
+    answer = http.post("/v1/results", json=batch(item("a", created_at="yesterday"), item("b")))
+    acks = answer.json()["acks"]
+    assert [a["status"] for a in acks] == ["rejected", "ok"]
+    assert acks[0]["detail"].startswith("items[0].created_at")
+    assert results.count() == 1 and outcomes(metrics)["rejected"] == 1
+
+
+def test_results_page_in_arrival_order(client: Any) -> None:
+    http, _ = client
+    http.post("/v1/results", json=batch(*[item(f"k{i}") for i in range(5)]))
+    first = http.get("/v1/results", params={"limit": 2}).json()
+    assert [r["key"] for r in first["results"]] == ["k0", "k1"]
+    rest = http.get("/v1/results", params={"after": first["next_after"], "limit": 10}).json()
+    assert [r["key"] for r in rest["results"]] == ["k2", "k3", "k4"]
+    assert rest["next_after"] is None
+    bad = http.get("/v1/results", params={"limit": "lots"})
+    assert bad.status_code == 400 and "limit must be an integer 1..1000" in bad.json()["error"]
+
+
+def test_the_key_and_the_row_commit_together(results: ResultStore, tmp_path: Path) -> None:
+    parsed = wire.parse_batch(json.dumps(batch(item("k1"), item("k1"))).encode())
+    acks = results.add(parsed)  # one key twice in a batch: stored once
+    assert [a.status for a in acks] == [AckStatus.OK, AckStatus.DUPLICATE]
+    db = sqlite3.connect(tmp_path / "control.db")
+    keys = db.execute("SELECT idempotency_key FROM inbox_applied").fetchall()
+    rows = db.execute("SELECT key FROM async_results").fetchall()
+    assert keys == rows == [("k1",)]
+    db.close()
+
+
+def test_on_the_control_app_a_node_posts_only_its_own_batches(tmp_path: Path) -> None:
+    from tierlink.control.app import create_app
+    from tierlink.control.store import SqliteRegistryStore
+
+    db = tmp_path / "control.db"
+    registry, identity = SqliteRegistryStore(db), IdentityStore(db, ADMIN)
+    secret = identity.enroll(identity.create_token(0.0), "edge-1", "edge", 1.0)
+    app = create_app(registry, identity=identity)  # opens a ResultStore on the same file
+    edge = {"authorization": bearer("node", secret, "edge-1")}
+    try:
+        with TestClient(app) as http:
+            assert http.post("/v1/results", json=batch(item("x"))).status_code == 401
+            assert http.post("/v1/results", json=batch(item("x"), sender="edge-2"),
+                             headers=edge).status_code == 403
+            ok = http.post("/v1/results", json=batch(item("x")), headers=edge)
+            assert [a["status"] for a in ok.json()["acks"]] == ["ok"]
+            assert "tierlink_control_results_total" in http.get("/metrics").text
+            assert app.state.results.count() == 1
+            assert http.get("/v1/results", headers=edge).status_code == 403  # operators read
+            admin = {"authorization": bearer("admin", ADMIN)}
+            assert len(http.get("/v1/results", headers=admin).json()["results"]) == 1
+    finally:
+        identity.close()
+        registry.close()
