@@ -281,10 +281,21 @@ def status(control: str = typer.Argument(..., help="control plane URL"),
     for col in ("node", "tier", "models", "queue", "in flight", "age s", "address"):
         table.add_column(col)
     for n in sorted(nodes, key=lambda n: (n["tier"], n["node_id"])):
-        table.add_row(n["node_id"], n["tier"], ",".join(m["name"] for m in n["models"]),
+        table.add_row(n["node_id"], n["tier"], _served(n["models"]),
                       str(n["queue_depth"]), str(n["inflight"]), f"{n.get('age_s', 0):.1f}",
                       n["address"])
     Console().print(table)
+
+
+def _served(models: list[dict[str, Any]]) -> str:
+    """``name@version`` per model, a canary as ``name@1+2(20%)``."""
+    by_name: dict[str, list[str]] = {}
+    for m in sorted(models, key=lambda m: m.get("role", "active") != "active"):
+        weight = float(m.get("weight", 1.0))
+        shown = str(m.get("version", "?")) if m.get("role", "active") == "active" \
+            else f"{m.get('version', '?')}({weight:.0%})"
+        by_name.setdefault(m["name"], []).append(shown)
+    return ",".join(f"{name}@{'+'.join(versions)}" for name, versions in by_name.items())
 
 
 def main() -> None:

@@ -1,13 +1,17 @@
 """What a node uses to talk to the control plane: a client, a cached view, a heartbeat loop.
 
-- :class:`ControlClient`: async HTTP calls (the registry, and the hard-example store that
-  nodes post to and ``tierlink hard-examples`` reads); every failure (refused connection, timeout,
-  error status, unreadable answer) becomes one :class:`~tierlink.errors.ControlPlaneError`
-  naming the URL.
+- :class:`ControlClient`: async HTTP calls (the registry, the hard-example store that
+  nodes post to and ``tierlink hard-examples`` reads, and the model repository a node
+  installs versions from); every failure (refused connection, timeout, error status,
+  unreadable answer) becomes one :class:`~tierlink.errors.ControlPlaneError` naming the URL
+  -- except the repository's "no such version" (404) and "rejected" (422) answers, which
+  keep their own classes (:class:`~tierlink.errors.RepositoryError`,
+  :class:`~tierlink.errors.ArtifactRejected`): retrying cannot help those.
 - :class:`RegistryCache`: the last cluster view fetched successfully. The control plane is
   not on the request path, so a failed refresh keeps the old view (and counts the failure);
   readers judge it by :meth:`RegistryCache.stale_s`.
-- :class:`HeartbeatLoop`: heartbeats and refreshes the cache every interval; it never dies
+- :class:`HeartbeatLoop`: heartbeats and refreshes the cache every interval, and hands
+  each answer (what the control plane wants of the node) to ``on_answer``; it never dies
   on an error and logs once per outage, not once per second.
 """
 
@@ -18,17 +22,23 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, Self
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import httpx
 
 from tierlink.core.types import CascadePoint, LinkView, ModelView, NodeView, SplitPoint, Tier
-from tierlink.errors import ControlPlaneError, InvalidRequest
+from tierlink.errors import ControlPlaneError, InvalidRequest, TierlinkError
+
+if TYPE_CHECKING:
+    from tierlink.repo.manifest import SignedManifest
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+AnswerHook = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class ControlClient:
@@ -37,21 +47,28 @@ class ControlClient:
     ``timeout_s`` bounds each call as a whole (connect, send, answer). Proxy variables in
     the environment are ignored: fleet traffic stays on the fleet's own network.
     ``transport`` lets tests plug in ``httpx.MockTransport`` or ``httpx.ASGITransport``.
+    Artifact downloads (:meth:`download_version`) use a second client whose every read may
+    take ``download_timeout_s`` (a model file is not a heartbeat).
     """
 
     def __init__(self, base_url: str, timeout_s: float = 1.0, *,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 authorization: str | None = None) -> None:
+                 authorization: str | None = None, download_timeout_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.download_timeout_s = download_timeout_s
+        self._transport = transport
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
                                        transport=transport, trust_env=False)
+        self._downloads: httpx.AsyncClient | None = None  # made at the first download
         if authorization:
             self.authorize(authorization)
 
     def authorize(self, authorization: str) -> None:
         """Send ``Authorization: <authorization>`` from now on (see control/identity.py)."""
         self._http.headers["authorization"] = authorization
+        if self._downloads is not None:
+            self._downloads.headers["authorization"] = authorization
 
     async def enroll(self, token: str, node_id: str, tier: str) -> str:
         """Enroll this node with an operator's token; returns its secret (keep it safe)."""
@@ -115,8 +132,39 @@ class ControlClient:
                                     params=_query(model=model, node=node))
         return response.content
 
+    async def version_manifest(self, name: str, version: str) -> SignedManifest:
+        """The signed manifest of a published version (``GET /v1/models/{name}/versions/
+        {version}``). :class:`~tierlink.errors.RepositoryError` when the repository has no
+        such version, :class:`~tierlink.errors.ArtifactRejected` when its entry is
+        malformed, :class:`ControlPlaneError` when the control plane cannot be asked."""
+        from tierlink.repo.manifest import SignedManifest
+
+        path = f"/v1/models/{name}/versions/{version}"
+        response = await self._call("GET", path, f"{name} version {version}",
+                                    allow={404, 422})
+        if response.status_code in (404, 422):
+            raise _repository_error(response, self._url(path), f"{name} version {version}")
+        return SignedManifest.from_dict(_json_object(response, self._url(path)).get("signed"))
+
+    async def download_version(self, signed: SignedManifest, dest_dir: Path) -> None:
+        """Download the version's ``model.onnx`` and ``card.json`` into ``dest_dir``, each
+        checked against the manifest's size and sha256 as it arrives (see
+        :func:`tierlink.repo.client.fetch_artifact`); the signature is the caller's to check."""
+        from tierlink.repo.client import fetch_artifact
+
+        await fetch_artifact(self.base_url, signed, dest_dir, self._download_client())
+
+    def _download_client(self) -> httpx.AsyncClient:
+        if self._downloads is None:
+            self._downloads = httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.download_timeout_s,
+                transport=self._transport, trust_env=False, headers=self._http.headers)
+        return self._downloads
+
     async def close(self) -> None:
         await self._http.aclose()
+        if self._downloads is not None:
+            await self._downloads.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -162,6 +210,13 @@ def _refused(response: httpx.Response, url: str, what: str) -> ControlPlaneError
         f"control plane at {url} refused {what}: HTTP {response.status_code}: {detail}",
         hint=hint, status=response.status_code, code=body.get("code", ""),
     )
+
+
+def _repository_error(response: httpx.Response, url: str, what: str) -> TierlinkError:
+    """A 404 / 422 of the repository as its own error class (see the module docstring)."""
+    from tierlink.repo.client import error_of
+
+    return error_of(response, url, what)
 
 
 def _query(**values: str | int | None) -> dict[str, str | int]:
@@ -241,11 +296,15 @@ class RegistryCache:
 
 def node_views(records: list[dict[str, Any]], extra_age_s: float = 0.0
                ) -> tuple[list[NodeView], list[LinkView]]:
-    """Convert ``NodeRecord`` dicts (as served by ``GET /v1/nodes``) to core views."""
+    """Convert ``NodeRecord`` dicts (as served by ``GET /v1/nodes``) to core views.
+
+    A node lists one entry per version it serves; a model's standby entry (``"role":
+    "standby"``, a canary) is folded into the active entry of the same name, so a policy
+    sees one model per name, with every version it serves in ``ModelView.versions``."""
     nodes: list[NodeView] = []
     links: list[LinkView] = []
     for rec in records:
-        models = tuple(_model_view(m) for m in rec.get("models", ()))
+        models = fold_versions(rec.get("models", ()))
         nodes.append(NodeView(
             node_id=rec["node_id"], tier=Tier.parse(rec["tier"]), models=models,
             queue_depth=int(rec.get("queue_depth", 0)), inflight=int(rec.get("inflight", 0)),
@@ -259,6 +318,24 @@ def node_views(records: list[dict[str, Any]], extra_age_s: float = 0.0
             for link in rec.get("links", ())
         )
     return nodes, links
+
+
+def fold_versions(entries: Sequence[Mapping[str, Any]]) -> tuple[ModelView, ...]:
+    """One :class:`ModelView` per model name, in the order names first appear: the figures
+    of its active entry (the first one without ``"role": "standby"``; a standby entry when
+    there is none), ``versions`` = the active version, then the standby ones."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault(str(entry["name"]), []).append(entry)
+    views = []
+    for group in groups.values():
+        active = [e for e in group if e.get("role", "active") != "standby"]
+        ordered = active[:1] + [e for e in group if e.get("role") == "standby"]
+        first = _model_view(ordered[0] if ordered else group[0])
+        versions = tuple(dict.fromkeys(str(e["version"]) for e in ordered))
+        views.append(first if versions in ((), (first.version,))
+                     else replace(first, versions=versions))
+    return tuple(views)
 
 
 def _model_view(model: Mapping[str, Any]) -> ModelView:
@@ -279,13 +356,18 @@ class HeartbeatLoop:
     """Heartbeat (and refresh ``cache``) every ``interval_s`` until stopped.
 
     Each beat calls ``get_body()`` for the node's current state, so load and models are
-    fresh. The loop survives every error: an outage is logged once when it starts and once
-    when it ends, and counted in ``failures`` (failed beats) and ``outages``.
+    fresh. Each accepted heartbeat's answer goes to ``on_answer`` (awaited on the loop, so
+    it must return quickly: start long work in a task); an exception it raises is logged,
+    and does not count as a failed beat. The loop survives every error: an outage is logged
+    once when it starts and once when it ends, and counted in ``failures`` (failed beats)
+    and ``outages``.
     """
 
-    def __init__(self, client: ControlClient, cache: RegistryCache | None = None) -> None:
+    def __init__(self, client: ControlClient, cache: RegistryCache | None = None, *,
+                 on_answer: AnswerHook | None = None) -> None:
         self.client = client
         self.cache = cache
+        self.on_answer = on_answer
         self.sent = 0  # heartbeats accepted
         self.failures = 0  # beats that failed, ever
         self.outages = 0  # runs of consecutive failures
@@ -326,16 +408,25 @@ class HeartbeatLoop:
         try:
             body = get_body()
             self._node_id = body.get("node_id", self._node_id)
-            await self.client.heartbeat(body)
+            answer = await self.client.heartbeat(body)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive any failure
             self._failed(exc)
             ok = False
         else:
             self._succeeded()
+            await self._answered(answer)
             ok = True
         if self.cache is not None:
             await self.cache.refresh()  # keeps the old view on failure
         return ok
+
+    async def _answered(self, answer: dict[str, Any]) -> None:
+        if self.on_answer is None:
+            return
+        try:
+            await self.on_answer(answer)
+        except Exception:
+            log.exception("handling the control plane's heartbeat answer failed")
 
     async def _run(self, get_body: Callable[[], dict[str, Any]], interval_s: float) -> None:
         loop = asyncio.get_running_loop()

@@ -174,6 +174,13 @@ class ModelView:
     output_bytes: int = 64
     cascade: tuple[CascadePoint, ...] = ()
     splits: tuple[SplitPoint, ...] = ()  # profiled cut points, in topological order
+    # Every version of this model the node serves now: the active one (``version``, whose
+    # figures these are) and a canary in its standby slot. Empty means ``(version,)``.
+    versions: tuple[str, ...] = ()
+
+    def holds(self, version: str) -> bool:
+        """Whether a request pinned to ``version`` may be served by this model here."""
+        return version == self.version or version in self.versions
 
     def cascade_at(self, threshold: float) -> CascadePoint | None:
         """The profiled cascade point with the largest threshold <= ``threshold``."""
@@ -203,8 +210,10 @@ class NodeView:
     heads: tuple[ModelView, ...] = ()
 
     def model_for(self, task: str, version: str | None = None) -> ModelView | None:
+        """The node's model for ``task``; with ``version``, one that serves that version
+        (active or standby, see :meth:`ModelView.holds`)."""
         for model in self.models:
-            if model.task == task and (version is None or model.version == version):
+            if model.task == task and (version is None or model.holds(version)):
                 return model
         return None
 
@@ -349,3 +358,4 @@ class Outcome:
     cost: float = 0.0
     degraded: str = ""  # why a lower-quality answer was returned, "" when none
     split: str = ""  # "CUT/CODEC" when a split plan answered (head here, tail upstream)
+    model_version: str = ""  # the version of ``model`` that answered ("" when unknown)

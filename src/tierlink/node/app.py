@@ -28,6 +28,8 @@ from starlette.requests import ClientDisconnect
 from tierlink import __version__
 from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, TierlinkError
 from tierlink.node import protocol
+from tierlink.node.async_requests import UPLINK, is_async
+from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
 from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.transport import oip
@@ -41,6 +43,8 @@ _ROUTED_OUTPUTS = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, -
 def create_app(service: NodeService, ready: bool = False) -> FastAPI:
     """The app owns the service's lifetime (started and stopped in its lifespan)."""
 
+    receiver = _inbox_receiver(service)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
@@ -48,10 +52,14 @@ def create_app(service: NodeService, ready: bool = False) -> FastAPI:
             yield
         finally:
             await service.stop()
+            if receiver is not None:
+                receiver.close()
 
     app = FastAPI(title=f"tierlink node {service.spec.node_id}", version=__version__,
                   lifespan=lifespan)
     app.state.ready = ready
+    if receiver is not None:  # what downstream nodes deliver (store-and-forward)
+        install_inbox_routes(app, receiver)
 
     @app.exception_handler(TierlinkError)
     async def _tierlink_error(_: Request, exc: TierlinkError) -> Response:
@@ -179,14 +187,17 @@ async def _infer(service: NodeService, name: str, version: str | None,
 
 async def _infer_model(service: NodeService, name: str, version: str | None,
                        data: oip.InferRequestData) -> Response:
-    rt = service.runtime(name, version)
+    # A version in the URL, else the ``tierlink.version`` parameter, pins it.
+    pinned = data.parameters.get(protocol.VERSION)
+    version = version or (str(pinned) if pinned is not None else None)
     start = time.perf_counter()
-    outputs = await service.infer_model(name, version, data.inputs, data.parameters)
+    outputs, served = await service.infer_model(name, version, data.inputs, data.parameters)
     selected = _select(outputs, data)
     # What this node spent (queue + compute): a caller's link estimate subtracts it.
-    server_ms = {protocol.SERVER_MS: round((time.perf_counter() - start) * 1000.0, 3)}
-    body, headers = oip.encode_infer_response(name, rt.info.version, data.id, selected,
-                                              server_ms, data.binary_outputs(selected))
+    params = {protocol.SERVER_MS: round((time.perf_counter() - start) * 1000.0, 3),
+              protocol.MODEL_VERSION: served}
+    body, headers = oip.encode_infer_response(name, served, data.id, selected,
+                                              params, data.binary_outputs(selected))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))
 
 
@@ -195,12 +206,24 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
     params = dict(data.parameters)
     if version is not None:
         params.setdefault(protocol.VERSION, version)
+    if is_async(params):  # answered 202 once the result is durably queued upstream
+        return JSONResponse(await service.infer_async(task, data.inputs, params, data.id),
+                            status_code=202)
     outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params, data.id)
     selected = _select(outputs, data)
-    body, headers = oip.encode_infer_response(task, None, data.id, selected,
-                                              protocol.outcome_params(outcome, server_ms),
+    answer = protocol.outcome_params(outcome, server_ms)
+    uplink = service.uplink_state()
+    if uplink is not None:
+        answer[UPLINK] = uplink
+    body, headers = oip.encode_infer_response(task, None, data.id, selected, answer,
                                               data.binary_outputs(selected))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))
+
+
+def _inbox_receiver(service: NodeService) -> InboxReceiver | None:
+    if service.uplink is None or service.spec.state_dir is None:
+        return None
+    return InboxReceiver.open(service.spec.state_dir, service.uplink)
 
 
 def _select(outputs: dict[str, Any], data: oip.InferRequestData) -> dict[str, Any]:
@@ -226,7 +249,8 @@ def _header_length(request: Request) -> int | None:
 def _metadata(service: NodeService, name: str, version: str | None) -> dict[str, Any]:
     if name in service.runtimes:
         rt: ModelRuntime = service.runtime(name, version)
-        return {"name": name, "versions": [rt.info.version], "platform": rt.platform,
+        return {"name": name, "versions": list(service.models.versions(name)),
+                "platform": rt.platform,
                 "inputs": [s.as_metadata() for s in rt.inputs],
                 "outputs": [s.as_metadata() for s in rt.outputs],
                 "parameters": {"task": rt.info.task, "tier": service.spec.tier.label}}

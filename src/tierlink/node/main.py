@@ -1,6 +1,9 @@
 """Run one node process: load its models, serve OIP over HTTP, heartbeat to the control plane.
 
 ``run_node(spec)`` blocks until SIGTERM/SIGINT, then deregisters and shuts down cleanly.
+At start the node serves each model's last good version (its A/B slots under
+``state_dir``, else the spec's files: see ``node/models.py``); each heartbeat answer's
+``desired`` then says which versions to install and serve.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from tierlink.node.exits import ExitsModel, is_exit_card
+from tierlink.node.identity import load_identity
+from tierlink.node.models import ArtifactSource, ModelManager
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
+from tierlink.node.uplink import Uplink, UplinkMetrics, uplink_for_spec
+from tierlink.telemetry.metrics import NodeMetrics
 
 log = logging.getLogger("tierlink.node")
 
@@ -62,10 +69,14 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     control = ControlClient(spec.control_url) if spec.control_url else None
     if control is not None:
         await _identify(spec, control)
+    models = await open_models(spec, runtimes, control)
     cache = RegistryCache(control) if control else None
-    # The control client is also where hard examples go (see node/hard_examples.py).
-    service = NodeService(spec, runtimes, records=(lambda: cache.nodes) if cache else list,
-                          hard_example_sink=control)
+    metrics = NodeMetrics(spec.tier.label)
+    # The control client is also where hard examples go (see node/hard_examples.py), and
+    # where model versions come from (its repository).
+    service = NodeService(spec, models.active, records=(lambda: cache.nodes) if cache else list,
+                          hard_example_sink=control, models=models, metrics=metrics,
+                          uplink=_uplink(spec, metrics))
     app = create_app(service)
     if cache:
         service.metrics.control_stale.labels(spec.tier.label).set_function(
@@ -74,7 +85,7 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
                                            log_level="warning", access_log=False,
                                            timeout_keep_alive=30))
     serving = asyncio.create_task(server.serve())
-    beat = HeartbeatLoop(control, cache) if control else None
+    beat = HeartbeatLoop(control, cache, on_answer=service.apply_answer) if control else None
     try:
         port = await _wait_started(server, serving)
         address = f"http://{spec.host}:{port}"
@@ -92,6 +103,25 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
             await beat.stop(deregister=True)
         if control:
             await control.close()
+
+
+def _uplink(spec: NodeSpec, metrics: NodeMetrics) -> Uplink | None:
+    """The node's store-and-forward uplink (None without a ``state_dir``); its calls to the
+    control plane carry the node's identity."""
+    identity = load_identity(Path(spec.state_dir)) if spec.state_dir else None
+    return uplink_for_spec(spec, authorization=identity.authorization if identity else None,
+                           metrics=UplinkMetrics(spec.tier.label, metrics.registry))
+
+
+async def open_models(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
+                      source: ArtifactSource | None) -> ModelManager:
+    """The manager of the node's model versions, recovered: each model serves its last
+    good version (a slot under ``spec.state_dir``, else the spec's files in ``runtimes``);
+    versions are installed from ``source`` and must be signed by ``spec.trusted_keys``."""
+    models = ModelManager(runtimes, state_dir=Path(spec.state_dir) if spec.state_dir else None,
+                          trusted_keys=spec.trusted_keys, source=source)
+    await models.recover()
+    return models
 
 
 async def _identify(spec: NodeSpec, control: Any) -> None:

@@ -8,7 +8,8 @@ Request parameters (all optional; a client on the device may send none):
 ``tierlink.priority``       ``realtime`` | ``interactive`` | ``batch``
 ``tierlink.origin``         node id of the device the input came from (default: receiver)
 ``tierlink.hops``           forwarding hops so far
-``tierlink.version``        pin a model version
+``tierlink.version``        pin a model version: only a model serving exactly this version
+                            answers (a canary in a node's standby slot counts)
 ``tierlink.policy``         name a policy for this request (only if the fleet allows it)
 ``tierlink.privacy_breached`` true once a hop held the input against its privacy level
 ``tierlink.label``          the true class index when the client knows it (an eval
@@ -20,11 +21,13 @@ Request parameters (all optional; a client on the device may send none):
 Response parameters describe the :class:`~tierlink.core.types.Outcome`: ``served_by``,
 ``tier``, ``model``, ``path`` (JSON list), ``confidence``, ``escalations``, ``fallbacks``
 (JSON list of ``{node, reason, detail}``), ``cost_usd``, ``server_ms``, ``degraded``,
-``split_plan`` (``CUT/CODEC`` when a split served it) and ``timings_ms`` (JSON: where the time
-went, e.g. a split's ``head_ms``, ``encode_ms``, ``tail_rtt_ms``, ``split_bytes`` and
-``est_ms``, the policy's estimate of what follows the head: encode + send + tail),
-each prefixed with ``tierlink.``. A model endpoint's answer carries ``tierlink.server_ms``
-(queue + compute on that node), so a caller can tell network time from server time.
+``split_plan`` (``CUT/CODEC`` when a split served it), ``model_version`` (the version of
+``model`` that answered) and ``timings_ms`` (JSON: where the time went, e.g. a split's
+``head_ms``, ``encode_ms``, ``tail_rtt_ms``, ``split_bytes`` and ``est_ms``, the policy's
+estimate of what follows the head: encode + send + tail), each prefixed with
+``tierlink.``. A model endpoint's answer carries ``tierlink.server_ms`` (queue + compute on
+that node) and ``tierlink.model_version``, so a caller can tell network time from server
+time, and which version answered.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ CODEC = "tierlink.codec"  # ...and how they are encoded (tierlink.split.codecs)
 SPLIT = "tierlink.split"  # ask for a split plan: "NODE/CUT/CODEC" (benchmarks, tests)
 BREACHED = "tierlink.privacy_breached"  # set by the first node that held it against its privacy
 LABEL = "tierlink.label"
+MODEL_VERSION = "tierlink.model_version"  # in answers: the version of the model that ran
 SERVER_MS = "tierlink.server_ms"  # in answers: what the answering node spent on the request
 TIMINGS = "tierlink.timings_ms"  # in answers: JSON of where the time went (split: head_ms...)
 TRACEPARENT = "traceparent"
@@ -141,6 +145,7 @@ def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
         TIMINGS: json.dumps({k: round(v, 3) for k, v in outcome.timings_ms.items()}),
         "tierlink.degraded": outcome.degraded,
         "tierlink.split_plan": outcome.split,
+        MODEL_VERSION: outcome.model_version,
     }
 
 
@@ -159,6 +164,7 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
             cost=float(params.get("tierlink.cost_usd", 0.0)),
             degraded=str(params.get("tierlink.degraded", "")),
             split=str(params.get("tierlink.split_plan", "")),
+            model_version=str(params.get(MODEL_VERSION, "")),
             timings_ms={"server_ms": float(params.get(SERVER_MS, 0.0))},
         )
     except (KeyError, ValueError, TypeError) as exc:

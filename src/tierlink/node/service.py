@@ -11,6 +11,13 @@ Two entry points:
 * ``infer_task(task, ...)`` — the routed path: build a ``Request``, let the policy plan it,
   let the dispatcher execute the plan across tiers; answers with class probabilities and the
   outcome's routing parameters.
+
+The model versions it serves are a :class:`~tierlink.node.models.ModelManager`'s: each
+request for a model runs on its active version, or on its standby (canary) version for the
+standby's share of requests, or on exactly the version it is pinned to
+(``tierlink.version``). What each version answered is counted per version
+(:class:`~tierlink.node.version_stats.VersionStatsBook`) and reported in heartbeats, whose
+answers (:meth:`NodeService.apply_answer`) tell the manager which versions to serve.
 """
 
 from __future__ import annotations
@@ -51,19 +58,24 @@ from tierlink.errors import (
     NoFeasiblePlacement,
     PrivacyViolation,
     Refused,
+    RuntimeFailure,
     TensorError,
     TierlinkError,
 )
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
+from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader
 from tierlink.node.hedging import Hedger
+from tierlink.node.models import ModelManager
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
+from tierlink.node.uplink import Uplink
+from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import build_view, model_view_to_dict
 from tierlink.policy import REGISTRY, Policy
 from tierlink.policy.placement import split_plans
@@ -92,19 +104,34 @@ PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwi
 
 
 class NodeService:
-    """See the module docstring. Create, ``await start()``, serve, ``await stop()``."""
+    """See the module docstring. Create, ``await start()``, serve, ``await stop()``.
 
+    ``runtimes``: the node's models by name. ``models``: the manager of their versions
+    (then ``runtimes`` must be its ``active`` dict); by default one that serves
+    ``runtimes`` and cannot install (no state directory).
+    """
 
     def __init__(
         self, spec: NodeSpec, runtimes: dict[str, ModelRuntime], *,
         clock: Callable[[], float] = time.monotonic, client: OipClient | None = None,
         records: Callable[[], list[dict[str, Any]]] = list, metrics: NodeMetrics | None = None,
-        hard_example_sink: ExampleSink | None = None,
+        hard_example_sink: ExampleSink | None = None, models: ModelManager | None = None,
+        uplink: Uplink | None = None,
     ) -> None:
         self.spec = spec
-        self.runtimes = runtimes
+        # Store-and-forward toward the parent / control plane (None: no state_dir).
+        self.uplink = uplink
+        self.async_results = AsyncResults(uplink) if uplink is not None else None
+        self.models = models if models is not None else ModelManager(runtimes)
+        if models is not None and runtimes is not models.active:
+            raise ValueError("NodeService: pass models.active as runtimes")
+        # The manager's own dict: it swaps a model's runtime in place at each switch.
+        self.runtimes = self.models.active
+        self.models.on_switch = self._on_switch
+        self.version_stats = VersionStatsBook()
         self.routing = spec.routing()
         self.metrics = metrics or NodeMetrics(spec.tier.label)
+        self.metrics.registry.register(_InstallsCollector(self.models, spec.tier.label))
         self._clock = clock
         self._rng = random.Random(spec.seed)
         self._records = records  # the registry cache's last view (never raises)
@@ -170,8 +197,13 @@ class NodeService:
                         else None)
         if self.hard_examples is not None:
             self.hard_examples.start()
+        if self.uplink is not None:
+            self.uplink.start()
 
     async def stop(self) -> None:
+        await self.models.stop()
+        if self.uplink is not None:
+            await self.uplink.stop()  # undelivered items stay on disk
         for task in (self._refresher, self._prober):
             if task:
                 task.cancel()
@@ -185,19 +217,38 @@ class NodeService:
     # -- direct model inference (OIP, no routing) ------------------------------------------
 
     def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
-        rt = self.runtimes.get(name)
-        if rt is None or (version is not None and rt.info.version != version):
-            want = f"{name!r}" + (f" version {version!r}" if version else "")
-            raise ModelNotFound(f"model {want} is not served by {self.spec.node_id}",
-                                hint=f"served: {sorted(self.runtimes)}; routed tasks: "
-                                     f"{sorted(self.tasks())}")
+        """The active runtime of ``name``, or the one serving ``version`` (active or
+        standby); :class:`ModelNotFound` naming what is served otherwise."""
+        rt = self.models.runtime(name, version)
+        if rt is None:
+            raise self._not_served(name, version)
         return rt
+
+    def _pick(self, name: str, version: str | None) -> ModelRuntime:
+        """The runtime one request runs on: pinned, or the canary for its share."""
+        rt = self.models.pick(name, version, self._rng)
+        if rt is None:
+            raise self._not_served(name, version)
+        return rt
+
+    def _not_served(self, name: str, version: str | None) -> ModelNotFound:
+        if version is not None and name in self.runtimes:
+            return ModelNotFound(f"model {name!r} version {version!r} is not served by "
+                                 f"{self.spec.node_id}",
+                                 hint=f"it serves versions {list(self.models.versions(name))}")
+        want = f"{name!r}" + (f" version {version!r}" if version else "")
+        return ModelNotFound(f"model {want} is not served by {self.spec.node_id}",
+                             hint=f"served: {sorted(self.runtimes)}; routed tasks: "
+                                  f"{sorted(self.tasks())}")
 
     async def infer_model(
         self, name: str, version: str | None, inputs: dict[str, np.ndarray],
         params: dict[str, Any],
-    ) -> dict[str, np.ndarray]:
-        rt = self.runtime(name, version)
+    ) -> tuple[dict[str, np.ndarray], str]:
+        """Run this node's model ``name`` (``version``: pinned); raw outputs and the
+        version that ran."""
+        # A split's tail runs the active version's segments (see _split_sessions).
+        rt = self.runtime(name) if protocol.CUT in params else self._pick(name, version)
         priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
         deadline_ms = params.get(protocol.DEADLINE)
         deadline_s = None if deadline_ms is None else self._clock() + float(deadline_ms) / 1000
@@ -206,7 +257,7 @@ class NodeService:
         else:
             out, _ = await self._submit(rt, inputs, priority, deadline_s)
         self._count_exits(name, out)
-        return out
+        return out, rt.info.version
 
     def _count_exits(self, model: str, out: dict[str, np.ndarray]) -> None:
         """A multi-exit model's answers, by the exit that gave them."""
@@ -380,6 +431,18 @@ class NodeService:
         local = {rt.info.task for rt in self.runtimes.values()}
         return local | {m.task for n in self.view.nodes.values() for m in n.models}
 
+    async def infer_async(self, task: str, inputs: dict[str, np.ndarray],
+                          params: dict[str, Any], request_id: str | None) -> dict[str, Any]:
+        """Route a ``tierlink.async`` request like any other, then queue its result durably
+        toward the control plane; ``{"request_id", "status": "accepted", "uplink",
+        "result_key"}``. While the uplink is down the result waits on this node's disk."""
+        if self.async_results is None:
+            raise InvalidRequest(f"{self.spec.node_id} keeps no state_dir: it cannot answer "
+                                 "asynchronously", hint="send the request without tierlink.async")
+        request_id = request_id or uuid.uuid4().hex
+        outputs, outcome, server_ms = await self.infer_task(task, inputs, params, request_id)
+        return await self.async_results.accept(request_id, task, outputs, outcome, server_ms)
+
     async def infer_task(
         self, task: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
         request_id: str | None,
@@ -477,10 +540,19 @@ class NodeService:
 
     async def _run_local(self, placement: Placement, req: Request,
                          inputs: dict[str, np.ndarray], remaining_ms: float) -> StepResult:
-        rt = self.runtime(placement.model or "")
-        out, compute_ms = await self._submit(rt, inputs, req.priority,
-                                             self._clock() + remaining_ms / 1000.0)
+        rt = self._pick(placement.model or "", req.version)
+        try:
+            out, compute_ms = await self._submit(rt, inputs, req.priority,
+                                                 self._clock() + remaining_ms / 1000.0)
+        except Exception as exc:
+            # The version's failure -- not a refusal, a deadline or a malformed input.
+            if isinstance(exc, RuntimeFailure) or not isinstance(exc, TierlinkError):
+                self.version_stats.failed(rt.info.name, rt.info.version)
+            raise
         probs, conf = softmax_confidence(out[rt.outputs[0].name], rt.info.temperature)
+        self.version_stats.answered(rt.info.name, rt.info.version, compute_ms,
+                                    conf.tolist(), probs.argmax(axis=1).tolist(),
+                                    _LABELS.get())
         confidence = float(conf.min())
         self.metrics.confidence.labels(self.spec.tier.label, rt.info.name).observe(confidence)
         cost = self.routing.cost.compute(self.spec.tier, compute_ms)
@@ -490,7 +562,8 @@ class NodeService:
             timings["exit"] = float(out["exit"].max())
             self._count_exits(rt.info.name, out)
         outcome = Outcome(self.spec.node_id, self.spec.tier, rt.info.name, (self.spec.node_id,),
-                          confidence, cost=cost, timings_ms=timings)
+                          confidence, cost=cost, timings_ms=timings,
+                          model_version=rt.info.version)
         return StepResult({"probabilities": probs, "label": probs.argmax(axis=1).astype(np.int64)},
                           outcome)
 
@@ -556,6 +629,7 @@ class NodeService:
     def _hard_example(self, placement: Placement, req: Request,
                       inputs: dict[str, np.ndarray], result: StepResult) -> None:
         """The dispatcher's hook: a local answer escalated for low confidence."""
+        self.version_stats.escalated(result.outcome.model, result.outcome.model_version)
         if self.hard_examples is not None:
             self.hard_examples.offer(placement, req, inputs, result.outputs.get("probabilities"),
                                      _LABELS.get())
@@ -587,11 +661,18 @@ class NodeService:
 
     def me(self) -> NodeView:
         stats = self.scheduler.snapshot()
-        models = tuple(rt.info.view(stats.service_ms_by_key.get(name, rt.info.latency_ms))
+        models = tuple(self._view_of(name, rt, stats.service_ms_by_key)
                        for name, rt in self.runtimes.items())
         return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
                         inflight=stats.inflight, workers=stats.workers,
                         heads=self._scaled_heads(stats.service_ms_by_key))
+
+    def _view_of(self, name: str, rt: ModelRuntime,
+                 service_ms: Mapping[str, float]) -> ModelView:
+        """The active version's figures; ``versions``: every version served (a canary)."""
+        view = rt.info.view(service_ms.get(name, rt.info.latency_ms))
+        versions = self.models.versions(name)
+        return view if versions == (view.version,) else replace(view, versions=versions)
 
     def _scaled_heads(self, service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
         # The split profile's own whole-model time is the fairest yardstick (same machine,
@@ -615,10 +696,14 @@ class NodeService:
                 log.exception("view refresh failed; keeping the previous view")
 
     def heartbeat_body(self, address: str) -> dict[str, Any]:
+        """The node's state for the control plane: one ``models`` entry per version
+        served (``role`` active / standby, its ``weight``, its ``stats``), and the
+        versions it could not install (``install_failures``)."""
         me = self.me()
         return {
             "node_id": me.node_id, "tier": me.tier.label, "address": address,
-            "models": [model_view_to_dict(m) for m in me.models],
+            "models": self._model_entries(me),
+            "install_failures": self.models.failures(),
             "queue_depth": me.queue_depth, "inflight": me.inflight,  # compute, not routing
             "workers": me.workers, "upstream": sorted(self._upstreams),
             "links": [{"dst": l.dst, "rtt_ms": round(l.rtt_ms, 3),
@@ -626,6 +711,30 @@ class NodeService:
                       for l in (u.estimator.view() for u in self._upstreams.values())],
             "started_at": self.started_at, "software": __version__,
         }
+
+    def _model_entries(self, me: NodeView) -> list[dict[str, Any]]:
+        views = {m.name: m for m in me.models}
+        entries = []
+        for served in self.models.served():
+            info = served.runtime.info  # views and stats go by the card's name
+            view = views.get(info.name) if served.role == "active" else None
+            entry = model_view_to_dict(view or info.view())
+            entry.update(role=served.role, weight=round(served.weight, 6),
+                         stats=self.version_stats.get(info.name, info.version))
+            entries.append(entry)
+        return entries
+
+    async def apply_answer(self, answer: Mapping[str, Any]) -> None:
+        """A heartbeat answer: serve the model versions its ``desired`` asks for (the
+        heartbeat loop's ``on_answer``; returns at once, installs run in the background)."""
+        await self.models.apply_desired(answer.get("desired"))
+
+    def _on_switch(self, name: str, rt: ModelRuntime) -> None:
+        """A new active version: split tails are cut from its graph from now on."""
+        if isinstance(rt, OnnxModel):
+            self.splits[name] = SplitSessions(
+                name, rt.path, self._split_dir / f"{name}@{rt.info.version}")
+        self.refresh_view()
 
     def record_request(self, kind: str, name: str, outcome: str, seconds: float) -> None:
         tier = self.spec.tier.label
@@ -641,7 +750,13 @@ class NodeService:
                 "view_nodes": sorted(self.view.nodes),
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
                               "samples": u.estimator.samples}
-                          for k, u in self._upstreams.items()}}
+                          for k, u in self._upstreams.items()},
+                "uplink": self.uplink.status() if self.uplink is not None else None}
+
+    def uplink_state(self) -> str | None:
+        """``"up"`` / ``"down"`` toward this node's upstream (store-and-forward); None when
+        the node keeps no outbox. Every routed answer says it (``tierlink.uplink``)."""
+        return self.uplink.state().state if self.uplink is not None else None
 
     def _register_gauges(self) -> None:
         tier = self.spec.tier.label
@@ -692,6 +807,27 @@ def _slower(point: SplitPoint, factor: float) -> SplitPoint:
 def _batch_size(inputs: dict[str, np.ndarray]) -> int:
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1
+
+
+class _InstallsCollector:
+    """Exports the manager's install counts (the core never calls the exporter)."""
+
+    def __init__(self, models: ModelManager, tier: str) -> None:
+        self._models = models
+        self._tier = tier
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "tierlink_model_installs",
+            "Model versions brought onto this node, by outcome: ok (verified, loaded, warmed "
+            "up), rejected (failed verification), failed (unknown version, failed to load), "
+            "crashed (the process died loading it), unreachable (repository; retried)",
+            labels=["tier", "model", "outcome"])
+        for (model, outcome), n in sorted(self._models.installs.items()):
+            family.add_metric([self._tier, model, outcome], n)
+        yield family
 
 
 class _Breakers:

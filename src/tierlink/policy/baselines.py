@@ -7,7 +7,7 @@ import random
 
 from tierlink.core.types import ClusterView, Placement, Plan, Request
 from tierlink.policy.base import PolicyConfig
-from tierlink.policy.placement import two_choices
+from tierlink.policy.placement import toward_version, two_choices
 
 
 class CloudOnlyPolicy:
@@ -23,7 +23,11 @@ class CloudOnlyPolicy:
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         tiers = view.upstream.get(view.self_id, {})
         for tier in sorted(tiers, reverse=True):
-            pick, spare = two_choices(tiers[tier], view, request.task, rng)
+            ids = tiers[tier]
+            if request.version is not None:  # a pinned version is never traded off
+                ids = toward_version(ids, view, request.task, request.version,
+                                     self._cfg.max_hops - request.hops - 1)
+            pick, spare = two_choices(ids, view, request.task, rng)
             if pick is not None:
                 chosen = [pick] + ([spare] if spare else [])
                 return Plan(tuple(Placement("remote", n.node_id, n.tier) for n in chosen),

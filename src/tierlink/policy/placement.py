@@ -14,6 +14,11 @@ remaining budget). Inside a tier, power-of-two choices picks the node with the s
 expected wait; the other sample becomes a fallback. An upstream option is valued by what the
 upstream node's own policy would do with the request (the same code, one level up), so a
 device can weigh "edge, which may itself escalate to the cloud" without micromanaging it.
+
+A request pinned to a model version (``Request.version``) is a constraint too: a model
+counts only if it serves that version (``ModelView.holds``: its active version or a canary
+on standby), and it goes upstream only to nodes that serve it or can pass it on to one that
+does within the hops left (:func:`toward_version`); it is never answered by another version.
 """
 
 from __future__ import annotations
@@ -128,6 +133,11 @@ class TierlinkPolicy:
         if hops >= self._cfg.max_hops:
             return choices
         for tier, ids in view.upstream.get(node_id, {}).items():
+            if req.version is not None:
+                ids = toward_version(ids, view, req.task, req.version,
+                                     self._cfg.max_hops - hops - 1)
+                if not ids:
+                    continue
             if node.heads and node_id == view.self_id:
                 split = self._split(node, two_choices(ids, view, req.task, rng)[0], req, view)
                 if split:
@@ -284,6 +294,22 @@ _MEMO_LIMIT = 4096
 
 def _version(req: Request) -> str:
     return f" version {req.version!r}" if req.version else ""
+
+
+def toward_version(ids: tuple[str, ...], view: ClusterView, task: str, version: str,
+                   hops_left: int) -> tuple[str, ...]:
+    """For a request pinned to ``version``: the nodes among ``ids`` that serve it for
+    ``task``, or can pass it on to one that does in at most ``hops_left`` more hops."""
+    return tuple(i for i in ids if _reaches(view, i, task, version, hops_left))
+
+
+def _reaches(view: ClusterView, node_id: str, task: str, version: str, hops_left: int) -> bool:
+    if view.nodes[node_id].model_for(task, version) is not None:
+        return True
+    if hops_left <= 0:
+        return False
+    return any(_reaches(view, up, task, version, hops_left - 1)
+               for ids in view.upstream.get(node_id, {}).values() for up in ids)
 
 
 def two_choices(
