@@ -70,6 +70,7 @@ class Bench:
     rate: float
     control_down_s: float
     profile: str
+    scale: float = 1.0  # multiplies the long cases' durations (the integration tests use < 1)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10.0,
                                                                      trust_env=False))
 
@@ -270,6 +271,122 @@ def _slow_node(bench: Bench, hedging: bool) -> dict[str, Any]:
             "extra_load_share": round(sent / max(1, len(records)), 4)}
 
 
+# -- (b) cut the device -> edge uplink ------------------------------------------------------
+
+
+def uplink_cut(bench: Bench) -> dict[str, Any]:
+    """Asynchronous requests (``tierlink.async``) from both devices for 50 s; every
+    device->edge link is cut from 5 s to 35 s; dev-1 is killed -9 at 15 s (during the
+    outage) and restarted. Results travel device outbox -> edge inbox/outbox -> control
+    plane. Counted after recovery: every accepted (202) result must arrive exactly once."""
+    from tierlink.netem.server import LinkControlClient
+
+    links = [f"{d}->{e}" for d in DEVICES for e in EDGES]
+    cut, kill, restore, end = (t * bench.scale for t in (5.0, 15.0, 35.0, 50.0))
+    with fleet_of(bench, edge_fleet(bench, "uplink-cut"), "uplink-cut") as fleet, \
+            LinkControlClient(fleet.links_url) as netem:
+        sender = AsyncSender(bench, fleet.node_urls, seconds=end)
+        sender.start()
+        sender.at(cut)
+        for link in links:
+            netem.update(link, up=False)
+        sender.at(kill)
+        fleet.kill("dev-1")
+        fleet.restart_node("dev-1")
+        restarted_at = time.monotonic() - sender.started
+        sender.at(restore)
+        for link in links:
+            netem.update(link, up=True)
+        sender.join(120.0)
+        delivered, duplicates = wait_delivered(bench, fleet, sender.accepted, 90.0)
+    keys = [a["result_key"] for a in sender.accepted]
+    return {"queued": len(keys), "delivered": len(delivered & set(keys)),
+            "lost": len(set(keys) - delivered), "duplicates": duplicates,
+            "accepted_while_down": sum(a["uplink"] == "down" for a in sender.accepted),
+            "not_accepted": sender.refused, "requests": sender.sent,
+            "outage_s": round(restore - cut, 1), "restart_s": round(restarted_at - kill, 1)}
+
+
+class AsyncSender(threading.Thread):
+    """``--rate`` async requests/s alternating between the devices for ``seconds``; keeps
+    the 202 answers (``accepted``) and counts requests that got none (a device being
+    restarted refuses connections: those were never accepted, so nothing is owed)."""
+
+    def __init__(self, bench: Bench, urls: dict[str, str], seconds: float) -> None:
+        super().__init__(name="async-load", daemon=True)
+        self.bench, self.urls, self.seconds = bench, urls, seconds
+        self.accepted: list[dict[str, Any]] = []
+        self.refused = 0
+        self.sent = 0
+        self.started = time.monotonic()
+
+    def at(self, seconds: float) -> None:
+        while time.monotonic() < self.started + seconds and self.is_alive():
+            time.sleep(0.02)
+
+    def run(self) -> None:
+        self.started = time.monotonic()
+        with httpx.Client(timeout=5.0, trust_env=False) as http:
+            i = 0
+            while (now := time.monotonic() - self.started) < self.seconds:
+                due = i / self.bench.rate
+                if now < due:
+                    time.sleep(due - now)
+                self.one(http, i)
+                i += 1
+
+    def one(self, http: httpx.Client, i: int) -> None:
+        device = DEVICES[i % 2]
+        sample = int(self.bench.hard[i % len(self.bench.hard)])
+        body = {"id": f"req-{i}", "inputs": [{
+            "name": "input", "datatype": "FP32", "shape": [1, 1, 28, 28],
+            "data": self.bench.images[sample].reshape(-1).tolist()}],
+            "parameters": {"tierlink.async": True, "tierlink.deadline_ms": 500,
+                           "tierlink.privacy": "any", "tierlink.label": int(self.bench.labels[sample])}}
+        self.sent += 1
+        try:
+            response = http.post(f"{self.urls[device]}/v2/models/fmnist/infer", json=body)
+        except httpx.HTTPError:
+            self.refused += 1
+            return
+        if response.status_code == 202:
+            self.accepted.append(response.json())
+        else:
+            self.refused += 1
+
+
+def wait_delivered(bench: Bench, fleet: RunningFleet, accepted: list[dict[str, Any]],
+                   timeout_s: float) -> tuple[set[str], int]:
+    """Keys stored at the control plane once every accepted one is there (or the timeout),
+    and the duplicate deliveries it answered (stored once, counted)."""
+    want = {a["result_key"] for a in accepted}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored = stored_keys(bench, fleet)
+        if want <= stored or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    duplicates = metric_sum(bench.http, fleet.control_url, "tierlink_control_results_total",
+                            outcome="duplicate")
+    return stored, int(duplicates)
+
+
+def stored_keys(bench: Bench, fleet: RunningFleet) -> set[str]:
+    keys: list[str] = []
+    after = 0
+    while True:
+        page = bench.http.get(f"{fleet.control_url}/v1/results",
+                              params={"after": after, "limit": 1000},
+                              headers=fleet.admin_headers).json()
+        keys += [r["key"] for r in page["results"]]
+        if page.get("next_after") is None:
+            break
+        after = page["next_after"]
+    if len(keys) != len(set(keys)):
+        raise RuntimeError(f"the control plane stored {len(keys) - len(set(keys))} keys twice")
+    return set(keys)
+
+
 # -- (c) a bad version to a 10% canary, (d) a tampered artifact -----------------------------
 
 CANARY_FLEET = EDGE_FLEET.replace("fault_injection: true", "fault_injection: true\n"
@@ -287,6 +404,27 @@ def publish(bench: Bench, fleet: RunningFleet, key_file: Path, onnx: Path, versi
 
     run_publish(MODEL, onnx, bench.models[MODEL][1], version, notes, key_file,
                 fleet.control_url, eval_limit=1000, admin_token=fleet.admin_token)
+
+
+def publish_as_measured_elsewhere(bench: Bench, fleet: RunningFleet, key_file: Path,
+                                  onnx: Path, version: str, notes: str) -> None:
+    """Publish without measuring here: the validation record is the base model's (as if the
+    publisher's machine had loaded it fine). ``tierlink model publish`` would refuse a graph
+    it cannot load itself, so a version that only crashes on the nodes gets in this way."""
+    from tierlink.repo.client import RepositoryClient
+    from tierlink.repo.manifest import Validation
+    from tierlink.repo.publish import prepare_version
+    from tierlink.repo.signing import load_private_key, sign_manifest
+
+    validation = Validation(dataset="fmnist", split="test", n=1000, accuracy=0.75,
+                            measured_at=time.time())
+    manifest, onnx_path, card_path = prepare_version(MODEL, onnx, bench.models[MODEL][1],
+                                                     version, notes, bench.work / version,
+                                                     validation)
+    with RepositoryClient(fleet.control_url, headers=fleet.admin_headers) as client:
+        client.upload_blob(onnx_path)
+        client.upload_blob(card_path)
+        client.publish(sign_manifest(manifest, load_private_key(key_file)))
 
 
 def signing_key(bench: Bench, name: str) -> tuple[Path, str]:
@@ -330,16 +468,17 @@ def bad_canary(bench: Bench, kind: str) -> dict[str, Any]:
     make()
     name = f"canary-{kind}"
     with fleet_of(bench, canary_fleet(bench, name, public), name) as fleet:
-        publish(bench, fleet, key_file, bad, f"2-{kind}", f"a bad version ({kind})")
-        load = Load(bench, steady(bench, 60.0, 500.0), fleet.node_urls)
+        how = publish if kind == "accuracy" else publish_as_measured_elsewhere
+        how(bench, fleet, key_file, bad, f"2-{kind}", f"a bad version ({kind})")
+        load = Load(bench, steady(bench, 60.0 * bench.scale, 500.0), fleet.node_urls)
         load.start()
         load.at(3.0)
         started = time.monotonic()
-        rollout = start_rollout(bench, fleet, f"2-{kind}", canary=0.1, soak_s=20.0,
-                                min_requests=40)
+        rollout = start_rollout(bench, fleet, f"2-{kind}", canary=0.1,
+                                soak_s=20.0 * bench.scale, min_requests=int(40 * bench.scale))
         start_s = started - load.started
         record = wait_phase(bench, fleet, rollout["id"], {"rolled_back", "promoted", "failed",
-                                                          "paused"}, 55.0)
+                                                          "paused"}, 55.0 * bench.scale)
         ended = time.monotonic() - started
         records = load.finish()
     during = [r for r in records if r.item.at_s >= start_s and r.served_by in EDGES]
@@ -447,7 +586,7 @@ def versions_served(bench: Bench, fleet: RunningFleet) -> dict[str, list[str]]:
 # -- running --------------------------------------------------------------------------------
 
 CASES: dict[str, Callable[[Bench], dict[str, Any]]] = {
-    "kill_edge": kill_edge, "bad_canary_accuracy": bad_canary_accuracy,
+    "kill_edge": kill_edge, "uplink_cut": uplink_cut, "bad_canary_accuracy": bad_canary_accuracy,
     "bad_canary_crash": bad_canary_crash, "tampered": tampered,
     "control_restart": control_restart, "slow_node": slow_node,
 }

@@ -315,7 +315,9 @@ def _reaches(view: ClusterView, node_id: str, task: str, version: str, hops_left
 def two_choices(
     ids: tuple[str, ...], view: ClusterView, task: str, rng: random.Random
 ) -> tuple[NodeView | None, NodeView | None]:
-    """Power of two choices among healthy nodes of one tier: (shorter wait, the other)."""
+    """Power of two choices among healthy nodes of one tier: (shorter wait, the other).
+    A tie is broken at random, so idle equal nodes share the load (and a canary on either
+    one sees its share of the traffic) instead of the first listed taking all of it."""
     if len(ids) > 2:
         # Two distinct indices without random.sample's generic machinery (hot path).
         n = len(ids)
@@ -333,7 +335,8 @@ def two_choices(
     if len(healthy) == 1:
         return healthy[0], None
     a, b = healthy[0], healthy[1]
-    if _wait(b, view, task) < _wait(a, view, task):
+    wait_a, wait_b = _wait(a, view, task), _wait(b, view, task)
+    if wait_b < wait_a or (wait_b == wait_a and rng.random() < 0.5):
         a, b = b, a
     return a, b
 
