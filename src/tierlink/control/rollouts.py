@@ -71,6 +71,7 @@ from tierlink.rollout import (
     rollback,
     step,
 )
+from tierlink.sqlite_store import open_store
 
 if TYPE_CHECKING:
     from tierlink.control.app import RegistryService
@@ -269,22 +270,7 @@ def _decode(row: Sequence[Any]) -> StoredRollout:
 
 
 def _connect(path: str) -> sqlite3.Connection:
-    try:
-        # Used from several threads, serialised by the store's lock.
-        conn = sqlite3.connect(path, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise ControlPlaneError(f"cannot open the rollout store {path}: {exc}") from exc
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=2000")
-        with conn:
-            for statement in _SCHEMA:
-                conn.execute(statement)
-    except sqlite3.Error as exc:
-        conn.close()
-        raise ControlPlaneError(f"cannot prepare the rollout store {path}: {exc}") from exc
-    return conn
+    return open_store(path, _SCHEMA, ControlPlaneError, "rollout store")
 
 
 @contextmanager

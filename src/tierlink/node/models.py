@@ -82,6 +82,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from tierlink.durable import fsync_dir, replace_synced
 from tierlink.errors import (
     ArtifactRejected,
     ControlPlaneError,
@@ -298,7 +299,7 @@ class _StateFiles:
         path = self._path(name, "attempt")
         if path.exists():
             path.unlink()
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
 
     def pin_base(self, name: str, version: str, over: ActiveRecord) -> None:
         _write_json(self._path(name, "base.json"), {"version": version, "over": asdict(over)})
@@ -329,22 +330,10 @@ def _write_json(path: Path, data: Any) -> None:
     """Replace ``path`` atomically: tmp file, fsync, rename, fsync the directory."""
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(path.parent.parent)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(data, sort_keys=True).encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+        fsync_dir(path.parent.parent)
+    replace_synced(path, json.dumps(data, sort_keys=True).encode())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- the manager ----------------------------------------------------------------------------

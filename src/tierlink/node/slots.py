@@ -70,6 +70,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from tierlink.durable import fsync_dir, fsync_file, replace_synced, write_synced
 from tierlink.errors import ArtifactRejected, RepositoryError
 
 __all__ = [
@@ -428,10 +429,10 @@ class SlotManager:
         record = {"slot": slot, "version": version, "switched_at": self._clock()}
         tmp = mdir / f".{ACTIVE_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
         with self._mutex:
-            _write_synced(tmp, json.dumps(record).encode())
+            write_synced(tmp, json.dumps(record).encode())
             self._hook("switch_tmp")
             os.replace(tmp, mdir / ACTIVE_FILE)
-            _fsync_dir(mdir)
+            fsync_dir(mdir)
         self._hook("switched")
 
     def _seal(self, staging: Staging, manifest: Mapping[str, Any]) -> SlotFiles:
@@ -441,13 +442,13 @@ class SlotManager:
                 raise RepositoryError(
                     f"cannot seal {staging.name} {staging.version}: {path.name} is missing "
                     f"in {sdir}", hint="the download did not finish; stage the version again")
-            _fsync_file(path)
-        _write_synced(sdir / MANIFEST_FILE, _manifest_bytes(staging, manifest))
-        _fsync_dir(sdir)
+            fsync_file(path)
+        write_synced(sdir / MANIFEST_FILE, _manifest_bytes(staging, manifest))
+        fsync_dir(sdir)
         self._hook("sealing")
         sealed_at = self._clock()
         marker = json.dumps({"version": staging.version, "sealed_at": sealed_at}).encode()
-        _replace_synced(sdir / COMPLETE_FILE, marker)
+        replace_synced(sdir / COMPLETE_FILE, marker)
         self._hook("sealed")
         files = SlotFiles(name=staging.name, slot=staging.slot, dir=sdir,
                           version=staging.version, manifest=dict(manifest), sealed_at=sealed_at)
@@ -471,7 +472,7 @@ class SlotManager:
                 shutil.rmtree(child)
             else:
                 child.unlink()
-        _fsync_dir(sdir)
+        fsync_dir(sdir)
 
     def _discard(self, staging: Staging) -> None:
         try:
@@ -571,42 +572,19 @@ def _read_holder(fd: int) -> str:
         return "holder unknown"
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
-def _replace_synced(path: Path, data: bytes) -> None:
-    """Atomically replace ``path``: tmp in the same directory, fsync, rename, fsync dir."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    _write_synced(tmp, data)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _unmark(sdir: Path) -> None:
     marker = sdir / COMPLETE_FILE
     if marker.exists():
         marker.unlink()
-        _fsync_dir(sdir)
+        fsync_dir(sdir)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _ensure_dir(path: Path) -> None:
@@ -615,4 +593,4 @@ def _ensure_dir(path: Path) -> None:
         return
     _ensure_dir(path.parent)
     path.mkdir(exist_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from tierlink.durable import fsync_dir
 from tierlink.errors import ArtifactRejected, InvalidRequest, RepositoryError
 from tierlink.repo.manifest import is_sha256
 
@@ -177,7 +178,7 @@ class BlobWriter:
             return False
         final.parent.mkdir(exist_ok=True)
         os.replace(self._tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         return True
 
     def __enter__(self) -> Self:
@@ -188,12 +189,6 @@ class BlobWriter:
         self.abort()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _disk_error(what: str, exc: OSError) -> RepositoryError:

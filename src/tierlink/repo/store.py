@@ -24,6 +24,7 @@ from typing import Any
 
 from tierlink.errors import RepositoryError, VersionConflict
 from tierlink.repo.manifest import PublishedVersion, SignedManifest, VersionManifest
+from tierlink.sqlite_store import open_store
 
 _SCHEMA = (
     """
@@ -122,22 +123,7 @@ def _entry(row: tuple[str, str, str, str, float]) -> PublishedVersion:
 
 
 def _connect(path: str) -> sqlite3.Connection:
-    try:
-        # Used from several threads, serialised by the store's lock.
-        conn = sqlite3.connect(path, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise _unavailable(f"cannot open the version store {path}: {exc}") from exc
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=2000")
-        with conn:
-            for statement in _SCHEMA:
-                conn.execute(statement)
-    except sqlite3.Error as exc:
-        conn.close()
-        raise _unavailable(f"cannot prepare the version store {path}: {exc}") from exc
-    return conn
+    return open_store(path, _SCHEMA, _unavailable, "version store")
 
 
 @contextmanager

@@ -1,0 +1,45 @@
+"""Files that survive a kill -9 or a power loss: fsync and atomic replacement.
+
+The model slots, the node's model bookkeeping and the repository's blobs all rely on the
+same two rules: data is fsynced before it is named, and a name is switched with
+``os.replace`` followed by an fsync of the directory that holds it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory's entries (a created, renamed or removed file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it (the name itself is not yet durable)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def replace_synced(path: Path, data: bytes) -> None:
+    """Atomically replace ``path``: a tmp file in the same directory, fsync, rename, fsync
+    the directory. Readers see the old bytes or the new ones, never a mix."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write_synced(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
