@@ -84,3 +84,23 @@ def test_tampered_artifacts_are_refused_everywhere(faults: ModuleType, bench: An
     assert result["rollout"]["phase"] == "rolled_back", result
     for versions in result["serving_after"].values():
         assert "3-flipped" not in versions, result
+
+
+def test_killing_an_edge_under_load_loses_nothing(faults: ModuleType, bench: Any) -> None:
+    result = faults.kill_edge(bench)
+    assert result["requests"] > 200
+    assert result["lost"] == 0, result
+    assert result["recovery_s"] < 5.0, result
+
+
+def test_restarting_the_control_plane_under_load_fails_nothing(faults: ModuleType,
+                                                               bench: Any) -> None:
+    result = faults.control_restart(bench)
+    assert result["failed"] == 0, result
+    assert result["nodes_back"] == 4, result  # every node registered again by itself
+
+
+def test_a_slow_node_keeps_p99_within_the_deadline(faults: ModuleType, bench: Any) -> None:
+    result = faults.slow_node(bench)
+    assert result["p99_ms"] <= result["deadline_ms"], result
+    assert result["extra_load_share"] <= 0.05 + 0.01, result  # the hedge budget (+ rounding)
