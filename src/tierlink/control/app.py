@@ -13,7 +13,8 @@
     POST   /v1/credentials/{node_id}/revoke (operator) revoke a node; it leaves the registry
     PUT    /v1/blobs/{sha256}, GET /v1/models...  the model repository (tierlink.repo.routes)
     POST   /v1/rollouts, GET /v1/rollouts...     rollouts (tierlink.control.rollout_routes)
-    POST   /v1/results                     a node delivers store-and-forward items (per-item acks)
+    POST   /v1/results                     a node delivers store-and-forward items (per-item acks);
+                                           kind hard_example goes to the hard-example store
     GET    /v1/results, /v1/results/{key}  delivered results (tierlink.control.results)
     POST   /v1/rollouts, GET /v1/rollouts[/{id}], POST /v1/rollouts/{id}/{action}
                                            (operator) staged rollouts
@@ -31,7 +32,10 @@ nodes route from their cached copy of ``GET /v1/nodes`` and keep going while it 
 Hard examples are inputs a node escalated for low confidence and whose privacy level lets
 them reach the control plane (the node decides; the store still refuses ``local`` ones).
 A malformed batch (e.g. a tensor whose bytes do not match its shape) is a 400 naming the
-field; a failing disk is a 503 and the registry keeps serving.
+field; a failing disk is a 503 and the registry keeps serving. Nodes with a state directory
+deliver them through their outbox instead (``POST /v1/results``, kind ``hard_example``, one
+example per item): each is validated alone (a bad one is answered ``rejected``), must come
+from the node it names, and is stored once by idempotency key and by the store's own key.
 
 With an :class:`~tierlink.control.identity.IdentityStore` (``tierlink control`` always has
 one; tests may leave it out) every call but ``/healthz``, ``/metrics`` and ``/v1/enroll``
@@ -74,6 +78,7 @@ from tierlink.control.rollouts import RolloutController, RolloutStore
 from tierlink.control.schemas import (
     EnrollIn,
     HardExampleBatch,
+    HardExampleIn,
     Heartbeat,
     NodeRecord,
     TokenIn,
@@ -89,6 +94,7 @@ from tierlink.control.store import (
     StoredExample,
 )
 from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, TierlinkError
+from tierlink.outbox import wire
 from tierlink.repo.routes import install_repository_routes
 from tierlink.repo.service import RepositoryService
 
@@ -100,6 +106,8 @@ _HEARTBEAT_HINT = "send the fields of tierlink.control.schemas.Heartbeat as JSON
 _BATCH_HINT = ("send {\"examples\": [...]} with the fields of "
                "tierlink.control.schemas.HardExampleIn; input.data is base64 of the raw "
                "little-endian bytes of input.datatype and input.shape")
+_EXAMPLE_HINT = ("the payload of a hard_example item has the fields of "
+                 "tierlink.control.schemas.HardExampleIn (see HardExample.to_wire)")
 _ROLLOUT_HINT = ("send {\"name\", \"version\", \"tier\"} and optional fields of "
                  "tierlink.control.schemas.RolloutIn as JSON")
 MAX_BATCH_BODY_BYTES = 64 * 1024 * 1024
@@ -138,7 +146,8 @@ class ControlMetrics:
             hard_examples=Counter(
                 "tierlink_control_hard_examples",
                 "Hard examples received, by outcome: stored, duplicate (a retried batch), "
-                "evicted (oldest, over the row cap), rejected (invalid batch)", ["outcome"],
+                "evicted (oldest, over the row cap), rejected (an invalid batch, or an "
+                "invalid item delivered to /v1/results)", ["outcome"],
                 registry=registry),
             hard_examples_stored=Gauge("tierlink_control_hard_examples_stored",
                                        "Hard examples in the store now", registry=registry),
@@ -211,7 +220,19 @@ class HardExampleService:
     def add(self, body: bytes) -> AddResult:
         """Validate and store one batch (``POST /v1/hard-examples``'s raw body)."""
         batch = _parse_batch(body, self.metrics)
-        result = self.store.add(batch.examples, self.clock())
+        return self._store(batch.examples)
+
+    def add_delivered(self, item: wire.WireItem, sender: str) -> bool:
+        """Store one example a node delivered through its outbox: the ``hard_example``
+        handler of ``POST /v1/results`` (:class:`~tierlink.control.results.ItemHandler`).
+        True: stored now; False: already held (same node, request, model, row, created_at).
+        Raises :class:`InvalidRequest` (answered ``rejected``) when the payload is not a
+        :class:`HardExampleIn` or names another node than the item's origin."""
+        example = _parse_example(item.payload, item.path(sender)[0], self.metrics)
+        return self._store([example]).stored == 1
+
+    def _store(self, examples: list[HardExampleIn]) -> AddResult:
+        result = self.store.add(examples, self.clock())
         for outcome, n in (("stored", result.stored), ("duplicate", result.duplicates),
                            ("evicted", result.evicted)):
             self.metrics.hard_examples.labels(outcome=outcome).inc(n)
@@ -235,6 +256,23 @@ def _parse_batch(body: bytes, metrics: ControlMetrics) -> HardExampleBatch:
     except InvalidRequest:
         metrics.hard_examples.labels(outcome="rejected").inc()
         raise
+
+
+def _parse_example(payload: Any, origin: str, metrics: ControlMetrics) -> HardExampleIn:
+    try:
+        try:
+            example = HardExampleIn.model_validate(payload)
+        except ValidationError as exc:
+            raise InvalidRequest(format_validation_error(exc, what="hard example"),
+                                 hint=_EXAMPLE_HINT) from None
+        if example.node_id != origin:
+            raise InvalidRequest(f"invalid hard example: node_id is {example.node_id!r} but "
+                                 f"the item comes from {origin!r}",
+                                 hint="a node delivers only its own hard examples")
+    except InvalidRequest:
+        metrics.hard_examples.labels(outcome="rejected").inc()
+        raise
+    return example
 
 
 def _invalid_batch(exc: ValueError) -> InvalidRequest:
@@ -317,7 +355,10 @@ def create_app(
     if repository is not None:
         install_repository_routes(app, repository)
     if results is not None:
-        install_result_routes(app, results, metrics=ResultMetrics(metrics.registry))
+        # Hard examples delivered through nodes' outboxes go to their own store.
+        handlers = {} if examples is None else {"hard_example": examples.add_delivered}
+        install_result_routes(app, results, metrics=ResultMetrics(metrics.registry),
+                              handlers=handlers)
     return app
 
 

@@ -1,5 +1,6 @@
 """The control plane's end of store-and-forward: results of asynchronous requests (and any
-other item kind nodes deliver to it), stored once per idempotency key.
+other item kind nodes deliver to it), stored once per idempotency key; kinds with a handler
+(``hard_example``: the hard-example store) are handed to it instead, once per key too.
 
     POST /v1/results           a node's batch (tierlink.outbox.wire), answered per item:
                                200 {"acks": [{"key", "status": ok|duplicate|rejected}]};
@@ -19,6 +20,17 @@ SQLite file, in the same transaction as the row (:meth:`Inbox.record`), committe
 answered ``duplicate`` and stored once. Counted in
 ``tierlink_control_results_total{outcome=stored|duplicate|rejected}``.
 
+Handed-off kinds (:class:`ItemHandler`, given to :func:`install_result_routes` by kind, so
+this module knows nothing of what they do) are not stored here (``GET /v1/results/{key}``
+does not know them): each new key is passed to its kind's handler, then recorded
+(:meth:`Inbox.apply`: the handler's effect lives in another table, with its own
+transaction). A crash between the two leaves the key unrecorded and the redelivered item is
+handed over again, so a handler must recognise an item it already holds by its content
+(and answer False: ``duplicate``). The key is recorded with ``synchronous=FULL`` before the
+answer, which also syncs the handler's earlier commit when its store is in the same database
+file (one WAL), as the control plane's hard-example store is. A handler's :class:`~tierlink.errors.InvalidRequest` is answered ``rejected`` for that item
+alone (nothing recorded: a replay is rejected again).
+
 When the app authenticates callers (``request.state.caller``), a node may post only batches
 ``from`` itself (403 otherwise); operators may post for any node.
 """
@@ -31,18 +43,18 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 # The web adapter: importing it means serving, so fastapi is imported here.
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from tierlink.control.identity import NODE, AdminRequired
-from tierlink.errors import ControlPlaneError, InvalidRequest, TierlinkError
+from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, TierlinkError
 from tierlink.outbox import Ack, AckStatus, Inbox, wire
 from tierlink.outbox.inbox import DEFAULT_RETENTION_S
 
@@ -70,6 +82,8 @@ _SCHEMA = (
     )""",
 )
 _COLUMNS = "seq, key, kind, origin, chain, sender, payload, created_at, received_at"
+# What the inbox remembers of a handed-off key: the handler applied it, or held it already.
+_APPLIED, _HELD = b"handed", b"held"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +102,24 @@ class StoredResult:
         return {"seq": self.seq, "key": self.key, "kind": self.kind, "origin": self.origin,
                 "chain": list(self.chain), "sender": self.sender, "payload": self.payload,
                 "created_at": self.created_at, "received_at": self.received_at}
+
+
+class ItemHandler(Protocol):
+    """Applies delivered items of one kind somewhere other than ``async_results``.
+
+    Called by :meth:`ResultStore.add` on a worker thread (it may block on its own store),
+    once per new idempotency key — and once more for a key whose first hand-off was cut by a
+    crash (see the module doc). ``sender`` is the node that posted the batch;
+    ``item.path(sender)[0]`` is the item's origin. Returns True when the item was applied
+    now, False when the handler already held it (answered ``duplicate``). Raises
+    :class:`~tierlink.errors.InvalidRequest` for an item it can never accept (answered
+    ``rejected``); any other :class:`~tierlink.errors.TierlinkError` fails the batch (503,
+    the sender retries it)."""
+
+    def __call__(self, item: wire.WireItem, sender: str, /) -> bool: ...
+
+
+Handlers = Mapping[str, ItemHandler]  # by item kind
 
 
 class ResultStore:
@@ -113,21 +145,26 @@ class ResultStore:
             raise ControlPlaneError(f"cannot open the result store {self.path}: {exc}",
                                     hint="check the --db path and its permissions") from exc
 
-    def add(self, batch: wire.Batch) -> list[Ack]:
-        """Store a batch's new items, in one transaction; acks in item order. Raises
-        :class:`ControlPlaneError` (503: the sender retries) when the disk fails."""
+    def add(self, batch: wire.Batch, handlers: Handlers | None = None) -> list[Ack]:
+        """Apply a batch's new items; acks in item order. Items of a kind in ``handlers`` are
+        handed to it, one key at a time (see :class:`ItemHandler`); the others are stored
+        here, in one transaction. Raises :class:`ControlPlaneError` or
+        :class:`~tierlink.errors.OutboxError` (503: the sender retries; what was applied
+        is answered ``duplicate`` then) when the disk fails."""
+        handlers = handlers or {}
         now = self._clock()
-        acks: list[Ack] = []
-        with self._lock, self._transaction():
-            for entry in batch.entries:
-                if isinstance(entry, wire.Rejected):
-                    acks.append(Ack(entry.key, AckStatus.REJECTED, entry.detail))
-                elif self._store(batch.sender, entry, now):
-                    acks.append(Ack(entry.key, AckStatus.OK))
-                else:
-                    acks.append(Ack(entry.key, AckStatus.DUPLICATE))
+        handed = {i: e for i, e in enumerate(batch.entries)
+                  if isinstance(e, wire.WireItem) and e.kind in handlers}
+        acks: dict[int, Ack] = {}
+        if len(handed) < len(batch.entries):
+            with self._lock, self._transaction():
+                for i, entry in enumerate(batch.entries):
+                    if i not in handed:
+                        acks[i] = self._ack(batch.sender, entry, now)
+        for i, item in handed.items():  # outside the transaction: handlers write elsewhere
+            acks[i] = self._hand_off(batch.sender, item, handlers[item.kind])
         self._maybe_prune(now)
-        return acks
+        return [acks[i] for i in range(len(batch.entries))]
 
     def get(self, key: str) -> StoredResult | None:
         with self._lock, self._guard("read a result"):
@@ -152,6 +189,26 @@ class ResultStore:
         with self._lock:
             self._conn.close()
         self._inbox.close()
+
+    def _ack(self, sender: str, entry: wire.WireItem | wire.Rejected, now: float) -> Ack:
+        """Store one entry inside the open transaction; its ack."""
+        if isinstance(entry, wire.Rejected):
+            return Ack(entry.key, AckStatus.REJECTED, entry.detail)
+        if self._store(sender, entry, now):
+            return Ack(entry.key, AckStatus.OK)
+        return Ack(entry.key, AckStatus.DUPLICATE)
+
+    def _hand_off(self, sender: str, item: wire.WireItem, handler: ItemHandler) -> Ack:
+        """Pass a new key to ``handler``, then record it; a recorded key is a duplicate."""
+        def effect() -> bytes:
+            return _APPLIED if handler(item, sender) else _HELD
+
+        try:
+            answer, repeat = self._inbox.apply(item.key, effect)
+        except InvalidRequest as exc:
+            return Ack(item.key, AckStatus.REJECTED, exc.message)
+        new = not repeat and answer == _APPLIED
+        return Ack(item.key, AckStatus.OK if new else AckStatus.DUPLICATE)
 
     def _store(self, sender: str, item: wire.WireItem, now: float) -> bool:
         """True when ``item`` is new (stored now); inside the open transaction."""
@@ -228,17 +285,21 @@ class ResultMetrics:
 
 
 def install_result_routes(app: FastAPI, store: ResultStore, *,
-                          metrics: ResultMetrics | None = None) -> None:
+                          metrics: ResultMetrics | None = None,
+                          handlers: Handlers | None = None) -> None:
     """Add the routes of the module doc to ``app`` (the caller owns and closes ``store``);
-    keeps ``store`` on ``app.state.results``. Errors are answered here as ``{"error",
-    "code", "hint"}`` JSON, so the routes need no handler of the app's."""
+    keeps ``store`` on ``app.state.results``. ``handlers``: item kinds applied elsewhere
+    (e.g. ``{"hard_example": ...}``, see :class:`ItemHandler`); raises
+    :class:`ConfigError` for a name that is not an item kind. Errors are answered here as
+    ``{"error", "code", "hint"}`` JSON, so the routes need no handler of the app's."""
+    handlers = _checked(handlers or {})
     metrics = metrics or ResultMetrics()
     metrics.stored.set_function(lambda: float(store.count()))
     app.state.results = store
 
     @app.post("/v1/results")
     async def post_results(request: Request) -> Response:
-        return await _answer(lambda: _receive(request, store, metrics))
+        return await _answer(lambda: _receive(request, store, metrics, handlers))
 
     @app.get("/v1/results")
     async def list_results(request: Request) -> Response:
@@ -249,6 +310,15 @@ def install_result_routes(app: FastAPI, store: ResultStore, *,
         return await _answer(lambda: _one(key, store))
 
 
+def _checked(handlers: Handlers) -> dict[str, ItemHandler]:
+    for kind in handlers:
+        if not wire.KIND_PATTERN.fullmatch(kind):
+            raise ConfigError(f"result handler for {kind!r}: not an item kind",
+                              hint="name a kind like 'hard_example' (lower-case letters, "
+                                   "digits, _ . -)")
+    return dict(handlers)  # a copy: later changes to the caller's mapping do not leak in
+
+
 async def _answer(handle: Callable[[], Awaitable[Response]]) -> Response:
     try:
         return await handle()
@@ -257,7 +327,8 @@ async def _answer(handle: Callable[[], Awaitable[Response]]) -> Response:
         return JSONResponse(exc.to_dict(), status_code=exc.http_status)
 
 
-async def _receive(request: Request, store: ResultStore, metrics: ResultMetrics) -> Response:
+async def _receive(request: Request, store: ResultStore, metrics: ResultMetrics,
+                   handlers: Handlers) -> Response:
     body = await request.body()
     try:
         if len(body) > MAX_BODY_BYTES:
@@ -268,7 +339,7 @@ async def _receive(request: Request, store: ResultStore, metrics: ResultMetrics)
         metrics.results.labels("rejected").inc()
         raise
     _check_sender(request, batch.sender)
-    acks = await asyncio.to_thread(store.add, batch)  # fsync: off the event loop
+    acks = await asyncio.to_thread(store.add, batch, handlers)  # fsync: off the event loop
     metrics.count(acks)
     return JSONResponse(wire.encode_acks(acks))
 
@@ -316,4 +387,5 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int | 
     return value
 
 
-__all__ = ["ResultMetrics", "ResultStore", "StoredResult", "install_result_routes"]
+__all__ = ["Handlers", "ItemHandler", "ResultMetrics", "ResultStore", "StoredResult",
+           "install_result_routes"]

@@ -8,15 +8,30 @@ the control plane is declared at tier ``edge`` or below). Within a batch, only t
 are themselves below the threshold go: a confident row is not a hard example.
 
 :class:`HardExampleUploader` keeps the examples in a bounded queue (full: the oldest is
-dropped and counted) and a background task posts them to the control plane in batches, every
-``flush_interval_s`` or as soon as ``batch_size`` wait. Upload failures are retried with
-exponential backoff; nothing here ever raises into the request path or blocks it.
+dropped and counted) and a background task hands them on in batches to its sink, one of:
+
+* :class:`OutboxSink` (a node with a ``state_dir`` and a control plane): each example becomes
+  an item of kind ``hard_example`` in the node's durable outbox toward ``control``
+  (:mod:`tierlink.node.uplink`), under :func:`example_key`; the outbox delivers it to the
+  control plane's ``POST /v1/results`` across restarts and outages, and the control plane
+  stores it once. The uploader flushes as soon as an example is queued (``eager``), so
+  examples wait in memory only as long as a local write; when the outbox is full, its
+  oldest hard examples are evicted (``drop_oldest``, ``tierlink_outbox_dropped_total
+  {reason="full"}``).
+* :class:`~tierlink.control.client.ControlClient` (a node without a ``state_dir``): batches
+  are posted straight to ``POST /v1/hard-examples``, every ``flush_interval_s`` or as soon as
+  ``batch_size`` wait; they are lost if the node restarts before the control plane has them.
+
+A batch the sink does not take is retried with exponential backoff; nothing here ever raises
+into the request path or blocks it.
 
 Outcomes counted in examples, i.e. batch rows (``count(outcome, n)``, the node's
 ``tierlink_hard_examples_total``):
 ``withheld`` (privacy keeps it on the node), ``sampled_out``, ``skipped`` (a request with
-several input tensors, which is not supported, counts 1), ``queued``, ``sent``, ``dropped``
-(queue full), ``upload_failed`` (in a batch that was not accepted; it is retried).
+several input tensors, which is not supported, counts 1), ``queued``, ``sent`` (handed on:
+accepted by the control plane, or durable in the node's outbox, whose deliveries are
+``tierlink_outbox_delivered_total{kind="hard_example"}``), ``dropped`` (queue full),
+``upload_failed`` (in a batch the sink did not take; it is retried).
 """
 
 from __future__ import annotations
@@ -24,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
+import json
 import logging
 import random
 import time
@@ -37,12 +54,14 @@ import numpy as np
 from tierlink.core.types import Placement, Privacy, Request, Tier
 from tierlink.errors import TierlinkError
 from tierlink.fleet.config import HardExampleConfig
+from tierlink.node.uplink import CONTROL, Uplink
 from tierlink.transport.oip import datatype_of, numpy_dtype
 
 log = logging.getLogger("tierlink.node.hard_examples")
 
 Count = Callable[[str, int], None]
 UNKNOWN_LABEL = -1
+KIND = "hard_example"  # the outbox item kind (the control plane's handler is keyed by it)
 
 
 def may_export(privacy: Privacy, store_tier: Tier, *, low_confidence: bool) -> bool:
@@ -114,11 +133,48 @@ def build_examples(node_id: str, placement: Placement, req: Request, x: np.ndarr
     return out
 
 
+def example_key(node_id: str, request_id: str, model: str, row: int, created_at: float) -> str:
+    """The idempotency key of a hard example in the outbox:
+    ``<node>:<request id (first 64 chars)>:<row>:<digest>``.
+
+    The digest (16 hex of SHA-256) covers every field the control plane's store tells
+    examples apart by (``UNIQUE (node_id, request_id, model, row, created_at)``), so two
+    examples the store would keep apart never share a key (a shared key would be answered
+    ``duplicate`` and lost), and a retried example keeps its key. At most ~150 characters
+    whatever the request id (the wire allows 256)."""
+    identity = json.dumps([node_id, request_id, model, row, created_at])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return f"{node_id}:{request_id[:64]}:{row}:{digest}"
+
+
 class ExampleSink(Protocol):
     """Where batches go: :class:`~tierlink.control.client.ControlClient`, or a fake.
     Raises a :class:`~tierlink.errors.TierlinkError` when the batch was not accepted."""
 
     async def post_hard_examples(self, examples: Sequence[Mapping[str, Any]]) -> Any: ...
+
+
+class OutboxSink:
+    """An :class:`ExampleSink` over the node's durable outbox (see the module doc): each
+    example (a :meth:`HardExample.to_wire` dict) is put as a ``hard_example`` item toward
+    ``control`` under :func:`example_key`. Returns when every example is fsynced; raises
+    :class:`~tierlink.errors.OutboxError` when the outbox cannot take them (a failing disk).
+    A retried batch stores nothing twice: a key still waiting is not put again, and one
+    already delivered is answered ``duplicate`` by the control plane."""
+
+    def __init__(self, uplink: Uplink) -> None:
+        self._uplink = uplink
+
+    async def post_hard_examples(self, examples: Sequence[Mapping[str, Any]]) -> int:
+        await asyncio.to_thread(self._put_all, examples)  # fsyncs: off the event loop
+        self._uplink.kick(CONTROL)
+        return len(examples)
+
+    def _put_all(self, examples: Sequence[Mapping[str, Any]]) -> None:
+        for example in examples:
+            key = example_key(example["node_id"], example["request_id"], example["model"],
+                              example["row"], example["created_at"])
+            self._uplink.enqueue(KIND, key, dict(example), CONTROL)
 
 
 class Backoff:
@@ -143,14 +199,17 @@ class HardExampleUploader:
     escalation; it only decides and enqueues (a copy of each hard row). ``start`` (from a
     running loop) begins the background flushes; ``stop`` ends them after one last attempt.
     ``rng`` draws the sampling (seeded by the node); ``wall_clock`` stamps ``created_at``.
+    ``eager``: flush as soon as an example is queued rather than every ``flush_interval_s``
+    (for a local durable sink, :class:`OutboxSink`: examples should not wait in memory).
     """
 
     def __init__(self, sink: ExampleSink, config: HardExampleConfig, node_id: str, *,
                  count: Count = lambda _outcome, _n: None, rng: random.Random | None = None,
                  wall_clock: Callable[[], float] = time.time,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, eager: bool = False) -> None:
         self.config, self.node_id = config, node_id
         self._sink, self._count = sink, count
+        self.eager = eager
         self._rng = rng or random.Random(0)
         self._wall_clock = wall_clock
         self._backoff = backoff or Backoff()
@@ -193,7 +252,7 @@ class HardExampleUploader:
         self._queue.extend(examples)
         self._count("queued", len(examples))
         self._trim()
-        if len(self._queue) >= self.config.batch_size:
+        if self.eager or len(self._queue) >= self.config.batch_size:
             self._wake.set()
 
     def _trim(self) -> None:
@@ -221,7 +280,7 @@ class HardExampleUploader:
             raise
         self._count("sent", len(batch))
         if self._backoff.failures:
-            log.info("hard examples reach the control plane again")
+            log.info("hard examples are handed on again")
         self._backoff.reset()
         return True
 
@@ -233,8 +292,8 @@ class HardExampleUploader:
         self.upload_failures += 1
         self._count("upload_failed", n)
         if not self._backoff.failures:  # once per outage, not per retry
-            log.warning("could not send hard examples to the control plane (%s); "
-                        "retrying with backoff, %d waiting", exc, len(self._queue))
+            log.warning("could not hand hard examples on (%s); retrying with backoff, "
+                        "%d waiting", exc, len(self._queue))
 
     def start(self) -> asyncio.Task[None]:
         """Begin flushing in the background. Call from a running event loop."""

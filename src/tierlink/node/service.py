@@ -68,13 +68,13 @@ from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
-from tierlink.node.hard_examples import ExampleSink, HardExampleUploader
+from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, OutboxSink
 from tierlink.node.hedging import Hedger
 from tierlink.node.models import ModelManager
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
-from tierlink.node.uplink import Uplink
+from tierlink.node.uplink import CONTROL, Uplink
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import build_view, model_view_to_dict
 from tierlink.policy import REGISTRY, Policy
@@ -202,14 +202,14 @@ class NodeService:
 
     async def stop(self) -> None:
         await self.models.stop()
+        if self.hard_examples is not None:  # first: its last flush may write to the outbox
+            await self.hard_examples.stop()
         if self.uplink is not None:
             await self.uplink.stop()  # undelivered items stay on disk
         for task in (self._refresher, self._prober):
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self.hard_examples is not None:
-            await self.hard_examples.stop()
         await self.scheduler.close()
         await self._client.close()
         shutil.rmtree(self._split_dir, ignore_errors=True)
@@ -619,12 +619,17 @@ class NodeService:
     # -- the hard-example loop -------------------------------------------------------------
 
     def _uploader(self, sink: ExampleSink | None) -> HardExampleUploader | None:
+        """Hard examples go through the durable outbox when the node's uplink reaches the
+        control plane (``sink`` is then unused), else straight to ``sink``; None: nowhere."""
         config = self.spec.hard_examples()
+        if self.uplink is not None and CONTROL in self.uplink.destinations:
+            sink = OutboxSink(self.uplink)
         if sink is None or not config.enabled:
             return None
         return HardExampleUploader(sink, config, self.spec.node_id,
                                    count=self.metrics.count_hard_examples,
-                                   rng=random.Random(self.spec.seed + 1))
+                                   rng=random.Random(self.spec.seed + 1),
+                                   eager=isinstance(sink, OutboxSink))
 
     def _hard_example(self, placement: Placement, req: Request,
                       inputs: dict[str, np.ndarray], result: StepResult) -> None:
