@@ -9,7 +9,8 @@ stores on the same file, and its tables created when missing.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 
 def open_store(path: str, schema: Sequence[str], failure: Callable[[str], Exception],
@@ -31,3 +32,17 @@ def open_store(path: str, schema: Sequence[str], failure: Callable[[str], Except
         conn.close()
         raise failure(f"cannot prepare the {what} {path}: {exc}") from exc
     return conn
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection, sync: str = "FULL") -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction committed with ``PRAGMA synchronous=<sync>``
+    (``FULL``: durable before the caller answers anyone); rolled back on any exception."""
+    conn.execute(f"PRAGMA synchronous={sync}")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

@@ -57,6 +57,7 @@ from tierlink.control.identity import NODE, AdminRequired
 from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, TierlinkError
 from tierlink.outbox import Ack, AckStatus, Inbox, wire
 from tierlink.outbox.inbox import DEFAULT_RETENTION_S
+from tierlink.sqlite_store import write_transaction
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -232,15 +233,9 @@ class ResultStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        with self._guard("store results"):
-            self._conn.execute("PRAGMA synchronous=FULL")  # durable before the answer
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        # Durable (synchronous=FULL) before the answer.
+        with self._guard("store results"), write_transaction(self._conn, "FULL"):
+            yield
 
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:

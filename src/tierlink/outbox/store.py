@@ -55,6 +55,7 @@ from typing import Literal, cast
 
 from tierlink.errors import ConfigError, OutboxError
 from tierlink.outbox.observer import NullObserver, OutboxObserver
+from tierlink.sqlite_store import write_transaction
 
 FullPolicy = Literal["drop_oldest", "refuse"]
 FULL_POLICIES: tuple[FullPolicy, ...] = ("drop_oldest", "refuse")
@@ -376,14 +377,8 @@ class Outbox:
     @contextmanager
     def _transaction(self, sync: str) -> Iterator[None]:
         """One write transaction, committed with ``PRAGMA synchronous=<sync>``."""
-        self._conn.execute(f"PRAGMA synchronous={sync}")
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._conn, sync):
             yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
 
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
