@@ -46,3 +46,13 @@ def write_transaction(conn: sqlite3.Connection, sync: str = "FULL") -> Iterator[
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+@contextmanager
+def mapped_errors(failure: Callable[[str], Exception], what: str) -> Iterator[None]:
+    """Turn a ``sqlite3.Error`` inside the block into ``failure(f"{what}: {detail}")`` (the
+    store's own error, with its hint), chained to the original."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise failure(f"{what}: {exc}") from exc

@@ -44,7 +44,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -57,7 +57,7 @@ from tierlink.control.identity import NODE, AdminRequired
 from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, TierlinkError
 from tierlink.outbox import Ack, AckStatus, Inbox, wire
 from tierlink.outbox.inbox import DEFAULT_RETENTION_S
-from tierlink.sqlite_store import write_transaction
+from tierlink.sqlite_store import mapped_errors, write_transaction
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -237,13 +237,10 @@ class ResultStore:
         with self._guard("store results"), write_transaction(self._conn, "FULL"):
             yield
 
-    @contextmanager
-    def _guard(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise ControlPlaneError(f"result store {self.path}: could not {action}: {exc}",
-                                    hint="is the control plane's disk full or failing?") from exc
+    def _guard(self, action: str) -> AbstractContextManager[None]:
+        return mapped_errors(lambda message: ControlPlaneError(
+            message, hint="is the control plane's disk full or failing?"),
+            f"result store {self.path}: could not {action}")
 
 
 def _stored(row: tuple[Any, ...]) -> StoredResult:

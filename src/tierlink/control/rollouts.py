@@ -40,8 +40,8 @@ import logging
 import sqlite3
 import threading
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,7 +71,7 @@ from tierlink.rollout import (
     rollback,
     step,
 )
-from tierlink.sqlite_store import open_store
+from tierlink.sqlite_store import mapped_errors, open_store
 
 if TYPE_CHECKING:
     from tierlink.control.app import RegistryService
@@ -273,14 +273,10 @@ def _connect(path: str) -> sqlite3.Connection:
     return open_store(path, _SCHEMA, ControlPlaneError, "rollout store")
 
 
-@contextmanager
-def _sqlite_errors(path: str, action: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise ControlPlaneError(f"rollout store {path} failed to {action}: {exc}",
-                                hint="check the disk and the permissions of the control "
-                                     "plane's --db file") from exc
+def _sqlite_errors(path: str, action: str) -> AbstractContextManager[None]:
+    return mapped_errors(lambda message: ControlPlaneError(
+        message, hint="check the disk and the permissions of the control plane's --db file"),
+        f"rollout store {path} failed to {action}")
 
 
 # -- fleet snapshots ----------------------------------------------------------------------

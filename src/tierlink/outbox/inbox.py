@@ -31,11 +31,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from tierlink.errors import ConfigError, OutboxError
+from tierlink.sqlite_store import mapped_errors
 
 DEFAULT_RETENTION_S = 7 * 86_400.0
 _STRIPES = 64  # per-key locks, striped: bounded memory, rare false sharing
@@ -154,13 +155,9 @@ class Inbox:
         return _errors(self.path, action)
 
 
-@contextmanager
-def _errors(path: str, action: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise OutboxError(f"inbox {path}: could not {action}: {exc}",
-                          hint="is the receiver's disk full or failing?") from exc
+def _errors(path: str, action: str) -> AbstractContextManager[None]:
+    return mapped_errors(lambda message: OutboxError(
+        message, hint="is the receiver's disk full or failing?"), f"inbox {path}: could not {action}")
 
 
 def _connect(path: str) -> sqlite3.Connection:

@@ -48,14 +48,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
 
 from tierlink.errors import ConfigError, OutboxError
 from tierlink.outbox.observer import NullObserver, OutboxObserver
-from tierlink.sqlite_store import write_transaction
+from tierlink.sqlite_store import mapped_errors, write_transaction
 
 FullPolicy = Literal["drop_oldest", "refuse"]
 FULL_POLICIES: tuple[FullPolicy, ...] = ("drop_oldest", "refuse")
@@ -380,13 +380,10 @@ class Outbox:
         with write_transaction(self._conn, sync):
             yield
 
-    @contextmanager
-    def _guard(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise OutboxError(f"outbox {self.path}: could not {action}: {exc}",
-                              hint="is the disk full or failing? see the node's log") from exc
+    def _guard(self, action: str) -> AbstractContextManager[None]:
+        return mapped_errors(lambda message: OutboxError(
+            message, hint="is the disk full or failing? see the node's log"),
+            f"outbox {self.path}: could not {action}")
 
 
 def _connect(path: str) -> sqlite3.Connection:

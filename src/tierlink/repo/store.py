@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from tierlink.errors import RepositoryError, VersionConflict
 from tierlink.repo.manifest import PublishedVersion, SignedManifest, VersionManifest
-from tierlink.sqlite_store import open_store
+from tierlink.sqlite_store import mapped_errors, open_store
 
 _SCHEMA = (
     """
@@ -126,12 +125,8 @@ def _connect(path: str) -> sqlite3.Connection:
     return open_store(path, _SCHEMA, _unavailable, "version store")
 
 
-@contextmanager
-def _sqlite_errors(path: str, action: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise _unavailable(f"version store {path} failed to {action}: {exc}") from exc
+def _sqlite_errors(path: str, action: str) -> AbstractContextManager[None]:
+    return mapped_errors(_unavailable, f"version store {path} failed to {action}")
 
 
 def _unavailable(message: str) -> RepositoryError:
