@@ -67,13 +67,14 @@ def test_a_dead_parent_is_retried_with_backoff_and_the_state_follows(tmp_path: P
     async def main() -> None:
         uplink = make_uplink(tmp_path, upstream, metrics=metrics,
                              config=UplinkConfig(backoff=Backoff(base_s=0.2, max_s=5.0)))
-        assert uplink.state().state == "up"  # nothing tried yet
+        assert uplink.state().state == "up" and not uplink.is_down()  # nothing tried yet
         for i in range(3):
             await uplink.put("result", f"dev-1:{i}", {"i": i})
         uplink.start()
         await until(lambda: len(upstream.attempt_times) >= 5)
         down = uplink.state()
         assert (down.destination, down.state, down.waiting) == (PARENT, "down", 3)
+        assert uplink.is_down()  # what every routed answer says (tierlink.uplink)
         assert down.since == upstream.attempt_times[0]
         assert "ConnectError" in (down.last_error or "")
         assert sample(metrics, "tierlink_uplink_down", destination=PARENT) == 1.0
@@ -84,6 +85,7 @@ def test_a_dead_parent_is_retried_with_backoff_and_the_state_follows(tmp_path: P
         await until(lambda: len(upstream.applied) == 3)
         up = uplink.state()
         assert (up.state, up.waiting, up.last_error) == ("up", 0, None)
+        assert not uplink.is_down()
         assert up.since > down.since
         await uplink.stop()
 

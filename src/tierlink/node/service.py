@@ -761,7 +761,9 @@ class NodeService:
     def uplink_state(self) -> str | None:
         """``"up"`` / ``"down"`` toward this node's upstream (store-and-forward); None when
         the node keeps no outbox. Every routed answer says it (``tierlink.uplink``)."""
-        return self.uplink.state().state if self.uplink is not None else None
+        if self.uplink is None:
+            return None
+        return "down" if self.uplink.is_down() else "up"
 
     def _register_gauges(self) -> None:
         tier = self.spec.tier.label

@@ -307,6 +307,14 @@ class Uplink:
         return UplinkState(destination, "down" if down else "up", health.since, waiting,
                            health.last_error if down else None)
 
+    def is_down(self, destination: str | None = None) -> bool:
+        """What :meth:`state` says, for every routed answer: reads the outbox only while the
+        last attempt failed (a healthy uplink costs no query on the request path)."""
+        health = self._health.get(destination or self.upstream)
+        if health is None or not health.failing:
+            return False
+        return self.outbox.pending(destination or self.upstream) > 0
+
     def status(self) -> dict[str, Any]:
         """For ``/tierlink/v1/status``: the state per destination and what waits."""
         stats = self.outbox.stats()
