@@ -81,3 +81,35 @@ def test_real_requests_cost_more_than_probes_and_the_estimate_prices_requests():
     probes(est, 10.0, 5.0)  # the link slows while idle: requests are priced slower too
     slower = 10.0 + 20_480 * 8 / 5_000 + 12.0
     assert abs(transfer_ms(20_480, est.view()) - slower) < 0.15 * slower
+
+
+def test_a_busy_sender_s_stalls_do_not_make_a_fast_link_look_slow():
+    """A throttled device computing locally leaves the link idle, so only probes measure
+    it, and its own CPU stalls add up to 80 ms to most of them. Stalls only ever add time:
+    the floor of each probe size is the wire's, so a 500 Mbit/s link still reads fast (a
+    least-squares line through the raw probes read anything from 3 to 230 Mbit/s)."""
+    import random
+
+    from tierlink.estimate.latency import LinkEstimator, transfer_ms
+
+    rng = random.Random(3)
+    est = LinkEstimator(LinkView("dev", "cloud", 4.0, 500.0))
+
+    def probe_round(mbit: float, stalled: float = 0.5) -> None:
+        for nbytes in (64, 65_536):
+            stall = rng.uniform(0.0, 80.0) if rng.random() < stalled else 0.0
+            est.observe(4.0 + nbytes * 8 / (mbit * 1000) + stall, 0.0, nbytes, probe=True)
+
+    views = []
+    for _ in range(100):
+        probe_round(500.0)
+        views.append(est.view())
+    fast = [v for v in views[4:] if v.bandwidth_mbit > 100.0 and v.rtt_ms < 10.0]
+    assert len(fast) >= 0.9 * len(views[4:])
+    for _ in range(8):  # the link slows to 3 Mbit/s while idle: shows within a few rounds
+        probe_round(3.0, stalled=0.0)
+    assert abs(transfer_ms(25_000, est.view()) - (4.0 + 25_000 * 8 / 3_000)) < 10.0
+    raw = 602_112  # one raw input sent while it was slow: large, so it has the leverage
+    est.observe(4.0 + raw * 8 / 3_000, 0.0, raw)
+    probe_round(500.0, stalled=0.0)  # the link recovers: shows at the first clean probe
+    assert transfer_ms(25_000, est.view()) < 15.0

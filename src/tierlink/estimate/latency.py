@@ -44,6 +44,7 @@ def queue_wait_ms(node: NodeView, model: ModelView, outstanding: int = 0) -> flo
 
 REQUEST_COST_WINDOW = 9  # real requests whose median extra cost is request_ms
 FRESH_REQUESTS = 3  # real requests after a probe round that request_ms is learned from
+PROBE_MEMORY = 4  # probes of one size whose fastest is that size's floor
 
 
 class LinkEstimator:
@@ -65,6 +66,14 @@ class LinkEstimator:
     real requests after a probe round land above it — and enters each probe into the shared
     window as ``probe + request_ms``:
     the view stays in *request* terms whether the link was last busy or idle.
+
+    A probe's own time is noisy in one direction only: a sender whose CPU is busy (a
+    throttled device computing locally is idle *on the link* but stalled for tens of ms at a
+    time) can only make it slower. So each probe enters as the *floor* of its size — the
+    fastest of the last ``PROBE_MEMORY`` probes of that size — and the probes' line goes
+    through those floors. An improvement shows at the first clean probe; a slowdown once
+    ``PROBE_MEMORY`` probes in a row were slower (a few idle seconds; real traffic shows it
+    sooner).
     """
 
     def __init__(self, prior: LinkView, alpha: float = 0.2, hop_overhead_ms: float = 0.0,
@@ -75,7 +84,8 @@ class LinkEstimator:
         self._rtt_ms = prior.rtt_ms
         self._bandwidth = prior.bandwidth_mbit
         self._window: deque[tuple[int, float]] = deque(maxlen=max(2, window))
-        self._probes: deque[tuple[int, float]] = deque(maxlen=8)
+        self._probed: deque[bool] = deque(maxlen=max(2, window))  # which window entries are probes
+        self._probes: deque[tuple[int, float]] = deque(maxlen=4 * PROBE_MEMORY)
         self._extras: deque[float] = deque(maxlen=REQUEST_COST_WINDOW)
         self._min_spread = min_spread_bytes
         self._since_probe = 0  # real requests since the last probe
@@ -89,10 +99,12 @@ class LinkEstimator:
         if probe:
             self._probes.append((int(nbytes), net))
             self._since_probe = 0
-            net += self.request_ms
+            self._refloor()
+            net = _floors(self._probes)[int(nbytes)] + self.request_ms
         else:
             self._learn_request_cost(nbytes, net)
         self._window.append((int(nbytes), net))
+        self._probed.append(probe)
         self.samples += 1
         fit = _line(self._window, self._min_spread, self._bandwidth)
         if fit is not None:
@@ -100,6 +112,21 @@ class LinkEstimator:
             return
         serial = nbytes * 8.0 / (self._bandwidth * 1000.0) if self._bandwidth > 0 else 0.0
         self._rtt_ms += self._alpha * (max(0.0, net - serial) - self._rtt_ms)
+
+    def _refloor(self) -> None:
+        """Move the probes already in the window to their size's current floor, so the
+        window never mixes a stale floor with a fresh one, and drop the real exchanges from
+        it: a probe means the link was idle, so they are older than what the probes show
+        (one raw input sent before the link got faster would outweigh every probe after it:
+        its size gives it the leverage), and what they add above the wire is ``request_ms``."""
+        floors = _floors(self._probes)
+        kept = [(nbytes, floors.get(nbytes, ms - self.request_ms) + self.request_ms)
+                for (nbytes, ms), probed in zip(self._window, self._probed, strict=True)
+                if probed]
+        self._window.clear()
+        self._window.extend(kept)
+        self._probed.clear()
+        self._probed.extend([True] * len(kept))
 
     def _learn_request_cost(self, nbytes: int, net: float) -> None:
         """``request_ms``: the median time real requests spend above the probes' line,
@@ -109,7 +136,8 @@ class LinkEstimator:
         would carry the error into the window for good. A median, so the one request that
         straddles a change does not count either."""
         self._since_probe += 1
-        wire = _line(self._probes, self._min_spread, self._bandwidth)
+        wire = _line(deque(_floors(self._probes).items()), self._min_spread, self._bandwidth,
+                     min_points=2)
         if wire is None or self._since_probe > FRESH_REQUESTS:
             return
         rtt, bandwidth = wire
@@ -122,12 +150,23 @@ class LinkEstimator:
                         loss=p.loss)
 
 
-def _line(window: deque[tuple[int, float]], min_spread: int,
-          bandwidth: float) -> tuple[float, float] | None:
+def _floors(probes: deque[tuple[int, float]]) -> dict[int, float]:
+    """Per probe size, the fastest of its last ``PROBE_MEMORY`` probes (oldest first in
+    ``probes``): a sender's stalls only ever add time, so the floor is the wire's."""
+    recent: dict[int, list[float]] = {}
+    for nbytes, ms in reversed(probes):
+        kept = recent.setdefault(nbytes, [])
+        if len(kept) < PROBE_MEMORY:
+            kept.append(ms)
+    return {nbytes: min(kept) for nbytes, kept in recent.items()}
+
+
+def _line(window: deque[tuple[int, float]], min_spread: int, bandwidth: float,
+          min_points: int = 4) -> tuple[float, float] | None:
     """(rtt_ms, bandwidth_mbit) by least squares over (bytes, ms), or None when the sizes
     barely differ. A flat or falling slope keeps ``bandwidth`` and fits the RTT alone."""
     sizes = [b for b, _ in window]
-    if len(sizes) < 4 or max(sizes) - min(sizes) < min_spread:
+    if len(sizes) < min_points or max(sizes) - min(sizes) < min_spread:
         return None
     n = len(sizes)
     mean_b = sum(sizes) / n

@@ -754,6 +754,8 @@ class NodeService:
                 "breakers": self.breakers.states(), "outstanding": dict(self._outstanding),
                 "view_nodes": sorted(self.view.nodes),
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
+                              "bandwidth_mbit": round(u.estimator.view().bandwidth_mbit, 3),
+                              "request_ms": round(u.estimator.request_ms, 3),
                               "samples": u.estimator.samples}
                           for k, u in self._upstreams.items()},
                 "uplink": self.uplink.status() if self.uplink is not None else None}
