@@ -21,7 +21,7 @@ def report(with_photos: bool) -> dict:
     fmnist = summarize([rec("dev-1", served_by="dev-1")], 0)
     photos = {"model": "imagenet-mobilenetv2", "origins": ["dev-1", "dev-2"],
               "head_holders": ["dev-1"],
-              "warmed_plans": ["edge-1/features.4/fp16"],
+              "open_heads": {"dev-1": ["features.4"]},
               **summarize_split([rec("dev-1", "features.4/fp16"), rec("dev-1", "features.2/fp16"),
                                  rec("dev-2"), rec("dev-2", answered=False,
                                                    error="deadline_exceeded")], 0)}

@@ -110,3 +110,23 @@ def test_a_malformed_feature_payload_is_a_clear_error(start_fleet: Any, fmnist_t
     assert resp.status_code == 400 and "codec" in resp.text.lower(), resp.text
     again = infer(http, cloud, "fmnist-large", fmnist_test.images[:1])
     assert again.status == 200  # still serving
+
+
+def test_segments_are_opened_on_request_and_bad_ones_are_clear_errors(
+        start_fleet: Any, zoo_models: Models, http: httpx.Client) -> None:
+    """What a device's split warmer asks an upstream: open the tail at a cut now. Unknown
+    model: 404; a tensor that is not a cut point: 400 with a hint; the node keeps serving.
+    The device's status lists the heads it holds open (none were asked for here)."""
+    fleet: RunningFleet = start_fleet(FLEET % "false")
+    cloud = fleet.node_urls["cloud-1"]
+    cut = next(c.tensor for c in cut_points(zoo_models["fmnist-large"][0]) if c.index > 0)
+    opened = http.post(f"{cloud}/tierlink/v1/splits/fmnist-large/open", params={"cut": cut})
+    assert opened.status_code == 204, opened.text
+    again = http.post(f"{cloud}/tierlink/v1/splits/fmnist-large/open", params={"cut": cut})
+    assert again.status_code == 204  # already open: nothing to do
+    unknown = http.post(f"{cloud}/tierlink/v1/splits/nope/open", params={"cut": cut})
+    assert unknown.status_code == 404 and unknown.json()["hint"]
+    bad = http.post(f"{cloud}/tierlink/v1/splits/fmnist-large/open", params={"cut": "no-such"})
+    assert bad.status_code == 400 and "split list" in bad.json()["hint"], bad.text
+    status = http.get(f"{fleet.node_urls['dev-1']}/tierlink/v1/status").json()
+    assert set(status["split_open"]) == {"fmnist-large"}

@@ -15,3 +15,21 @@ def test_without_evidence_or_at_full_speed_the_profile_stands():
     assert scale_heads((HEAD,), {"small": 1.0}, {}) == (HEAD,)
     assert scale_heads((HEAD,), {"small": 1.0}, {"small": 1.02}) == (HEAD,)
     assert scale_heads((), {"small": 1.0}, {"small": 3.0}) == ()
+
+
+def test_a_device_that_only_runs_heads_learns_its_speed_from_them():
+    # No whole model here (a camera holding only the head): the heads it ran say 10x.
+    from tierlink.node.service import head_key
+
+    scaled = scale_heads((HEAD,), {}, {head_key("big", "c1"): 20.0})
+    assert [p.head_ms for p in scaled[0].splits] == [20.0, 60.0]
+
+
+def test_the_whole_models_run_here_are_the_yardstick_when_there_are_any():
+    # A head measured once in a bad moment is not renewed unless the policy picks that cut
+    # again; the node's own model keeps being run.
+    from tierlink.node.service import head_key
+
+    service = {"small": 2.0, head_key("big", "c1"): 40.0, head_key("big", "c2"): 60.0}
+    scaled = scale_heads((HEAD,), {"small": 1.0}, service)
+    assert [p.head_ms for p in scaled[0].splits] == [4.0, 12.0]

@@ -21,11 +21,11 @@ from tierlink.fleet.demo import (
     environment,
     fleet_summary,
     hard_example_summary,
+    open_heads,
     photo_models,
     photo_phase,
     run_photos,
     run_workload,
-    warm_up,
     workload_for,
 )
 from tierlink.fleet.launcher import launch
@@ -90,9 +90,9 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
 
     run = summarize(*_with_progress(name, len(items), fmnist, _fmnist_live))
     if photos is not None:
-        # Routed runs may split: make the segments the policy picks now, after the
-        # Fashion-MNIST run taught the device its real speed (see warm_up).
-        warmed = warm_up(fleet, photos, settings.photo_warmup) if policy is None else []
+        # Routed runs may split once a head is open (the devices open the cuts their
+        # policy would pick in the background): wait for that, sending nothing.
+        heads = open_heads(fleet, photos) if policy is None else {}
 
         def photo(on_done: Any) -> tuple[list, int]:
             return run_photos(fleet, photos, policy, on_done)
@@ -103,7 +103,7 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
         run["imagenet"] = {"model": photos.model, "origins": origins,
                            "head_holders": [o for o in origins
                                             if photos.model in fleet.config.node(o).heads],
-                           **summarize_split(records, violations), "warmed_plans": warmed}
+                           **summarize_split(records, violations), "open_heads": heads}
     return run
 
 

@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tierlink.errors import TierlinkError
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.fleet.workload import (
@@ -43,7 +42,7 @@ PHOTO_TASK = "imagenet"
 # Rounds per segment when a split profile is made on first use: ~11 s for MobileNetV2's 19
 # block cuts on one core (what benchmarks/split.py uses too).
 PROFILE_ROUNDS = 10
-WARMUP_DEADLINE_MS = 60_000.0
+HEADS_TIMEOUT_S = 30.0  # how long a photo run waits for a device to open a split head
 Say = Callable[[str], None]
 
 
@@ -55,7 +54,6 @@ class DemoSettings:
     task: str = "fmnist"
     photo_requests: int = 120  # per run; 0 = no photo workload
     photo_rate_per_s: float = 4.0
-    photo_warmup: int = 30  # forced split calls before a routed photo run (warm_up)
 
     @classmethod
     def quick(cls) -> DemoSettings:
@@ -128,52 +126,25 @@ def run_photos(fleet: RunningFleet, phase: PhotoPhase, policy: str | None,
                         policy, on_done, send_labels=False)
 
 
-def warm_up(fleet: RunningFleet, phase: PhotoPhase, calls: int) -> list[str]:
-    """Make the split segments the policy picks before anything is timed; the plans
-    (``NODE/CUT/CODEC``) it warmed. Nothing here is counted in the report. Run it right
-    before a routed photo run: the plan the policy picks moves with the device's learned
-    speed (head times are scaled by it), and a plan picked later is cold again.
-
-    Why: a segment's first call cuts the model and opens its sessions (1-2 s, more under a
-    CPU quota) — a one-off cost the nodes no longer learn as service time, but one that
-    would still land in the first timed answers. So: ask the policy which plan it picks (routed requests, loose
-    deadline), force that plan once to every node that could run the tail, then ``calls``
-    more forced requests spread over them so the learned times settle."""
-    return asyncio.run(_warm(fleet, phase, calls))
-
-
-async def _warm(fleet: RunningFleet, phase: PhotoPhase, calls: int) -> list[str]:
-    from tierlink.node import protocol
-    from tierlink.transport.client import OipClient
-
-    base = {protocol.DEADLINE: WARMUP_DEADLINE_MS, protocol.PRIVACY: "site",
-            protocol.PRIORITY: "batch"}
-    warmed: list[str] = []
-    async with OipClient() as client:
-        async def post(origin: str, i: int, extra: dict[str, Any]) -> dict[str, Any]:
-            x = phase.images[i % len(phase.images)][None]  # (1, 3, 224, 224)
-            try:
-                resp = await client.infer(fleet.node_urls[origin], PHOTO_TASK, {"input": x},
-                                          {**base, **extra},
-                                          timeout_s=WARMUP_DEADLINE_MS / 1000.0)
-            except TierlinkError:
-                return {}
-            return dict(resp.parameters)
-
-        for origin in dict.fromkeys(i.origin for i in phase.items):
-            answers = [await post(origin, i, {}) for i in range(3)]
-            plans = {str(a.get("tierlink.split_plan") or "") for a in answers} - {""}
-            tails = tail_nodes(fleet.config, origin, phase.model)
-            forced = [f"{node}/{plan}" for plan in sorted(plans) for node in tails]
-            for i in range(len(forced) + (calls if forced else 0)):
-                await post(origin, i, {protocol.SPLIT: forced[i % len(forced)]})
-            warmed += forced
-    return warmed
-
-
-def tail_nodes(fleet: FleetConfig, origin: str, model: str) -> list[str]:
-    """The upstreams of ``origin`` that serve ``model``: where its split plans may go."""
-    return [link.dst for link in fleet.links_from(origin) if model in fleet.node(link.dst).models]
+def open_heads(fleet: RunningFleet, phase: PhotoPhase,
+               timeout_s: float = HEADS_TIMEOUT_S) -> dict[str, list[str]]:
+    """Per device holding ``phase.model``'s head, the cuts it has open (its split warmer
+    opens the ones its policy would pick, in the background): waits up to ``timeout_s``
+    for each to have one, so a routed photo run does not start before any split could be
+    chosen. Sends no requests; a device that opens none in time is reported with none."""
+    holders = [o for o in dict.fromkeys(i.origin for i in phase.items)
+               if phase.model in fleet.config.node(o).heads]
+    deadline = time.monotonic() + timeout_s
+    opened: dict[str, list[str]] = {}
+    with httpx.Client(timeout=5.0, trust_env=False) as http:
+        for origin in holders:
+            while True:
+                status = http.get(f"{fleet.node_urls[origin]}/tierlink/v1/status").json()
+                opened[origin] = list(status.get("split_open", {}).get(phase.model, []))
+                if opened[origin] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.25)
+    return opened
 
 
 # -- the photo workload's model and items ------------------------------------------------------

@@ -126,6 +126,13 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
         await request.body()
         return Response(status_code=204)
 
+    @app.post("/tierlink/v1/splits/{name}/open", status_code=204, response_class=Response)
+    async def open_split(name: str, cut: str) -> Response:
+        """Open the tail of ``name`` at ``cut`` now (a device's split warmer asks, right
+        after opening the matching head), so no request pays for it."""
+        await service.open_tail(name, cut)
+        return Response(status_code=204)
+
     @app.post("/v2/repository/index")
     async def repository_index() -> list[dict[str, Any]]:
         models = [{"name": n, "version": rt.info.version, "state": "READY"}

@@ -27,6 +27,7 @@ import contextvars
 import logging
 import random
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -101,6 +102,8 @@ class _Upstream:
     last_seen: float = float("-inf")  # when traffic last measured this link (node clock)
 
 PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwidth
+WARM_CUTS = 3  # cuts of the best split plans toward each upstream whose heads are kept open
+WARM_EVERY_S = 1.0  # how often the split warmer looks at what the policy would pick
 
 
 class NodeService:
@@ -172,6 +175,8 @@ class NodeService:
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._warmer: asyncio.Task[None] | None = None
+        self._unwarmable: set[tuple[str, str]] = set()  # (model, cut) that failed to open
         self.started_at = time.time()
         self.slowdown = 1.0  # > 1: an injected fault (spec.fault_injection), see set_faults
 
@@ -195,6 +200,8 @@ class NodeService:
         self._prober = (asyncio.create_task(self._probe_loop(), name="link-probe")
                         if self.routing.probe_idle_s > 0 and self.spec.heads and self._upstreams
                         else None)
+        self._warmer = (asyncio.create_task(self._warm_loop(), name="split-warmer")
+                        if self._heads and self._upstreams else None)
         if self.hard_examples is not None:
             self.hard_examples.start()
         if self.uplink is not None:
@@ -206,7 +213,7 @@ class NodeService:
             await self.hard_examples.stop()
         if self.uplink is not None:
             await self.uplink.stop()  # undelivered items stay on disk
-        for task in (self._refresher, self._prober):
+        for task in (self._refresher, self._prober, self._warmer):
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -289,6 +296,16 @@ class NodeService:
             return executor.info
         return ModelInfo.from_card(card)
 
+    async def open_tail(self, name: str, cut: str) -> None:
+        """Open the segments of ``name`` at ``cut`` (cut the model, open its sessions) in a
+        thread; nothing to do when they are open. Unknown model or cut: a clear error."""
+        sessions = self.splits.get(name)
+        if sessions is None:
+            raise ModelNotFound(f"{self.spec.node_id} serves no model {name!r} to split",
+                                hint="GET /v2/repository/index lists the models served here")
+        if not sessions.ready(cut):
+            await asyncio.to_thread(sessions.prepare, cut)
+
     async def _run_tail(self, name: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
                         priority: Priority, deadline_s: float | None) -> dict[str, np.ndarray]:
         """A split plan's second half: decode the features, run the tail of ``name``."""
@@ -324,7 +341,8 @@ class NodeService:
         up = self._upstreams[placement.node_id]
         x = next(iter(inputs.values()))
         started = self._clock()
-        if not sessions.ready(placement.cut):  # first use: not learned as the head's time
+        cold = not sessions.ready(placement.cut)
+        if cold:  # first use: not learned as the head's time
             await asyncio.to_thread(sessions.prepare, placement.cut)
         head_from = self._clock()
 
@@ -334,7 +352,7 @@ class NodeService:
         try:
             head_out = await self.scheduler.submit(head, priority=req.priority,
                                                    deadline_s=started + budget_ms / 1000.0,
-                                                   key=f"{model}@head:{placement.cut}")
+                                                   key=head_key(model, placement.cut))
         except Refused as exc:  # refused by this node's own scheduler: not the upstream
             exc.details["before_hop"] = True
             raise
@@ -349,7 +367,7 @@ class NodeService:
             assert exited is not None  # only an early-exit head sends nothing
             return self._exited_here(model, exited, head_ms)
         logits, timings, wire = await self._send_features(placement, req, up, features,
-                                                          started, budget_ms)
+                                                          started, budget_ms, learn=not cold)
         probs, conf = softmax_confidence(logits, self._temperature_of(model))
         if exited is not None:
             probs = exited.merge(probs)
@@ -368,8 +386,11 @@ class NodeService:
 
     async def _send_features(self, placement: Placement, req: Request, up: _Upstream,
                              features: np.ndarray, started: float, budget_ms: float,
-                             ) -> tuple[np.ndarray, dict[str, float], int]:
-        """Encode the cut tensor, send it to the tail's node: (its logits, timings, bytes)."""
+                             *, learn: bool = True) -> tuple[np.ndarray, dict[str, float], int]:
+        """Encode the cut tensor, send it to the tail's node: (its logits, timings, bytes).
+        ``learn`` False: the exchange does not teach the link estimate (it followed this
+        node opening the cut: on a CPU quota, that burst stalls the send for most of a
+        period, and a link priced at such a figure would not be tried again)."""
         from tierlink.split.codecs import get_codec
 
         encoding = self._clock()
@@ -387,7 +408,8 @@ class NodeService:
                                         timeout_s=left_ms / 1000.0)
         total_ms = (self._clock() - sent) * 1000.0
         tail_ms = float(resp.parameters.get(protocol.SERVER_MS, 0.0))
-        up.estimator.observe(total_ms, tail_ms, payload.nbytes)
+        if learn:
+            up.estimator.observe(total_ms, tail_ms, payload.nbytes)
         up.last_seen = self._clock()
         timings = {"encode_ms": encode_ms, "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
                    "split_bytes": float(payload.nbytes)}
@@ -670,7 +692,7 @@ class NodeService:
                        for name, rt in self.runtimes.items())
         return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
                         inflight=stats.inflight, workers=stats.workers,
-                        heads=self._scaled_heads(stats.service_ms_by_key))
+                        heads=self._open_heads(self._scaled_heads(stats.service_ms_by_key)))
 
     def _view_of(self, name: str, rt: ModelRuntime,
                  service_ms: Mapping[str, float]) -> ModelView:
@@ -686,6 +708,17 @@ class NodeService:
                    for name, rt in self.runtimes.items()}
         return scale_heads(self._heads, card_ms, service_ms)
 
+    def _open_heads(self, heads: tuple[ModelView, ...]) -> tuple[ModelView, ...]:
+        """``heads`` with only the cuts whose segments are open here: a cold cut's first
+        call would pay for cutting the model and opening its sessions (a second or more
+        under a CPU quota). The split warmer opens the cuts the policy would pick."""
+        return tuple(replace(h, splits=tuple(p for p in h.splits if self._is_open(h.name, p.cut)))
+                     for h in heads)
+
+    def _is_open(self, model: str, cut: str) -> bool:
+        sessions = self.splits.get(model)
+        return sessions is not None and sessions.ready(cut)
+
     def refresh_view(self) -> None:
         """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""
         self.view = build_view(self.me(), self._records(),
@@ -699,6 +732,61 @@ class NodeService:
                 self.refresh_view()
             except Exception:  # never let the refresher die; the old view stays
                 log.exception("view refresh failed; keeping the previous view")
+
+    # -- split warmer ----------------------------------------------------------------------
+
+    async def _warm_loop(self) -> None:
+        """Keep the heads of the cuts the policy would pick open, so no request pays for
+        opening one: every ``WARM_EVERY_S``, open (in a thread, one at a time) the first
+        cold cut among the best ``WARM_CUTS`` toward each upstream, priced as if every
+        profiled cut were open. Until a cut is open the policy does not consider it."""
+        while True:
+            await asyncio.sleep(WARM_EVERY_S)
+            cold = [mc for mc in self._cuts_wanted()
+                    if not self._is_open(*mc) and mc not in self._unwarmable]
+            if not cold:
+                continue
+            model, cut = cold[0]
+            try:
+                await asyncio.to_thread(self.splits[model].prepare, cut)
+                await self._open_tails(model, cut)
+            except Exception:  # a cut that cannot be opened is not retried
+                self._unwarmable.add((model, cut))
+                log.exception("cannot open the split of %s at %s", model, cut)
+                continue
+            log.info("opened the split segments of %s at %s", model, cut)
+            self.refresh_view()
+
+    async def _open_tails(self, model: str, cut: str) -> None:
+        """Ask every upstream that serves ``model`` to open its tail at ``cut`` too. One
+        that cannot be reached opens it on first use instead (its breaker's business)."""
+        for up_id, up in self._upstreams.items():
+            node = self.view.nodes.get(up_id)
+            if node is None or not any(m.name == model for m in node.models):
+                continue
+            try:
+                await self._client.open_split(up.spec.url, model, cut, timeout_s=30.0)
+            except TierlinkError as exc:
+                log.warning("could not ask %s to open %s at %s: %s", up_id, model, cut, exc)
+
+    def _cuts_wanted(self) -> list[tuple[str, str]]:
+        """(model, cut) of the best ``WARM_CUTS`` split plans toward each upstream over the
+        live view, as if every profiled cut were open; best first."""
+        me = self.view.nodes.get(self.spec.node_id)
+        if me is None:
+            return []
+        service_ms = self.scheduler.snapshot().service_ms_by_key
+        every = replace(me, heads=self._scaled_heads(service_ms))
+        cfg = self.routing.policy_config()
+        wanted: list[tuple[str, str]] = []
+        ups = [self.view.nodes[u] for u in self._upstreams if u in self.view.nodes]
+        for up in ups:
+            for head in every.heads:
+                model = next((m for m in up.models if m.name == head.name), None)
+                plans = split_plans(every, up, model, self.view, cfg) if model else []
+                cuts = list(dict.fromkeys(p.cut for p in plans))[:WARM_CUTS]
+                wanted += [(head.name, cut) for cut in cuts]
+        return list(dict.fromkeys(wanted))
 
     def heartbeat_body(self, address: str) -> dict[str, Any]:
         """The node's state for the control plane: one ``models`` entry per version
@@ -753,6 +841,9 @@ class NodeService:
                 "queue_depth": stats.queue_depth, "inflight": stats.inflight + self._inflight,
                 "breakers": self.breakers.states(), "outstanding": dict(self._outstanding),
                 "view_nodes": sorted(self.view.nodes),
+                "split_open": {h.name: sorted(p.cut for p in h.splits
+                                              if self._is_open(h.name, p.cut))
+                               for h in self._heads},
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
                               "bandwidth_mbit": round(u.estimator.view().bandwidth_mbit, 3),
                               "request_ms": round(u.estimator.request_ms, 3),
@@ -793,18 +884,30 @@ class NodeService:
 def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
                 service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
     """Head profiles priced at this node's real speed. Profiles are timed on an unthrottled
-    core; the median ratio of what this node's models really take (the scheduler's service
-    times, learned from every call) to what their cards say is this node's slowdown (a CPU
-    quota, a busy machine), applied to every head latency and codec encode time."""
+    core; the median ratio of what this node really takes (the scheduler's service times,
+    learned from every call) to what was profiled is this node's slowdown (a CPU quota, a
+    busy machine), applied to every head latency and codec encode time. The ratios come
+    from the whole models run here against their cards; a node that runs none (a camera
+    holding only heads) uses the head cuts it has run against the profile's time for each.
+    Whole models first because they keep being run whatever the policy picks: a head's
+    figure is only renewed while the policy keeps picking that cut, so one measured in a
+    bad moment would otherwise keep every split looking slow for good."""
     if not heads:
         return ()
-    ratios = sorted(service_ms[name] / ms for name, ms in card_ms.items()
-                    if name in service_ms and ms > 0)
-    factor = ratios[len(ratios) // 2] if ratios else 1.0
+    ratios = [service_ms[name] / ms for name, ms in card_ms.items()
+              if name in service_ms and ms > 0]
+    ratios = ratios or [service_ms[key] / p.head_ms for h in heads for p in h.splits
+                        if (key := head_key(h.name, p.cut)) in service_ms and p.head_ms > 0]
+    factor = statistics.median(ratios) if ratios else 1.0
     if abs(factor - 1.0) < 0.05:
         return heads
     return tuple(replace(h, splits=tuple(_slower(p, factor) for p in h.splits))
                  for h in heads)
+
+
+def head_key(model: str, cut: str) -> str:
+    """The scheduler key a split's head runs under (its learned service time)."""
+    return f"{model}@head:{cut}"
 
 
 def _slower(point: SplitPoint, factor: float) -> SplitPoint:

@@ -144,6 +144,14 @@ class OipClient:
         await self._send("POST", f"{base_url.rstrip('/')}/tierlink/v1/probe", timeout_s,
                          content=bytes(nbytes))
 
+    async def open_split(self, base_url: str, model: str, cut: str,
+                         timeout_s: float | None = None) -> None:
+        """POST ``/tierlink/v1/splits/{model}/open?cut=CUT``: ask the node to open the tail
+        of ``model`` at ``cut`` now, so the first split request that uses it does not pay
+        for cutting the model and opening its session."""
+        await self._send("POST", f"{base_url.rstrip('/')}/tierlink/v1/splits/{model}/open",
+                         timeout_s, params={"cut": cut})
+
     async def model_metadata(
         self, base_url: str, model: str, version: str | None = None, timeout_s: float | None = None
     ) -> dict[str, Any]:
