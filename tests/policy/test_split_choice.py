@@ -91,3 +91,25 @@ def test_exit_and_split_are_chosen_together():
     assert strong.cut == "features1" and strong.model == "net-exits"
     # the estimate: 3 ms here, then 20% x (send + tail) -- below local (10.5) and remote (11.6)
     assert strong.est_ms < 7.0
+
+
+def test_a_split_with_early_exits_pays_for_the_link_only_for_what_it_sends():
+    """The cost of a split at an exit boundary: the head for every input, the transfer and
+    the tail only for the 20% the first exit did not answer."""
+    from tierlink.estimate.cost import CostModel
+    from tierlink.policy.placement import split_plans
+
+    cfg = PolicyConfig(weights=Weights(cost=0.0))
+    v = exits_view(50.0, rtt=10.0)
+    request = Request("r", "net", 300.0, origin="dev-1", input_bytes=3136)
+    choice = TierlinkPolicy(cfg)._split(v.nodes["dev-1"], v.nodes["cloud-1"], request, v)
+    assert choice is not None and choice.cut == "features1"
+    plan = next(p for p in split_plans(v.nodes["dev-1"], v.nodes["cloud-1"],
+                                       v.nodes["cloud-1"].models[0], v, cfg)
+                if (p.cut, p.codec) == (choice.cut, choice.codec))
+    assert abs(plan.continue_share - 0.2) < 1e-9
+    cost: CostModel = cfg.cost
+    head = cost.compute(Tier.DEVICE, plan.head_ms)
+    tail_ms = plan.tail_ms - cfg.estimates.hop_overhead_ms  # no queue in the cloud here
+    onward = cost.transfer(Tier.CLOUD, plan.wire_bytes) + cost.compute(Tier.CLOUD, tail_ms)
+    assert abs(choice.est.cost - (head + 0.2 * onward)) < 1e-12

@@ -81,6 +81,7 @@ class SplitEstimate:
     tail_ms: float
     wire_bytes: int
     accuracy_loss: float
+    continue_share: float = 1.0  # share of inputs that cross the link (early exits answer the rest)
 
 
 def estimate(segment: SegmentProfile, codec: CodecProfile, link: LinkView,
@@ -95,7 +96,8 @@ def estimate(segment: SegmentProfile, codec: CodecProfile, link: LinkView,
     total = segment.head_ms + segment.continue_share * (codec_ms + net + queue_ms
                                                         + segment.tail_ms)
     return SplitEstimate(segment.cut, codec.spec, total, segment.head_ms, codec_ms, net,
-                         segment.tail_ms + queue_ms, wire, codec.accuracy_loss)
+                         segment.tail_ms + queue_ms, wire, codec.accuracy_loss,
+                         segment.continue_share)
 
 
 def _codec_cost(segment: SegmentProfile, codec: CodecProfile) -> tuple[int, float]:

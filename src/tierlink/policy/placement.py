@@ -169,9 +169,11 @@ class TierlinkPolicy:
                    - w.latency * p.total_ms / deadline)
         tail_ms = best.tail_ms - queue_wait_ms(up, model, view.outstanding.get(up.node_id, 0)) \
             - self._cfg.estimates.hop_overhead_ms
+        # Only the inputs no early exit answered cross the link and run the tail.
+        share = best.continue_share
         cost = (self._cfg.cost.compute(node.tier, best.head_ms)
-                + self._cfg.cost.transfer(up.tier, best.wire_bytes)
-                + self._cfg.cost.compute(up.tier, tail_ms))
+                + share * (self._cfg.cost.transfer(up.tier, best.wire_bytes)
+                           + self._cfg.cost.compute(up.tier, tail_ms)))
         est = Estimate(best.total_ms, best.total_ms, cost,
                        max(0.0, model.accuracy - best.accuracy_loss / 100.0))
         return Choice("split", est, node, None, up, None, None, best.total_ms - best.head_ms,
