@@ -22,13 +22,13 @@ from tierlink.fleet.demo import (
     fleet_summary,
     hard_example_summary,
     open_heads,
-    photo_models,
     photo_phase,
     run_photos,
     run_workload,
     workload_for,
 )
 from tierlink.fleet.launcher import launch
+from tierlink.zoo.photo_models import photo_models
 
 console = Console(stderr=True)
 

@@ -49,10 +49,10 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
     """Build what ``wanted`` needs (every task it names; quantized variants such as
     ``fmnist-small-fp16`` are made on first use); model name -> (onnx, card) and a summary
     for reports. Without ``wanted``: the Fashion-MNIST zoo."""
-    from tierlink.fleet.demo import photo_models
     from tierlink.quantize.variants import with_variants
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.exits import EXITS_NAME
+    from tierlink.zoo.photo_models import photo_models
     from tierlink.zoo.profiles import TASKS
 
     special = {EXITS_NAME}  # built by their own recipes, not zoo variants

@@ -19,7 +19,7 @@ import asyncio
 import os
 import platform
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,14 +36,10 @@ from tierlink.fleet.workload import (
     make_photo_workload,
     make_workload,
 )
+from tierlink.zoo.photo_models import PHOTO_TASK
 
 RUNS = (("tierlink", None), ("cloud_only", "cloud_only"), ("device_only", "device_only"))
-PHOTO_TASK = "imagenet"
-# Rounds per segment when a split profile is made on first use: ~11 s for MobileNetV2's 19
-# block cuts on one core (what benchmarks/split.py uses too).
-PROFILE_ROUNDS = 10
 HEADS_TIMEOUT_S = 30.0  # how long a photo run waits for a device to open a split head
-Say = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,57 +177,6 @@ def photo_phase(fleet: FleetConfig, settings: DemoSettings,
     items = make_photo_workload(settings.photo_requests, settings.photo_rate_per_s,
                                 photo_origins(fleet, model), len(images), settings.seed)
     return PhotoPhase(model, tuple(items), images, logits.argmax(axis=1))
-
-
-def photo_models(wanted: Collection[str], say: Say = lambda _: None,
-                 ) -> dict[str, tuple[Path, Path]]:
-    """Model name -> (onnx, card) for the photo-task models among ``wanted`` that the zoo
-    can make: MobileNetV2, exported on first use, with this machine's split profile beside
-    its card (made on first use too, so nodes can price split plans)."""
-    from tierlink.zoo.mobilenet import MODEL_NAME, card_path, ensure_mobilenet
-
-    if MODEL_NAME not in wanted:
-        return {}
-    onnx_path = ensure_mobilenet(progress=True)
-    ensure_split_profile(MODEL_NAME, onnx_path, say)
-    return {MODEL_NAME: (onnx_path, card_path(onnx_path))}
-
-
-def ensure_split_profile(name: str, onnx_path: Path, say: Say = lambda _: None) -> Path:
-    """The split profile beside ``onnx_path``'s card, made (block cuts ``features.*``,
-    :data:`PROFILE_ROUNDS` rounds) when missing, made for another file, or without codec
-    measurements. Holds the zoo's build lock, so concurrent callers profile once."""
-    from tierlink.split.profile import load_profile, profile_path
-    from tierlink.zoo.cache import build_lock
-    from tierlink.zoo.cards import load_card
-    from tierlink.zoo.mobilenet import card_path
-
-    card = load_card(card_path(onnx_path))
-    path = profile_path(card_path(onnx_path))
-    if _profile_ok(load_profile(path, card.sha256)):
-        return path
-    with build_lock(onnx_path.parent, PHOTO_TASK):
-        if not _profile_ok(load_profile(path, card.sha256)):
-            _make_profile(name, onnx_path, card.sha256, path, say)
-    return path
-
-
-def _profile_ok(profile: Any) -> bool:
-    return profile is not None and all(p.codecs for p in profile.points)
-
-
-def _make_profile(name: str, onnx_path: Path, sha256: str, path: Path, say: Say) -> None:
-    from tierlink.split.profile import profile_model, save_profile
-    from tierlink.zoo.photos import imagenet_photos
-
-    say(f"profiling {name}'s block cuts on this machine for split plans (once, ~10 s) ...")
-    start = time.perf_counter()
-    photos, _ = imagenet_photos(views=False)
-    profile = profile_model(name, onnx_path, photos[:1], sha256, rounds=PROFILE_ROUNDS,
-                            only=lambda tensor: tensor.startswith("features."))
-    save_profile(profile, path)
-    say(f"split profile of {name}: {len(profile.points)} cuts in "
-        f"{time.perf_counter() - start:.1f} s")
 
 
 def workload_for(fleet: FleetConfig, settings: DemoSettings, n_samples: int) -> list[WorkItem]:
