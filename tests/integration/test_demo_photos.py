@@ -59,9 +59,13 @@ def test_the_head_holder_splits_and_agrees_with_the_unsplit_model(mobilenet: Mod
                         mobilenet)
     assert phase is not None and phase.model == MODEL
     with running_fleet(FLEET, tmp_path / "fleet", mobilenet) as fleet:
-        heads = open_heads(fleet, phase)  # the device opens the cuts it would pick itself
+        # The first photos are what makes the device open the cut its policy would pick
+        # (in the background; they are answered meanwhile, the raw photo uploaded).
+        first = summarize_split(*run_photos(fleet, phase, None, lambda r: None))
+        heads = open_heads(fleet, phase, timeout_s=30.0)
         routed = summarize_split(*run_photos(fleet, phase, None, lambda r: None))
         baseline = summarize_split(*run_photos(fleet, phase, "cloud_only", lambda r: None))
+    assert first["answered"] == 8, first["errors"]
     assert list(heads) == ["dev-1"] and heads["dev-1"] and set(heads["dev-1"]) <= CUTS
     assert routed["answered"] == 8, (routed["errors"], heads, routed)
     assert routed["by_origin"] == {"dev-1": {"split": 4}, "dev-2": {"remote": 4}}

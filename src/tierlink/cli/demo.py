@@ -90,15 +90,15 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
 
     run = summarize(*_with_progress(name, len(items), fmnist, _fmnist_live))
     if photos is not None:
-        # Routed runs may split once a head is open (the devices open the cuts their
-        # policy would pick in the background): wait for that, sending nothing.
-        heads = open_heads(fleet, photos) if policy is None else {}
 
         def photo(on_done: Any) -> tuple[list, int]:
             return run_photos(fleet, photos, policy, on_done)
 
         records, violations = _with_progress("  photos", len(photos.items), photo,
                                              _photo_live)
+        # Routed runs split once the head holder has opened a cut (in the background, as
+        # soon as photos arrive): which ones it has open now.
+        heads = open_heads(fleet, photos) if policy is None else {}
         origins = list(dict.fromkeys(i.origin for i in photos.items))
         run["imagenet"] = {"model": photos.model, "origins": origins,
                            "head_holders": [o for o in origins

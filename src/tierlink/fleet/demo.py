@@ -39,7 +39,6 @@ from tierlink.fleet.workload import (
 from tierlink.zoo.photo_models import PHOTO_TASK
 
 RUNS = (("tierlink", None), ("cloud_only", "cloud_only"), ("device_only", "device_only"))
-HEADS_TIMEOUT_S = 30.0  # how long a photo run waits for a device to open a split head
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +122,11 @@ def run_photos(fleet: RunningFleet, phase: PhotoPhase, policy: str | None,
 
 
 def open_heads(fleet: RunningFleet, phase: PhotoPhase,
-               timeout_s: float = HEADS_TIMEOUT_S) -> dict[str, list[str]]:
+               timeout_s: float = 0.0) -> dict[str, list[str]]:
     """Per device holding ``phase.model``'s head, the cuts it has open (its split warmer
-    opens the ones its policy would pick, in the background): waits up to ``timeout_s``
-    for each to have one, so a routed photo run does not start before any split could be
-    chosen. Sends no requests; a device that opens none in time is reported with none."""
+    opens, in the background, those its policy would pick for a task in use: the first
+    photo requests upload the raw photo while it does). Waits up to ``timeout_s`` for each
+    to have one; sends no requests."""
     holders = [o for o in dict.fromkeys(i.origin for i in phase.items)
                if phase.model in fleet.config.node(o).heads]
     deadline = time.monotonic() + timeout_s

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import random
 import shutil
 import statistics
@@ -102,8 +103,9 @@ class _Upstream:
     last_seen: float = float("-inf")  # when traffic last measured this link (node clock)
 
 PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwidth
-WARM_CUTS = 3  # cuts of the best split plans toward each upstream whose heads are kept open
+WARM_CUTS = 1  # cuts of the best split plans toward each upstream whose heads are opened
 WARM_EVERY_S = 1.0  # how often the split warmer looks at what the policy would pick
+WARM_DEMAND_S = 120.0  # the warmer opens cuts of a task routed here within this long
 
 
 class NodeService:
@@ -177,6 +179,7 @@ class NodeService:
         self._prober: asyncio.Task[None] | None = None
         self._warmer: asyncio.Task[None] | None = None
         self._unwarmable: set[tuple[str, str]] = set()  # (model, cut) that failed to open
+        self._routed_at: dict[str, float] = {}  # task -> when a request for it was last routed
         self.started_at = time.time()
         self.slowdown = 1.0  # > 1: an injected fault (spec.fault_injection), see set_faults
 
@@ -475,6 +478,7 @@ class NodeService:
                                      receiver=self.spec.node_id,
                                      input_bytes=sum(a.nbytes for a in inputs.values()))
         labels = protocol.parse_labels(params, _batch_size(inputs))
+        self._routed_at[task] = t0  # demand: the split warmer opens cuts of tasks in use
         policy = self._policy_for(req)
         req = self._check_receipt(req, policy)
         self._inflight += 1
@@ -739,7 +743,10 @@ class NodeService:
         """Keep the heads of the cuts the policy would pick open, so no request pays for
         opening one: every ``WARM_EVERY_S``, open (in a thread, one at a time) the first
         cold cut among the best ``WARM_CUTS`` toward each upstream, priced as if every
-        profiled cut were open. Until a cut is open the policy does not consider it."""
+        profiled cut were open. Until a cut is open the policy does not consider it.
+        Only for tasks routed here within ``WARM_DEMAND_S``: opening a cut is a burst of
+        CPU (and GIL) that a throttled device's other work would feel, so it is spent when
+        the task is in use, not at start for a task that may never come."""
         while True:
             await asyncio.sleep(WARM_EVERY_S)
             cold = [mc for mc in self._cuts_wanted()
@@ -776,7 +783,12 @@ class NodeService:
         if me is None:
             return []
         service_ms = self.scheduler.snapshot().service_ms_by_key
-        every = replace(me, heads=self._scaled_heads(service_ms))
+        now = self._clock()
+        heads = tuple(h for h in self._scaled_heads(service_ms)
+                      if now - self._routed_at.get(h.task, -math.inf) <= WARM_DEMAND_S)
+        if not heads:
+            return []
+        every = replace(me, heads=heads)
         cfg = self.routing.policy_config()
         wanted: list[tuple[str, str]] = []
         ups = [self.view.nodes[u] for u in self._upstreams if u in self.view.nodes]
