@@ -135,17 +135,18 @@ def condition(http: httpx.Client, dev: str, photos: np.ndarray, plans: dict[str,
             alive = {k for k in alive if statistics.median(ms[k]) <= args.race * best}
     row = summarize(ms, est, chosen, failures)
     oracle = _oracle_key(ms)
-    head_to_head = confirm(http, dev, photos, strategies["tierlink"],
-                           {**strategies, **forced}[oracle], args.confirm, failures)
+    took = confirm(http, dev, photos, strategies["tierlink"], {**strategies, **forced}[oracle],
+                   args.confirm, failures)
     return {**row, "race": {"tierlink_ms": row["chosen"]["ms"], "oracle_ms": row["oracle"]["ms"]},
-            "chosen": {**row["chosen"], "ms": head_to_head[0]},
-            "oracle": {**row["oracle"], "ms": head_to_head[1]}}
+            "confirm": {k: _quartiles(v) for k, v in took.items()},
+            "chosen": {**row["chosen"], "ms": statistics.median(took["tierlink"])},
+            "oracle": {**row["oracle"], "ms": statistics.median(took["oracle"])}}
 
 
 def confirm(http: httpx.Client, dev: str, photos: np.ndarray, routed: tuple[str, dict[str, Any]],
             oracle: tuple[str, dict[str, Any]], rounds: int,
-            failures: dict[str, str]) -> tuple[float, float]:
-    """(tierlink's median, the oracle plan's median) over ``rounds`` fresh rounds, the two
+            failures: dict[str, str]) -> dict[str, list[float]]:
+    """tierlink's and the oracle plan's times (ms) over ``rounds`` fresh rounds, the two
     alternating. The race's winner is the fastest of many noisy medians, so its race figure
     is biased low (the winner's curse); timed again beside tierlink it is not."""
     took: dict[str, list[float]] = {"tierlink": [], "oracle": []}
@@ -153,7 +154,12 @@ def confirm(http: httpx.Client, dev: str, photos: np.ndarray, routed: tuple[str,
         x = photos[(i + 3) % len(photos)][None]
         for key, (name, params) in (("tierlink", routed), ("oracle", oracle)):
             took[key].append(_attempt(http, dev, name, x, params, f"confirm-{key}", failures)[0])
-    return statistics.median(took["tierlink"]), statistics.median(took["oracle"])
+    return took
+
+
+def _quartiles(values: list[float]) -> dict[str, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return {"p25_ms": q1, "median_ms": q2, "p75_ms": q3}
 
 
 def _oracle_key(ms: dict[str, list[float]]) -> str:

