@@ -19,6 +19,10 @@ are changed through the link emulator's control API for each condition (bandwidt
   side-by-side medians (the race's own figures, kept under ``race``, favour the oracle: the
   fastest of ~70 noisy medians is biased low).
 
+The codec table is measured first, and the fleet prices codecs with what it measured
+(``routing.split_codec_loss``: the share of MobileNetV2 answers each codec changed), as a
+user would after ``tierlink split codecs``.
+
 Strategies and forced plans are interleaved round by round; medians of ``--requests``
 rounds per cell. The forced plans are raced: all run in the first two rounds, then a plan
 whose median is over ``--race`` x the best so far is dropped, and a plan whose payload alone
@@ -238,7 +242,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # every plan the policy may pick: each profiled cut x each codec it measured there
     plans = {f"{p.cut}/{c.codec}": c.wire_bytes for p in profile.points for c in p.codecs}
     codecs = {} if args.no_codec_table else _codec_table()
-    config = parse_fleet(yaml.safe_load(FLEET % args.cpu_quota), source="<split-bench>")
+    raw = yaml.safe_load(FLEET % args.cpu_quota)
+    raw["routing"]["split_codec_loss"] = measured_losses(codecs)
+    config = parse_fleet(raw, source="<split-bench>")
     rows = []
     with launch(config, {MODEL: (onnx_path, card_path(onnx_path))},
                 Path(tempfile.mkdtemp(prefix="tierlink-split-bench-"))) as fleet, \
@@ -254,10 +260,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(json.dumps(row), file=sys.stderr)
                 rows.append(row)
     return {"rows": rows, "settings": {"cpu_quota": args.cpu_quota, "requests": args.requests,
+                                       "split_codec_loss": raw["routing"]["split_codec_loss"],
                                        "deadline_ms": args.deadline_ms, "race": args.race,
                                        "plans": len(plans), "profile": profile.to_dict()},
             "codecs": codecs, "checks": {**checks(rows),
                                          "codec_target_met_by": codecs.get("met_by")}}
+
+
+def measured_losses(codecs: dict[str, Any]) -> dict[str, float]:
+    """What a user would put in ``routing.split_codec_loss`` after measuring the codecs:
+    per codec the policy knows, the points of MobileNetV2 top-1 answers it changed (an
+    upper bound on the accuracy it can cost). Empty without a codec table (the defaults)."""
+    from tierlink.estimate.split import DEFAULT_CODECS
+
+    known = {c.spec for c in DEFAULT_CODECS}
+    return {row["codec"]: round(100.0 * (1.0 - row["mobilenet_top1_agreement"]), 3)
+            for row in codecs.get("codecs", []) if row["codec"] in known}
 
 
 def _codec_table() -> dict[str, Any]:

@@ -31,6 +31,10 @@ def test_link_rtt_is_twice_the_one_way_delay():
     (lambda d: d.update(routing={"weights": {"speed": 1}}), "routing.weights.speed"),
     (lambda d: d.update(routing={"thresholds": {"fmnist-small": 2}}), "routing.thresholds"),
     (lambda d: d["nodes"].append(dict(d["nodes"][0])), "appears twice"),
+    (lambda d: d.update(routing={"split_codec_loss": {"jpeg": 0.1}}),
+     "routing.split_codec_loss.jpeg"),
+    (lambda d: d.update(routing={"split_codec_loss": {"int8": -1}}),
+     "routing.split_codec_loss.int8"),
 ])
 def test_errors_name_the_field(mutate, field):
     import copy
@@ -51,3 +55,11 @@ def test_invalid_yaml_is_a_config_error(tmp_path):
     p.write_text("nodes: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_fleet(p)
+
+
+def test_measured_codec_losses_replace_the_default_table():
+    """A fleet that measured its codecs (`tierlink split codecs`) prices splits with them;
+    codecs it does not name keep the default table's figure."""
+    cfg = parse_fleet({**MIN, "routing": {"split_codec_loss": {"int8+zstd": 0.0}}})
+    losses = {c.spec: c.accuracy_loss for c in cfg.routing.policy_config().split_codecs}
+    assert losses["int8+zstd"] == 0.0 and losses["int8"] == 0.05 and losses["fp32"] == 0.0

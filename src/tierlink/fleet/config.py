@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -18,6 +18,7 @@ import yaml
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.estimate.split import DEFAULT_CODECS
 from tierlink.node.hedging import HedgeConfig
 from tierlink.policy.base import PolicyConfig, Weights
 
@@ -54,12 +55,20 @@ class RoutingConfig:
     # Hedged calls upstream (node/hedging.py): after the learned delay, a copy to the plan's
     # next upstream, within a duplicate budget.
     hedging: HedgeConfig = field(default_factory=HedgeConfig)
+    # Measured accuracy loss (points) of feature codecs, by codec (e.g. from `tierlink split
+    # codecs`): replaces the default table's conservative figure in split pricing.
+    split_codec_loss: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def policy_config(self) -> PolicyConfig:
+        codecs = tuple(replace(c, accuracy_loss=self.split_codec_loss.get(c.spec,
+                                                                          c.accuracy_loss))
+                       for c in DEFAULT_CODECS)
         return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
                             default_threshold=self.default_threshold, max_hops=self.max_hops,
                             reserve_ms=self.reserve_ms, cost=self.cost,
-                            local_features_may_leave=self.local_features_may_leave)
+                            local_features_may_leave=self.local_features_may_leave,
+                            split_codecs=codecs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +302,16 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
                                        "routing.local_features_may_leave"),
         probe_idle_s=_float(raw.get("probe_idle_s", 2.0), "routing.probe_idle_s", 0.0),
         hedging=_hedging(_mapping(raw.get("hedging") or {}, "routing.hedging")),
+        split_codec_loss=_codec_loss(_mapping(raw.get("split_codec_loss") or {},
+                                              "routing.split_codec_loss")),
     )
+
+
+def _codec_loss(raw: Mapping[str, Any]) -> Mapping[str, float]:
+    known = tuple(c.spec for c in DEFAULT_CODECS)
+    return MappingProxyType({str(k): _float(v, f"routing.split_codec_loss.{k}", 0.0, 100.0)
+                             for k, v in raw.items()
+                             if _known(str(k), known, "routing.split_codec_loss")})
 
 
 def _hedging(raw: Mapping[str, Any]) -> HedgeConfig:
