@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hard_examples_support import probs
 
 from tierlink.core.types import Outcome, Placement, Plan, Privacy, Request, Tier
 from tierlink.errors import ControlPlaneError, InvalidRequest, UpstreamUnavailable
@@ -32,16 +33,6 @@ EDGE = Placement("remote", "edge-1", Tier.EDGE)
 
 def request(privacy: Privacy = Privacy.ANY, rid: str = "r1") -> Request:
     return Request(rid, "fmnist", 150.0, "dev-1", privacy=privacy)
-
-
-def probs(*confidences: float) -> np.ndarray:
-    """(B, 10) probabilities whose row maxima are ``confidences`` (class i % 10 wins)."""
-    out = []
-    for i, c in enumerate(confidences):
-        row = np.full(10, (1.0 - c) / 9, np.float32)
-        row[i % 10] = c
-        out.append(row)
-    return np.stack(out)
 
 
 def images(batch: int) -> dict[str, np.ndarray]:

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
+from hard_examples_support import probs
 from uplink_support import FakeClock, FakeUpstream, make_uplink, until
 
 from tierlink.core.types import Placement, Privacy, Request, Tier
@@ -30,16 +31,6 @@ from tierlink.node.spec import NodeSpec
 from tierlink.node.uplink import CONTROL, Uplink, UplinkConfig, UplinkMetrics
 
 LOCAL = Placement("local", "dev-1", Tier.DEVICE, "fmnist-small", 0.9)
-
-
-def probs(*confidences: float) -> np.ndarray:
-    """(B, 10) probabilities whose row maxima are ``confidences`` (class i % 10 wins)."""
-    out = []
-    for i, c in enumerate(confidences):
-        row = np.full(10, (1.0 - c) / 9, np.float32)
-        row[i % 10] = c
-        out.append(row)
-    return np.stack(out)
 
 
 def offer(up: HardExampleUploader, rid: str, confidences: tuple[float, ...] = (0.5,)) -> None:

@@ -715,7 +715,7 @@ class NodeService:
                    for name, rt in self.runtimes.items()}
         factor = head_factor(self._heads, card_ms, service_ms)
         if self._scaled_memo is None or self._scaled_memo[0] != factor:
-            self._scaled_memo = (factor, scale_heads(self._heads, card_ms, service_ms))
+            self._scaled_memo = (factor, _scaled(self._heads, factor))
         return self._scaled_memo[1]
 
     def _open_heads(self, heads: tuple[ModelView, ...]) -> tuple[ModelView, ...]:
@@ -808,7 +808,7 @@ class NodeService:
         wanted: list[tuple[str, str]] = []
         ups = [self.view.nodes[u] for u in self._upstreams if u in self.view.nodes]
         for up in ups:
-            for head in every.heads:
+            for head in heads:
                 model = next((m for m in up.models if m.name == head.name), None)
                 plans = split_plans(every, up, model, self.view, cfg) if model else []
                 cuts = list(dict.fromkeys(p.cut for p in plans))[:WARM_CUTS]
@@ -912,7 +912,10 @@ def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
                 service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
     """Head profiles priced at this node's real speed: :func:`head_factor` applied to
     every head latency and codec encode time (the profile as is when it is within 5%)."""
-    factor = head_factor(heads, card_ms, service_ms)
+    return _scaled(heads, head_factor(heads, card_ms, service_ms))
+
+
+def _scaled(heads: tuple[ModelView, ...], factor: float) -> tuple[ModelView, ...]:
     if not heads or abs(factor - 1.0) < 0.05:
         return heads
     return tuple(replace(h, splits=tuple(_slower(p, factor) for p in h.splits))
@@ -935,9 +938,8 @@ def head_factor(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
               if name in service_ms and ms > 0]
     ratios = ratios or [service_ms[key] / p.head_ms for h in heads for p in h.splits
                         if (key := head_key(h.name, p.cut)) in service_ms and p.head_ms > 0]
-    if not ratios or statistics.median(ratios) <= 0:
-        return 1.0
-    return _FACTOR_GRID ** round(math.log(statistics.median(ratios), _FACTOR_GRID))
+    median = statistics.median(ratios) if ratios else 0.0
+    return _FACTOR_GRID ** round(math.log(median, _FACTOR_GRID)) if median > 0 else 1.0
 
 
 _FACTOR_GRID = 1.02

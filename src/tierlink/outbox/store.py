@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
@@ -374,11 +374,9 @@ class Outbox:
                 "SELECT COUNT(*), COALESCE(SUM(length(payload)), 0) FROM items").fetchone()
         return int(n), int(size)
 
-    @contextmanager
-    def _transaction(self, sync: str) -> Iterator[None]:
+    def _transaction(self, sync: str) -> AbstractContextManager[None]:
         """One write transaction, committed with ``PRAGMA synchronous=<sync>``."""
-        with write_transaction(self._conn, sync):
-            yield
+        return write_transaction(self._conn, sync)
 
     def _guard(self, action: str) -> AbstractContextManager[None]:
         return mapped_errors(lambda message: OutboxError(

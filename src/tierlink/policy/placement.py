@@ -107,7 +107,6 @@ class TierlinkPolicy:
         # function's cache, dropped whenever a new snapshot arrives.
         self._memo_view: ClusterView | None = None
         self._memo: dict[tuple[object, ...], Estimate | None] = {}
-        self._memo_plans_view: ClusterView | None = None
         self._memo_plans: dict[tuple[object, ...], list[SplitEstimate]] = {}
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
@@ -180,12 +179,16 @@ class TierlinkPolicy:
         return Choice("split", est, node, None, up, None, None, best.total_ms - best.head_ms,
                       best.cut, best.codec, model.name)
 
+    def _use_view(self, view: ClusterView) -> None:
+        """Drop the memos when a new snapshot arrives (they hold for one view only)."""
+        if view is not self._memo_view:
+            self._memo_view, self._memo, self._memo_plans = view, {}, {}
+
     def _split_plans_memo(self, node: NodeView, up: NodeView, model: ModelView,
                           view: ClusterView) -> list[SplitEstimate]:
         """``split_plans`` cached for the current view (pricing every cut x codec is the
         dearest part of a plan: ~0.2 ms, ten times that on a 0.1-core device)."""
-        if view is not self._memo_plans_view:
-            self._memo_plans_view, self._memo_plans = view, {}
+        self._use_view(view)
         key = (node.node_id, up.node_id, model.name, model.version)
         if key not in self._memo_plans:
             self._memo_plans[key] = split_plans(node, up, model, view, self._cfg)
@@ -241,8 +244,7 @@ class TierlinkPolicy:
         cached valuation never claims an option fits a budget it does not fit."""
         if budget <= 0:
             return None
-        if view is not self._memo_view:
-            self._memo_view, self._memo = view, {}
+        self._use_view(view)
         grid = _BUDGET_GRID ** math.floor(math.log(budget, _BUDGET_GRID))
         key = (node_id, req.task, req.version, req.privacy, req.origin, req.input_bytes, hops,
                grid)
