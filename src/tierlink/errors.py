@@ -34,8 +34,9 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── NotEnrolled                 401: unknown or revoked node / bad enrollment token
     ├── RolloutError                409: a rollout cannot start or move (one already runs,
     │                               no such version, no nodes in the tier)
-    └── OutboxError                 the durable outbox cannot take an item (full with the
-                                    `refuse` policy, disk failing)
+    ├── OutboxError                 the durable outbox cannot take an item (full with the
+    │                               `refuse` policy, disk failing)
+    └── NoFreePort                  no loopback port could be reserved for a server to start
 """
 
 from __future__ import annotations
@@ -215,6 +216,11 @@ class OutboxError(TierlinkError):
     code = "outbox_error"
     http_status = 503
     hint = "the node's outbox is full or its disk fails; see tierlink_outbox_* metrics"
+
+
+class NoFreePort(TierlinkError):
+    code = "no_free_port"
+    hint = "too many ports below the kernel's ephemeral range are in use; stop old fleets"
 
 
 _BY_CODE: dict[str, type[TierlinkError]] = {}

@@ -4,7 +4,6 @@ exposition."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
+from tierlink.netports import pick_port
 from tierlink.zoo.datasets import Split
 
 from .integration_support import metric_sum, route, wait_for
@@ -23,12 +23,6 @@ from .integration_support import metric_sum, route, wait_for
 pytestmark = pytest.mark.integration
 
 TARGETS_UP_TIMEOUT_S = 40.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _hostport(url: str) -> str:
@@ -68,7 +62,7 @@ def prometheus(shared_fleet: RunningFleet, tmp_path: Path) -> Iterator[Prometheu
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
     config = tmp_path / "prometheus.yml"
     config.write_text(scrape_config(shared_fleet))
-    port = _free_port()
+    port = pick_port()
     log = tmp_path / "prometheus.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

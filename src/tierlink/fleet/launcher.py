@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 
 from tierlink.errors import TierlinkError
 from tierlink.fleet.config import FleetConfig, LinkConfig, NodeConfig
+from tierlink.netports import pick_port
 from tierlink.node.spec import ModelSource, NodeSpec, UpstreamSpec
 
 HOST = "127.0.0.1"
@@ -133,7 +133,7 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
     try:
         _start_control(fleet, ready_timeout_s)
         say(f"control plane at {fleet.control_url}")
-        ports = {n.node_id: _free_port() for n in config.nodes}
+        ports = {n.node_id: pick_port(HOST) for n in config.nodes}
         link_ports = _start_links(fleet, ports, ready_timeout_s)
         say(f"{len(link_ports)} emulated links up")
         _start_nodes(fleet, ports, link_ports, models)
@@ -285,9 +285,3 @@ def _wait_views(fleet: RunningFleet, timeout_s: float) -> None:
             time.sleep(0.1)
     if pending:
         raise LaunchError(f"nodes did not learn their upstreams in time: {sorted(pending)}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
