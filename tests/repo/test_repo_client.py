@@ -69,12 +69,12 @@ def test_error_answers_become_tierlink_errors(repo: RepositoryClient, artifact: 
 
 
 def test_an_unreachable_repository_is_a_control_plane_error() -> None:
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # bound, not listening: refused, and no one else can take it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with RepositoryClient(f"http://127.0.0.1:{port}", timeout_s=2) as client, \
-            pytest.raises(ControlPlaneError, match="cannot reach the repository"):
-        client.list_versions()
+        with RepositoryClient(f"http://127.0.0.1:{port}", timeout_s=2) as client, \
+                pytest.raises(ControlPlaneError, match="cannot reach the repository"):
+            client.list_versions()
 
 
 def _fetch(app: Any, artifact: Artifact, dest: Path) -> tuple[Path, Path]:

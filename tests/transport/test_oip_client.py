@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -105,9 +105,9 @@ def test_ready_and_metadata(oip_server) -> None:
     assert ready is True and meta["name"] == "echo"
 
 
-def test_ready_is_false_when_nobody_listens() -> None:
+def test_ready_is_false_when_nobody_listens(closed_port_url: str) -> None:
     async def scenario(client: OipClient) -> bool:
-        return await client.ready(closed_port_url())
+        return await client.ready(closed_port_url)
 
     assert run(scenario) is False
 
@@ -166,8 +166,8 @@ def test_hang_up_is_upstream_unavailable(oip_server) -> None:
     assert isinstance(err.__cause__, httpx.RemoteProtocolError)
 
 
-def test_connection_refused_is_upstream_unavailable() -> None:
-    url = closed_port_url()
+def test_connection_refused_is_upstream_unavailable(closed_port_url: str) -> None:
+    url = closed_port_url
     err = raised(lambda c: c.infer(url, "echo", {"x": IMAGE}))
     assert isinstance(err, UpstreamUnavailable) and err.http_status == 503
     assert err.details["url"] == f"{url}/v2/models/echo/infer"
@@ -274,9 +274,10 @@ def test_client_validates_its_configuration() -> None:
         OipClient(timeout_s=0)
 
 
-def closed_port_url() -> str:
-    """A loopback URL nothing listens on (bound then released; the kernel will refuse it)."""
+@pytest.fixture
+def closed_port_url() -> Iterator[str]:
+    """A loopback URL nothing listens on: the port stays bound (not listening) for the test,
+    so the kernel refuses connections and no other socket can take it meanwhile."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
