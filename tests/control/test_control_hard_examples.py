@@ -231,3 +231,30 @@ def test_client_posts_lists_and_exports(clock: Any) -> None:
     assert ack["stored"] == 1 and page["examples"][0]["label"] == 1
     with np.load(io.BytesIO(data)) as npz:
         assert npz["labels"].tolist() == [1]
+
+
+def test_an_authenticated_node_posts_only_its_own_hard_examples(tmp_path: Path) -> None:
+    from tierlink.control.identity import IdentityStore, bearer
+
+    db = tmp_path / "control.db"
+    registry, identity = SqliteRegistryStore(db), IdentityStore(db, "admin-token-0123456789")
+    secret = identity.enroll(identity.create_token(0.0), "dev-1", "device", 1.0)
+    dev1 = {"authorization": bearer("node", secret, "dev-1")}
+    admin = {"authorization": bearer("admin", "admin-token-0123456789")}
+    try:
+        with TestClient(create_app(registry, identity=identity)) as http:
+            forged = http.post("/v1/hard-examples", headers=dev1,
+                               json={"examples": [example("a"), example("b", node="dev-2")]})
+            assert forged.status_code == 403 and "dev-2" in forged.json()["error"]
+            assert forged.json()["code"] == "admin_required"
+            assert http.get("/v1/hard-examples", headers=admin).json()["examples"] == []
+            own = http.post("/v1/hard-examples", headers=dev1, json={"examples": [example("a")]})
+            assert own.json()["stored"] == 1
+            # An operator may post any node's (an import from elsewhere).
+            relayed = http.post("/v1/hard-examples", headers=admin,
+                                json={"examples": [example("c", node="dev-2")]})
+            assert relayed.json()["stored"] == 1
+            assert counters(http)[("tierlink_control_hard_examples_total", "rejected")] == 2
+    finally:
+        identity.close()
+        registry.close()

@@ -32,7 +32,8 @@ nodes route from their cached copy of ``GET /v1/nodes`` and keep going while it 
 Hard examples are inputs a node escalated for low confidence and whose privacy level lets
 them reach the control plane (the node decides; the store still refuses ``local`` ones).
 A malformed batch (e.g. a tensor whose bytes do not match its shape) is a 400 naming the
-field; a failing disk is a 503 and the registry keeps serving. Nodes with a state directory
+field; a failing disk is a 503 and the registry keeps serving; a node posting another node's
+examples is a 403 and nothing of that batch is stored. Nodes with a state directory
 deliver them through their outbox instead (``POST /v1/results``, kind ``hard_example``, one
 example per item): each is validated alone (a bad one is answered ``rejected``), must come
 from the node it names, and is stored once by idempotency key and by the store's own key.
@@ -71,7 +72,7 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
-from tierlink.control.identity import IdentityStore, authorize
+from tierlink.control.identity import NODE, AdminRequired, IdentityStore, authorize
 from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
 from tierlink.control.rollout_routes import install_rollout_routes
 from tierlink.control.rollouts import RolloutController, RolloutStore
@@ -217,9 +218,17 @@ class HardExampleService:
         self.clock = clock
         self.metrics = metrics
 
-    def add(self, body: bytes) -> AddResult:
-        """Validate and store one batch (``POST /v1/hard-examples``'s raw body)."""
+    def add(self, body: bytes, caller_node: str | None = None) -> AddResult:
+        """Validate and store one batch (``POST /v1/hard-examples``'s raw body).
+        ``caller_node``: the authenticated node that posted it (None for an operator or an
+        app without authentication); its batch may hold only its own examples, else the
+        whole batch is refused (:class:`AdminRequired`, 403) and nothing is stored."""
         batch = _parse_batch(body, self.metrics)
+        others = sorted({e.node_id for e in batch.examples} - {caller_node})
+        if caller_node is not None and others:
+            self.metrics.hard_examples.labels(outcome="rejected").inc(len(batch.examples))
+            raise AdminRequired(f"node {caller_node!r} may not post hard examples of {others}",
+                                hint="a node posts only its own hard examples (node_id = its id)")
         return self._store(batch.examples)
 
     def add_delivered(self, item: wire.WireItem, sender: str) -> bool:
@@ -486,7 +495,9 @@ def _install_hard_example_routes(app: FastAPI, examples: HardExampleService | No
     @app.post("/v1/hard-examples")
     async def post_examples(request: Request) -> dict[str, int]:
         body = await request.body()  # raw: validated by HardExampleBatch, 400 when bad
-        result = await asyncio.to_thread(need().add, body)  # decode + SQLite off the loop
+        caller = getattr(request.state, "caller", None)
+        node = caller.node_id if caller is not None and caller.kind == NODE else None
+        result = await asyncio.to_thread(need().add, body, node)  # decode + SQLite off the loop
         return {"stored": result.stored, "duplicates": result.duplicates,
                 "evicted": result.evicted}
 
