@@ -33,7 +33,8 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     │                               by a key this node does not trust
     ├── NotEnrolled                 401: unknown or revoked node / bad enrollment token
     ├── RolloutError                409: a rollout cannot start or move (one already runs,
-    │                               no such version, no nodes in the tier)
+    │   │                           no such version, no nodes in the tier)
+    │   └── RolloutNotFound         404: no rollout has that id (or no such action)
     ├── OutboxError                 the durable outbox cannot take an item (full with the
     │                               `refuse` policy, disk failing)
     └── NoFreePort                  no loopback port could be reserved for a server to start
@@ -210,6 +211,14 @@ class RolloutError(TierlinkError):
     code = "rollout_error"
     http_status = 409
     hint = "see `tierlink rollout status` for what is running"
+
+
+class RolloutNotFound(RolloutError):
+    """No rollout has that id (404)."""
+
+    code = "rollout_not_found"
+    http_status = 404
+    hint = "list the rollouts with `tierlink rollout status`"
 
 
 class OutboxError(TierlinkError):

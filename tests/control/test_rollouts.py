@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,9 @@ from prometheus_client import CollectorRegistry
 from rollout_support import MODEL, Behaviour, Sim, SimNode
 
 from tierlink.control.app import ControlMetrics, RegistryService
-from tierlink.control.rollouts import RolloutController, RolloutNotFound, RolloutStore
+from tierlink.control.rollouts import RolloutController, RolloutStore
 from tierlink.control.store import SqliteRegistryStore
-from tierlink.errors import ConfigError, RepositoryError, RolloutError
+from tierlink.errors import ConfigError, RepositoryError, RolloutError, RolloutNotFound
 
 FAST = {"soak_s": 10, "min_requests": 50, "deploy_timeout_s": 30}
 
@@ -268,3 +269,29 @@ def test_a_silent_tier_holds_the_rollout(env: Env) -> None:
     assert env.phase(rollout_id) == "deploying"
     assert env.controller.desired_for("edge-1") != {}  # still answered
     sim.run_until(lambda: env.phase(rollout_id) == "soaking", 5)
+
+
+def test_a_damaged_stored_rollout_is_skipped_and_the_others_go_on(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    good = {"2": Behaviour(accuracy=0.92)}
+    sim = env.sim(*two_edges(**good), SimNode("cloud-1", "1", tier="cloud", behaviours=good))
+    first = env.start()["id"]
+    sim.run_until(lambda: env.phase(first) == "promoted")
+    second = env.start(tier="cloud")["id"]
+    db = sqlite3.connect(env.db)
+    with db:
+        db.execute("UPDATE rollouts SET state = '{broken' WHERE id = ?", (first,))
+    db.close()
+    with caplog.at_level(logging.ERROR, logger="tierlink.control.rollouts"):
+        sim.run_until(lambda: env.phase(second) == "promoted")
+    said = [r for r in caplog.records if f"stored rollout {first} is damaged" in r.getMessage()]
+    assert len(said) == 1  # once, not every tick
+    # The damaged one stays as last published: its nodes keep what they were told.
+    assert env.controller.desired_for("edge-1") == {MODEL: {"version": "2", "weight": 1.0}}
+    assert env.controller.desired_for("cloud-1") == {MODEL: {"version": "2", "weight": 1.0}}
+    restarted, _ = _controller(env.db, env.registry, env.clock)  # a restart still starts
+    try:
+        assert restarted.desired_for("cloud-1") == {MODEL: {"version": "2", "weight": 1.0}}
+        assert restarted.desired_for("edge-1") == {}  # nothing published for it since
+    finally:
+        restarted.store.close()

@@ -25,9 +25,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from tierlink.control.rollouts import RolloutController, RolloutNotFound
+from tierlink.control.rollouts import RolloutController
 from tierlink.control.schemas import RolloutActionIn, RolloutIn
-from tierlink.errors import ControlPlaneError
+from tierlink.errors import ControlPlaneError, RolloutNotFound
 
 
 def install_rollout_routes(app: FastAPI, controller: RolloutController | None) -> None:

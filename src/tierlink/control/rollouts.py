@@ -50,7 +50,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tierlink.control.schemas import NodeRecord
 from tierlink.core.types import Tier
-from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, RolloutError
+from tierlink.errors import (
+    ConfigError,
+    ControlPlaneError,
+    InvalidRequest,
+    RolloutError,
+    RolloutNotFound,
+)
 from tierlink.rollout import (
     Assignment,
     Decision,
@@ -90,14 +96,6 @@ ACTIONS: dict[str, tuple[Action, str]] = {
 _LIST_LIMIT = 200
 _START_HINT = ("start the model's nodes first (`tierlink status` lists them); the name is the "
                "model name as `tierlink model list` shows it")
-
-
-class RolloutNotFound(RolloutError):
-    """No rollout has that id (404)."""
-
-    code = "rollout_not_found"
-    http_status = 404
-    hint = "list the rollouts with `tierlink rollout status`"
 
 
 # -- store --------------------------------------------------------------------------------
@@ -200,11 +198,14 @@ class RolloutStore:
         where, args = ("WHERE name = ?", (model,)) if model else ("", ())
         return self._select(f"{where} ORDER BY id DESC LIMIT ?", (*args, limit))
 
-    def current(self) -> list[StoredRollout]:
+    def current(self) -> tuple[list[StoredRollout], dict[int, str]]:
         """The latest rollout of every ``(model, tier)`` (every live one among them), oldest
-        first: what the nodes are told to serve."""
-        return self._select("WHERE id IN (SELECT MAX(id) FROM rollouts GROUP BY name, tier)"
-                            " ORDER BY id", ())
+        first: what the nodes are told to serve; and the rows among them that cannot be
+        decoded (id -> why), left out so that one damaged row does not stop the others."""
+        damaged: dict[int, str] = {}
+        rows = self._select("WHERE id IN (SELECT MAX(id) FROM rollouts GROUP BY name, tier)"
+                            " ORDER BY id", (), damaged)
+        return rows, damaged
 
     def transitions(self, rollout_id: int) -> list[dict[str, Any]]:
         """Every transition of the rollout, in order: ``{at, from, to, stage, reason,
@@ -240,11 +241,22 @@ class RolloutStore:
               t.reason, json.dumps([v.to_dict() for v in t.verdicts]))
              for i, t in enumerate(new)])
 
-    def _select(self, tail: str, args: Sequence[Any]) -> list[StoredRollout]:
+    def _select(self, tail: str, args: Sequence[Any],
+                damaged: dict[int, str] | None = None) -> list[StoredRollout]:
+        """Decoded rows; a damaged one raises ``ConfigError``, or with ``damaged`` given is
+        left out and noted there (id -> why)."""
         with self._lock, self._guard("read rollouts"):
             rows = self._conn.execute(f"SELECT {_COLUMNS} FROM rollouts {tail}",
                                       tuple(args)).fetchall()
-        return [_decode(row) for row in rows]
+        decoded = []
+        for row in rows:
+            try:
+                decoded.append(_decode(row))
+            except ConfigError as exc:
+                if damaged is None:
+                    raise
+                damaged[int(row[0])] = exc.message
+        return decoded
 
     def _guard(self, action: str) -> Any:
         return _sqlite_errors(self.path, action)
@@ -378,8 +390,10 @@ class RolloutController:
         self._lock = threading.Lock()
         self._reported: set[str] = set()
         # Resume where the store left off: nodes keep their assignments across a restart.
+        current, damaged = store.current()
+        self._report_damaged(damaged)
         self._published = {r.id: _Published(r.spec.name, r.spec.tier.label, r.assignments)
-                           for r in store.current()}
+                           for r in current}
         self._desired = _desired(self._published.values())
 
     # -- the heartbeat answer --------------------------------------------------------------
@@ -418,16 +432,20 @@ class RolloutController:
 
     def tick(self) -> None:
         """One round: step every live rollout on the current fleet, persist what changed,
-        refresh what every node should serve (finished rollouts included)."""
+        refresh what every node should serve (finished rollouts included).
+        A damaged stored rollout is left as it was last published (nodes keep serving what
+        they were told) and reported once; the others go on."""
         with self._lock:
-            current = self.store.current()
+            current, damaged = self.store.current()
+            self._report_damaged(damaged)
+            kept = {i: self._published[i] for i in damaged if i in self._published}
             if not current:
-                self._published, self._desired = {}, {}
+                self._published, self._desired = kept, _desired(kept.values())
                 return
             now, records = self.clock(), self._alive()
-            published = {r.id: _Published(r.spec.name, r.spec.tier.label,
-                                          self._tick_one(r, records, now))
-                         for r in current}
+            published = {**kept, **{r.id: _Published(r.spec.name, r.spec.tier.label,
+                                                     self._tick_one(r, records, now))
+                                    for r in current}}
             self._published, self._desired = published, _desired(published.values())
 
     def _tick_one(self, rollout: StoredRollout, records: Sequence[NodeRecord],
@@ -515,6 +533,12 @@ class RolloutController:
 
     def _alive(self) -> list[NodeRecord]:
         return self.registry.alive()[1]
+
+    def _report_damaged(self, damaged: Mapping[int, str]) -> None:
+        for rollout_id, why in damaged.items():
+            if f"rollout {rollout_id}" not in self._reported:  # once, not every second
+                self._reported.add(f"rollout {rollout_id}")
+                log.error("%s; it is skipped, the other rollouts go on", why)
 
     def _snapshot(self, records: Sequence[NodeRecord], spec: RolloutSpec,
                   now: float) -> FleetSnapshot:
