@@ -164,3 +164,38 @@ def test_relayed_items_reach_the_control_plane_with_their_chain(edge: Edge) -> N
     assert delivered["from"] == "edge-1"
     assert delivered["items"][0]["chain"] == ["dev-1"]
     assert str(edge.control.requests[0].url) == "http://control.test:7000/v1/results"
+
+
+def test_a_relay_keeps_an_item_for_what_it_had_left_not_a_fresh_ttl(edge: Edge) -> None:
+    now, own = edge.control.clock(), edge.uplink.outbox.default_ttl_s
+    sent = batch(item("dev-1:1", ttl_s=30.0), item("dev-1:2"), item("dev-1:3", ttl_s=10 * own))
+    with TestClient(edge.app) as client:
+        assert statuses(client.post(INBOX_PATH, json=sent)) == ["ok", "ok", "ok"]
+    expires = {i.key: i.expires_at - now
+               for i in edge.uplink.outbox.due(CONTROL, now + 1, 100)}
+    # The remainder; the relay's own TTL when the sender says nothing, and at most that.
+    assert expires == {"dev-1:1": pytest.approx(30.0), "dev-1:2": pytest.approx(own),
+                       "dev-1:3": pytest.approx(own)}
+
+
+def test_a_bad_or_spent_ttl_is_rejected_alone(edge: Edge) -> None:
+    sent = batch(item("dev-1:1", ttl_s="soon"), item("dev-1:2", ttl_s=0),
+                 item("dev-1:3", ttl_s=True), item("dev-1:4", ttl_s=5.5))
+    with TestClient(edge.app) as client:
+        response = client.post(INBOX_PATH, json=sent)
+    assert statuses(response) == ["rejected", "rejected", "rejected", "ok"]
+    details = [a["detail"] for a in response.json()["acks"]]
+    assert details[0].startswith("items[0].ttl_s: expected the seconds")
+    assert "expired before it arrived" in details[1]
+    assert [r["key"] for r in edge.relayed()] == ["dev-1:4"]
+
+
+def test_a_sender_tells_each_item_s_remaining_ttl(edge: Edge) -> None:
+    edge.deliver = True
+    with TestClient(edge.app) as client:
+        assert statuses(client.post(INBOX_PATH, json=batch(item("dev-1:1", ttl_s=42.0)))) \
+            == ["ok"]
+        deadline = time.monotonic() + 10
+        while not edge.control.applied and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert edge.control.bodies[0]["items"][0]["ttl_s"] == pytest.approx(42.0, abs=0.01)

@@ -38,7 +38,8 @@ def test_delivers_in_order_in_the_wire_format(tmp_path: Path) -> None:
     body = upstream.bodies[0]
     assert body["from"] == "dev-1" and len(body["items"]) == 4  # batches of `batch`
     assert body["items"][0] == {"key": "dev-1:0", "kind": "result", "payload": {"i": 0},
-                                "created_at": upstream.clock(), "chain": []}
+                                "created_at": upstream.clock(), "chain": [],
+                                "ttl_s": UplinkConfig().ttl_s}  # nothing spent yet
 
 
 def test_the_control_plane_gets_the_nodes_authorization(tmp_path: Path) -> None:

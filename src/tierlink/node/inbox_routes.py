@@ -101,8 +101,10 @@ class InboxReceiver:
                 (item.kind, self.relay_to):  # a key reused for something else
             raise _Refused(f"key {item.key} is waiting here as a {waiting.kind!r} item; "
                            "use a fresh key for a different item")
+        # At most what it had left at the sender: its life is its origin's TTL.
+        ttl = None if item.ttl_s is None else min(item.ttl_s, self.uplink.outbox.default_ttl_s)
         self.uplink.enqueue(item.kind, item.key, item.payload, self.relay_to,
-                            chain=item.path(sender), created_at=item.created_at)
+                            chain=item.path(sender), created_at=item.created_at, ttl_s=ttl)
         return b"relayed"
 
     def _count(self, acks: Sequence[Ack]) -> None:

@@ -368,7 +368,8 @@ class Uplink:
                               f"({'not started' if url else 'no address for it'})")
         headers = {"content-type": "application/json", **self._headers.get(destination, {})}
         try:
-            response = await self._client.post(url, content=wire.encode_batch(self.node_id, items),
+            response = await self._client.post(url, content=wire.encode_batch(self.node_id, items,
+                                                                         self._clock()),
                                                headers=headers)
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"{destination} ({url}) did not answer in "

@@ -5,7 +5,8 @@ One format for every hop (device -> edge ``POST /tierlink/v1/inbox``, node -> co
 
     request   {"from": "dev-1",
                "items": [{"key": "dev-1:42", "kind": "result", "payload": {...},
-                          "created_at": 1733140000.5, "chain": []}, ...]}
+                          "created_at": 1733140000.5, "chain": [], "ttl_s": 86390.2},
+                         ...]}
     answer    200 {"acks": [{"key": "dev-1:42", "status": "ok", "detail": ""}, ...]}
 
 * ``from``: the node sending this batch (one hop). ``chain``: the nodes the item passed
@@ -16,6 +17,10 @@ One format for every hop (device -> edge ``POST /tierlink/v1/inbox``, node -> co
   :class:`~tierlink.outbox.inbox.Inbox`) and answers a repeat ``duplicate``.
 * ``payload``: any JSON value, the item's content; ``created_at``: epoch seconds at the
   origin (kept across relays).
+* ``ttl_s`` (optional): the seconds the item had left at the sender when it sent the batch.
+  A relay keeps the item for at most that long (and at most its own TTL), so an item's life
+  is its origin's TTL however many hops it takes; relative, so the nodes' clocks need not
+  agree. Without it a relay uses its own TTL.
 * ``status`` (see :class:`~tierlink.outbox.delivery.AckStatus`): ``ok``, ``duplicate``,
   ``rejected`` (never accepted: the sender drops it), ``retry`` (transient, in order).
 
@@ -25,7 +30,7 @@ How a receiver reads a batch (:func:`parse_batch`):
   an item that is not an object or has no usable ``key``) raises
   :class:`~tierlink.errors.InvalidRequest`: answer 400 and apply **nothing** of it;
 * an item it can identify by key but not accept (bad ``kind``, no ``payload``, bad
-  ``created_at`` or ``chain``) becomes a :class:`Rejected` entry: answer ``rejected`` for it
+  ``created_at``, ``chain`` or ``ttl_s``, or ``ttl_s`` spent in transit) becomes a :class:`Rejected` entry: answer ``rejected`` for it
   and apply the others.
 
 The outbox row of an item (:func:`pack` / :func:`encode_batch`) is its JSON *envelope*
@@ -64,6 +69,7 @@ class WireItem:
     payload: Any  # JSON value
     created_at: float  # epoch s at the origin
     chain: tuple[str, ...] = ()  # nodes before the batch's sender, oldest first
+    ttl_s: float | None = None  # seconds it had left at the sender; None: not said
 
     def path(self, sender: str) -> tuple[str, ...]:
         """Every node the item passed through, its origin first."""
@@ -94,9 +100,11 @@ def pack(payload: Any, created_at: float, chain: Sequence[str] = ()) -> bytes:
                       separators=(",", ":"), allow_nan=False).encode()
 
 
-def encode_batch(sender: str, items: Sequence[Item]) -> bytes:
-    """The request body for outbox ``items`` (rows whose payload is a :func:`pack` envelope)."""
-    wire = [{"key": item.key, "kind": item.kind, **json.loads(item.payload)} for item in items]
+def encode_batch(sender: str, items: Sequence[Item], now: float) -> bytes:
+    """The request body for outbox ``items`` (rows whose payload is a :func:`pack` envelope),
+    each with the ``ttl_s`` it has left at ``now`` (epoch s, the sender's clock)."""
+    wire = [{"key": item.key, "kind": item.kind, **json.loads(item.payload),
+             "ttl_s": round(item.expires_at - now, 3)} for item in items]
     return json.dumps({"from": sender, "items": wire}, separators=(",", ":")).encode()
 
 
@@ -160,8 +168,9 @@ def _entry(index: int, raw: Any) -> WireItem | Rejected:
     problem = _item_problem(raw)
     if problem is not None:
         return Rejected(key, f"items[{index}].{problem}")
+    ttl = raw.get("ttl_s")
     return WireItem(key, raw["kind"], raw["payload"], float(raw["created_at"]),
-                    tuple(raw.get("chain") or ()))
+                    tuple(raw.get("chain") or ()), None if ttl is None else float(ttl))
 
 
 def _item_problem(raw: Mapping[str, Any]) -> str | None:
@@ -181,6 +190,12 @@ def _item_problem(raw: Mapping[str, Any]) -> str | None:
             not all(isinstance(n, str) and n for n in chain):
         return (f"chain: expected a list of at most {MAX_CHAIN} node ids, got "
                 f"{_short(chain)}")
+    ttl = raw.get("ttl_s")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
+                            or not math.isfinite(ttl)):
+        return f"ttl_s: expected the seconds the item has left (a number), got {_short(ttl)}"
+    if ttl is not None and ttl <= 0:
+        return f"ttl_s: the item expired before it arrived ({ttl} s left at the sender)"
     return None
 
 
