@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from tierlink.control.identity import IdentityStore, bearer
 from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
+from tierlink.errors import ConfigError
 from tierlink.outbox import AckStatus, wire
 
 ADMIN = "admin-token-0123456789"
@@ -143,3 +144,45 @@ def test_on_the_control_app_a_node_posts_only_its_own_batches(tmp_path: Path) ->
     finally:
         identity.close()
         registry.close()
+
+
+def test_the_store_keeps_the_latest_max_rows_and_counts_evictions(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path / "control.db", max_rows=3, clock=lambda: 1_733_140_000.0)
+    app, metrics = FastAPI(), ResultMetrics()
+    install_result_routes(app, store, metrics=metrics)
+    try:
+        with TestClient(app) as http:
+            http.post("/v1/results", json=batch(item("k1"), item("k2")))
+            answer = http.post("/v1/results", json=batch(item("k3"), item("k4"), item("k5")))
+            assert [a["status"] for a in answer.json()["acks"]] == ["ok"] * 3
+            kept = http.get("/v1/results").json()["results"]
+            assert [r["key"] for r in kept] == ["k3", "k4", "k5"]
+            assert http.get("/v1/results/k1").status_code == 404
+            # An evicted key is still remembered: a late replay is not stored again.
+            replay = http.post("/v1/results", json=batch(item("k1")))
+            assert [a["status"] for a in replay.json()["acks"]] == ["duplicate"]
+        assert metrics.registry.get_sample_value("tierlink_control_results_total",
+                                                 {"outcome": "evicted"}) == 2
+        assert store.count() == 3
+    finally:
+        store.close()
+
+
+def test_stored_items_past_the_retention_are_dropped(tmp_path: Path) -> None:
+    now = [1_733_140_000.0]
+    store = ResultStore(tmp_path / "control.db", retention_s=3600.0, clock=lambda: now[0])
+    try:
+        store.add(wire.parse_batch(json.dumps(batch(item("old"))).encode()))
+        now[0] += 2 * 3600.0  # past the retention and the prune interval
+        store.add(wire.parse_batch(json.dumps(batch(item("new"))).encode()))
+        assert [r.key for r in store.page()] == ["new"]
+        assert store.take_evicted() == 1 and store.take_evicted() == 0
+    finally:
+        store.close()
+
+
+def test_a_result_store_needs_a_positive_cap_and_retention(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="max_rows >= 1"):
+        ResultStore(tmp_path / "a.db", max_rows=0)
+    with pytest.raises(ConfigError, match="retention_s > 0"):
+        ResultStore(tmp_path / "b.db", retention_s=0)

@@ -73,6 +73,7 @@ from prometheus_client import (
 from pydantic import ValidationError
 
 from tierlink.control.identity import NODE, AdminRequired, IdentityStore, authorize
+from tierlink.control.results import DEFAULT_MAX_ROWS as DEFAULT_RESULT_ROWS
 from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
 from tierlink.control.rollout_routes import install_rollout_routes
 from tierlink.control.rollouts import RolloutController, RolloutStore
@@ -300,6 +301,7 @@ def create_app(
     sweep_interval_s: float = 1.0,
     hard_examples: HardExampleStore | None = None,
     hard_example_max_rows: int = 50_000,
+    result_max_rows: int = DEFAULT_RESULT_ROWS,
     identity: IdentityStore | None = None,
     repository: RepositoryService | None = None,
     rollouts: bool = True,
@@ -311,7 +313,8 @@ def create_app(
 
     ``hard_examples``: where hard examples go (owned by the caller). When None and ``store``
     is SQLite, the app opens a :class:`SqliteHardExampleStore` on the same file, capped at
-    ``hard_example_max_rows``, and closes it when its lifespan ends.
+    ``hard_example_max_rows``, and closes it when its lifespan ends; likewise the result
+    store of store-and-forward (:class:`ResultStore`), capped at ``result_max_rows``.
 
     ``identity``: when given, calls are authenticated (see the module docstring); the caller
     owns it. None: an open registry (unit tests, a trusted loopback).
@@ -345,7 +348,7 @@ def create_app(
         owned.append(controller.store.close)
     results = None
     if isinstance(store, SqliteRegistryStore):  # store-and-forward results (control/results.py)
-        results = ResultStore(store.path, clock=clock)
+        results = ResultStore(store.path, max_rows=result_max_rows, clock=clock)
         owned.append(results.close)
     lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned)
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)

@@ -13,6 +13,10 @@ other item kind nodes deliver to it), stored once per idempotency key; kinds wit
 A stored item: ``{"seq", "key", "kind", "origin", "chain", "sender", "payload",
 "created_at", "received_at"}`` — ``chain`` is every node it passed through (origin first,
 ``sender`` last), ``created_at`` the origin's time, ``received_at`` the control plane's.
+Stored items are kept ``retention_s`` (seven days by default: the time a client has to
+fetch a result) and at most ``max_rows`` of them (the latest arrivals; older ones are
+evicted as new ones come), so the control plane's disk is bounded; evictions are counted
+in ``tierlink_control_results_total{outcome="evicted"}``.
 
 Exactly once: the key is recorded by an :class:`~tierlink.outbox.Inbox` on the *same*
 SQLite file, in the same transaction as the row (:meth:`Inbox.record`), committed with
@@ -67,7 +71,8 @@ log = logging.getLogger("tierlink.control.results")
 MAX_BODY_BYTES = 64 * 2**20
 MAX_PAGE = 1000
 PRUNE_EVERY_S = 3600.0
-OUTCOMES = ("stored", "duplicate", "rejected")
+DEFAULT_MAX_ROWS = 200_000
+OUTCOMES = ("stored", "duplicate", "rejected", "evicted")
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS async_results (
@@ -128,9 +133,16 @@ class ResultStore:
     ``path`` may be the control plane's own database file (one table and the inbox's)."""
 
     def __init__(self, path: str | Path, *, retention_s: float = DEFAULT_RETENTION_S,
+                 max_rows: int = DEFAULT_MAX_ROWS,
                  clock: Callable[[], float] = time.time) -> None:
+        if max_rows < 1 or not retention_s > 0:
+            raise ConfigError(f"the result store needs max_rows >= 1 and retention_s > 0, got "
+                              f"{max_rows} and {retention_s}")
         self.path = str(path)
+        self.retention_s = float(retention_s)
+        self.max_rows = int(max_rows)
         self._clock = clock
+        self._evicted = 0  # since the last take_evicted()
         self._inbox = Inbox(self.path, retention_s=retention_s, clock=clock)
         self._lock = threading.Lock()
         self._last_prune = float("-inf")
@@ -162,6 +174,7 @@ class ResultStore:
                 for i, entry in enumerate(batch.entries):
                     if i not in handed:
                         acks[i] = self._ack(batch.sender, entry, now)
+                self._evict_over_cap()
         for i, item in handed.items():  # outside the transaction: handlers write elsewhere
             acks[i] = self._hand_off(batch.sender, item, handlers[item.kind])
         self._maybe_prune(now)
@@ -185,6 +198,12 @@ class ResultStore:
         with self._lock, self._guard("count results"):
             (n,) = self._conn.execute("SELECT COUNT(*) FROM async_results").fetchone()
         return int(n)
+
+    def take_evicted(self) -> int:
+        """Items evicted (over the row cap or past the retention) since the last call."""
+        with self._lock:
+            n, self._evicted = self._evicted, 0
+        return n
 
     def close(self) -> None:
         with self._lock:
@@ -225,11 +244,30 @@ class ResultStore:
              json.dumps(item.payload, separators=(",", ":")), item.created_at, now))
         return cur.rowcount == 1
 
+    def _evict_over_cap(self) -> None:
+        """Inside the open transaction: drop the oldest arrivals beyond ``max_rows`` (by
+        ``seq``, the primary key: no count of the table)."""
+        cur = self._conn.execute(
+            "DELETE FROM async_results WHERE seq <= (SELECT MAX(seq) FROM async_results) - ?",
+            (self.max_rows,))
+        self._note_evicted(cur.rowcount, f"over the cap of {self.max_rows}")
+
     def _maybe_prune(self, now: float) -> None:
-        """Forget old inbox keys now and then (record-only inboxes do not prune alone)."""
-        if now - self._last_prune >= PRUNE_EVERY_S:
-            self._last_prune = now
-            self._inbox.prune(now)
+        """Now and then: forget old inbox keys (record-only inboxes do not prune alone) and
+        drop stored items past the retention."""
+        if now - self._last_prune < PRUNE_EVERY_S:
+            return
+        self._last_prune = now
+        self._inbox.prune(now)
+        with self._lock, self._transaction():
+            cur = self._conn.execute("DELETE FROM async_results WHERE received_at < ?",
+                                     (now - self.retention_s,))
+            self._note_evicted(cur.rowcount, f"older than {self.retention_s:g} s")
+
+    def _note_evicted(self, n: int, why: str) -> None:
+        if n > 0:
+            self._evicted += n
+            log.info("result store: evicted %d stored item(s) %s", n, why)
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -261,7 +299,8 @@ class ResultMetrics:
         self.results = Counter(
             "tierlink_control_results_total",
             "Delivered items (async results, ...) by outcome: stored, duplicate (a replay, "
-            "stored once), rejected (an item or a whole batch that could not be read)",
+            "stored once), rejected (an item or a whole batch that could not be read), "
+            "evicted (a stored item dropped: over the row cap or past the retention)",
             ["outcome"], registry=self.registry)
         self.stored = Gauge("tierlink_control_results_stored", "Delivered items stored now",
                             registry=self.registry)
@@ -333,6 +372,7 @@ async def _receive(request: Request, store: ResultStore, metrics: ResultMetrics,
     _check_sender(request, batch.sender)
     acks = await asyncio.to_thread(store.add, batch, handlers)  # fsync: off the event loop
     metrics.count(acks)
+    metrics.results.labels("evicted").inc(store.take_evicted())
     return JSONResponse(wire.encode_acks(acks))
 
 

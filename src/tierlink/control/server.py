@@ -40,6 +40,7 @@ def run_control(
     open_registry: bool = False,
     repo_dir: Path | None = None,
     trusted_publishers: tuple[str, ...] = (),
+    result_rows: int = 200_000,
 ) -> None:
     """Serve the registry on ``host:port`` (0: any free port) until SIGTERM/SIGINT.
 
@@ -76,7 +77,8 @@ def run_control(
                 identity = IdentityStore(db_path, load_or_create_admin_token(token_file))
                 log.info("admin token in %s; nodes must enroll", token_file)
             app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
-                             identity=identity, repository=repository)
+                             result_max_rows=result_rows, identity=identity,
+                             repository=repository)
             _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
         finally:
             if identity is not None:
@@ -160,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help='write {"port": N} here once listening')
     parser.add_argument("--hard-example-rows", type=int, default=50_000,
                         help="keep at most this many hard examples (oldest evicted)")
+    parser.add_argument("--result-rows", type=int, default=200_000,
+                        help="keep at most this many delivered results (oldest evicted; "
+                             "each is kept at most seven days)")
     parser.add_argument("--admin-token-file", type=Path, default=None,
                         help="the operators' token (created 0600 if absent; default "
                              "<db>.admin-token)")
@@ -179,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_control(args.host, args.port, args.db, args.ttl, args.ready_file,
                     args.hard_example_rows, args.admin_token_file, args.open,
-                    args.repo_dir, tuple(args.trusted_key))
+                    args.repo_dir, tuple(args.trusted_key), args.result_rows)
     except TierlinkError as exc:
         log.error("%s", exc)
         return 2
