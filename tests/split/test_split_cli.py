@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from tierlink.cli.split import app
 from tierlink.zoo import ensure_zoo
 
+EXAMPLE_FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 MODEL = "fmnist-small"
 CUT = "/12/MaxPool_output_0"
 
@@ -47,3 +49,32 @@ def test_bad_model_cut_and_codec_exit_2():
     assert bad_cut.exit_code == 2 and "nope" in bad_cut.output
     bad_codec = runner.invoke(app, ["codecs", MODEL, "--profile", "test", "--codec", "lz4"])
     assert bad_codec.exit_code == 2 and "lz4" in bad_codec.output
+
+
+def test_codecs_write_their_measured_loss_into_the_fleet_file(tmp_path):
+    from tierlink.fleet.config import load_fleet
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(EXAMPLE_FLEET.read_text())
+    result = CliRunner().invoke(app, [
+        "codecs", MODEL, "--profile", "test", "--samples", "60", "--cut", CUT,
+        "--codec", "fp32", "--codec", "int8", "--codec", "topk:0.1", "--json",
+        "--write", str(fleet)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    int8 = next(r for r in doc["rows"] if r["codec"] == "int8")
+    assert doc["losses"] == {"int8": round(100 * (1 - int8["agreement"]), 3)}  # priced only
+    assert doc["written"] == str(fleet)
+    assert dict(load_fleet(fleet).routing.split_codec_loss) == doc["losses"]
+    assert "measured on fmnist-small" in fleet.read_text()
+
+
+def test_codec_losses_take_each_codec_s_worst_cut():
+    from tierlink.cli.split import codec_losses
+
+    rows = [{"codec": "int8", "agreement": 0.999, "delta_pt": 0.0},
+            {"codec": "int8", "agreement": 0.99, "delta_pt": -0.4},
+            {"codec": "fp16", "agreement": 1.0, "delta_pt": -0.2},
+            {"codec": "fp32", "agreement": 1.0, "delta_pt": 0.0},
+            {"codec": "thr:0.5", "agreement": 0.5, "delta_pt": -30.0}]
+    assert codec_losses(rows) == {"int8": 1.0, "fp16": 0.2}

@@ -4,5 +4,5 @@ A cascade runs the cheapest model first and escalates an input to the next tier 
 model's calibrated confidence is below that tier's threshold. :mod:`tierlink.cascade.tune`
 (pure numpy) evaluates and tunes thresholds on per-stage confidence/correctness arrays;
 :mod:`tierlink.cascade.stages` builds those arrays from zoo models on a dataset split;
-:mod:`tierlink.cascade.fleetfile` writes tuned thresholds into a fleet YAML file.
+:mod:`tierlink.fleet.fleetfile` writes tuned thresholds into a fleet YAML file.
 """

@@ -37,7 +37,7 @@ def tune_cmd(
 ) -> None:
     """Choose per-tier confidence thresholds on the calibration split, check them on the
     test split, and write them into the fleet file's routing.thresholds."""
-    from tierlink.cascade.fleetfile import write_thresholds
+    from tierlink.fleet.fleetfile import write_thresholds
 
     try:
         goal = _goal(accuracy_drop, accuracy_floor, max_escalation, cost_share, prefer)

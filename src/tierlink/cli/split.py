@@ -4,7 +4,9 @@
 ``codecs MODEL``: for each cut and codec, on real test-split images pushed one at a time
 through head -> encode -> decode -> tail (batch 1, as a device sends them): payload size and
 ratio to fp32, encode / decode time per sample, test accuracy against the whole model and
-top-1 agreement with it.
+top-1 agreement with it. ``--write FLEET_FILE`` puts what each codec the policy prices
+costs (its worst cut's points of changed answers, see :func:`codec_losses`) into the fleet
+file's ``routing.split_codec_loss``, as ``tierlink cascade tune`` does with thresholds.
 
 MODEL is a path to an ``.onnx`` file or a zoo model name (``fmnist-large``; ``--profile``).
 The lead registers ``app`` as ``tierlink split``.
@@ -92,9 +94,13 @@ def codecs(
                              "else fmnist)"),
     profile: str = typer.Option("full", help="zoo profile for a model name: full | test"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    write: Path | None = typer.Option(None, "--write", metavar="FLEET_FILE",
+                                      help="write each codec's measured loss into this fleet "
+                                           "file's routing.split_codec_loss"),
 ) -> None:
     """Compression ratio, encode/decode time and accuracy impact of each codec at each cut,
     on real test images."""
+    from tierlink.fleet.fleetfile import write_codec_losses
     from tierlink.split.codecs import DEFAULT_SPECS, get_codec
 
     try:
@@ -102,13 +108,39 @@ def codecs(
         specs = [get_codec(s).spec for s in (codec or DEFAULT_SPECS)]
         doc = codec_report(path, task or zoo_task, specs, cuts=cut or None, samples=samples,
                            progress=not as_json)
+        doc["model"] = model
+        doc["losses"] = codec_losses(doc["rows"])
+        if write is not None:
+            if not doc["losses"]:
+                raise SplitError("none of the measured codecs is one the policy prices",
+                                 hint="measure fp16, int8 or int8+zstd (--codec)")
+            write_codec_losses(write, doc["losses"],
+                               comment=f"measured on {model} by tierlink split codecs")
     except TierlinkError as exc:
         fail(exc)
-    doc["model"] = model
+    doc["written"] = None if write is None else str(write)
     if as_json:
         print(json.dumps(doc, indent=2))
-    else:
-        _print_report(doc)
+        return
+    _print_report(doc)
+    if write is not None:
+        console.print(f"wrote routing.split_codec_loss {doc['losses']} into {write}")
+
+
+def codec_losses(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """What ``routing.split_codec_loss`` should say of each codec the policy prices (the
+    lossless fp32 excepted): the points of test answers it changed at its worst measured cut
+    (top-1 disagreement with the whole model, or the accuracy it lost if that is more), an
+    upper bound on the accuracy it can cost. Codecs the policy does not price are left out."""
+    from tierlink.estimate.split import DEFAULT_CODECS
+
+    priced = {c.spec for c in DEFAULT_CODECS if c.spec != "fp32"}
+    losses: dict[str, float] = {}
+    for r in rows:
+        if r["codec"] in priced:
+            loss = max(100.0 * (1.0 - r["agreement"]), -r["delta_pt"], 0.0)
+            losses[r["codec"]] = round(max(loss, losses.get(r["codec"], 0.0)), 3)
+    return losses
 
 
 

@@ -1,4 +1,6 @@
-"""Write tuned thresholds into a fleet YAML file, keeping everything else as written.
+"""Write measured settings into a fleet YAML file, keeping everything else as written:
+tuned cascade thresholds (``tierlink cascade tune``) and measured feature-codec losses
+(``tierlink split codecs --write``).
 
 Uses ruamel.yaml's round-trip mode, so comments, key order and flow style survive (only
 the padding inside flow mappings is normalised to one space); the
@@ -21,6 +23,21 @@ def write_thresholds(path: Path, thresholds: Mapping[str, float],
                      comment: str | None = None) -> str:
     """Set ``routing.thresholds[model] = value`` for each entry (other models' thresholds
     are kept); returns the new file text."""
+    return update_routing(path, "thresholds", thresholds, comment)
+
+
+def write_codec_losses(path: Path, losses: Mapping[str, float],
+                       comment: str | None = None) -> str:
+    """Set ``routing.split_codec_loss[codec] = points`` for each entry (other codecs'
+    figures are kept); returns the new file text."""
+    return update_routing(path, "split_codec_loss", losses, comment)
+
+
+def update_routing(path: Path, key: str, values: Mapping[str, float],
+                   comment: str | None = None) -> str:
+    """Set ``routing.<key>[name] = value`` (a flow mapping of numbers, rounded to 4 places)
+    for each entry, keeping the other entries and the rest of the file; validated, then
+    written atomically. Returns the new file text."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
 
@@ -37,15 +54,15 @@ def write_thresholds(path: Path, thresholds: Mapping[str, float],
     if not isinstance(data, dict):
         raise ConfigError(f"fleet file {path} is not a YAML mapping")
     routing = data.setdefault("routing", CommentedMap())
-    current = routing.get("thresholds")
+    current = routing.get(key)
     if not isinstance(current, dict):
         current = CommentedMap()
         current.fa.set_flow_style()
-        routing["thresholds"] = current
-    for model, value in thresholds.items():
-        current[model] = round(float(value), 4)
+        routing[key] = current
+    for name, value in values.items():
+        current[name] = round(float(value), 4)
     if comment:
-        routing.yaml_add_eol_comment(comment, "thresholds")
+        routing.yaml_add_eol_comment(comment, key)
     out = io.StringIO()
     yaml.dump(data, out)
     text = out.getvalue()

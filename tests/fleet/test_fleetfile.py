@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from tierlink.cascade.fleetfile import write_thresholds
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import load_fleet
+from tierlink.fleet.fleetfile import write_thresholds
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 
