@@ -242,3 +242,52 @@ def test_metrics_and_status_read_the_outbox(tmp_path: Path) -> None:
         generate_latest(metrics.registry)  # a closed outbox reads NaN, the scrape works
 
     asyncio.run(main())
+
+
+def test_a_dead_parent_hands_the_line_to_the_next_upstream(tmp_path: Path) -> None:
+    import random
+
+    import httpx
+
+    clock = FakeClock()
+    edges = {"edge-1.test": FakeUpstream(clock), "edge-2.test": FakeUpstream(clock)}
+    edges["edge-1.test"].down = True
+
+    def route(request: httpx.Request) -> httpx.Response:
+        return edges[request.url.host].handle(request)
+
+    async def main() -> None:
+        uplink = Uplink("dev-1", tmp_path, parent_url="http://edge-1.test:8001",
+                        fallback_urls=["http://edge-2.test:8002/"], clock=clock,
+                        sleep=clock.sleep, rng=random.Random(0),
+                        transport=httpx.MockTransport(route))
+        assert uplink.status()["parents"] == ["http://edge-1.test:8001/tierlink/v1/inbox",
+                                              "http://edge-2.test:8002/tierlink/v1/inbox"]
+        keys = [(await uplink.put("result", f"dev-1:{i}", {"i": i})).key for i in range(3)]
+        uplink.start()
+        await until(lambda: edges["edge-2.test"].applied == keys)
+        assert uplink.parent_url == "http://edge-2.test:8002/tierlink/v1/inbox"  # it stays
+        edges["edge-1.test"].down = False
+        await uplink.put("result", "dev-1:3", {"i": 3})
+        await until(lambda: len(edges["edge-2.test"].applied) == 4)
+        assert uplink.state(PARENT).state == "up"
+        await uplink.stop()
+
+    asyncio.run(main())
+    assert len(edges["edge-1.test"].requests) == 1 and edges["edge-1.test"].applied == []
+
+
+def test_with_one_parent_a_failure_retries_the_same_one(tmp_path: Path) -> None:
+    upstream = FakeUpstream(FakeClock())
+    upstream.down = True
+
+    async def main() -> None:
+        uplink = make_uplink(tmp_path, upstream)
+        await uplink.put("result", "k1", {"a": 1})
+        uplink.start()
+        await until(lambda: len(upstream.attempt_times) >= 3)
+        assert uplink.parent_url == "http://edge-1.test:8001/tierlink/v1/inbox"
+        await uplink.stop()
+
+    asyncio.run(main())
+    assert {str(r.url) for r in upstream.requests} == {"http://edge-1.test:8001/tierlink/v1/inbox"}

@@ -7,7 +7,11 @@ outbox and is delivered, in order, with backoff, until the receiver acknowledges
 
 * ``parent`` — this node's first upstream (a device's edge, an edge's cloud), at
   ``<upstream url>/tierlink/v1/inbox``; the parent stores each item in its own outbox before
-  acknowledging it (:mod:`tierlink.node.inbox_routes`), so nothing is lost between hops;
+  acknowledging it (:mod:`tierlink.node.inbox_routes`), so nothing is lost between hops.
+  When the parent fails (unreachable, times out, answers an error) the next attempt goes to
+  the node's next upstream, round the list (``fallback_urls``), and stays with whichever
+  answers: one line, in order; the keys are global, so an item that reached two parents
+  is still applied once at the control plane;
 * ``control`` — the control plane's ``/v1/results`` (with the node's ``Authorization``).
 
 Items are JSON values with a kind (``result`` for asynchronous requests, ``hard_example``,
@@ -210,10 +214,15 @@ class Uplink:
                  config: UplinkConfig | None = None, metrics: UplinkMetrics | None = None,
                  clock: Callable[[], float] = time.time, sleep: Sleep = asyncio.sleep,
                  rng: random.Random | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 fallback_urls: Sequence[str] = ()) -> None:
         self.node_id = node_id
         self.config = config or UplinkConfig()
         self._urls = _urls(parent_url, control_url)
+        # The parent line's receivers: the first upstream, then the others in turn.
+        self._parents = [self._urls[PARENT], *(u.rstrip("/") + INBOX_PATH
+                                               for u in fallback_urls)] \
+            if PARENT in self._urls else []
         if not self._urls:
             raise ConfigError(f"node {node_id} has no upstream and no control plane: its "
                               "outbox could deliver nowhere",
@@ -315,14 +324,29 @@ class Uplink:
             return False
         return self.outbox.pending(destination or self.upstream) > 0
 
+    @property
+    def parent_url(self) -> str | None:
+        """The inbox the parent line delivers to now (None without a parent)."""
+        return self._urls.get(PARENT)
+
     def status(self) -> dict[str, Any]:
         """For ``/tierlink/v1/status``: the state per destination and what waits."""
         stats = self.outbox.stats()
         return {"state": {d: self.state(d).to_dict() for d in self.destinations},
+                "parent_url": self.parent_url, "parents": list(self._parents),
                 "outbox": {"items": stats.items, "bytes": stats.bytes,
                            "by_destination": {d: c.items for d, c in stats.by_destination.items()},
                            "by_kind": {k: c.items for k, c in stats.by_kind.items()},
                            "oldest_age_s": stats.oldest_age_s, "dropped": stats.dropped}}
+
+    def _next_parent(self) -> None:
+        if len(self._parents) < 2:
+            return
+        failed = self._urls[PARENT]
+        self._urls[PARENT] = self._parents[(self._parents.index(failed) + 1)
+                                           % len(self._parents)]
+        log.info("%s: parent %s failed; the next attempt goes to %s", self.node_id, failed,
+                 self._urls[PARENT])
 
     def _resume_health(self) -> None:
         """After a restart, a head item that already failed means the outage goes on."""
@@ -342,11 +366,14 @@ class Uplink:
     # ---- sending -----------------------------------------------------------------------------
 
     async def _send(self, destination: str, items: Sequence[Item]) -> Sequence[Ack]:
-        """The deliverer's sender: post the batch, note whether the line moved."""
+        """The deliverer's sender: post the batch, note whether the line moved; a failed
+        parent hands the line to the next one for the next attempt."""
         try:
             acks = await self._post(destination, items)
         except Exception as exc:  # every failure is transient to the deliverer
             self._note(destination, ok=False, error=f"{type(exc).__name__}: {exc}")
+            if destination == PARENT:
+                self._next_parent()
             raise
         head = next((a for a in acks if a.key == items[0].key), None)
         if head is None or head.status is AckStatus.RETRY:
@@ -398,14 +425,15 @@ def uplink_for_spec(spec: NodeSpec, *, authorization: str | None = None,
     """The uplink of a node process: parent = the spec's first upstream, control = its
     ``control_url``, ``authorization`` (the node identity's header) sent to the control
     plane. None when the node keeps no ``state_dir`` (nowhere durable to queue) or has
-    neither an upstream nor a control plane."""
+    neither an upstream nor a control plane. The other upstreams are the parent's
+    fallbacks."""
     if spec.state_dir is None or not (spec.upstreams or spec.control_url):
         return None
     headers = {CONTROL: {"authorization": authorization}} if authorization else {}
     return Uplink(spec.node_id, spec.state_dir,
                   parent_url=spec.upstreams[0].url if spec.upstreams else None,
                   control_url=spec.control_url, headers=headers, config=config,
-                  metrics=metrics)
+                  metrics=metrics, fallback_urls=[u.url for u in spec.upstreams[1:]])
 
 
 __all__ = ["CONTROL", "DEFAULT_FULL_POLICY", "INBOX_PATH", "PARENT", "RESULTS_PATH", "Uplink",
