@@ -4,14 +4,14 @@
 (:func:`tierlink.control.results.install_result_routes`) and ``/metrics``, on a free
 loopback port written to READY as ``{"port": n}`` once it listens.
 
-``edge STATE CONTROL_URL READY FD``: an edge node with only the inbox route
+``edge STATE CONTROL_URL READY FD [NODE_ID]``: an edge node (``edge-1`` by default) with only the inbox route
 (:func:`tierlink.node.inbox_routes.install_inbox_routes`) relaying to CONTROL_URL through
 its own :class:`~tierlink.node.uplink.Uplink`; it serves on the already bound socket FD
 (inherited: the test picked the port before the edge existed, so the device could be
 pointed at it while nothing listened) and answers ``GET /status`` with its uplink status.
 
-``device STATE PARENT_URL FIRST COUNT [--drain]``: a device whose uplink delivers to
-PARENT_URL; it answers asynchronous requests ``r{FIRST}`` .. ``r{COUNT-1}`` through
+``device STATE PARENT_URL FIRST COUNT [--drain] [--fallback URL]``: a device whose uplink
+delivers to PARENT_URL (then to the fallback upstream when it fails); it answers asynchronous requests ``r{FIRST}`` .. ``r{COUNT-1}`` through
 :class:`~tierlink.node.async_requests.AsyncResults`, printing ``TRY id`` before and
 ``ACCEPTED id <uplink state>`` after each, then ``QUEUED``. With ``--drain`` it waits until
 its outbox is empty and prints ``STATE <up|down>`` and ``DRAINED``; otherwise it runs until
@@ -75,13 +75,13 @@ def _uplink_config() -> Any:
                         timeout_s=5.0)
 
 
-def edge(state: str, control_url: str, ready: str, fd: int) -> None:
+def edge(state: str, control_url: str, ready: str, fd: int, node_id: str = NODE_EDGE) -> None:
     from fastapi import FastAPI
 
     from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
     from tierlink.node.uplink import Uplink
 
-    uplink = Uplink(NODE_EDGE, state, control_url=control_url, config=_uplink_config())
+    uplink = Uplink(node_id, state, control_url=control_url, config=_uplink_config())
     receiver = InboxReceiver.open(state, uplink)
 
     @contextlib.asynccontextmanager
@@ -109,14 +109,16 @@ def _say(*words: str) -> None:
     print(*words, flush=True)
 
 
-async def device(state: str, parent_url: str, first: int, count: int, drain: bool) -> None:
+async def device(state: str, parent_url: str, first: int, count: int, drain: bool,
+                 fallbacks: list[str]) -> None:
     import numpy as np
 
     from tierlink.core.types import Outcome, Tier
     from tierlink.node.async_requests import AsyncResults
     from tierlink.node.uplink import Uplink
 
-    uplink = Uplink(NODE_DEVICE, state, parent_url=parent_url, config=_uplink_config())
+    uplink = Uplink(NODE_DEVICE, state, parent_url=parent_url, config=_uplink_config(),
+                    fallback_urls=fallbacks)
     uplink.start()
     results = AsyncResults(uplink)
     outputs = {"probabilities": np.array([[0.2, 0.8]], np.float32),
@@ -143,9 +145,11 @@ def main(argv: list[str]) -> None:
     if role == "control":
         control(args[0], args[1])
     elif role == "edge":
-        edge(args[0], args[1], args[2], int(args[3]))
+        edge(args[0], args[1], args[2], int(args[3]), *args[4:5])
     elif role == "device":
-        asyncio.run(device(args[0], args[1], int(args[2]), int(args[3]), "--drain" in args))
+        fallbacks = [args[i + 1] for i, a in enumerate(args) if a == "--fallback"]
+        asyncio.run(device(args[0], args[1], int(args[2]), int(args[3]), "--drain" in args,
+                           fallbacks))
     else:
         raise SystemExit(f"unknown role {role!r}")
 

@@ -179,3 +179,35 @@ def test_results_cross_a_dead_uplink_and_a_kill9_exactly_once(
     assert f'tierlink_control_results_total{{outcome="stored"}} {float(N)}' in metrics
     http.close()
     edge_http.close()
+
+
+def test_a_dead_parent_s_line_goes_through_the_next_upstream(
+        tmp_path: Path, procs: list[Proc], edge_socket: socket.socket) -> None:
+    """The device's first upstream never listens; its results reach the control plane
+    through its second upstream, each once, with that edge in their chain."""
+    control = Proc("control", str(tmp_path / "control.db"), str(tmp_path / "control.ready"))
+    procs.append(control)
+    control_url = f"http://127.0.0.1:{wait_port(tmp_path / 'control.ready', control)}"
+    live = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    live.bind(("127.0.0.1", 0))
+    live.set_inheritable(True)
+    try:
+        edge2 = Proc("edge", str(tmp_path / "edge-2"), control_url,
+                     str(tmp_path / "edge2.ready"), str(live.fileno()), "edge-2",
+                     pass_fds=(live.fileno(),))
+        procs.append(edge2)
+        wait_port(tmp_path / "edge2.ready", edge2)
+        dead_url = f"http://127.0.0.1:{edge_socket.getsockname()[1]}"
+        live_url = f"http://127.0.0.1:{live.getsockname()[1]}"
+        device = Proc("device", str(tmp_path / "dev-1"), dead_url, "0", "20", "--drain",
+                      "--fallback", live_url)
+        procs.append(device)
+        assert device.wait_for(lambda s: s.startswith("STATE")) == "STATE up"
+        device.wait_for(lambda s: s == "DRAINED")
+        http = httpx.Client(base_url=control_url, timeout=10, trust_env=False)
+        rows = poll(lambda: all_results(http), lambda r: len(r) >= 20)
+        http.close()
+    finally:
+        live.close()
+    assert sorted(r["key"] for r in rows) == [f"dev-1:r{i:04d}" for i in range(20)]
+    assert all(r["chain"] == ["dev-1", "edge-2"] for r in rows)
