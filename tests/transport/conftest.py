@@ -12,6 +12,10 @@ tests that drive :class:`OipClient` with ``asyncio.run`` can both talk to it. Ro
     POST /v2/models/garbage/infer         200 with a body that is not an OIP response
     POST /v2/models/slow/infer            answers only when the server stops
     POST /v2/models/hangup/infer          closes the connection without answering
+
+``replies[path]`` (a test sets it) answers that path (query string ignored) with a given
+``(status, headers, body)`` instead; ``truncated[path] = (body, length)`` answers 200 with
+``Content-Length: length`` and only ``body``, then hangs up.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tierlink.transport.oip import (
 )
 
 Reply = tuple[int, dict[str, str], bytes]
+
 REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -57,6 +62,8 @@ class TinyOipServer:
     port: int = 0
     connections: int = 0
     received: list[Received] = field(default_factory=list)
+    replies: dict[str, Reply] = field(default_factory=dict)
+    truncated: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     _server: asyncio.Server | None = None
     _release: asyncio.Event | None = None
     _handlers: set[asyncio.Task[None]] = field(default_factory=set)
@@ -95,7 +102,15 @@ class TinyOipServer:
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while (received := await read_request(reader)) is not None:
             self.received.append(received)
-            reply = await self._route(received)
+            path = received.path.split("?")[0]
+            if path in self.truncated:
+                body, length = self.truncated[path]
+                writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n".encode()
+                             + body)
+                await writer.drain()
+                return  # hang up mid-body
+            scripted = self.replies.get(path)
+            reply = scripted if scripted is not None else await self._route(received)
             if reply is None:
                 return  # hang up without answering
             writer.write(format_reply(*reply))

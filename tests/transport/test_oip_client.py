@@ -1,14 +1,15 @@
-"""OipClient against a real loopback server (conftest.py) and httpx's MockTransport: tensors
-round-trip, and every failure is mapped to the right tierlink error carrying the url."""
+"""OipClient against a real loopback server (conftest.py), some answers scripted per test:
+tensors round-trip, and every failure is mapped to the right tierlink error carrying the url."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 import numpy as np
 import pytest
 
@@ -163,7 +164,7 @@ def test_hang_up_is_upstream_unavailable(oip_server) -> None:
     err = raised(lambda c: c.infer(oip_server.url, "hangup", {"x": IMAGE}))
     assert isinstance(err, UpstreamUnavailable)
     assert err.details["url"] == f"{oip_server.url}/v2/models/hangup/infer"
-    assert isinstance(err.__cause__, httpx.RemoteProtocolError)
+    assert isinstance(err.__cause__, aiohttp.ServerDisconnectedError)
 
 
 def test_connection_refused_is_upstream_unavailable(closed_port_url: str) -> None:
@@ -171,7 +172,7 @@ def test_connection_refused_is_upstream_unavailable(closed_port_url: str) -> Non
     err = raised(lambda c: c.infer(url, "echo", {"x": IMAGE}))
     assert isinstance(err, UpstreamUnavailable) and err.http_status == 503
     assert err.details["url"] == f"{url}/v2/models/echo/infer"
-    assert isinstance(err.__cause__, httpx.ConnectError)
+    assert isinstance(err.__cause__, aiohttp.ClientConnectorError)
 
 
 def test_unencodable_input_is_refused_before_sending() -> None:
@@ -179,94 +180,82 @@ def test_unencodable_input_is_refused_before_sending() -> None:
         run(lambda c: c.infer("http://127.0.0.1:9", "m", {"x": IMAGE}, parameters={"p": [1]}))
 
 
-# ----------------------------------------------------------------------------- MockTransport
+# ----------------------------------------------------------------------------- scripted
 
 
-def mock(handler: Callable[[httpx.Request], httpx.Response]) -> dict[str, Any]:
-    return {"transport": httpx.MockTransport(handler)}
+JSON = {"Content-Type": "application/json"}
 
 
-def test_upstream_error_codes_map_to_their_classes() -> None:
+def test_upstream_error_codes_map_to_their_classes(oip_server) -> None:
     body = {
         "error": "model crashed",
         "code": "runtime_failure",
         "details": {"hint": "x", "message": "y", "n": 1},
     }
-    err = raised(
-        lambda c: c.infer("http://up", "m", {"x": IMAGE}),
-        **mock(lambda _: httpx.Response(500, json=body)),
-    )
+    oip_server.replies["/v2/models/m/infer"] = (500, JSON, json.dumps(body).encode())
+    err = raised(lambda c: c.infer(oip_server.url, "m", {"x": IMAGE}))
     # Colliding detail keys from a remote are dropped instead of breaking the rebuild.
     assert isinstance(err, RuntimeFailure) and err.details == {
         "n": 1,
-        "url": "http://up/v2/models/m/infer",
+        "url": f"{oip_server.url}/v2/models/m/infer",
         "status": 500,
     }
 
 
-def test_plain_oip_error_without_code_maps_by_status() -> None:
+def test_plain_oip_error_without_code_maps_by_status(oip_server) -> None:
     # Triton answers {"error": msg} only.
-    err = raised(
-        lambda c: c.infer("http://up", "m", {"x": IMAGE}),
-        **mock(lambda _: httpx.Response(400, json={"error": "bad shape"})),
-    )
+    oip_server.replies["/v2/models/m/infer"] = (400, JSON, b'{"error": "bad shape"}')
+    err = raised(lambda c: c.infer(oip_server.url, "m", {"x": IMAGE}))
     assert isinstance(err, InvalidRequest) and err.message == "bad shape"
-    err = raised(
-        lambda c: c.infer("http://up", "m", {"x": IMAGE}),
-        **mock(lambda _: httpx.Response(503, json={"error": "not ready"})),
-    )
+    oip_server.replies["/v2/models/m/infer"] = (503, JSON, b'{"error": "not ready"}')
+    err = raised(lambda c: c.infer(oip_server.url, "m", {"x": IMAGE}))
     assert type(err) is UpstreamError
 
 
-def test_transport_errors_map_at_the_boundary() -> None:
-    def failing(exc: Exception) -> dict[str, Any]:
-        def handler(request: httpx.Request) -> httpx.Response:
-            raise exc
+def test_a_body_cut_short_is_upstream_unavailable(oip_server) -> None:
+    oip_server.truncated["/v2/models/m/infer"] = (b'{"outputs"', 400)
+    err = raised(lambda c: c.infer(oip_server.url, "m", {"x": IMAGE}))
+    assert type(err) is UpstreamUnavailable
+    assert err.details["url"] == f"{oip_server.url}/v2/models/m/infer"
+    assert isinstance(err.__cause__, aiohttp.ClientPayloadError)
 
-        return mock(handler)
 
-    cases: list[tuple[Exception, type[TierlinkError]]] = [
-        (httpx.ReadTimeout("slow"), UpstreamTimeout),
-        (httpx.ConnectTimeout("slow"), UpstreamTimeout),
-        (httpx.ReadError("reset"), UpstreamUnavailable),
-        (httpx.RemoteProtocolError("bad"), UpstreamUnavailable),
-        (httpx.UnsupportedProtocol("ftp"), UpstreamError),
-    ]
-    for exc, expected in cases:
-        err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}), **failing(exc))
-        assert (
-            type(err) is expected
-            and err.__cause__ is exc
-            and err.details["url"] == "http://up/v2/models/m/infer"
-        )
+def test_a_url_the_client_cannot_use_is_an_upstream_error() -> None:
+    err = raised(lambda c: c.infer("ftp://up", "m", {"x": IMAGE}))
+    assert type(err) is UpstreamError and err.details["url"] == "ftp://up/v2/models/m/infer"
 
 
 @pytest.mark.parametrize(
-    "response",
-    [
-        httpx.Response(503),
-        httpx.Response(204),
-        httpx.Response(400, json={"error": "not ready", "code": "model_not_found"}),
-    ],
+    "reply",
+    [(503, {}, b""), (204, {}, b""),
+     (400, JSON, b'{"error": "not ready", "code": "model_not_found"}')],
+    ids=["503", "204", "400"],
 )
-def test_ready_is_false_unless_the_server_says_200(response: httpx.Response) -> None:
-    assert run(lambda c: c.ready("http://up"), **mock(lambda _: response)) is False
+def test_ready_is_false_unless_the_server_says_200(oip_server, reply: Any) -> None:
+    oip_server.replies["/v2/health/ready"] = reply
+    assert run(lambda c: c.ready(oip_server.url)) is False
 
 
-def test_metadata_that_is_not_json_is_an_upstream_error() -> None:
-    err = raised(
-        lambda c: c.model_metadata("http://up", "m"),
-        **mock(lambda _: httpx.Response(200, content=b"<html>")),
-    )
+def test_metadata_that_is_not_json_is_an_upstream_error(oip_server) -> None:
+    oip_server.replies["/v2/models/m"] = (200, {}, b"<html>")
+    err = raised(lambda c: c.model_metadata(oip_server.url, "m"))
     assert type(err) is UpstreamError and "not JSON" in err.message
 
 
-def test_bad_header_length_from_upstream_is_an_upstream_error() -> None:
-    response = httpx.Response(
-        200, content=b'{"outputs": []}', headers={"Inference-Header-Content-Length": "x"}
-    )
-    err = raised(lambda c: c.infer("http://up", "m", {"x": IMAGE}), **mock(lambda _: response))
+def test_bad_header_length_from_upstream_is_an_upstream_error(oip_server) -> None:
+    oip_server.replies["/v2/models/m/infer"] = (
+        200, {"Inference-Header-Content-Length": "x"}, b'{"outputs": []}')
+    err = raised(lambda c: c.infer(oip_server.url, "m", {"x": IMAGE}))
     assert type(err) is UpstreamError and "malformed" in err.message
+
+
+def test_a_closed_client_refuses_to_send(oip_server) -> None:
+    async def scenario(client: OipClient) -> None:
+        await client.close()
+        await client.infer(oip_server.url, "echo", {"x": IMAGE})
+
+    err = raised(scenario)
+    assert type(err) is UpstreamError and "closed" in err.message
 
 
 def test_client_validates_its_configuration() -> None:

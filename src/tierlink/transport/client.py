@@ -1,15 +1,18 @@
 """Async Open Inference Protocol v2 client that nodes use to call each other (and any OIP server).
 
-One :class:`OipClient` per process, shared by every call: it owns one ``httpx.AsyncClient`` whose
-keep-alive pool makes a hop cost one request on a warm connection. This module is the boundary
-where httpx errors become tierlink errors (``raise ... from exc``)::
+One :class:`OipClient` per process, shared by every call: it owns one ``aiohttp`` session
+(opened on the first call, in the running loop) whose keep-alive pool makes a hop cost one
+request on a warm connection. aiohttp rather than httpx: on the hop a node forwards, it costs
+about a third of httpx's CPU per request (``benchmarks/routing_overhead.py``), and a throttled
+device pays that on every request it sends upstream. This module is the boundary where
+aiohttp's errors become tierlink errors (``raise ... from exc``)::
 
-    timeout (ours or httpx's)                  → UpstreamTimeout
+    timeout (ours or aiohttp's)                → UpstreamTimeout
     connect refused / reset / protocol broken  → UpstreamUnavailable
     non-2xx with a JSON {"error": ...} body    → error_from_dict(body, status), e.g. 429
                                                  {"code": "admission_refused"} → AdmissionRefused
     non-2xx otherwise, malformed 2xx body      → UpstreamError
-    any other httpx error                      → UpstreamError
+    any other client error (a bad URL, ...)    → UpstreamError
 
 Every error raised carries ``details["url"]``. The client sends ``Accept-Encoding: identity``
 (tensors compress poorly and the hop is CPU-bound) and ignores proxy settings from the
@@ -21,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
-import httpx
 import numpy as np
 
 from tierlink.errors import (
@@ -43,45 +46,55 @@ from tierlink.transport.oip import (
     encode_infer_request,
 )
 
+if TYPE_CHECKING:
+    import aiohttp
+
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 100
 # Keys TierlinkError.__init__ takes itself: an upstream's details must not collide with them.
 _RESERVED_DETAILS = frozenset({"message", "hint"})
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An upstream's answer, read whole: status, headers (case-insensitive), body."""
+
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status < 300
+
+
 class OipClient:
-    """Async OIP v2 REST client over one pooled ``httpx.AsyncClient``.
+    """Async OIP v2 REST client over one pooled ``aiohttp`` session.
 
     Create one per process and share it; close it with :meth:`close` or ``async with``.
     ``timeout_s`` bounds each call end to end unless the call passes its own (the dispatcher
-    passes the remaining deadline). ``transport`` replaces the network, e.g. with
-    ``httpx.MockTransport`` in tests.
+    passes the remaining deadline). The session is opened by the first call, in the event
+    loop that makes it, and belongs to that loop.
     """
 
     def __init__(
         self,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if timeout_s <= 0 or max_connections < 1:
             raise ValueError("OipClient needs timeout_s > 0 and max_connections >= 1")
         self._timeout_s = timeout_s
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self._http = httpx.AsyncClient(
-            timeout=timeout_s,
-            limits=limits,
-            transport=transport,
-            headers={"Accept-Encoding": "identity"},
-            trust_env=False,
-        )
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def close(self) -> None:
         """Close every pooled connection. The client cannot be used afterwards."""
-        await self._http.aclose()
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -126,23 +139,23 @@ class OipClient:
         )
         if headers:
             request_headers.update(headers)
-        response = await self._send("POST", url, timeout_s, content=body, headers=request_headers)
-        return _decode_infer(response, url)
+        reply = await self._send("POST", url, timeout_s, data=body, headers=request_headers)
+        return _decode_infer(reply, url)
 
     async def ready(self, base_url: str, timeout_s: float | None = None) -> bool:
         """GET ``/v2/health/ready``: True on HTTP 200; False on any other status, on timeout and
         when the server cannot be reached. Never raises for the network."""
         try:
-            response = await self._send("GET", f"{base_url.rstrip('/')}/v2/health/ready", timeout_s)
+            reply = await self._send("GET", f"{base_url.rstrip('/')}/v2/health/ready", timeout_s)
         except TierlinkError:  # unreachable, timed out, or any non-2xx answer
             return False
-        return response.status_code == 200
+        return reply.status == 200
 
     async def probe(self, base_url: str, nbytes: int, timeout_s: float | None = None) -> None:
         """POST ``nbytes`` of padding to ``/tierlink/v1/probe`` (answered at once, empty):
         a timed exchange of a known size that teaches a link estimator the bandwidth."""
         await self._send("POST", f"{base_url.rstrip('/')}/tierlink/v1/probe", timeout_s,
-                         content=bytes(nbytes))
+                         data=bytes(nbytes))
 
     async def open_split(self, base_url: str, model: str, cut: str,
                          timeout_s: float | None = None) -> None:
@@ -158,9 +171,9 @@ class OipClient:
         """GET ``/v2/models/{model}[/versions/{version}]``: the OIP model metadata object
         (``name``, ``versions``, ``platform``, ``inputs``, ``outputs``)."""
         url = _model_url(base_url, model, version)
-        response = await self._send("GET", url, timeout_s)
+        reply = await self._send("GET", url, timeout_s)
         try:
-            doc = json.loads(response.content)
+            doc = json.loads(reply.content)
         except (ValueError, RecursionError) as exc:
             raise UpstreamError(
                 f"{url} sent model metadata that is not JSON: {exc}", url=url
@@ -169,10 +182,10 @@ class OipClient:
             raise UpstreamError(f"{url} sent model metadata that is not a JSON object", url=url)
         return doc
 
-    async def _send(
-        self, method: str, url: str, timeout_s: float | None, **kwargs: Any
-    ) -> httpx.Response:
+    async def _send(self, method: str, url: str, timeout_s: float | None, **kwargs: Any) -> Reply:
         """One HTTP exchange, bounded end to end by ``timeout_s``; non-2xx raises."""
+        import aiohttp
+
         timeout = self._timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:  # the caller's deadline is already spent: do not load the upstream
             raise UpstreamTimeout(
@@ -181,26 +194,48 @@ class OipClient:
                 timeout_s=timeout,
             )
         try:
-            # httpx's timeout applies per phase (connect, write, each read); the outer one
-            # bounds the whole exchange, which is what a deadline means.
+            # aiohttp's own total timeout and ours bound the whole exchange (connect, send,
+            # answer, body), which is what a deadline means.
             async with asyncio.timeout(timeout):
-                response = await self._http.request(method, url, timeout=timeout, **kwargs)
-        except (TimeoutError, httpx.TimeoutException) as exc:
+                reply = await self._exchange(method, url, timeout, **kwargs)
+        except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
             raise UpstreamTimeout(
                 f"{method} {url} got no answer within {timeout:.3g} s", url=url, timeout_s=timeout
             ) from exc
-        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise UpstreamUnavailable(
                 f"{method} {url} failed: {type(exc).__name__}: {str(exc) or 'connection lost'}",
                 url=url,
             ) from exc
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, ValueError) as exc:  # a URL aiohttp cannot use, ...
             raise UpstreamError(
                 f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url
             ) from exc
-        if not response.is_success:
-            raise _status_error(response, url)
-        return response
+        if not reply.is_success:
+            raise _status_error(reply, url)
+        return reply
+
+    async def _exchange(self, method: str, url: str, timeout: float, **kwargs: Any) -> Reply:
+        import aiohttp
+
+        session = self._http()
+        async with session.request(method, url, timeout=aiohttp.ClientTimeout(total=timeout),
+                                   **kwargs) as response:
+            return Reply(response.status, response.headers, await response.read())
+
+    def _http(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        if self._closed:
+            raise UpstreamError("this OipClient is closed", hint="make a new client")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                headers={"Accept-Encoding": "identity"},
+                trust_env=False,  # node-to-node traffic goes straight to the node
+                auto_decompress=True,  # a server that compresses anyway is still read
+            )
+        return self._session
 
 
 def _model_url(base_url: str, model: str, version: str | None) -> str:
@@ -208,11 +243,11 @@ def _model_url(base_url: str, model: str, version: str | None) -> str:
     return url if version is None else f"{url}/versions/{quote(version, safe='')}"
 
 
-def _decode_infer(response: httpx.Response, url: str) -> InferResponseData:
+def _decode_infer(response: Reply, url: str) -> InferResponseData:
     try:
         header = response.headers.get(HEADER_LENGTH)
         header_length = None if header is None else int(header)
-        # httpx has already undone any Content-Encoding the server applied.
+        # aiohttp has already undone any Content-Encoding the server applied.
         return decode_infer_response(response.content, header_length)
     except (InvalidRequest, ValueError) as exc:
         message = exc.message if isinstance(exc, TierlinkError) else str(exc)
@@ -221,9 +256,9 @@ def _decode_infer(response: httpx.Response, url: str) -> InferResponseData:
         ) from exc
 
 
-def _status_error(response: httpx.Response, url: str) -> TierlinkError:
+def _status_error(response: Reply, url: str) -> TierlinkError:
     """Rebuild the error an upstream answered with; ``details["url"]`` is always ours."""
-    status = response.status_code
+    status = response.status
     body = _error_json(response.content)
     if body is None:
         snippet = response.content[:200].decode("utf-8", "replace")
