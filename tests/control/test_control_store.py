@@ -185,3 +185,28 @@ def test_concurrent_use_from_threads(tmp_path: Path, hb, clock):
             (f"n{i}", 49, 1) for i in range(4)]
     finally:
         store.close()
+
+
+def test_reads_decode_each_stored_heartbeat_once(tmp_path: Path, hb, clock, monkeypatch):
+    path = tmp_path / "r.db"
+    writer = SqliteRegistryStore(path)
+    written = [writer.upsert(hb(node_id=n, queue_depth=3), clock()) for n in ("a", "b")]
+    writer.close()
+    decoded: list[str] = []
+    real = Heartbeat.model_validate_json
+
+    def counting(text, *args, **kwargs):
+        decoded.append(text)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(Heartbeat, "model_validate_json", counting)
+    reader = SqliteRegistryStore(path)  # a restarted control plane: decodes what it reads
+    try:
+        for _ in range(5):
+            assert reader.alive(clock(), TTL) == written
+        assert len(decoded) == 2  # once per stored heartbeat, not per read
+        reader.upsert(hb(node_id="a", queue_depth=9), clock())  # known, validated: no decode
+        assert [r.queue_depth for r in reader.alive(clock(), TTL)] == [9, 3]
+        assert len(decoded) == 2
+    finally:
+        reader.close()

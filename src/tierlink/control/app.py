@@ -459,10 +459,14 @@ def _install_routes(app: FastAPI, service: RegistryService,
                 "desired": desired}
 
     @app.get("/v1/nodes")
-    def nodes() -> dict[str, Any]:
+    def nodes() -> Response:
+        # Serialised by pydantic, record by record, not walked by FastAPI's encoder: every
+        # node reads this every second, so its cost grows with the square of the fleet.
         now, records = service.alive()
-        return {"nodes": [r.model_dump(mode="json") for r in records],
-                "ttl_s": service.ttl_s, "now": now}
+        listed = b",".join(r.model_dump_json().encode() for r in records)
+        tail = json.dumps({"ttl_s": service.ttl_s, "now": now})[1:]
+        return Response(b'{"nodes":[' + listed + b"]," + tail.encode(),
+                        media_type="application/json")
 
     @app.get("/v1/nodes/{node_id}")
     def node(node_id: str) -> Any:

@@ -233,9 +233,11 @@ def _json_object(response: httpx.Response, url: str) -> dict[str, Any]:
 
 
 def _json(response: httpx.Response, url: str) -> Any:
+    import orjson  # 3-4x the stdlib's speed on the registry view every node reads each second
+
     try:
-        return response.json()
-    except ValueError as exc:
+        return orjson.loads(response.content)
+    except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
         raise ControlPlaneError(f"control plane at {url} answered with invalid JSON: {exc}",
                                 hint="is the URL a tierlink control plane?") from exc
 

@@ -118,6 +118,10 @@ class SqliteRegistryStore:
     transaction, so serialising them costs less than a connection per thread would.
     WAL with ``synchronous=NORMAL`` survives a crash of the process (not necessarily a power
     loss, which only costs the last heartbeats: nodes send them again every second).
+
+    Every node reads the whole registry every second, so a read must not validate every
+    record again: the last heartbeat of each node is kept decoded beside the stored text
+    (validated once, when it arrived or when first read after a restart).
     """
 
     def __init__(self, path: str | Path, *, tombstone_retention_s: float = 86_400.0) -> None:
@@ -125,6 +129,7 @@ class SqliteRegistryStore:
         self.tombstone_retention_s = tombstone_retention_s
         self._lock = threading.Lock()
         self._conn = _connect(self.path)
+        self._decoded: dict[str, tuple[str, Heartbeat]] = {}  # node id -> (stored text, it)
 
     # -- RegistryStore ---------------------------------------------------------------------
 
@@ -147,7 +152,8 @@ class SqliteRegistryStore:
                 (heartbeat.node_id, heartbeat.tier, body, heartbeat.started_at,
                  registered_at, now, generation),
             )
-        return _record(heartbeat.model_dump(), registered_at, now, generation, now)
+            self._decoded[heartbeat.node_id] = (body, heartbeat)
+        return _record(heartbeat, registered_at, now, generation, now)
 
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         with self._lock, self._guard("list nodes"):
@@ -156,7 +162,7 @@ class SqliteRegistryStore:
                 " ORDER BY node_id",
                 (now - ttl_s,),
             ).fetchall()
-        return [_record_from_row(row, now) for row in rows]
+            return [self._record_from_row(row, now) for row in rows]
 
     def get(self, node_id: str, now: float) -> NodeRecord | None:
         with self._lock, self._guard("read a node"):
@@ -164,7 +170,17 @@ class SqliteRegistryStore:
                 f"SELECT {_COLUMNS} FROM nodes WHERE node_id = ? AND state = 'alive'",
                 (node_id,),
             ).fetchone()
-        return None if row is None else _record_from_row(row, now)
+            return None if row is None else self._record_from_row(row, now)
+
+    def _record_from_row(self, row: tuple[str, str, float, float, int],
+                         now: float) -> NodeRecord:
+        """Under the lock: the row's record, its heartbeat decoded once per stored text."""
+        node_id, body, registered_at, last_seen, generation = row
+        cached = self._decoded.get(node_id)
+        if cached is None or cached[0] != body:
+            cached = (body, Heartbeat.model_validate_json(body))
+            self._decoded[node_id] = cached
+        return _record(cached[1], registered_at, last_seen, generation, now)
 
     def remove(self, node_id: str) -> bool:
         with self._lock, self._guard("deregister a node"), self._conn:
@@ -260,20 +276,16 @@ def _next_generation(
     return registered_at, generation
 
 
-def _record_from_row(row: tuple[str, str, float, float, int], now: float) -> NodeRecord:
-    _node_id, body, registered_at, last_seen, generation = row
-    return _record(json.loads(body), registered_at, last_seen, generation, now)
-
-
 def _record(
-    body: dict[str, Any], registered_at: float, last_seen: float, generation: int, now: float
+    heartbeat: Heartbeat, registered_at: float, last_seen: float, generation: int, now: float
 ) -> NodeRecord:
+    """The registry entry of a validated heartbeat (not validated again: it is read every
+    second by every node)."""
     # A clock that steps back must not produce a negative age.
     age_s = max(0.0, now - last_seen)
-    return NodeRecord.model_validate(
-        {**body, "registered_at": registered_at, "last_seen": last_seen,
-         "age_s": age_s, "generation": generation}
-    )
+    return NodeRecord.model_construct(
+        **dict(heartbeat), registered_at=registered_at, last_seen=last_seen, age_s=age_s,
+        generation=generation)
 
 
 @contextmanager
