@@ -185,6 +185,11 @@ class BrokenStore(SqliteRegistryStore):
             raise ControlPlaneError("registry database :memory: failed to list nodes: disk I/O")
         return super().alive(now, ttl_s)
 
+    def alive_json(self, now, ttl_s):
+        if self.fail_reads:
+            raise ControlPlaneError("registry database :memory: failed to list nodes: disk I/O")
+        return super().alive_json(now, ttl_s)
+
     def expire(self, now, ttl_s):
         self.expire_calls += 1
         if self.expire_calls <= self.expire_failures:

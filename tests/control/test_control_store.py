@@ -210,3 +210,16 @@ def test_reads_decode_each_stored_heartbeat_once(tmp_path: Path, hb, clock, monk
         assert len(decoded) == 2
     finally:
         reader.close()
+
+
+def test_the_listed_json_is_the_records(store, hb, clock):
+    import json
+
+    store.upsert(hb(node_id="a", queue_depth=2), clock())
+    clock.advance(1.5)
+    store.upsert(hb(node_id="b"), clock())
+    clock.advance(0.25)
+    texts = store.alive_json(clock(), TTL)
+    records = store.alive(clock(), TTL)
+    assert [json.loads(t) for t in texts] == [r.model_dump(mode="json") for r in records]
+    assert json.loads(texts[0])["age_s"] == pytest.approx(1.75)

@@ -93,6 +93,10 @@ class RegistryStore(Protocol):
         """Nodes heard from within ``ttl_s`` of ``now`` and not removed, by node id."""
         ...
 
+    def alive_json(self, now: float, ttl_s: float) -> list[str]:
+        """:meth:`alive` as the JSON text of each record (what ``GET /v1/nodes`` lists)."""
+        ...
+
     def get(self, node_id: str, now: float) -> NodeRecord | None:
         """The node's entry if it is registered (not expired by a sweep, not removed).
         Staleness is not judged here: callers compare ``age_s`` with their ttl."""
@@ -163,6 +167,18 @@ class SqliteRegistryStore:
                 (now - ttl_s,),
             ).fetchall()
             return [self._record_from_row(row, now) for row in rows]
+
+    def alive_json(self, now: float, ttl_s: float) -> list[str]:
+        """The stored heartbeat texts with the registry's fields spliced in: no decoding,
+        no validation (they were validated when they arrived)."""
+        with self._lock, self._guard("list nodes"):
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM nodes WHERE state = 'alive' AND last_seen >= ?"
+                " ORDER BY node_id",
+                (now - ttl_s,),
+            ).fetchall()
+        return [_record_json(body, registered_at, last_seen, generation, now)
+                for _node_id, body, registered_at, last_seen, generation in rows]
 
     def get(self, node_id: str, now: float) -> NodeRecord | None:
         with self._lock, self._guard("read a node"):
@@ -286,6 +302,14 @@ def _record(
     return NodeRecord.model_construct(
         **dict(heartbeat), registered_at=registered_at, last_seen=last_seen, age_s=age_s,
         generation=generation)
+
+
+def _record_json(body: str, registered_at: float, last_seen: float, generation: int,
+                 now: float) -> str:
+    """The JSON of :func:`_record` from the stored heartbeat text (a JSON object)."""
+    fields = json.dumps({"registered_at": registered_at, "last_seen": last_seen,
+                         "age_s": max(0.0, now - last_seen), "generation": generation})
+    return fields[:-1] + "," + body[1:]
 
 
 @contextmanager

@@ -1,0 +1,165 @@
+"""What the registry view costs the control plane, before and after a change, side by side.
+
+Every node fetches ``GET /v1/nodes`` (the whole fleet) every second, so the control plane's
+work per call times the calls grows with the square of the fleet. Two control planes run
+side by side: one from ``--old-rev`` (a temporary ``git worktree``, its ``src`` first on
+``PYTHONPATH``), one from the working tree, each ``--open`` on its own SQLite file. Each is
+given ``--nodes`` synthetic nodes (heartbeats shaped like a MobileNetV2 node's: one model
+with a split profile of 19 cuts x 6 codecs, two links), then ``GET /v1/nodes`` is called
+``--calls`` times per round, rounds alternating between the two; per control plane: wall
+p50 / p99 per call and its CPU ms per call (``/proc/PID/stat``, medians over rounds), and
+the response size. Prints a table with old/new ratios and writes JSON::
+
+    .venv/bin/python benchmarks/registry_read.py --old-rev REV [--nodes 100] [--rounds 8]
+        [--calls 50] [--json PATH]
+
+Both processes and the worktree are removed at the end, also on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CODECS = ("fp32", "fp16", "int8", "int8+zstd", "fp16+zstd", "int8c+zstd")
+
+
+def heartbeat(i: int) -> dict[str, Any]:
+    """A node like a MobileNetV2 device of the demo: one model with its split profile."""
+    splits = [{"cut": f"/features/features.{k}/Add_output_0", "head_ms": 0.7 * k,
+               "tail_ms": 14.0 - 0.7 * k, "feature_bytes": 100_000 - 4000 * k,
+               "codecs": [{"codec": c, "wire_bytes": 50_000 - 1000 * k + j,
+                           "encode_ms": 0.1 + 0.01 * j, "decode_ms": 0.05 + 0.01 * j}
+                          for j, c in enumerate(CODECS)]}
+              for k in range(1, 20)]
+    return {"node_id": f"node-{i:03d}", "tier": ("device", "edge", "cloud")[i % 3],
+            "address": f"http://127.0.0.1:{20000 + i}",
+            "models": [{"name": "imagenet-mobilenetv2", "task": "imagenet", "version": "1",
+                        "accuracy": 0.718, "latency_ms": 14.2, "output_bytes": 4000,
+                        "splits": splits}],
+            "queue_depth": i % 4, "inflight": 0, "workers": 1,
+            "links": [{"dst": f"node-{(i + 1) % 1000:03d}", "rtt_ms": 10.0, "bandwidth_mbit": 100.0},
+                      {"dst": f"node-{(i + 2) % 1000:03d}", "rtt_ms": 50.0, "bandwidth_mbit": 20.0}],
+            "started_at": 1_733_139_000.0 + i}
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_control(stack: ExitStack, name: str, src: Path | None) -> tuple[str, int]:
+    """A control plane whose code comes from ``src`` (None: this tree); (url, pid)."""
+    run = Path(tempfile.mkdtemp(prefix=f"tierlink-registry-read-{name}-"))
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"]
+                                        if env.get("PYTHONPATH") else "")
+    ready = run / "ready"
+    proc = subprocess.Popen([sys.executable, "-m", "tierlink.control.server", "--port", "0",
+                             "--db", str(run / "control.db"), "--ttl", "3600", "--open",
+                             "--ready-file", str(ready)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stack.callback(_stop, proc)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the {name} control plane did not start")
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{json.loads(ready.read_text())['port']}", proc.pid
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def worktree(stack: ExitStack, rev: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="tierlink-registry-read-")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), rev],
+                   check=True)
+    stack.callback(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                    str(path)], check=False)
+    return path
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    old = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.old_rev],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    samples: dict[str, dict[str, list[float]]] = {}
+    sizes: dict[str, int] = {}
+    with ExitStack() as stack, httpx.Client(timeout=60.0, trust_env=False) as http:
+        planes = {"old": start_control(stack, "old", worktree(stack, old) / "src"),
+                  "new": start_control(stack, "new", None)}
+        for url, _ in planes.values():
+            for i in range(args.nodes):
+                body = heartbeat(i)
+                http.post(f"{url}/v1/nodes/{body['node_id']}/heartbeat",
+                          json=body).raise_for_status()
+        for name, (url, _) in planes.items():
+            response = http.get(f"{url}/v1/nodes")
+            response.raise_for_status()
+            assert len(response.json()["nodes"]) == args.nodes
+            sizes[name] = len(response.content)
+            samples[name] = {"wall": [], "cpu": []}
+        for i in range(args.rounds):
+            for name, (url, pid) in planes.items():
+                cpu0 = cpu_s(pid)
+                for _ in range(args.calls):
+                    t0 = time.perf_counter()
+                    http.get(f"{url}/v1/nodes").raise_for_status()
+                    samples[name]["wall"].append((time.perf_counter() - t0) * 1000.0)
+                samples[name]["cpu"].append((cpu_s(pid) - cpu0) * 1000.0 / args.calls)
+            print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
+    result = {k: {"wall_p50_ms": statistics.median(v["wall"]),
+                  "wall_p99_ms": float(np.percentile(v["wall"], 99)),
+                  "server_cpu_ms_per_call": statistics.median(v["cpu"]),
+                  "response_bytes": sizes[k]} for k, v in samples.items()}
+    ratios = {m: result["old"][m] / result["new"][m] for m in result["new"]
+              if m != "response_bytes"}
+    return {"old_rev": old, **result, "old_over_new": ratios,
+            "settings": {"nodes": args.nodes, "rounds": args.rounds, "calls": args.calls}}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"GET /v1/nodes with {result['settings']['nodes']} nodes "
+          f"({result['new']['response_bytes'] / 1e6:.2f} MB per answer)")
+    print(f"{'':26}{'old ' + result['old_rev']:>14}{'new':>10}{'old/new':>10}")
+    for m in ("wall_p50_ms", "wall_p99_ms", "server_cpu_ms_per_call"):
+        print(f"{m:26}{result['old'][m]:14.2f}{result['new'][m]:10.2f}"
+              f"{result['old_over_new'][m]:10.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--old-rev", required=True, help="the git revision to compare with")
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=50, help="GET /v1/nodes per round")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    result = run(args)
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
