@@ -78,7 +78,7 @@ from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
 from tierlink.node.uplink import CONTROL, Uplink
 from tierlink.node.version_stats import VersionStatsBook
-from tierlink.node.view import build_view, model_view_to_dict
+from tierlink.node.view import ParsedRecords, build_view, model_view_to_dict
 from tierlink.policy import REGISTRY, Policy
 from tierlink.policy.placement import split_plans
 from tierlink.split.runtime import SplitSessions
@@ -140,6 +140,7 @@ class NodeService:
         self._clock = clock
         self._rng = random.Random(spec.seed)
         self._records = records  # the registry cache's last view (never raises)
+        self._parsed_records = ParsedRecords()  # parsed once per fetched list
         self._client = client or OipClient()
         self._policies = {name: REGISTRY.create(name, self.routing.policy_config())
                           for name in REGISTRY.names()}
@@ -742,7 +743,7 @@ class NodeService:
         """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""
         self.view = build_view(self.me(), self._records(),
                           [u.estimator.view() for u in self._upstreams.values()],
-                          self.breakers.healthy, self._outstanding)
+                          self.breakers.healthy, self._outstanding, self._parsed_records)
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -18,26 +18,51 @@ def model_view_to_dict(m: ModelView) -> dict[str, Any]:
             "splits": [p.to_dict() for p in m.splits]}
 
 
+class ParsedRecords:
+    """The registry's records as core views, parsed once per fetched list: the registry
+    cache replaces its list on each fetch (about once a second) while the view is rebuilt
+    four times as often, and a node with a split profile is a hundred-odd points to parse."""
+
+    def __init__(self) -> None:
+        self._source: object | None = None
+        self._parsed: list[tuple[NodeView, list[LinkView]]] = []
+
+    def views(self, records: Iterable[Mapping[str, Any]]) -> list[tuple[NodeView, list[LinkView]]]:
+        if records is not self._source:
+            self._parsed = _parse(records)
+            self._source = records
+        return self._parsed
+
+
+def _parse(records: Iterable[Mapping[str, Any]]) -> list[tuple[NodeView, list[LinkView]]]:
+    from tierlink.control.client import node_views
+
+    parsed = []
+    for rec in records:
+        try:
+            (node,), node_links = node_views([dict(rec)])
+        except (KeyError, ValueError, TypeError):
+            continue  # one malformed record must not blind the router to the rest
+        parsed.append((node, node_links))
+    return parsed
+
+
 def build_view(
     me: NodeView,
     records: Iterable[Mapping[str, Any]],
     my_links: Iterable[LinkView],
     healthy: Callable[[str], bool],
     outstanding: dict[str, int],
+    parsed: ParsedRecords | None = None,
 ) -> ClusterView:
     """Registry records for everyone else, live state for ``me``; my own links come from my
-    estimators (fresher than what the registry echoes back)."""
-    from tierlink.control.client import node_views
-
+    estimators (fresher than what the registry echoes back). ``parsed``: where the records'
+    parsed views are kept between calls on the same list (None: parsed now)."""
     nodes = [me]
     links = list(my_links)
-    for rec in records:
-        if rec.get("node_id") == me.node_id:
+    for node, node_links in (parsed.views(records) if parsed is not None else _parse(records)):
+        if node.node_id == me.node_id:
             continue
-        try:
-            (node,), node_links = node_views([dict(rec)])
-        except (KeyError, ValueError, TypeError):
-            continue  # one malformed record must not blind the router to the rest
         nodes.append(replace(node, healthy=healthy(node.node_id)))
         links.extend(node_links)
     return ClusterView.build(me.node_id, nodes, links, outstanding)
