@@ -5,13 +5,15 @@ work per call times the calls grows with the square of the fleet. Two control pl
 side by side: one from ``--old-rev`` (a temporary ``git worktree``, its ``src`` first on
 ``PYTHONPATH``), one from the working tree, each ``--open`` on its own SQLite file. Each is
 given ``--nodes`` synthetic nodes (heartbeats shaped like a MobileNetV2 node's: one model
-with a split profile of 19 cuts x 6 codecs, two links), then ``GET /v1/nodes`` is called
-``--calls`` times per round, rounds alternating between the two; per control plane: wall
-p50 / p99 per call and its CPU ms per call (``/proc/PID/stat``, medians over rounds), and
-the response size. Prints a table with old/new ratios and writes JSON::
+with a split profile of 19 cuts x 6 codecs, two links), then the view a node fetches each
+second, ``GET /v1/nodes?splits=digest`` (a control plane that predates the option ignores
+it and sends the profiles inline), is called ``--calls`` times per round, rounds
+alternating between the two; per control plane: wall p50 / p99 per call, its CPU ms per
+call (``/proc/PID/stat``, medians over rounds), and the response size. ``--full`` asks
+for the profiles inline from both (what an operator's listing gets). Prints a table with old/new ratios and writes JSON::
 
     .venv/bin/python benchmarks/registry_read.py --old-rev REV [--nodes 100] [--rounds 8]
-        [--calls 50] [--json PATH]
+        [--calls 50] [--full] [--json PATH]
 
 Both processes and the worktree are removed at the end, also on error.
 """
@@ -113,8 +115,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 body = heartbeat(i)
                 http.post(f"{url}/v1/nodes/{body['node_id']}/heartbeat",
                           json=body).raise_for_status()
+        query = {} if args.full else {"splits": "digest"}
         for name, (url, _) in planes.items():
-            response = http.get(f"{url}/v1/nodes")
+            response = http.get(f"{url}/v1/nodes", params=query)
             response.raise_for_status()
             assert len(response.json()["nodes"]) == args.nodes
             sizes[name] = len(response.content)
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cpu0 = cpu_s(pid)
                 for _ in range(args.calls):
                     t0 = time.perf_counter()
-                    http.get(f"{url}/v1/nodes").raise_for_status()
+                    http.get(f"{url}/v1/nodes", params=query).raise_for_status()
                     samples[name]["wall"].append((time.perf_counter() - t0) * 1000.0)
                 samples[name]["cpu"].append((cpu_s(pid) - cpu0) * 1000.0 / args.calls)
             print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
@@ -135,12 +138,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ratios = {m: result["old"][m] / result["new"][m] for m in result["new"]
               if m != "response_bytes"}
     return {"old_rev": old, **result, "old_over_new": ratios,
-            "settings": {"nodes": args.nodes, "rounds": args.rounds, "calls": args.calls}}
+            "settings": {"nodes": args.nodes, "rounds": args.rounds, "calls": args.calls,
+                         "query": query}}
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"GET /v1/nodes with {result['settings']['nodes']} nodes "
-          f"({result['new']['response_bytes'] / 1e6:.2f} MB per answer)")
+    print(f"GET /v1/nodes {result['settings']['query']} with {result['settings']['nodes']} "
+          f"nodes: {result['old']['response_bytes'] / 1e6:.3f} MB per answer (old), "
+          f"{result['new']['response_bytes'] / 1e6:.3f} MB (new)")
     print(f"{'':26}{'old ' + result['old_rev']:>14}{'new':>10}{'old/new':>10}")
     for m in ("wall_p50_ms", "wall_p99_ms", "server_cpu_ms_per_call"):
         print(f"{m:26}{result['old'][m]:14.2f}{result['new'][m]:10.2f}"
@@ -153,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=50, help="GET /v1/nodes per round")
+    parser.add_argument("--full", action="store_true",
+                        help="profiles inline from both (not the nodes' digest view)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     result = run(args)

@@ -185,10 +185,10 @@ class BrokenStore(SqliteRegistryStore):
             raise ControlPlaneError("registry database :memory: failed to list nodes: disk I/O")
         return super().alive(now, ttl_s)
 
-    def alive_json(self, now, ttl_s):
+    def alive_json(self, now, ttl_s, **kwargs):
         if self.fail_reads:
             raise ControlPlaneError("registry database :memory: failed to list nodes: disk I/O")
-        return super().alive_json(now, ttl_s)
+        return super().alive_json(now, ttl_s, **kwargs)
 
     def expire(self, now, ttl_s):
         self.expire_calls += 1

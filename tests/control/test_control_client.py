@@ -30,8 +30,10 @@ class Switch(httpx.AsyncBaseTransport):
     def __init__(self, app) -> None:
         self.inner = httpx.ASGITransport(app=app)
         self.down = False
+        self.paths: list[str] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
         if self.down:
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         return await self.inner.handle_async_request(request)
@@ -184,6 +186,56 @@ def test_cache_views_feed_a_cluster_view(switch, make_body, clock):
         assert [n.node_id for n in view.upstream_of("edge-1")] == ["cloud-1"]
         assert view.link("edge-1", "cloud-1").rtt_ms == 80.0
         assert cache.addresses()["cloud-1"] == "http://127.0.0.1:8201"
+
+    run(scenario, switch)
+
+
+def _profiled(node_id: str, head_ms: float) -> dict:
+    point = {"cut": "/f.2/Add_output_0", "head_ms": head_ms, "tail_ms": 9.0,
+             "feature_bytes": 100_352,
+             "codecs": [{"codec": "int8+zstd", "wire_bytes": 20_000, "encode_ms": 0.2,
+                         "decode_ms": 0.1}]}
+    model = {"name": "imagenet-mobilenetv2", "task": "imagenet", "version": "1",
+             "accuracy": 0.718, "latency_ms": 14.0, "splits": [point]}
+    return {"node_id": node_id, "models": [model]}
+
+
+def test_split_profiles_travel_by_digest_and_are_fetched_once(switch, make_body, clock):
+    async def scenario(client: ControlClient) -> None:
+        cache = RegistryCache(client, clock=clock)
+        for node_id in ("edge-1", "edge-2"):  # the same profile on two nodes
+            await client.heartbeat(make_body(**_profiled(node_id, 3.6)))
+        for _ in range(3):
+            assert await cache.refresh() is True
+        assert switch.paths.count("/v1/nodes") == 3
+        assert len([p for p in switch.paths if p.startswith("/v1/splits/")]) == 1
+        nodes, _ = cache.views(clock())
+        assert [n.models[0].splits[0].head_ms for n in nodes] == [3.6, 3.6]
+        assert "splits" not in cache.nodes[0]["models"][0]  # the digest came instead
+        await client.heartbeat(make_body(**_profiled("edge-2", 5.0)))  # a new profile
+        assert await cache.refresh() is True
+        nodes, _ = cache.views(clock())
+        assert [n.models[0].splits[0].head_ms for n in nodes] == [3.6, 5.0]
+        assert len([p for p in switch.paths if p.startswith("/v1/splits/")]) == 2
+        # Plain readers (an operator, an older node) still get the profiles inline.
+        full = await client.nodes()
+        assert full[0]["models"][0]["splits"][0]["head_ms"] == 3.6
+
+    run(scenario, switch)
+
+
+def test_a_profile_that_cannot_be_fetched_keeps_the_previous_view(switch, make_body, clock):
+    async def scenario(client: ControlClient) -> None:
+        cache = RegistryCache(client, clock=clock)
+        await client.heartbeat(make_body(**_profiled("edge-1", 3.6)))
+        assert await cache.refresh() is True
+        view = cache.nodes
+        with pytest.raises(ControlPlaneError, match="no alive node reports"):
+            await client.split_profile("0" * 32)
+        await client.heartbeat(make_body(**_profiled("edge-1", 4.0)))
+        switch.inner.app.state.registry.store._profiles.clear()  # one it no longer has
+        assert await cache.refresh() is False and cache.nodes is view
+        assert "split profile" in (cache.last_error or "")
 
     run(scenario, switch)
 

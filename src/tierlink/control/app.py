@@ -1,7 +1,12 @@
 """The control plane's HTTP API: the fleet registry.
 
     POST   /v1/nodes/{node_id}/heartbeat   a node's full state, about once a second
-    GET    /v1/nodes                       alive nodes: {"nodes": [NodeRecord...], "ttl_s", "now"}
+    GET    /v1/nodes                       alive nodes: {"nodes": [NodeRecord...], "ttl_s", "now"};
+                                           ?splits=digest: each model's "splits" replaced by
+                                           "splits_digest" (the nodes' own view: profiles are
+                                           most of the bytes and rarely change)
+    GET    /v1/splits/{digest}             one split profile: {"digest", "splits"} (404 when
+                                           no alive node reports it)
     GET    /v1/nodes/{node_id}             one alive node (404 when unknown or expired)
     DELETE /v1/nodes/{node_id}             graceful deregistration on node shutdown (204)
     POST   /v1/hard-examples               a node's batch of hard examples (HardExampleBatch)
@@ -56,7 +61,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 # This module is the web adapter: importing it means serving, so fastapi is imported here.
 from fastapi import FastAPI, Request, Response
@@ -182,10 +187,11 @@ class RegistryService:
         now = self.clock()
         return now, self.store.alive(now, self.ttl_s)
 
-    def alive_json(self) -> tuple[float, list[str]]:
-        """:meth:`alive` as each record's JSON text (``GET /v1/nodes``)."""
+    def alive_json(self, digests: bool = False) -> tuple[float, list[str]]:
+        """:meth:`alive` as each record's JSON text (``GET /v1/nodes``); ``digests``:
+        split profiles by digest."""
         now = self.clock()
-        return now, self.store.alive_json(now, self.ttl_s)
+        return now, self.store.alive_json(now, self.ttl_s, digests=digests)
 
     def get(self, node_id: str) -> NodeRecord | None:
         record = self.store.get(node_id, self.clock())
@@ -464,12 +470,22 @@ def _install_routes(app: FastAPI, service: RegistryService,
                 "desired": desired}
 
     @app.get("/v1/nodes")
-    def nodes() -> Response:
+    def nodes(splits: Literal["full", "digest"] = "full") -> Response:
         # The stored heartbeat texts, spliced: every node reads this every second, so its
         # cost grows with the square of the fleet; nothing is decoded or encoded again.
-        now, records = service.alive_json()
+        # splits=digest: profiles (most of a record's bytes) by digest, fetched once each.
+        now, records = service.alive_json(digests=splits == "digest")
         tail = json.dumps({"ttl_s": service.ttl_s, "now": now})[1:]
         return Response(('{"nodes":[' + ",".join(records) + "]," + tail).encode(),
+                        media_type="application/json")
+
+    @app.get("/v1/splits/{digest}")
+    def split_profile(digest: str) -> Response:
+        text = service.store.split_profile(digest)
+        if text is None:
+            return _error(404, f"no alive node reports a split profile with digest {digest!r}",
+                          "split_profile_not_found", "fetch GET /v1/nodes?splits=digest again")
+        return Response(f'{{"digest":{json.dumps(digest)},"splits":{text}}}'.encode(),
                         media_type="application/json")
 
     @app.get("/v1/nodes/{node_id}")

@@ -91,9 +91,12 @@ class ControlClient:
                                     json=body)
         return _json_object(response, self._url(f"/v1/nodes/{node_id}/heartbeat"))
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        """The alive nodes, as ``NodeRecord`` dicts sorted by node id."""
-        response = await self._call("GET", "/v1/nodes", "the node list")
+    async def nodes(self, *, digests: bool = False) -> list[dict[str, Any]]:
+        """The alive nodes, as ``NodeRecord`` dicts sorted by node id. ``digests``: each
+        model's ``splits`` comes as ``splits_digest`` (:meth:`split_profile` has it), from
+        a control plane that knows the option (an older one sends ``splits`` as before)."""
+        response = await self._call("GET", "/v1/nodes", "the node list",
+                                    params={"splits": "digest"} if digests else None)
         payload = _json(response, self._url("/v1/nodes"))
         nodes = payload.get("nodes") if isinstance(payload, dict) else None
         if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
@@ -102,6 +105,16 @@ class ControlClient:
                 hint="is the URL a tierlink control plane of a compatible version?",
             )
         return nodes
+
+    async def split_profile(self, digest: str) -> list[dict[str, Any]]:
+        """The split profile (a model's ``splits`` list) with this digest."""
+        path = f"/v1/splits/{digest}"
+        payload = _json_object(await self._call("GET", path, "a split profile"), self._url(path))
+        splits = payload.get("splits")
+        if not isinstance(splits, list) or not all(isinstance(p, dict) for p in splits):
+            raise ControlPlaneError(f"control plane at {self._url(path)} answered without a "
+                                    "'splits' list", hint="is it a tierlink control plane?")
+        return splits
 
     async def deregister(self, node_id: str) -> bool:
         """Remove this node from the registry; False if it was not registered (fine)."""
@@ -243,9 +256,12 @@ def _json(response: httpx.Response, url: str) -> Any:
 
 
 class NodeSource(Protocol):
-    """Where a :class:`RegistryCache` fetches from (a :class:`ControlClient`, or a fake)."""
+    """Where a :class:`RegistryCache` fetches from (a :class:`ControlClient`, or a fake).
+    ``split_profile`` is only called for records that carry a ``splits_digest``."""
 
-    async def nodes(self) -> list[dict[str, Any]]: ...
+    async def nodes(self, *, digests: bool = False) -> list[dict[str, Any]]: ...
+
+    async def split_profile(self, digest: str) -> list[dict[str, Any]]: ...
 
 
 class RegistryCache:
@@ -254,6 +270,11 @@ class RegistryCache:
     ``nodes`` is the list of ``NodeRecord`` dicts (treat as read-only; it is replaced, not
     mutated, on refresh). ``revision`` grows on each successful refresh, so a reader can
     rebuild derived state (a ``ClusterView``) only when it changed.
+
+    Split profiles (most of a record's bytes, and rarely changed) are fetched by digest,
+    once each, and kept parsed: a model entry then holds ``split_points`` (a tuple of
+    :class:`SplitPoint`) instead of ``splits``. A refresh whose profiles cannot all be
+    fetched fails as a whole (the previous view stays).
     """
 
     def __init__(self, source: NodeSource, clock: Clock = time.time) -> None:
@@ -265,11 +286,13 @@ class RegistryCache:
         self.failures = 0  # failed refreshes, ever
         self.consecutive_failures = 0
         self.last_error: str | None = None
+        self._profiles: dict[str, tuple[SplitPoint, ...]] = {}  # digest -> parsed profile
 
     async def refresh(self) -> bool:
         """Fetch the view; on failure keep the previous one and count. True on success."""
         try:
-            nodes = await self.source.nodes()
+            nodes = await self.source.nodes(digests=True)
+            await self._resolve_profiles(nodes)
         except ControlPlaneError as exc:
             self.failures += 1
             self.consecutive_failures += 1
@@ -280,6 +303,22 @@ class RegistryCache:
         self.revision += 1
         self.consecutive_failures = 0
         return True
+
+    async def _resolve_profiles(self, nodes: list[dict[str, Any]]) -> None:
+        """Put each model's parsed profile in place of its digest (fetching the new ones);
+        profiles no record names any more are forgotten."""
+        kept: dict[str, tuple[SplitPoint, ...]] = {}
+        for node in nodes:
+            for model in node.get("models") or ():
+                digest = model.get("splits_digest") if isinstance(model, dict) else None
+                if not isinstance(digest, str):
+                    continue
+                if digest not in kept:
+                    known = self._profiles.get(digest)
+                    kept[digest] = known if known is not None else _parse_profile(
+                        await self.source.split_profile(digest), digest)
+                model["split_points"] = kept[digest]
+        self._profiles = kept
 
     def stale_s(self, now: float) -> float:
         """Seconds since the last successful fetch; ``inf`` before the first one."""
@@ -346,12 +385,22 @@ def _model_view(model: Mapping[str, Any]) -> ModelView:
                      float(p["answered_accuracy"]))
         for p in model.get("cascade", ())
     )
-    splits = tuple(SplitPoint.from_dict(p) for p in model.get("splits", ()))
+    parsed = model.get("split_points")  # resolved by a RegistryCache from a digest
+    splits = parsed if parsed is not None else tuple(
+        SplitPoint.from_dict(p) for p in model.get("splits", ()))
     return ModelView(
         name=model["name"], task=model["task"], version=str(model["version"]),
         accuracy=float(model["accuracy"]), latency_ms=float(model["latency_ms"]),
         output_bytes=int(model.get("output_bytes", 64)), cascade=cascade, splits=splits,
     )
+
+
+def _parse_profile(raw: list[dict[str, Any]], digest: str) -> tuple[SplitPoint, ...]:
+    try:
+        return tuple(SplitPoint.from_dict(p) for p in raw)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ControlPlaneError(f"split profile {digest} is malformed: {exc!r}",
+                                hint="is the control plane a compatible tierlink?") from exc
 
 
 class HeartbeatLoop:

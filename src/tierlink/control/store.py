@@ -22,6 +22,7 @@ of its own, so an export reading many rows never delays a heartbeat.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
@@ -93,8 +94,15 @@ class RegistryStore(Protocol):
         """Nodes heard from within ``ttl_s`` of ``now`` and not removed, by node id."""
         ...
 
-    def alive_json(self, now: float, ttl_s: float) -> list[str]:
-        """:meth:`alive` as the JSON text of each record (what ``GET /v1/nodes`` lists)."""
+    def alive_json(self, now: float, ttl_s: float, *, digests: bool = False) -> list[str]:
+        """:meth:`alive` as the JSON text of each record (what ``GET /v1/nodes`` lists);
+        ``digests``: each model's ``splits`` replaced by ``splits_digest`` (see
+        :meth:`split_profile`)."""
+        ...
+
+    def split_profile(self, digest: str) -> str | None:
+        """The JSON text of the split profile (a model's ``splits`` list) with this digest,
+        as some alive node last reported it; None when none has."""
         ...
 
     def get(self, node_id: str, now: float) -> NodeRecord | None:
@@ -125,7 +133,9 @@ class SqliteRegistryStore:
 
     Every node reads the whole registry every second, so a read must not validate every
     record again: the last heartbeat of each node is kept decoded beside the stored text
-    (validated once, when it arrived or when first read after a restart).
+    (validated once, when it arrived or when first read after a restart), with a second
+    text whose split profiles are replaced by their digests; the profiles themselves are
+    kept by digest (in memory: every node sends its own with each heartbeat).
     """
 
     def __init__(self, path: str | Path, *, tombstone_retention_s: float = 86_400.0) -> None:
@@ -133,7 +143,8 @@ class SqliteRegistryStore:
         self.tombstone_retention_s = tombstone_retention_s
         self._lock = threading.Lock()
         self._conn = _connect(self.path)
-        self._decoded: dict[str, tuple[str, Heartbeat]] = {}  # node id -> (stored text, it)
+        self._decoded: dict[str, _Decoded] = {}  # node id -> its last heartbeat
+        self._profiles: dict[str, str] = {}  # digest -> a split profile's JSON text
 
     # -- RegistryStore ---------------------------------------------------------------------
 
@@ -156,7 +167,7 @@ class SqliteRegistryStore:
                 (heartbeat.node_id, heartbeat.tier, body, heartbeat.started_at,
                  registered_at, now, generation),
             )
-            self._decoded[heartbeat.node_id] = (body, heartbeat)
+            self._remember(heartbeat.node_id, body, heartbeat)
         return _record(heartbeat, registered_at, now, generation, now)
 
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
@@ -168,7 +179,7 @@ class SqliteRegistryStore:
             ).fetchall()
             return [self._record_from_row(row, now) for row in rows]
 
-    def alive_json(self, now: float, ttl_s: float) -> list[str]:
+    def alive_json(self, now: float, ttl_s: float, *, digests: bool = False) -> list[str]:
         """The stored heartbeat texts with the registry's fields spliced in: no decoding,
         no validation (they were validated when they arrived)."""
         with self._lock, self._guard("list nodes"):
@@ -177,8 +188,14 @@ class SqliteRegistryStore:
                 " ORDER BY node_id",
                 (now - ttl_s,),
             ).fetchall()
-        return [_record_json(body, registered_at, last_seen, generation, now)
-                for _node_id, body, registered_at, last_seen, generation in rows]
+            texts = [(self._decode(node_id, body).lite if digests else body, *rest)
+                     for node_id, body, *rest in rows]
+        return [_record_json(text, registered_at, last_seen, generation, now)
+                for text, registered_at, last_seen, generation in texts]
+
+    def split_profile(self, digest: str) -> str | None:
+        with self._lock:
+            return self._profiles.get(digest)
 
     def get(self, node_id: str, now: float) -> NodeRecord | None:
         with self._lock, self._guard("read a node"):
@@ -192,11 +209,29 @@ class SqliteRegistryStore:
                          now: float) -> NodeRecord:
         """Under the lock: the row's record, its heartbeat decoded once per stored text."""
         node_id, body, registered_at, last_seen, generation = row
+        return _record(self._decode(node_id, body).heartbeat, registered_at, last_seen,
+                       generation, now)
+
+    def _decode(self, node_id: str, body: str) -> _Decoded:
+        """Under the lock: the node's heartbeat as stored in ``body``, decoded once."""
         cached = self._decoded.get(node_id)
-        if cached is None or cached[0] != body:
-            cached = (body, Heartbeat.model_validate_json(body))
-            self._decoded[node_id] = cached
-        return _record(cached[1], registered_at, last_seen, generation, now)
+        if cached is None or cached.body != body:
+            cached = self._remember(node_id, body, Heartbeat.model_validate_json(body))
+        return cached
+
+    def _remember(self, node_id: str, body: str, heartbeat: Heartbeat) -> _Decoded:
+        """Under the lock (or the write transaction): keep the decoded heartbeat, its text
+        with profiles by digest, and the profiles (those no node reports any more go)."""
+        lite, profiles = _by_digest(heartbeat)
+        decoded = _Decoded(body, heartbeat, lite, frozenset(profiles))
+        old = self._decoded.get(node_id)
+        self._decoded[node_id] = decoded
+        self._profiles.update(profiles)
+        if old is not None and old.digests - decoded.digests:
+            held = set().union(*(d.digests for d in self._decoded.values()))
+            for digest in old.digests - held:
+                self._profiles.pop(digest, None)
+        return decoded
 
     def remove(self, node_id: str) -> bool:
         with self._lock, self._guard("deregister a node"), self._conn:
@@ -290,6 +325,30 @@ def _next_generation(
     if state != "alive" or started_at != heartbeat.started_at or silent_too_long:
         return now, generation + 1
     return registered_at, generation
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    body: str  # the stored text
+    heartbeat: Heartbeat
+    lite: str  # the text with each model's splits replaced by splits_digest
+    digests: frozenset[str]
+
+
+def _by_digest(heartbeat: Heartbeat) -> tuple[str, dict[str, str]]:
+    """The heartbeat's JSON with each model's non-empty ``splits`` replaced by
+    ``splits_digest`` (sha256 of the profile's JSON text, 32 hex digits), and the profiles
+    by digest."""
+    doc = heartbeat.model_dump(mode="json")
+    profiles: dict[str, str] = {}
+    for model in doc.get("models", ()):
+        splits = model.pop("splits", None)
+        if splits:
+            text = json.dumps(splits, separators=(",", ":"))
+            digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+            profiles[digest] = text
+            model["splits_digest"] = digest
+    return json.dumps(doc, separators=(",", ":")), profiles
 
 
 def _record(
