@@ -19,10 +19,8 @@ Every process and the worktree are removed at the end, also on error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,12 +31,12 @@ from typing import Any
 import httpx
 import numpy as np
 import yaml
+from ab_support import cli, cpu_s, short_rev, worktree
 
 from tierlink.fleet.config import parse_fleet
 from tierlink.fleet.launcher import RunningFleet, launch
 from tierlink.transport.oip import encode_infer_request
 
-ROOT = Path(__file__).resolve().parents[1]
 FLEET = """
 name: hop-ab
 seed: 1
@@ -50,21 +48,6 @@ nodes:
 links:
   - {from: dev-1, to: edge-1, delay_ms: 0}
 """
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def worktree(stack: ExitStack, rev: str) -> Path:
-    """A checkout of ``rev`` in a temporary directory, removed when ``stack`` closes."""
-    path = Path(tempfile.mkdtemp(prefix="tierlink-hop-ab-")) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), rev],
-                   check=True)
-    stack.callback(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                    str(path)], check=False)
-    return path
 
 
 def start(stack: ExitStack, name: str, src: Path | None, models: dict[str, Any]) -> RunningFleet:
@@ -119,10 +102,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     zoo = ensure_zoo(profile="test", progress=False)
     models = {"fmnist-small": (zoo.path("fmnist-small"), zoo.card_path("fmnist-small"))}
-    old = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.old_rev],
-                         check=True, capture_output=True, text=True).stdout.strip()
+    old = short_rev(args.old_rev)
     with ExitStack() as stack:
-        tree = worktree(stack, old)
+        tree = worktree(stack, old, "tierlink-hop-ab-")
         fleets = {"old": start(stack, "old", tree / "src", models),
                   "new": start(stack, "new", None, models)}
         result = measure(fleets, args.rounds, args.requests)
@@ -139,17 +121,13 @@ def print_table(result: dict[str, Any]) -> None:
               f"{result['old_over_new'][m]:10.2f}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--old-rev", required=True, help="the git revision to compare with")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--requests", type=int, default=100, help="requests per round")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
-    result = run(args)
-    print_table(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli(__doc__ or "", add_arguments, run, print_table, argv)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+from ab_support import cli, cpu_s, short_rev, worktree
 
-ROOT = Path(__file__).resolve().parents[1]
 CODECS = ("fp32", "fp16", "int8", "int8+zstd", "fp16+zstd", "int8c+zstd")
 
 
@@ -56,11 +56,6 @@ def heartbeat(i: int) -> dict[str, Any]:
             "links": [{"dst": f"node-{(i + 1) % 1000:03d}", "rtt_ms": 10.0, "bandwidth_mbit": 100.0},
                       {"dst": f"node-{(i + 2) % 1000:03d}", "rtt_ms": 50.0, "bandwidth_mbit": 20.0}],
             "started_at": 1_733_139_000.0 + i}
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_control(stack: ExitStack, name: str, src: Path | None) -> tuple[str, int]:
@@ -93,22 +88,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def worktree(stack: ExitStack, rev: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="tierlink-registry-read-")) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), rev],
-                   check=True)
-    stack.callback(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                    str(path)], check=False)
-    return path
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    old = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.old_rev],
-                         check=True, capture_output=True, text=True).stdout.strip()
+    old = short_rev(args.old_rev)
     samples: dict[str, dict[str, list[float]]] = {}
     sizes: dict[str, int] = {}
     with ExitStack() as stack, httpx.Client(timeout=60.0, trust_env=False) as http:
-        planes = {"old": start_control(stack, "old", worktree(stack, old) / "src"),
+        planes = {"old": start_control(stack, "old", worktree(stack, old, "tierlink-registry-read-") / "src"),
                   "new": start_control(stack, "new", None)}
         for url, _ in planes.values():
             for i in range(args.nodes):
@@ -152,20 +137,16 @@ def print_table(result: dict[str, Any]) -> None:
               f"{result['old_over_new'][m]:10.2f}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--old-rev", required=True, help="the git revision to compare with")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=50, help="GET /v1/nodes per round")
     parser.add_argument("--full", action="store_true",
                         help="profiles inline from both (not the nodes' digest view)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
-    result = run(args)
-    print_table(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli(__doc__ or "", add_arguments, run, print_table, argv)
 
 
 if __name__ == "__main__":

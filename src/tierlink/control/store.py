@@ -172,24 +172,14 @@ class SqliteRegistryStore:
 
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         with self._lock, self._guard("list nodes"):
-            rows = self._conn.execute(
-                f"SELECT {_COLUMNS} FROM nodes WHERE state = 'alive' AND last_seen >= ?"
-                " ORDER BY node_id",
-                (now - ttl_s,),
-            ).fetchall()
-            return [self._record_from_row(row, now) for row in rows]
+            return [self._record_from_row(row, now) for row in self._alive_rows(now, ttl_s)]
 
     def alive_json(self, now: float, ttl_s: float, *, digests: bool = False) -> list[str]:
         """The stored heartbeat texts with the registry's fields spliced in: no decoding,
         no validation (they were validated when they arrived)."""
         with self._lock, self._guard("list nodes"):
-            rows = self._conn.execute(
-                f"SELECT {_COLUMNS} FROM nodes WHERE state = 'alive' AND last_seen >= ?"
-                " ORDER BY node_id",
-                (now - ttl_s,),
-            ).fetchall()
             texts = [(self._decode(node_id, body).lite if digests else body, *rest)
-                     for node_id, body, *rest in rows]
+                     for node_id, body, *rest in self._alive_rows(now, ttl_s)]
         return [_record_json(text, registered_at, last_seen, generation, now)
                 for text, registered_at, last_seen, generation in texts]
 
@@ -204,6 +194,12 @@ class SqliteRegistryStore:
                 (node_id,),
             ).fetchone()
             return None if row is None else self._record_from_row(row, now)
+
+    def _alive_rows(self, now: float, ttl_s: float) -> list[Any]:
+        """Under the lock: the rows of nodes heard from within ``ttl_s``, by node id."""
+        return self._conn.execute(
+            f"SELECT {_COLUMNS} FROM nodes WHERE state = 'alive' AND last_seen >= ?"
+            " ORDER BY node_id", (now - ttl_s,)).fetchall()
 
     def _record_from_row(self, row: tuple[str, str, float, float, int],
                          now: float) -> NodeRecord:
