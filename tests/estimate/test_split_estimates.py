@@ -113,3 +113,35 @@ def test_a_busy_sender_s_stalls_do_not_make_a_fast_link_look_slow():
     est.observe(4.0 + raw * 8 / 3_000, 0.0, raw)
     probe_round(500.0, stalled=0.0)  # the link recovers: shows at the first clean probe
     assert transfer_ms(25_000, est.view()) < 15.0
+
+
+def test_requests_that_straddle_a_slowdown_do_not_price_a_recovered_link_for_good():
+    """A probe round at 500 Mbit/s, then the link drops to 3 Mbit/s and the first requests
+    after the round (two raw uploads, a split) meet it: their extra time is the slower wire,
+    not request cost. Once the link is fast again and only probes see it (the device stays
+    local), requests must be priced at the fast wire plus the real ~30 ms, not 100 ms more
+    (the median of six extras, three of them straddlers, kept it there: the device never
+    offloaded again in tests/integration/test_split_switching.py)."""
+    from tierlink.estimate.latency import LinkEstimator, transfer_ms
+
+    est = LinkEstimator(LinkView("dev", "cloud", 4.0, 500.0))
+
+    def probes(mbit: float, rounds: int) -> None:
+        for _ in range(rounds):
+            for nbytes in (64, 65_536):
+                est.observe(4.0 + nbytes * 8 / (mbit * 1000), 0.0, nbytes, probe=True)
+
+    def request(mbit: float, nbytes: int) -> None:  # 30 ms of request cost, 10 upstream
+        est.observe(4.0 + nbytes * 8 / (mbit * 1000) + 30.0 + 10.0, 10.0, nbytes)
+
+    probes(500.0, 2)
+    for _ in range(9):
+        request(500.0, 602_112)
+    probes(500.0, 1)  # an idle moment between bursts
+    request(3.0, 602_112)
+    request(3.0, 602_112)
+    request(3.0, 60_000)
+    probes(3.0, 4)  # the device went local: idle, probes only
+    probes(500.0, 4)  # fast again, still only probes
+    assert 25.0 < est.request_ms < 35.0
+    assert transfer_ms(150_528, est.view()) < 4.0 + 150_528 * 8 / 500_000 + 35.0
