@@ -55,8 +55,11 @@ def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> Models:
 def test_the_head_holder_splits_and_agrees_with_the_unsplit_model(mobilenet: Models,
                                                                   tmp_path: Path) -> None:
     config = fleet_config(FLEET, "photos")
-    phase = photo_phase(config, DemoSettings(photo_requests=8, photo_rate_per_s=8.0),
-                        mobilenet)
+    # A loose deadline: this test is about where photos are served and what they answer,
+    # not their latency (a second cut opened meanwhile holds the edge's GIL for ~0.2 s,
+    # several times that on a loaded two-core CI machine: three of eight missed 500 ms once).
+    settings = DemoSettings(photo_requests=8, photo_rate_per_s=8.0, photo_deadline_ms=5000.0)
+    phase = photo_phase(config, settings, mobilenet)
     assert phase is not None and phase.model == MODEL
     with running_fleet(FLEET, tmp_path / "fleet", mobilenet) as fleet:
         # The first photos are what makes the device open the cut its policy would pick

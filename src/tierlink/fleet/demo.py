@@ -30,6 +30,7 @@ import numpy as np
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.fleet.workload import (
+    PHOTO_SLA,
     Record,
     WorkItem,
     drive,
@@ -49,6 +50,7 @@ class DemoSettings:
     task: str = "fmnist"
     photo_requests: int = 120  # per run; 0 = no photo workload
     photo_rate_per_s: float = 4.0
+    photo_deadline_ms: float = PHOTO_SLA[0]  # every photo request's deadline
 
     @classmethod
     def quick(cls) -> DemoSettings:
@@ -174,7 +176,8 @@ def photo_phase(fleet: FleetConfig, settings: DemoSettings,
     images, _ = imagenet_photos(views=True)  # (100, 3, 224, 224)
     logits = onnx_logits(models[model][0], images, batch_size=25, threads=1)  # (100, 1000)
     items = make_photo_workload(settings.photo_requests, settings.photo_rate_per_s,
-                                photo_origins(fleet, model), len(images), settings.seed)
+                                photo_origins(fleet, model), len(images), settings.seed,
+                                deadline_ms=settings.photo_deadline_ms)
     return PhotoPhase(model, tuple(items), images, logits.argmax(axis=1))
 
 

@@ -101,11 +101,11 @@ def make_workload(n: int, rate_per_s: float, devices: list[str], n_samples: int,
 
 
 def make_photo_workload(n: int, rate_per_s: float, origins: Sequence[str], n_samples: int,
-                        seed: int) -> list[WorkItem]:
+                        seed: int, deadline_ms: float = PHOTO_SLA[0]) -> list[WorkItem]:
     """``n`` photo requests at a steady rate, the origins taking turns (so each sees the
     same conditions), samples drawn with ``seed``; one SLA class and privacy level."""
     rng = random.Random(seed)
-    deadline, priority = PHOTO_SLA
+    deadline, priority = deadline_ms, PHOTO_SLA[1]
     return [WorkItem(i, rng.randrange(n_samples), origins[i % len(origins)], deadline,
                      priority, PHOTO_PRIVACY, i / rate_per_s) for i in range(n)]
 
