@@ -193,6 +193,10 @@ class RegistryService:
         now = self.clock()
         return now, self.store.alive_json(now, self.ttl_s, digests=digests)
 
+    def split_profile(self, digest: str) -> str | None:
+        """The JSON text of the split profile with this digest (``GET /v1/splits/...``)."""
+        return self.store.split_profile(digest)
+
     def get(self, node_id: str) -> NodeRecord | None:
         record = self.store.get(node_id, self.clock())
         # Silent past the ttl but not swept yet: as good as expired.
@@ -481,7 +485,7 @@ def _install_routes(app: FastAPI, service: RegistryService,
 
     @app.get("/v1/splits/{digest}")
     def split_profile(digest: str) -> Response:
-        text = service.store.split_profile(digest)
+        text = service.split_profile(digest)
         if text is None:
             return _error(404, f"no alive node reports a split profile with digest {digest!r}",
                           "split_profile_not_found", "fetch GET /v1/nodes?splits=digest again")

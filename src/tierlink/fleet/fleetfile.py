@@ -11,7 +11,6 @@ file (atomically), so a failed write never leaves a broken fleet file behind.
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -78,10 +77,10 @@ def _plain(text: str) -> Any:
 
 
 def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    from tierlink.durable import replace_synced
+
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        replace_synced(path, text.encode())
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)
         raise ConfigError(f"cannot write fleet file {path}: {exc}") from exc
