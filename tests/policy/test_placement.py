@@ -97,7 +97,8 @@ def test_version_pin_excludes_nodes_without_it():
 
 
 def test_threshold_comes_from_config():
-    cfg = PolicyConfig(thresholds={"fmnist-small": 0.8})
+    # A tolerance that calls the cascade accurate enough: it is then the cheapest option.
+    cfg = PolicyConfig(thresholds={"fmnist-small": 0.8}, accuracy_tolerance=1.5)
     p = TierlinkPolicy(cfg).plan(req(), fleet_view(), random.Random(0))
     assert p.placements[0].escalate_below == pytest.approx(0.8)
 
@@ -127,6 +128,30 @@ def test_cloud_only_baseline_forwards_up_and_ignores_privacy():
 def test_device_only_baseline_stays_local():
     p = REGISTRY.create("device_only").plan(req(), fleet_view(), random.Random(0))
     assert [pl.kind for pl in p.placements] == ["local"]
+
+
+@pytest.mark.parametrize(("privacy", "at", "kind", "tier"), [
+    (Privacy.LOCAL, "dev-1", "local", Tier.DEVICE),
+    (Privacy.SITE, "dev-1", "remote", Tier.EDGE),
+    (Privacy.SITE, "edge-1", "local", Tier.EDGE),
+    (Privacy.ANY, "dev-1", "remote", Tier.EDGE),   # the cloud is reached through an edge
+    (Privacy.ANY, "edge-1", "remote", Tier.CLOUD),
+    (Privacy.ANY, "cloud-1", "local", Tier.CLOUD),
+])
+def test_static_rules_sends_each_request_to_the_most_capable_tier_its_privacy_allows(
+        privacy, at, kind, tier):
+    pol = REGISTRY.create("static_rules")
+    for deadline in (5.0, 1000.0):  # whatever the deadline
+        p = pol.plan(req(privacy, deadline), fleet_view(self_id=at), random.Random(0))
+        assert (p.placements[0].kind, p.placements[0].tier) == (kind, tier)
+        assert all(pl.tier == tier for pl in p.placements)
+        assert p.respects_privacy and not p.respects_deadline
+
+
+def test_static_rules_answers_locally_when_no_allowed_tier_above_is_healthy():
+    view = fleet_view(self_id="edge-1", unhealthy=frozenset({"cloud-1"}))
+    p = REGISTRY.create("static_rules").plan(req(Privacy.ANY), view, random.Random(0))
+    assert [(pl.kind, pl.node_id) for pl in p.placements] == [("local", "edge-1")]
 
 
 def test_reserve_keeps_time_for_the_way_back():

@@ -2,26 +2,44 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from tierlink.cascade.guarantee import Guarantee, tune_guaranteed
+from tierlink.cascade.records import cascade_records, record_to_dict
 from tierlink.cascade.stages import Chain, build_stages
 from tierlink.cascade.tune import Operating, Stage, Target, TargetKind, evaluate, single, tune
+from tierlink.core.types import CascadeRecord
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.zoo.cache import Zoo
 from tierlink.zoo.datasets import Splits
+
+# A guaranteed target speaks of a batch of requests this large (the test split's size):
+# "on any 10,000 requests, accuracy >= ... with 90% probability".
+DEFAULT_BATCH = 10_000
+DEFAULT_CONFIDENCE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
 class Goal:
     """A target as a user states it. ``accuracy_drop``: points below the last (most
     accurate) stage alone; ``cost_share``: a fraction of the last stage's cost alone. The
-    relative forms are resolved on the calibration split."""
+    relative forms are resolved on the calibration split. ``confidence`` (accuracy
+    targets only): the target must hold on unseen data with this probability, by a
+    finite-sample test over the calibration records (``cascade/guarantee.py``); None
+    takes the point estimate on the calibration split."""
 
     kind: str  # accuracy_drop | accuracy_floor | escalation_budget | cost_share | cost_ceiling
     value: float
     prefer: str = "device"  # for accuracy floors: fewest escalations ("device") or "cost"
+    confidence: float | None = None
+    batch: int | None = DEFAULT_BATCH  # the guarantee speaks of this many requests
+
+    @property
+    def guaranteed(self) -> bool:
+        return self.confidence is not None and self.kind in ("accuracy_drop",
+                                                              "accuracy_floor")
 
     def resolve(self, stages: list[Stage]) -> Target:
         top = single(stages, len(stages) - 1)
@@ -53,10 +71,22 @@ class TuneReport:
     calib: Operating
     test: Operating
     alone: dict[str, dict[str, Operating]]
+    guarantee: Guarantee | None = None
+    # What each model does on the calibration inputs that reach it, by path (at the
+    # chosen thresholds), and the sha256 of every model file of the chain: the
+    # thresholds belong to exactly these models.
+    records: dict[str, CascadeRecord] | None = None
+    tuned_on: dict[str, str] | None = None
 
     def thresholds(self) -> dict[str, float]:
         """Model name -> threshold, for every stage but the last."""
         return dict(zip(self.chain.models, self.calib.thresholds, strict=False))
+
+    def describe(self) -> str:
+        """The target as a sentence (the guarantee and its bound when there is one)."""
+        if self.guarantee is None:
+            return self.target.describe()
+        return f"{self.guarantee.describe()}, one confidence bar for every stage"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +100,10 @@ class TuneReport:
             "calib": self.calib.to_dict(), "test": self.test.to_dict(),
             "alone": {split: {m: op.to_dict() for m, op in ops.items()}
                       for split, ops in self.alone.items()},
+            "guarantee": None if self.guarantee is None else self.guarantee.to_dict(),
+            "records": {k: record_to_dict(r) for k, r in (self.records or {}).items()},
+            "tuned_on": dict(self.tuned_on or {}),
+            "text": self.describe(),
         }
 
 
@@ -78,9 +112,25 @@ def tune_chain(zoo: Zoo, chain: Chain, splits: Splits, goal: Goal,
     """Tune on the calibration split, evaluate the same thresholds on the test split."""
     calib = build_stages(zoo, chain, splits.calib, cost)
     test = build_stages(zoo, chain, splits.test, cost)
+    report = tune_stages(calib, test, chain, goal)
+    return replace(report, tuned_on={m: zoo.card(m).sha256 for m in chain.models})
+
+
+def tune_stages(calib: list[Stage], test: list[Stage], chain: Chain, goal: Goal) -> TuneReport:
+    """:func:`tune_chain` on stages already measured (benchmarks resample them)."""
     target = goal.resolve(calib)
-    tuned = tune(calib, target)
+    guarantee = None
+    if goal.guaranteed:
+        drop = goal.value / 100.0 if goal.kind == "accuracy_drop" else None
+        floor = None if drop is not None else goal.value
+        sure = tune_guaranteed(calib, goal.confidence or 0.0, drop=drop, floor=floor,
+                               batch=goal.batch)
+        chosen, feasible, guarantee = sure.chosen, sure.feasible, sure.guarantee
+    else:
+        tuned = tune(calib, target)
+        chosen, feasible = tuned.chosen, tuned.feasible
     alone = {name: {m: single(stages, i) for i, m in enumerate(chain.models)}
              for name, stages in (("calib", calib), ("test", test))}
-    return TuneReport(chain, goal, target, tuned.feasible, tuned.chosen,
-                      evaluate(test, tuned.chosen.thresholds), alone)
+    records = cascade_records(calib, chosen.thresholds)
+    return TuneReport(chain, goal, target, feasible, chosen, evaluate(test, chosen.thresholds),
+                      alone, guarantee, records)

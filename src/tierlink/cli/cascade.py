@@ -32,19 +32,26 @@ def tune_cmd(
     prefer: str = typer.Option(
         "device", help="for accuracy floors: 'device' (fewest escalations, then cost) or "
                        "'cost' (cheapest outright)"),
+    confidence: float = typer.Option(
+        0.9, help="accuracy targets: hold on unseen data with this probability (a "
+                  "finite-sample test over the calibration records); 0 = just meet the "
+                  "target on the calibration split"),
+    batch: int = typer.Option(
+        10_000, help="the guarantee speaks of any batch of this many requests (0: of the "
+                     "expected accuracy)"),
     write: bool = typer.Option(True, help="write the thresholds into FLEET_FILE"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Choose per-tier confidence thresholds on the calibration split, check them on the
-    test split, and write them into the fleet file's routing.thresholds."""
-    from tierlink.fleet.fleetfile import write_thresholds
-
+    test split, and write them into the fleet file: routing.thresholds (the comment states
+    the target, its confidence and the bound reached) and routing.cascade (the models'
+    sha256 the thresholds belong to, and the calibration records policies price with)."""
     try:
-        goal = _goal(accuracy_drop, accuracy_floor, max_escalation, cost_share, prefer)
+        goal = _goal(accuracy_drop, accuracy_floor, max_escalation, cost_share, prefer,
+                     confidence, batch)
         report = tune_fleet(fleet_file, task, goal, progress=not as_json)
         if write:
-            write_thresholds(fleet_file, report.thresholds(),
-                             comment=f"cascade tune: {report.target.describe()}")
+            write_report(fleet_file, report)
     except TierlinkError as exc:
         fail(exc)
     if as_json:
@@ -55,8 +62,19 @@ def tune_cmd(
         raise typer.Exit(1)
 
 
+def write_report(fleet_file: Path, report: Any) -> None:
+    """The tuned thresholds, their provenance and records, into ``fleet_file``."""
+    from tierlink.cascade.records import record_to_dict
+    from tierlink.fleet.fleetfile import write_cascade
+
+    write_cascade(fleet_file, report.thresholds(), report.tuned_on or {},
+                  {k: record_to_dict(r) for k, r in (report.records or {}).items()},
+                  comment=f"cascade tune: {report.describe()}")
+
+
 def _goal(drop: float | None, floor: float | None, escalation: float | None,
-          share: float | None, prefer: str = "device") -> Any:
+          share: float | None, prefer: str = "device", confidence: float = 0.0,
+          batch: int = 0) -> Any:
     from tierlink.cascade.report import Goal
 
     given = {k: v for k, v in (("accuracy_drop", drop), ("accuracy_floor", floor),
@@ -71,7 +89,12 @@ def _goal(drop: float | None, floor: float | None, escalation: float | None,
         raise ConfigError(f"--{kind.replace('_', '-')} is a share in 0..1, got {value}")
     if prefer not in ("device", "cost"):
         raise ConfigError(f"--prefer is 'device' or 'cost', got {prefer!r}")
-    return Goal(kind, value, prefer)
+    if not 0.0 <= confidence < 1.0:
+        raise ConfigError(f"--confidence is a probability in [0, 1), got {confidence}",
+                          hint="e.g. 0.9; 0 tunes on the calibration split's point estimate")
+    if batch < 0:
+        raise ConfigError(f"--batch is a number of requests, got {batch}")
+    return Goal(kind, value, prefer, confidence or None, batch or None)
 
 
 def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) -> Any:
@@ -92,7 +115,7 @@ def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) ->
 
 def _print(report: Any, written: Path | None) -> None:
     table = Table(title=f"cascade {' -> '.join(report.chain.models)}: "
-                        f"{report.target.describe()}")
+                        f"{report.describe()}")
     for col in ("split", "thresholds", "accuracy", "cost / 1k req", "answered per stage"):
         table.add_column(col)
     top = report.chain.models[-1]

@@ -18,6 +18,8 @@ from tierlink.fleet.demo import (
     RUNS,
     DemoSettings,
     PhotoPhase,
+    Prediction,
+    breakdown,
     environment,
     fleet_summary,
     hard_example_summary,
@@ -25,6 +27,7 @@ from tierlink.fleet.demo import (
     photo_phase,
     run_photos,
     run_workload,
+    threshold_prediction,
     workload_for,
 )
 from tierlink.fleet.launcher import launch
@@ -48,15 +51,18 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
                                say=_say))
     zoo_summary.update({name: _card_summary(models[name][1]) for name in config.model_names()
                         if name in models and name not in zoo_summary})
+    config, tuning = _fresh_thresholds(config, models, settings.task)
     test = fashion_mnist().test
     items = workload_for(config, settings, len(test.labels))
     photos = photo_phase(config, settings, models)
+    prediction = threshold_prediction(config, models, settings.task)
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-demo-"))
     with launch(config, models, run_dir, say=_say) as fleet:
-        runs = {name: _one_run(fleet, name, policy, items, test, settings, photos)
+        runs = {name: _one_run(fleet, name, policy, items, test, settings, photos,
+                               prediction)
                 for name, policy in RUNS}
         report = {"runs": runs, "fleet": fleet_summary(fleet),
-                  "thresholds": dict(config.routing.thresholds),
+                  "thresholds": dict(config.routing.thresholds), "tuning": tuning,
                   "hard_examples": hard_example_summary(fleet.control_url,
                                                        headers=fleet.admin_headers),
                   "environment": environment(fleet, settings, zoo_summary)}
@@ -65,6 +71,24 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
         json_path.write_text(json.dumps(report, indent=2))
         console.print(f"report written to {json_path}")
     return report
+
+
+def _fresh_thresholds(config: Any, models: dict, task: str) -> tuple[Any, dict[str, Any]]:
+    """The fleet with thresholds that belong to the models this machine built: as written
+    when they were tuned on these very files, else tuned anew here (a fresh clone trains
+    its own zoo) — said on the terminal and in the report."""
+    from tierlink.fleet.tuning import retune, stale_thresholds
+
+    stale = stale_thresholds(config, models)
+    if not stale:
+        return config, {"retuned": False, "tuned_on": dict(config.routing.cascade_tuned_on)}
+    _say("the fleet file's cascade thresholds were tuned on other models ("
+         + "; ".join(stale) + "): tuning them for this machine's models")
+    config, report = retune(config, task)
+    _say(f"thresholds {report.thresholds()}: {report.describe()}; on the test split "
+         f"{100 * report.test.accuracy:.2f}%, {100 * report.test.shares[0]:.1f}% answered "
+         "on the device")
+    return config, {"retuned": True, "stale": stale, "report": report.to_dict()}
 
 
 def _say(message: str) -> None:
@@ -81,14 +105,16 @@ def _card_summary(card_path: Path) -> dict[str, Any]:
 
 
 def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
-             settings: DemoSettings, photos: PhotoPhase | None) -> dict[str, Any]:
+             settings: DemoSettings, photos: PhotoPhase | None,
+             prediction: Prediction | None) -> dict[str, Any]:
     from tierlink.fleet.workload import summarize, summarize_split
 
     def fmnist(on_done: Any) -> tuple[list, int]:
         return run_workload(fleet, items, test.images, test.labels, settings.task, policy,
                             on_done)
 
-    run = summarize(*_with_progress(name, len(items), fmnist, _fmnist_live))
+    records, violations = _with_progress(name, len(items), fmnist, _fmnist_live)
+    run = summarize(records, violations) | breakdown(records, fleet.config, prediction)
     if photos is not None:
 
         def photo(on_done: Any) -> tuple[list, int]:
@@ -161,6 +187,7 @@ def _print_report(report: dict[str, Any]) -> None:
         "/".join(f"{100 * r['tier_share'][t]:.0f}%" for t in ("device", "edge", "cloud"))
         for r in runs.values()))
     Console().print(table)
+    _print_breakdown(runs)
     env = report["environment"]
     hard = report["hard_examples"]
     wrong = hard["wrong_share_of_labelled"]
@@ -173,6 +200,43 @@ def _print_report(report: dict[str, Any]) -> None:
     photos = {name: r["imagenet"] for name, r in runs.items() if "imagenet" in r}
     if photos:
         _print_photos(photos)
+
+
+def _print_breakdown(runs: dict[str, dict[str, Any]]) -> None:
+    """Accuracy / SLA attainment / cost per privacy level and SLA class, each run side by
+    side; then the live escalation rate beside the thresholds' prediction."""
+    table = Table(title="by privacy level and SLA class: accuracy / SLA attainment / "
+                        "cost per 1k (USD)")
+    table.add_column("")
+    for name in runs:
+        table.add_column(name, justify="right")
+    first = next(iter(runs.values()))
+    groups = [("by_privacy", k, f"privacy {k}") for k in first["by_privacy"]]
+    groups += [("by_sla", k, f"{k} ({_deadline(first, k)})") for k in first["by_sla"]]
+    groups += [("any_by_cloud_room", k, f"any, {k.replace('_', ' ')}")
+               for k in first["any_by_cloud_room"]]
+    for section, key, label in groups:
+        table.add_row(label, *(_cell(r[section].get(key)) for r in runs.values()))
+    Console().print(table)
+    esc = first["escalation"]
+    if esc.get("escalated_share_tuned") is not None and esc["escalated_share"] is not None:
+        console.print(
+            f"escalation (requests that may leave the device, {esc['may_escalate']}): "
+            f"{100 * esc['escalated_share']:.1f}% answered upstream; the threshold "
+            f"{esc['threshold']:.4f} predicts {100 * esc['escalated_share_tuned']:.1f}% "
+            f"(calibration split), {100 * esc['escalated_share_expected']:.1f}% on these "
+            f"inputs; {esc['escalation_degraded']} kept the device's answer for lack of time")
+
+
+def _deadline(run: dict[str, Any], sla: str) -> str:
+    return f"{run['by_sla'][sla]['deadline_ms']:.0f} ms"
+
+
+def _cell(group: dict[str, Any] | None) -> str:
+    if not group or not group["requests"]:
+        return "-"
+    return (f"{100 * group['accuracy']:.1f}% / {100 * group['sla_attainment']:.0f}% / "
+            f"{group['cost_per_1k']:.6f}")
 
 
 def _print_photos(runs: dict[str, dict[str, Any]]) -> None:

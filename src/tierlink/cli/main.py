@@ -140,10 +140,12 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
     """Run a fleet declared in FLEET_FILE until Ctrl-C."""
     from tierlink.fleet.config import load_fleet
     from tierlink.fleet.launcher import launch
+    from tierlink.fleet.tuning import require_fresh
 
     try:
         config = load_fleet(fleet_file)
         models, _ = zoo_models(config.zoo_profile, config.model_names())
+        require_fresh(config, models, fleet_file)
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
         fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"))
     except TierlinkError as exc:

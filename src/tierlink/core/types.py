@@ -115,6 +115,21 @@ class CascadePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class CascadeRecord:
+    """One model's figures on the calibration inputs that reach it along one path of a
+    tuned cascade (each earlier model escalated them): ``share`` of all inputs that get
+    there, the model's ``accuracy`` on them, and for a model with a threshold the share
+    it then ``answered`` itself (confidence >= ``threshold``) and its accuracy on those.
+    Written by ``cascade tune`` (``routing.cascade.records``); see ``cascade/records.py``."""
+
+    share: float
+    accuracy: float
+    threshold: float | None = None
+    answered: float | None = None
+    answered_accuracy: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CodecPoint:
     """A feature codec measured at one cut: its payload's bytes per sample (header
     included) and its encode / decode latency on the profiling node."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tierlink.core.types import Tier
+from tierlink.core.types import CascadeRecord, Tier
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.split import DEFAULT_CODECS
@@ -59,6 +59,13 @@ class RoutingConfig:
     # codecs`): replaces the default table's conservative figure in split pricing.
     split_codec_loss: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({}))
+    # Written by `cascade tune` (routing.cascade): the sha256 of each model the thresholds
+    # were tuned on, and each model's calibration figures on the inputs reaching it by path.
+    cascade_tuned_on: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cascade_records: Mapping[tuple[str, ...], CascadeRecord] = field(
+        default_factory=lambda: MappingProxyType({}))
+    # Points: options further below the most accurate feasible one are not chosen.
+    accuracy_tolerance: float = 0.0
 
     def policy_config(self) -> PolicyConfig:
         codecs = tuple(replace(c, accuracy_loss=self.split_codec_loss.get(c.spec,
@@ -68,7 +75,8 @@ class RoutingConfig:
                             default_threshold=self.default_threshold, max_hops=self.max_hops,
                             reserve_ms=self.reserve_ms, cost=self.cost,
                             local_features_may_leave=self.local_features_may_leave,
-                            split_codecs=codecs)
+                            split_codecs=codecs, cascade_records=self.cascade_records,
+                            accuracy_tolerance=self.accuracy_tolerance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +312,26 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
         hedging=_hedging(_mapping(raw.get("hedging") or {}, "routing.hedging")),
         split_codec_loss=_codec_loss(_mapping(raw.get("split_codec_loss") or {},
                                               "routing.split_codec_loss")),
+        **_cascade(_mapping(raw.get("cascade") or {}, "routing.cascade")),
+        accuracy_tolerance=_float(raw.get("accuracy_tolerance", 0.0),
+                                  "routing.accuracy_tolerance", 0.0, 100.0),
     )
+
+
+def _cascade(raw: Mapping[str, Any]) -> dict[str, Any]:
+    from tierlink.cascade.records import RETUNE, parse_records
+
+    for key in raw:
+        _known(key, ("tuned_on", "records"), "routing.cascade")
+    tuned_on = _mapping(raw.get("tuned_on") or {}, "routing.cascade.tuned_on")
+    for model, digest in tuned_on.items():
+        if not isinstance(digest, str) or len(digest) < 16:
+            raise ConfigError(f"routing.cascade.tuned_on.{model} must be the model file's "
+                              f"sha256, got {digest!r}", hint=RETUNE)
+    records = parse_records(_mapping(raw.get("records") or {}, "routing.cascade.records"),
+                            "routing.cascade.records")
+    return {"cascade_tuned_on": MappingProxyType({str(k): str(v) for k, v in tuned_on.items()}),
+            "cascade_records": MappingProxyType(records)}
 
 
 def _codec_loss(raw: Mapping[str, Any]) -> Mapping[str, float]:

@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from tierlink.fleet import breakdown as bd
+from tierlink.fleet.breakdown import Prediction
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.fleet.workload import (
@@ -39,7 +41,10 @@ from tierlink.fleet.workload import (
 )
 from tierlink.zoo.photo_models import PHOTO_TASK
 
-RUNS = (("tierlink", None), ("cloud_only", "cloud_only"), ("device_only", "device_only"))
+# tierlink, then the baselines: what a team without a router would deploy (each request to
+# the most capable tier its privacy allows), and the two extremes.
+RUNS = (("tierlink", None), ("static_rules", "static_rules"), ("cloud_only", "cloud_only"),
+        ("device_only", "device_only"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +190,51 @@ def workload_for(fleet: FleetConfig, settings: DemoSettings, n_samples: int) -> 
     devices = [n.node_id for n in fleet.nodes if n.tier.label == "device"]
     return make_workload(settings.requests, settings.rate_per_s, devices, n_samples,
                          settings.seed)
+
+
+def threshold_prediction(fleet: FleetConfig, models: dict[str, tuple[Path, Path]],
+                         task: str) -> Prediction | None:
+    """What the device model's cascade threshold predicts (None: no device model of
+    ``task`` in the fleet): the share of the calibration split below it, and per test
+    sample whether its calibrated confidence is below it."""
+    from tierlink.zoo.cards import load_card
+    from tierlink.zoo.datasets import load_splits
+    from tierlink.zoo.evaluate import onnx_logits, softmax
+
+    name = next((m for n in fleet.nodes if n.tier.label == "device" for m in n.models
+                 if m.startswith(f"{task}-")), None)
+    if name is None or name not in models:
+        return None
+    path, card_path = models[name]
+    temperature = load_card(card_path).temperature
+    threshold = fleet.routing.policy_config().threshold_for(name)
+    splits = load_splits(task)
+
+    def confidence(images: np.ndarray) -> np.ndarray:
+        return softmax(onnx_logits(path, images, threads=1), temperature).max(axis=1)
+
+    return Prediction(threshold, float((confidence(splits.calib.images) < threshold).mean()),
+                      confidence(splits.test.images) < threshold)
+
+
+def cloud_room_ms(fleet: FleetConfig) -> float:
+    """The least deadline that leaves room for the cloud: the slowest device->edge and
+    edge->cloud round trips declared, plus the routing reserve."""
+    tier = {n.node_id: n.tier.label for n in fleet.nodes}
+    rtt = {pair: max((2 * l.delay_ms for l in fleet.links
+                      if (tier[l.src], tier[l.dst]) == pair), default=0.0)
+           for pair in (("device", "edge"), ("edge", "cloud"))}
+    return sum(rtt.values()) + fleet.routing.reserve_ms
+
+
+def breakdown(records: list[Record], fleet: FleetConfig,
+              prediction: Prediction | None) -> dict[str, Any]:
+    """The per-privacy and per-SLA figures of one run, the ``any`` requests by whether the
+    cloud was within reach, and the escalation rate beside the thresholds' prediction."""
+    return {"by_privacy": bd.by_privacy(records), "by_sla": bd.by_sla(records),
+            "any_by_cloud_room": bd.by_privacy_and_room(records, cloud_room_ms(fleet)),
+            "cloud_room_ms": cloud_room_ms(fleet),
+            "escalation": bd.escalation(records, prediction)}
 
 
 def fleet_summary(fleet: RunningFleet) -> dict[str, Any]:

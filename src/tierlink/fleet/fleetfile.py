@@ -1,6 +1,7 @@
 """Write measured settings into a fleet YAML file, keeping everything else as written:
-tuned cascade thresholds (``tierlink cascade tune``) and measured feature-codec losses
-(``tierlink split codecs --write``).
+tuned cascade thresholds with the models they belong to and their calibration records
+(``tierlink cascade tune``) and measured feature-codec losses (``tierlink split codecs
+--write``).
 
 Uses ruamel.yaml's round-trip mode, so comments, key order and flow style survive (only
 the padding inside flow mappings is normalised to one space); the
@@ -37,10 +38,37 @@ def update_routing(path: Path, key: str, values: Mapping[str, float],
     """Set ``routing.<key>[name] = value`` (a flow mapping of numbers, rounded to 4 places)
     for each entry, keeping the other entries and the rest of the file; validated, then
     written atomically. Returns the new file text."""
-    from ruamel.yaml import YAML
+    data, yaml = _load(path)
+    routing = _routing(data)
+    _set_numbers(routing, key, values)
+    if comment:
+        routing.yaml_add_eol_comment(comment, key)
+    return _dump(path, data, yaml)
+
+
+def write_cascade(path: Path, thresholds: Mapping[str, float], tuned_on: Mapping[str, str],
+                  records: Mapping[str, Mapping[str, float]], comment: str) -> str:
+    """What ``cascade tune`` writes, in one atomic replace: ``routing.thresholds`` (with
+    ``comment``: the target, its confidence and the bound reached) and ``routing.cascade``
+    — the models' sha256 the thresholds were tuned on (``tuned_on``) and each model's
+    figures on the calibration inputs that reach it (``records``, by path)."""
     from ruamel.yaml.comments import CommentedMap
 
-    from tierlink.fleet.config import parse_fleet
+    data, yaml = _load(path)
+    routing = _routing(data)
+    _set_numbers(routing, "thresholds", thresholds)
+    routing.yaml_add_eol_comment(comment, "thresholds")
+    block = CommentedMap()
+    block["tuned_on"] = _flow({m: str(h) for m, h in tuned_on.items()})
+    block["records"] = CommentedMap((k, _flow(dict(v))) for k, v in records.items())
+    routing["cascade"] = block
+    routing.yaml_add_eol_comment("written by `tierlink cascade tune`: the thresholds "
+                                 "belong to these models", "cascade")
+    return _dump(path, data, yaml)
+
+
+def _load(path: Path) -> tuple[Any, Any]:
+    from ruamel.yaml import YAML
 
     yaml = YAML()  # round-trip
     yaml.preserve_quotes = True
@@ -52,16 +80,35 @@ def update_routing(path: Path, key: str, values: Mapping[str, float],
         raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"fleet file {path} is not a YAML mapping")
-    routing = data.setdefault("routing", CommentedMap())
+    return data, yaml
+
+
+def _routing(data: Any) -> Any:
+    from ruamel.yaml.comments import CommentedMap
+
+    return data.setdefault("routing", CommentedMap())
+
+
+def _flow(values: Mapping[str, Any]) -> Any:
+    from ruamel.yaml.comments import CommentedMap
+
+    out = CommentedMap(values)
+    out.fa.set_flow_style()
+    return out
+
+
+def _set_numbers(routing: Any, key: str, values: Mapping[str, float]) -> None:
     current = routing.get(key)
     if not isinstance(current, dict):
-        current = CommentedMap()
-        current.fa.set_flow_style()
+        current = _flow({})
         routing[key] = current
     for name, value in values.items():
         current[name] = round(float(value), 4)
-    if comment:
-        routing.yaml_add_eol_comment(comment, key)
+
+
+def _dump(path: Path, data: Any, yaml: Any) -> str:
+    from tierlink.fleet.config import parse_fleet
+
     out = io.StringIO()
     yaml.dump(data, out)
     text = out.getvalue()

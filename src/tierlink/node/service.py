@@ -72,6 +72,7 @@ from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, OutboxSink
 from tierlink.node.hedging import Hedger
+from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.models import ModelManager
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
@@ -101,6 +102,11 @@ class _Upstream:
     spec: UpstreamSpec
     estimator: LinkEstimator
     last_seen: float = float("-inf")  # when traffic last measured this link (node clock)
+    last_used: float = float("-inf")  # when its connection last carried anything (KeepWarm)
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
 
 PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwidth
 WARM_CUTS = 1  # cuts of the best split plans toward each upstream whose heads are opened
@@ -181,6 +187,7 @@ class NodeService:
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._keepwarm: asyncio.Task[None] | None = None
         self._warmer: asyncio.Task[None] | None = None
         self._unwarmable: set[tuple[str, str]] = set()  # (model, cut) that failed to open
         self._routed_at: dict[str, float] = {}  # task -> when a request for it was last routed
@@ -209,6 +216,9 @@ class NodeService:
                         else None)
         self._warmer = (asyncio.create_task(self._warm_loop(), name="split-warmer")
                         if self._heads and self._upstreams else None)
+        self._keepwarm = (asyncio.create_task(KeepWarm(
+            self._client, self._upstreams.values, self._clock).run(), name="keep-warm")
+            if self._upstreams else None)
         if self.hard_examples is not None:
             self.hard_examples.start()
         if self.uplink is not None:
@@ -220,7 +230,7 @@ class NodeService:
             await self.hard_examples.stop()
         if self.uplink is not None:
             await self.uplink.stop()  # undelivered items stay on disk
-        for task in (self._refresher, self._prober, self._warmer):
+        for task in (self._refresher, self._prober, self._warmer, self._keepwarm):
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -417,7 +427,7 @@ class NodeService:
         tail_ms = float(resp.parameters.get(protocol.SERVER_MS, 0.0))
         if learn:
             up.estimator.observe(total_ms, tail_ms, payload.nbytes)
-        up.last_seen = self._clock()
+        up.last_seen = up.last_used = self._clock()
         timings = {"encode_ms": encode_ms, "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
                    "split_bytes": float(payload.nbytes)}
         return next(iter(resp.outputs.values())), timings, int(payload.nbytes)
@@ -642,7 +652,7 @@ class NodeService:
         total_ms = (self._clock() - start) * 1000.0
         outcome = protocol.parse_outcome(resp.parameters)
         up.estimator.observe(total_ms, outcome.timings_ms.get("server_ms", 0.0), req.input_bytes)
-        up.last_seen = self._clock()
+        up.last_seen = up.last_used = self._clock()
         transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
         return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
 
@@ -690,7 +700,7 @@ class NodeService:
             except TierlinkError:
                 return  # an unreachable upstream is the breakers' business, not the probe's
             up.estimator.observe((self._clock() - start) * 1000.0, 0.0, nbytes, probe=True)
-        up.last_seen = self._clock()
+        up.last_seen = up.last_used = self._clock()
 
     # -- view, heartbeat, metrics ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from importlib import metadata
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
-from tierlink.core.types import ClusterView, Plan, Request
+from tierlink.core.types import CascadeRecord, ClusterView, Plan, Request
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.latency import EstimateParams
@@ -29,12 +29,18 @@ class Weights:
     """Trade-off between objectives once hard constraints are met.
 
     score = accuracy·(expected accuracy in points) − latency·(expected latency / deadline)
-            − cost·(expected cost / the dearest option's cost)
+            − cost·(expected cost / the cost of answering at the fleet's dearest node)
+
+    ``cost = 2``: sending every request to the dearest tier is worth two points of accuracy.
     """
 
     accuracy: float = 1.0
     latency: float = 1.0
     cost: float = 2.0
+
+
+def _no_records() -> Mapping[tuple[str, ...], CascadeRecord]:
+    return MappingProxyType({})
 
 
 def _no_thresholds() -> Mapping[str, float]:
@@ -59,9 +65,28 @@ class PolicyConfig:
     split_codecs: tuple[CodecProfile, ...] = DEFAULT_CODECS
     split_max_accuracy_loss: float = 0.5
     local_features_may_leave: bool = False
+    # `cascade tune`'s calibration records by path (device model first): what each model
+    # does on the inputs that reach it that way. Cascades are priced from them when present.
+    cascade_records: Mapping[tuple[str, ...], CascadeRecord] = field(
+        default_factory=_no_records)
+    # Points: options further than this below the most accurate feasible one are not
+    # chosen (they stay as fallbacks); among the rest latency and cost decide. 0 = off:
+    # every option competes on the whole weighted score. A fleet whose cascade was tuned
+    # for "top stage - X points" says with X what accurate enough means.
+    accuracy_tolerance: float = 0.0
 
     def threshold_for(self, model: str) -> float:
         return self.thresholds.get(model, self.default_threshold)
+
+    def record(self, path: tuple[str, ...]) -> CascadeRecord | None:
+        """The calibration record of ``path``'s last model on the inputs the earlier ones
+        escalated, if it was tuned with the thresholds in force (None: not recorded, or
+        its threshold was changed by hand since)."""
+        rec = self.cascade_records.get(path)
+        if rec is None or (rec.threshold is not None
+                           and abs(rec.threshold - self.threshold_for(path[-1])) > 1e-4):
+            return None
+        return rec
 
 
 @runtime_checkable

@@ -1,5 +1,10 @@
-"""Baseline policies for benchmarks. They ignore placement rules by definition (privacy and
-deadlines), so a report can show what sending everything to one tier costs."""
+"""Baseline policies for benchmarks.
+
+``cloud_only`` and ``device_only`` ignore placement rules by definition (privacy and
+deadlines), so a report can show what sending everything to one tier costs. ``static_rules``
+is what a team without a router would deploy: each request to the most capable tier its
+privacy level allows (``local`` on the device, ``site`` on the edge, ``any`` in the cloud),
+whatever its deadline or difficulty."""
 
 from __future__ import annotations
 
@@ -36,6 +41,35 @@ class CloudOnlyPolicy:
         return _local_or_refuse(self.name, request, view)
 
 
+class StaticRulesPolicy:
+    """Each request to the most capable tier its privacy level lets hold it: forward to the
+    highest allowed upstream tier, answer here once no allowed tier lies above. Privacy is
+    respected (the rule is built from it); deadlines are not (a static rule has no notion
+    of them: a late answer is still an answer)."""
+
+    name = "static_rules"
+    respects_privacy = True
+    respects_deadline = False
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._cfg = config
+
+    def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
+        tiers = view.upstream.get(view.self_id, {})
+        allowed = [t for t in tiers if t > view.me.tier
+                   and request.privacy.allows(t, at_origin=False)]
+        for tier in sorted(allowed, reverse=True):
+            pick, spare = two_choices(_pinned(tiers[tier], request, view, self._cfg), view,
+                                      request.task, rng)
+            if pick is not None:
+                chosen = [pick] + ([spare] if spare else [])
+                return Plan(tuple(Placement("remote", n.node_id, n.tier) for n in chosen),
+                            self.name, f"privacy {request.privacy.value}: "
+                            f"{tier.label}", respects_deadline=False)
+        plan = _local_or_refuse(self.name, request, view)
+        return Plan(plan.placements, self.name, plan.reason, respects_deadline=False)
+
+
 class DeviceOnlyPolicy:
     """Answer on the node that received the request, never forward."""
 
@@ -48,6 +82,14 @@ class DeviceOnlyPolicy:
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         return _local_or_refuse(self.name, request, view)
+
+
+def _pinned(ids: tuple[str, ...], request: Request, view: ClusterView,
+            config: PolicyConfig) -> tuple[str, ...]:
+    if request.version is None:
+        return ids
+    return toward_version(ids, view, request.task, request.version,
+                          config.max_hops - request.hops - 1)
 
 
 def _local_or_refuse(name: str, request: Request, view: ClusterView) -> Plan:

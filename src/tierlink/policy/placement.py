@@ -108,27 +108,61 @@ class TierlinkPolicy:
         self._memo_view: ClusterView | None = None
         self._memo: dict[tuple[object, ...], Estimate | None] = {}
         self._memo_plans: dict[tuple[object, ...], list[SplitEstimate]] = {}
+        self._memo_ref: dict[tuple[str, int], float] = {}
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         budget = request.deadline_ms - self._cfg.reserve_ms
-        choices = self._choices(view.self_id, request, view, budget, request.hops, rng)
+        choices = self._choices(view.self_id, request, view, budget, request.hops, rng, ())
         # Answering here needs no reserve beyond the deadline itself; leaving the node does.
         feasible = [c for c in choices if c.est.worst_ms <= (
             request.deadline_ms if c.kind == "local" else budget)]
         if not feasible:
             return Plan((), self.name, reason=self._why_none(request, view, choices))
-        ref_cost = max(c.est.cost for c in feasible)
-        ranked = sorted(feasible, key=lambda c: -self._score(c.est, request.deadline_ms, ref_cost))
+        ref_cost = self._reference_cost(request, view)
+        eligible = self._accurate_enough(feasible)
+        ranked = sorted(eligible, key=lambda c: -self._score(c.est, request.deadline_ms,
+                                                             ref_cost))
+        ranked += [c for c in feasible if c not in ranked]  # fallbacks, never first
         return Plan(merge_placements(ranked), self.name, reason=ranked[0].label)
+
+    def _accurate_enough(self, feasible: list[Choice]) -> list[Choice]:
+        """The options within ``accuracy_tolerance`` points of the most accurate one: the
+        tuned cascade's target says what is accurate enough, and among those latency and
+        cost decide (0: every option competes on the whole weighted score)."""
+        tolerance = self._cfg.accuracy_tolerance / 100.0
+        if tolerance <= 0:
+            return feasible
+        best = max(c.est.accuracy for c in feasible)
+        return [c for c in feasible if c.est.accuracy >= best - tolerance - 1e-12]
+
+    def _reference_cost(self, req: Request, view: ClusterView) -> float:
+        """The cost term's unit: answering ``req`` at the dearest node of the fleet that
+        serves its task (compute there plus moving the input into its tier). Fixed per
+        view and input size, so an option's cost term does not depend on which other
+        options happen to fit the deadline: ``weights.cost = 2`` means sending every
+        request to the dearest tier is worth two points of accuracy."""
+        self._use_view(view)
+        key = (req.task, req.input_bytes)
+        ref = self._memo_ref.get(key)
+        if ref is None:
+            sent = req.input_bytes + self._cfg.estimates.request_overhead_bytes
+            ref = max((self._cfg.cost.compute(n.tier, m.latency_ms)
+                       + self._cfg.cost.transfer(n.tier, sent)
+                       for n in view.nodes.values()
+                       if (m := n.model_for(req.task)) is not None), default=0.0)
+            self._memo_ref[key] = ref
+        return ref
 
     # -- options -----------------------------------------------------------------------
 
     def _choices(
         self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
-        rng: random.Random,
+        rng: random.Random, path: tuple[str, ...],
     ) -> list[Choice]:
+        """The options at ``node_id`` for an input that the models of ``path`` escalated
+        on its way there (``()``: an input as it arrives, unfiltered)."""
         node = view.nodes[node_id]
-        local = self._local(node, req, view)
+        local = self._local(node, req, view, path)
         choices = [local] if local else []
         if hops >= self._cfg.max_hops:
             return choices
@@ -144,11 +178,12 @@ class TierlinkPolicy:
                     choices.append(split)
             if not req.privacy.allows(tier, at_origin=False):
                 continue
-            remote = self._remote(node, ids, req, view, budget, hops, rng)
+            remote = self._remote(node, ids, req, view, budget, hops, rng, path)
             if remote is None:
                 continue
             choices.append(remote)
-            cascade = self._cascade(local, remote) if local else None
+            cascade = (self._cascade(local, remote, req, view, budget, hops, rng, path)
+                       if local else None)
             if cascade:
                 choices.append(cascade)
         return choices
@@ -183,6 +218,7 @@ class TierlinkPolicy:
         """Drop the memos when a new snapshot arrives (they hold for one view only)."""
         if view is not self._memo_view:
             self._memo_view, self._memo, self._memo_plans = view, {}, {}
+            self._memo_ref = {}
 
     def _split_plans_memo(self, node: NodeView, up: NodeView, model: ModelView,
                           view: ClusterView) -> list[SplitEstimate]:
@@ -199,30 +235,39 @@ class TierlinkPolicy:
             return self._cfg.local_features_may_leave
         return req.privacy.allows(tier, at_origin=False)
 
-    def _local(self, node: NodeView, req: Request, view: ClusterView) -> Choice | None:
+    def _local(self, node: NodeView, req: Request, view: ClusterView,
+               path: tuple[str, ...]) -> Choice | None:
         model = node.model_for(req.task, req.version)
         if model is None or not req.privacy.allows(node.tier, at_origin=node.node_id == req.origin):
             return None
         outstanding = 0 if node.node_id == view.self_id else view.outstanding.get(node.node_id, 0)
         latency = queue_wait_ms(node, model, outstanding) + model.latency_ms
         est = Estimate(latency, latency, self._cfg.cost.compute(node.tier, model.latency_ms),
-                       model.accuracy)
+                       self._accuracy(model, path))
         return Choice("local", est, node, model)
+
+    def _accuracy(self, model: ModelView, path: tuple[str, ...]) -> float:
+        """``model``'s accuracy on the inputs that reach it along ``path``: the calibration
+        record when the thresholds were tuned with it, else its overall accuracy."""
+        if not self._cfg.cascade_records:
+            return model.accuracy
+        rec = self._cfg.record((*path, model.name))
+        return rec.accuracy if rec is not None and rec.share > 0 else model.accuracy
 
     def _remote(
         self, node: NodeView, ids: tuple[str, ...], req: Request, view: ClusterView,
-        budget: float, hops: int, rng: random.Random,
+        budget: float, hops: int, rng: random.Random, path: tuple[str, ...],
     ) -> Choice | None:
         pick, spare = two_choices(ids, view, req.task, rng)
         if pick is None:
             return None
-        est = self._remote_estimate(node, pick, req, view, budget, hops, rng)
+        est = self._remote_estimate(node, pick, req, view, budget, hops, rng, path)
         return None if est is None else Choice("remote", est, node, None, pick, spare, None,
                                                est.worst_ms)
 
     def _remote_estimate(
         self, node: NodeView, up: NodeView, req: Request, view: ClusterView, budget: float,
-        hops: int, rng: random.Random,
+        hops: int, rng: random.Random, path: tuple[str, ...],
     ) -> Estimate | None:
         link = view.links.get((node.node_id, up.node_id))
         if link is None:
@@ -230,7 +275,7 @@ class TierlinkPolicy:
         params = self._cfg.estimates
         sent = req.input_bytes + params.request_overhead_bytes
         hop_ms = transfer_ms(sent + params.response_bytes, link) + params.hop_overhead_ms
-        sub = self._best_memo(up.node_id, req, view, budget - hop_ms, hops + 1, rng)
+        sub = self._best_memo(up.node_id, req, view, budget - hop_ms, hops + 1, rng, path)
         if sub is None:
             return None
         return Estimate(hop_ms + sub.latency_ms, hop_ms + sub.worst_ms,
@@ -238,7 +283,7 @@ class TierlinkPolicy:
 
     def _best_memo(
         self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
-        rng: random.Random,
+        rng: random.Random, path: tuple[str, ...],
     ) -> Estimate | None:
         """``_best`` cached per snapshot. The budget is rounded *down* to a 10% grid, so a
         cached valuation never claims an option fits a budget it does not fit."""
@@ -247,41 +292,64 @@ class TierlinkPolicy:
         self._use_view(view)
         grid = _BUDGET_GRID ** math.floor(math.log(budget, _BUDGET_GRID))
         key = (node_id, req.task, req.version, req.privacy, req.origin, req.input_bytes, hops,
-               grid)
+               grid, path)
         if key not in self._memo:
             if len(self._memo) > _MEMO_LIMIT:
                 self._memo.clear()
-            self._memo[key] = self._best(node_id, req, view, grid, hops, rng)
+            self._memo[key] = self._best(node_id, req, view, grid, hops, rng, path)
         return self._memo[key]
 
     def _best(
         self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
-        rng: random.Random,
+        rng: random.Random, path: tuple[str, ...],
     ) -> Estimate | None:
         """What ``node_id``'s policy would do with the request: its best feasible option."""
-        feasible = [c.est for c in self._choices(node_id, req, view, budget, hops, rng)
+        feasible = [c for c in self._choices(node_id, req, view, budget, hops, rng, path)
                     if c.est.worst_ms <= budget]
         if not feasible:
             return None
         if len(feasible) == 1:
-            return feasible[0]
-        ref_cost = max(e.cost for e in feasible)
-        return max(feasible, key=lambda e: self._score(e, budget, ref_cost))
+            return feasible[0].est
+        ref_cost = self._reference_cost(req, view)
+        return max(self._accurate_enough(feasible),
+                   key=lambda c: self._score(c.est, budget, ref_cost)).est
 
-    def _cascade(self, local: Choice, remote: Choice) -> Choice | None:
+    def _cascade(self, local: Choice, remote: Choice, req: Request, view: ClusterView,
+                 budget: float, hops: int, rng: random.Random,
+                 path: tuple[str, ...]) -> Choice | None:
+        """Answer here, escalate to ``remote``'s pick below the threshold. Priced from the
+        calibration records when the thresholds were tuned with them: the share answered
+        here and its accuracy at exactly the threshold in force, and the upstream valued on
+        the inputs this model escalates (the hard ones: what its policy does with those,
+        at the accuracies measured on them). Without records: the model card's cascade
+        curve and :func:`hard_slice_accuracy`."""
         model = local.model
-        threshold = self._cfg.threshold_for(model.name) if model else 0.0
-        point = model.cascade_at(threshold) if model else None
-        if point is None:
+        if model is None:
             return None
-        lo, up = local.est, remote.est
-        escalated = 1.0 - point.answered_share
+        threshold = self._cfg.threshold_for(model.name)
+        lo = local.est
+        rec = self._cfg.record((*path, model.name)) if self._cfg.cascade_records else None
+        up: Estimate | None
+        if rec is not None and rec.answered is not None and remote.pick is not None:
+            answered, answered_accuracy = rec.answered, rec.answered_accuracy or 0.0
+            up = self._remote_estimate(local.node, remote.pick, req, view, budget, hops, rng,
+                                       (*path, model.name))
+            if up is None:
+                return None
+            hard_accuracy = up.accuracy
+        else:
+            point = model.cascade_at(threshold)
+            if point is None:
+                return None
+            answered, answered_accuracy = point.answered_share, point.answered_accuracy
+            up = remote.est
+            hard_accuracy = hard_slice_accuracy(up.accuracy, 1.0 - answered)
+        escalated = 1.0 - answered
         est = Estimate(
             lo.latency_ms + escalated * up.latency_ms,
             lo.latency_ms + up.worst_ms,
             lo.cost + escalated * up.cost,
-            point.answered_share * point.answered_accuracy
-            + escalated * hard_slice_accuracy(up.accuracy, escalated),
+            answered * answered_accuracy + escalated * hard_accuracy,
         )
         return Choice("cascade", est, local.node, model, remote.pick, remote.spare, threshold,
                       up.worst_ms)
@@ -289,10 +357,13 @@ class TierlinkPolicy:
     # -- scoring -----------------------------------------------------------------------
 
     def _score(self, est: Estimate, deadline_ms: float, ref_cost: float) -> float:
+        """The weighted score. With an accuracy tolerance the options compared are already
+        accurate enough (:meth:`_accurate_enough`): only latency and cost decide."""
         w = self._cfg.weights
         latency_term = est.latency_ms / deadline_ms if deadline_ms > 0 else 1.0
         cost_term = est.cost / ref_cost if ref_cost > 0 else 0.0
-        return w.accuracy * 100.0 * est.accuracy - w.latency * latency_term - w.cost * cost_term
+        accuracy_term = 0.0 if self._cfg.accuracy_tolerance > 0 else 100.0 * est.accuracy
+        return w.accuracy * accuracy_term - w.latency * latency_term - w.cost * cost_term
 
     def _why_none(self, req: Request, view: ClusterView, choices: list[Choice]) -> str:
         if not choices:

@@ -1,0 +1,73 @@
+"""Keep a node's connections to its upstreams open, so an escalation never pays for one.
+
+A cold connection over a long link costs a round trip or more before the request is even
+sent, and when its hop's timeout cancels it halfway it is never pooled: the next escalation
+starts cold again. On the demo's 80 ms edge->cloud link every early cascade escalation timed
+out that way and the breakers then kept the cloud out of reach. So each node opens one
+connection to every upstream when it starts (retrying while the upstream comes up), and
+pings an upstream whose connection has been idle for ``idle_s`` (below the client's
+keep-alive, 15 s) with ``GET /v2/health/ready``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IDLE_S = 5.0  # aiohttp closes a pooled connection idle for 15 s; uvicorn's is 30 s
+
+
+class Target(Protocol):
+    """An upstream as the keep-warm loop sees it: its URL and when it was last used."""
+
+    @property
+    def url(self) -> str: ...
+
+    last_used: float
+
+
+class ReadyClient(Protocol):
+    async def ready(self, base_url: str, timeout_s: float | None = None) -> bool: ...
+
+
+class KeepWarm:
+    """Opens and keeps open one connection per upstream. ``clock``: monotonic seconds."""
+
+    def __init__(self, client: ReadyClient, targets: Callable[[], Iterable[Target]],
+                 clock: Callable[[], float], idle_s: float = DEFAULT_IDLE_S,
+                 timeout_s: float = 5.0) -> None:
+        self._client, self._targets, self._clock = client, targets, clock
+        self._idle_s, self._timeout_s = idle_s, timeout_s
+
+    async def run(self) -> None:
+        await self.open_all()
+        while True:
+            await asyncio.sleep(self._idle_s / 2)
+            await self.ping_idle()
+
+    async def open_all(self, attempts: int = 10, pause_s: float = 0.5) -> None:
+        """One connection to every upstream; an upstream still starting is retried a few
+        times, then left to the idle pings."""
+        pending = list(self._targets())
+        for _ in range(attempts):
+            results = await asyncio.gather(*(self._ping(t) for t in pending))
+            pending = [t for t, ok in zip(pending, results, strict=True) if not ok]
+            if not pending:
+                return
+            await asyncio.sleep(pause_s)
+        log.info("upstreams not ready yet: %s", ", ".join(t.url for t in pending))
+
+    async def ping_idle(self) -> None:
+        now = self._clock()
+        idle = [t for t in self._targets() if now - t.last_used >= self._idle_s]
+        await asyncio.gather(*(self._ping(t) for t in idle))
+
+    async def _ping(self, target: Target) -> bool:
+        ok = await self._client.ready(target.url, timeout_s=self._timeout_s)
+        if ok:
+            target.last_used = self._clock()
+        return ok
