@@ -52,3 +52,28 @@ def test_a_symlinked_fleet_file_is_written_through_the_link(tmp_path):
     link.symlink_to(target)
     write_thresholds(link, {"fmnist-small": 0.7})
     assert link.is_symlink() and load_fleet(target).routing.thresholds["fmnist-small"] == 0.7
+
+
+def test_cascade_tune_writes_thresholds_provenance_and_records_in_one_go(tmp_path):
+    from tierlink.fleet.fleetfile import write_cascade
+
+    path = tmp_path / "fleet.yaml"
+    shutil.copy(EXAMPLE, path)
+    records = {"a": {"share": 1.0, "accuracy": 0.9, "threshold": 0.8, "answered": 0.7,
+                     "answered_accuracy": 0.95},
+               "a>b": {"share": 0.3, "accuracy": 0.6}}
+    write_cascade(path, {"a": 0.8}, {"a": "1" * 64, "b": "2" * 64}, records,
+                  comment="cascade tune: with 90% confidence")
+    config = load_fleet(path)
+    assert config.routing.thresholds["a"] == 0.8
+    assert config.routing.cascade_tuned_on == {"a": "1" * 64, "b": "2" * 64}
+    assert config.routing.cascade_records[("a", "b")].accuracy == 0.6
+    assert config.routing.cascade_records[("a",)].answered == 0.7
+    text = path.read_text()
+    assert "# cascade tune: with 90% confidence" in text and "# A fleet on one machine" in text
+    # tuning again replaces the block rather than merging stale records into it
+    write_cascade(path, {"a": 0.7}, {"a": "3" * 64}, {"a": {"share": 1.0, "accuracy": 0.9}},
+                  comment="again")
+    config = load_fleet(path)
+    assert set(config.routing.cascade_records) == {("a",)}
+    assert config.routing.cascade_tuned_on == {"a": "3" * 64}

@@ -155,10 +155,10 @@ class ExitsModel:
         return {"logits": _log_probs([r.probs for r in results]),
                 "exit": np.array([r.exit_index for r in results], dtype=np.int64)}
 
-    def ready(self, cut: str) -> bool:
+    def ready(self, cut: str, part: str = "head") -> bool:
         return True
 
-    def prepare(self, cut: str) -> None:
+    def prepare(self, cut: str, part: str = "head") -> None:
         """Nothing to make: the segments are separate files, opened at start."""
         self._boundary(cut)
 

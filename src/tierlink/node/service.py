@@ -320,8 +320,8 @@ class NodeService:
         if sessions is None:
             raise ModelNotFound(f"{self.spec.node_id} serves no model {name!r} to split",
                                 hint="GET /v2/repository/index lists the models served here")
-        if not sessions.ready(cut):
-            await asyncio.to_thread(sessions.prepare, cut)
+        if not sessions.ready(cut, "tail"):
+            await asyncio.to_thread(sessions.prepare, cut, "tail")
 
     async def _run_tail(self, name: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
                         priority: Priority, deadline_s: float | None) -> dict[str, np.ndarray]:
@@ -336,8 +336,8 @@ class NodeService:
                               hint="encode them with tierlink.split.codecs")
         features = decode_any(next(iter(inputs.values())).tobytes())
         cut = str(params[protocol.CUT])
-        if not sessions.ready(cut):  # first use: not learned as the tail's time
-            await asyncio.to_thread(sessions.prepare, cut)
+        if not sessions.ready(cut, "tail"):  # first use: not learned as the tail's time
+            await asyncio.to_thread(sessions.prepare, cut, "tail")
 
         def call() -> dict[str, np.ndarray]:
             return sessions.tail(cut, features)

@@ -88,7 +88,8 @@ def profile_model(name: str, model_path: Path, sample: np.ndarray, sha256: str, 
     """Time the whole model and every (head, tail) pair on ``sample`` (one input, batch 1),
     and each of ``codecs`` on every cut's features; ``only`` keeps the cuts whose tensor
     name it accepts (e.g. block boundaries)."""
-    from tierlink.split.partition import cut_points, split_model
+    from tierlink.split.cache import cached_split
+    from tierlink.split.partition import cut_points
     from tierlink.zoo.evaluate import ort_session
 
     x = np.ascontiguousarray(sample[:1], dtype=np.float32)
@@ -97,9 +98,8 @@ def profile_model(name: str, model_path: Path, sample: np.ndarray, sha256: str, 
             if c.index > 0 and (only is None or only(c.tensor))]
     with tempfile.TemporaryDirectory(prefix="tierlink-split-") as tmp:
         pairs = []
-        for i, cut in enumerate(cuts):
-            head, tail = split_model(model_path, cut.tensor, Path(tmp) / f"h{i}.onnx",
-                                     Path(tmp) / f"t{i}.onnx")
+        for cut in cuts:  # kept beside the model: nodes that open these cuts find them made
+            head, tail = cached_split(model_path, cut.tensor, fallback_dir=Path(tmp))
             pairs.append((cut, ort_session(head, threads=1), ort_session(tail, threads=1)))
         times = _interleaved(full, [(h, t) for _, h, t in pairs], x, rounds, clock)
         measured = [codec_points(h.run(None, {h.get_inputs()[0].name: x})[0], codecs,

@@ -2,8 +2,8 @@
 
 A device that may start a split plan holds the model file and runs ``head(cut)``; the
 upstream node that serves the model runs ``tail(cut)`` on the decoded features. Segments
-are cut with :func:`tierlink.split.partition.split_model` the first time a cut is used
-(milliseconds for these models), written under ``workdir``, and their ONNX Runtime sessions
+come from :func:`tierlink.split.cache.cached_split` (cut once per machine, kept beside the
+model; under ``workdir`` where that is not writable), and their ONNX Runtime sessions are
 kept for the life of the node. Thread-safe: scheduler workers call it concurrently.
 """
 
@@ -33,21 +33,22 @@ class SplitSessions:
     def cuts(self) -> frozenset[str]:
         """The tensors this model may be cut at."""
         if self._cuts is None:
-            from tierlink.split.partition import cut_points
+            from tierlink.split.cache import cached_cuts
 
-            self._cuts = frozenset(c.tensor for c in cut_points(self.model_path) if c.index > 0)
+            self._cuts = cached_cuts(self.model_path)
         return self._cuts
 
-    def ready(self, cut: str) -> bool:
-        """Whether the sessions for ``cut`` exist (``prepare`` has nothing to do)."""
-        return ("head", cut) in self._sessions
+    def ready(self, cut: str, part: str = "head") -> bool:
+        """Whether the session of ``part`` (head or tail) at ``cut`` is open."""
+        return (part, cut) in self._sessions
 
-    def prepare(self, cut: str) -> None:
-        """Cut the model at ``cut``, open both sessions and run each once now (blocking;
-        0.1-0.3 s for MobileNetV2 on a free core, ten times that under a 0.1-core quota):
-        done before the scheduler runs a segment, so the time it learns is the segment's,
-        not this one-off cost."""
-        self._session("head", cut)
+    def prepare(self, cut: str, part: str = "head") -> None:
+        """Open the session of ``part`` at ``cut`` and run it once now (blocking; the cut
+        files come from the machine's cache, so this is ONNX Runtime's session: ~20-50 ms
+        for MobileNetV2 on a free core): done before the scheduler runs a segment, so the
+        time it learns is the segment's, not this one-off cost. A device opens only heads,
+        the node that serves the model only tails."""
+        self._session(part, cut)
 
     def head(self, cut: str, x: np.ndarray) -> np.ndarray:
         """Run input -> ``cut`` on ``x`` (N, ...) and return the cut tensor."""
@@ -72,22 +73,18 @@ class SplitSessions:
                              hint="list the cut points with `tierlink split list MODEL`")
         with self._lock:
             if key not in self._sessions:
-                self._sessions.update(self._make(cut))
+                self._sessions[key] = self._make(part, cut)
         return self._sessions[key]
 
-    def _make(self, cut: str) -> dict[tuple[str, str], Any]:
-        from tierlink.split.partition import split_model
+    def _make(self, part: str, cut: str) -> Any:
+        from tierlink.split.cache import cached_split
         from tierlink.zoo.evaluate import ort_session
 
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        tag = hashlib.sha1(f"{self.model_path}:{cut}".encode()).hexdigest()[:12]
-        head, tail = split_model(self.model_path, cut, self.workdir / f"{tag}.head.onnx",
-                                 self.workdir / f"{tag}.tail.onnx")
-        sessions = {("head", cut): ort_session(head, threads=1),
-                    ("tail", cut): ort_session(tail, threads=1)}
-        for session in sessions.values():
-            _run_once(session)
-        return sessions
+        tag = hashlib.sha1(f"{self.model_path}".encode()).hexdigest()[:12]
+        head, tail = cached_split(self.model_path, cut, fallback_dir=self.workdir / tag)
+        session = ort_session(head if part == "head" else tail, threads=1)
+        _run_once(session)
+        return session
 
 
 def _run_once(session: Any) -> None:

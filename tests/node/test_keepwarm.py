@@ -1,0 +1,39 @@
+import asyncio
+from dataclasses import dataclass
+
+from tierlink.node.keepwarm import KeepWarm
+
+
+@dataclass
+class Up:
+    url: str
+    last_used: float = float("-inf")
+
+
+class Client:
+    def __init__(self, down: set[str] | None = None) -> None:
+        self.calls: list[str] = []
+        self.down = down or set()
+
+    async def ready(self, base_url: str, timeout_s: float | None = None) -> bool:
+        self.calls.append(base_url)
+        return base_url not in self.down
+
+
+def test_every_upstream_gets_a_connection_at_start_and_a_late_one_is_retried():
+    ups = [Up("http://a"), Up("http://b")]
+    client = Client(down={"http://b"})
+    now = [10.0]
+    warm = KeepWarm(client, lambda: ups, lambda: now[0])
+    asyncio.run(warm.open_all(attempts=3, pause_s=0.0))
+    assert client.calls.count("http://a") == 1  # done once it answered
+    assert client.calls.count("http://b") == 3  # retried while it starts, then left alone
+    assert ups[0].last_used == 10.0 and ups[1].last_used == float("-inf")
+
+
+def test_only_idle_connections_are_pinged():
+    ups = [Up("http://busy", last_used=99.0), Up("http://idle", last_used=90.0)]
+    client = Client()
+    warm = KeepWarm(client, lambda: ups, lambda: 100.0, idle_s=5.0)
+    asyncio.run(warm.ping_idle())
+    assert client.calls == ["http://idle"] and ups[1].last_used == 100.0
