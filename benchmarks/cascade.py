@@ -6,9 +6,15 @@ quantized variant such as ``fmnist-small-int8``). Every model's confidence is it
 softmax probability after temperature scaling fitted on the calibration split.
 
 1. ``tierlink cascade tune``'s operating point: thresholds chosen on the calibration split
-   for an accuracy floor of cloud-only minus ``--accuracy-drop`` points (default 0.3) at the
-   lowest cost, then evaluated once on the test split.
+   so that "accuracy >= cloud-only - ``--accuracy-drop`` points" holds with probability
+   ``--confidence`` on any ``--batch`` requests (a finite-sample test over the calibration
+   records, ``cascade/guarantee.py``; ``--confidence 0``: the old point estimate, which
+   just meets the target on the calibration split), then evaluated once on the test split.
 2. Baselines on test: device-only, edge-only, cloud-only.
+4. The guarantee, checked: the calibration and test splits pooled and split at random
+   ``--splits`` times into parts of the same sizes; on each, tuned on the first part and
+   judged on the second. ``guarantee.held_share`` (the share of splits on which the target
+   held on the test part) must be at least the stated confidence.
 3. The curve: the device threshold swept over its confidence quantiles (edge threshold as
    tuned), each point against **random escalation at the same per-tier rates** (mean of
    ``--seeds`` draws): the share of requests that leave the device is the same, only the
@@ -21,6 +27,7 @@ cloud; a request pays every tier it reaches. Prints a table, writes JSON and a P
 
     .venv/bin/python benchmarks/cascade.py [--json PATH] [--png PATH] [--task fmnist|mnist]
         [--profile full|test] [--device-model NAME] [--accuracy-drop 0.3]
+        [--confidence 0.9] [--batch 10000] [--splits 50]
 
 Expectation (issue 3): within 0.3 point of cloud-only, >= 85% answered on the device, cost
 <= 15% of cloud-only, with a device model >= 1 point less accurate than the cloud model.
@@ -36,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from tierlink.cascade.report import Goal, TuneReport, tune_chain
+from tierlink.cascade.report import Goal, TuneReport, tune_chain, tune_stages
 from tierlink.cascade.stages import Chain, build_stages
 from tierlink.cascade.tune import Operating, Stage, evaluate, evaluate_assignment, single
 from tierlink.core.types import Tier
@@ -91,7 +98,7 @@ def summarize(report: TuneReport, test: list[Stage], points: list[dict[str, Any]
     return {
         "chain": list(report.chain.models),
         "thresholds": report.thresholds(),
-        "target": report.target.describe(),
+        "target": report.describe(),
         "target_met_on_calibration": report.feasible,
         "cloud_only": _point(cloud), "edge_only": _point(single(test, 1)),
         "device_only": _point(device),
@@ -110,6 +117,40 @@ def summarize(report: TuneReport, test: list[Stage], points: list[dict[str, Any]
         },
         "curve": points,
     }
+
+
+def guarantee_check(calib: list[Stage], test: list[Stage], chain: Chain, goal: Goal,
+                    splits: int, seed: int = 0) -> dict[str, Any]:
+    """Tune on random calibration parts, judge on the rest: how often the target held."""
+    pool = [Stage(c.model, c.tier, np.concatenate([c.confidence, t.confidence]),
+                  np.concatenate([c.correct, t.correct]), c.cost)
+            for c, t in zip(calib, test, strict=True)]
+    n, n_cal = len(pool[0].correct), len(calib[0].correct)
+    rng = np.random.default_rng(seed)
+    held, device, margins = [], [], []
+    for _ in range(splits):
+        order = rng.permutation(n)
+        part = [_subset(pool, order[:n_cal]), _subset(pool, order[n_cal:])]
+        report = tune_stages(part[0], part[1], chain, goal)
+        gap = single(part[1], len(pool) - 1).accuracy - report.test.accuracy
+        held.append(gap <= goal.value / 100.0 + 1e-12)
+        device.append(report.test.shares[0])
+        margins.append(100 * gap)
+    confidence = goal.confidence or 0.0
+    return {"confidence": confidence, "splits": splits, "held_share": float(np.mean(held)),
+            "target": f"accuracy >= cloud-only - {goal.value} pt"
+                      + (f" on any {goal.batch:,} requests" if goal.batch else ""),
+            "calib_size": n_cal, "test_size": n - n_cal,
+            "device_share_mean": float(np.mean(device)),
+            "device_share_min": float(np.min(device)),
+            "loss_points_mean": float(np.mean(margins)),
+            "loss_points_max": float(np.max(margins)),
+            "checks": {"held_at_least_confidence": float(np.mean(held)) >= confidence,
+                       "device_share_at_least_85": float(np.mean(device)) >= 0.85}}
+
+
+def _subset(stages: list[Stage], idx: np.ndarray) -> list[Stage]:
+    return [Stage(s.model, s.tier, s.confidence[idx], s.correct[idx], s.cost) for s in stages]
 
 
 def _point(op: Operating) -> dict[str, float]:
@@ -172,6 +213,12 @@ def print_table(result: dict[str, Any]) -> None:
     console.print(f"thresholds {result['thresholds']} ({result['target']}, "
                   f"met on calibration: {result['target_met_on_calibration']})")
     console.print({k: v for k, v in result["checks"].items()})
+    g = result["guarantee"]
+    console.print(f"guarantee ({g['target']}, {100 * g['confidence']:g}% confidence): held "
+                  f"on {100 * g['held_share']:.0f}% of {g['splits']} random "
+                  f"{g['calib_size']}/{g['test_size']} calibration/test splits; answered on "
+                  f"the device {100 * g['device_share_mean']:.1f}% on average (min "
+                  f"{100 * g['device_share_min']:.1f}%); {g['checks']}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -184,6 +231,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accuracy-drop", type=float, default=0.3,
                         help="points below cloud-only the tuned cascade may lose")
     parser.add_argument("--seeds", type=int, default=20, help="random-escalation draws")
+    parser.add_argument("--confidence", type=float, default=0.9,
+                        help="the target holds with this probability (0: point estimate)")
+    parser.add_argument("--batch", type=int, default=10_000,
+                        help="... on any this many requests (0: on the expected accuracy)")
+    parser.add_argument("--splits", type=int, default=50,
+                        help="random calibration/test splits the guarantee is checked on")
     return parser.parse_args(argv)
 
 
@@ -193,10 +246,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     zoo = with_variants(zoo, [device])  # a quantized device variant is made on first use
     chain = Chain((device, f"{args.task}-medium", f"{args.task}-large"), TIERS)
     splits = load_splits(args.task)
-    report = tune_chain(zoo, chain, splits, Goal("accuracy_drop", args.accuracy_drop))
-    test = build_stages(zoo, chain, splits.test)
+    goal = Goal("accuracy_drop", args.accuracy_drop, confidence=args.confidence or None,
+                batch=args.batch or None)
+    report = tune_chain(zoo, chain, splits, goal)
+    calib, test = build_stages(zoo, chain, splits.calib), build_stages(zoo, chain, splits.test)
     points = curve(test, report.calib.thresholds[1], args.seeds)
     result = summarize(report, test, points, args.seeds)
+    result["guarantee"] = guarantee_check(calib, test, chain, goal, args.splits)
     result["environment"] = {"task": args.task, "profile": args.profile,
                              "calib_samples": len(splits.calib),
                              "test_samples": len(splits.test),

@@ -3,9 +3,17 @@ workload, its table of split plans (built from the same summaries the JSON holds
 
 import json
 
+import pytest
+
+from pathlib import Path
+
 from tierlink.cli import demo as cli_demo
 from tierlink.core.types import Priority, Privacy
+from tierlink.fleet.config import load_fleet
+from tierlink.fleet.demo import breakdown
 from tierlink.fleet.workload import Record, WorkItem, summarize, summarize_split
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 
 
 def rec(origin: str, split: str = "", served_by: str = "edge-1", answered: bool = True,
@@ -18,7 +26,8 @@ def rec(origin: str, split: str = "", served_by: str = "edge-1", answered: bool 
 
 
 def report(with_photos: bool) -> dict:
-    fmnist = summarize([rec("dev-1", served_by="dev-1")], 0)
+    records = [rec("dev-1", served_by="dev-1")]
+    fmnist = summarize(records, 0) | breakdown(records, load_fleet(EXAMPLE), None)
     photos = {"model": "imagenet-mobilenetv2", "origins": ["dev-1", "dev-2"],
               "head_holders": ["dev-1"],
               "open_heads": {"dev-1": ["features.4"]},
@@ -26,11 +35,17 @@ def report(with_photos: bool) -> dict:
                                  rec("dev-2"), rec("dev-2", answered=False,
                                                    error="deadline_exceeded")], 0)}
     runs = {name: {**fmnist, **({"imagenet": photos} if with_photos else {})}
-            for name in ("tierlink", "cloud_only", "device_only")}
+            for name in ("tierlink", "static_rules", "cloud_only", "device_only")}
     return {"runs": runs, "thresholds": {}, "fleet": {},
             "hard_examples": {"stored": 0, "by_privacy": {}, "wrong_share_of_labelled": None},
             "environment": {"device_cpu_throttle": "none", "requests_per_run": 1,
                             "rate_per_s": 1.0}}
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    """Four runs side by side: a terminal wide enough that no cell wraps."""
+    monkeypatch.setenv("COLUMNS", "160")
 
 
 def test_the_photo_table_shows_split_plans_and_latency_by_kind(capsys):
@@ -52,3 +67,11 @@ def test_without_a_photo_workload_the_report_is_as_before(capsys):
     out = capsys.readouterr()
     assert "on photos" not in out.out + out.err
     assert "served on device/edge/cloud" in out.out
+
+
+def test_the_breakdown_table_shows_each_privacy_level_and_sla_class(capsys):
+    cli_demo._print_report(report(with_photos=False))
+    out = capsys.readouterr().out
+    assert "by privacy level and SLA class" in out
+    assert "privacy site" in out and "interactive (500 ms)" in out
+    assert "static_rules" in out

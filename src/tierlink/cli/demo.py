@@ -205,8 +205,8 @@ def _print_report(report: dict[str, Any]) -> None:
 def _print_breakdown(runs: dict[str, dict[str, Any]]) -> None:
     """Accuracy / SLA attainment / cost per privacy level and SLA class, each run side by
     side; then the live escalation rate beside the thresholds' prediction."""
-    table = Table(title="by privacy level and SLA class: accuracy / SLA attainment / "
-                        "cost per 1k (USD)")
+    table = Table(title="by privacy level and SLA class: accuracy / SLA attainment "
+                        "(costs, p95 and tier shares in the JSON)")
     table.add_column("")
     for name in runs:
         table.add_column(name, justify="right")
@@ -235,8 +235,7 @@ def _deadline(run: dict[str, Any], sla: str) -> str:
 def _cell(group: dict[str, Any] | None) -> str:
     if not group or not group["requests"]:
         return "-"
-    return (f"{100 * group['accuracy']:.1f}% / {100 * group['sla_attainment']:.0f}% / "
-            f"{group['cost_per_1k']:.6f}")
+    return f"{100 * group['accuracy']:.1f}% / {100 * group['sla_attainment']:.0f}%"
 
 
 def _print_photos(runs: dict[str, dict[str, Any]]) -> None:
