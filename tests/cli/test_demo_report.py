@@ -2,10 +2,9 @@
 workload, its table of split plans (built from the same summaries the JSON holds)."""
 
 import json
+from pathlib import Path
 
 import pytest
-
-from pathlib import Path
 
 from tierlink.cli import demo as cli_demo
 from tierlink.core.types import Priority, Privacy

@@ -57,3 +57,20 @@ def test_a_changed_model_makes_them_stale_and_up_says_how_to_fix_it(models):
 def test_a_bad_digest_is_a_config_error():
     with pytest.raises(ConfigError, match="tuned_on"):
         fleet({"m-small": 42})
+
+
+def test_a_retune_aims_at_the_target_the_file_records():
+    from tierlink.fleet.tuning import fleet_goal, target_of
+
+    config = parse_fleet({"nodes": [{"id": "d", "tier": "device", "models": ["m-small"]}],
+                          "routing": {"cascade": {"target": {"accuracy_drop": 0.1,
+                                                             "confidence": 0.9}}}})
+    goal = fleet_goal(config)
+    assert (goal.kind, goal.value, goal.confidence) == ("accuracy_drop", 0.1, 0.9)
+    assert target_of(goal) == {"accuracy_drop": 0.1, "confidence": 0.9}
+    default = fleet_goal(parse_fleet({"nodes": [{"id": "d", "tier": "device",
+                                                 "models": ["m-small"]}]}))
+    assert (default.value, default.confidence) == (0.3, 0.95)
+    with pytest.raises(ConfigError, match="routing.cascade.target"):
+        parse_fleet({"nodes": [{"id": "d", "tier": "device", "models": ["m-small"]}],
+                     "routing": {"cascade": {"target": {"accuracy_drop": 0.1, "x": 1}}}})

@@ -94,3 +94,33 @@ def test_the_cost_unit_does_not_depend_on_which_options_fit_the_deadline():
     pol = TierlinkPolicy(PolicyConfig())
     view = fleet_view()
     assert pol._reference_cost(req(30.0), view) == pol._reference_cost(req(1000.0), view) > 0
+
+
+def test_on_an_escalated_slice_the_tolerance_widens_by_its_share():
+    from tierlink.policy.placement import Choice, Estimate
+
+    pol = TierlinkPolicy(PolicyConfig(thresholds={SMALL: 0.8, MEDIUM: 0.8},
+                                      cascade_records=records(), accuracy_tolerance=1.0))
+    assert pol._share((SMALL,)) == pytest.approx(0.2) and pol._share(()) == 1.0
+    node = fleet_view().nodes["edge-1"]
+    options = [Choice(kind, Estimate(1.0, 1.0, 0.0, acc), node)
+               for kind, acc in (("a", 0.70), ("b", 0.66), ("c", 0.62))]
+    # On every input, 1 point: only the best. On the 20% the device escalated, a point
+    # lost costs a fifth of a point overall: 5 points there.
+    assert [c.kind for c in pol._accurate_enough(options)] == ["a"]
+    assert [c.kind for c in pol._accurate_enough(options, (SMALL,))] == ["a", "b"]
+
+
+def test_a_tuned_cascade_that_is_accurate_enough_is_run_at_every_node():
+    # 2 points of tolerance, 10 on the device's hard 20%: answering those on the edge
+    # (60%) would be "accurate enough" and cheapest, but the tuned chain escalates what the
+    # edge model is unsure of to the cloud, and its target holds only if every node does.
+    cfg = PolicyConfig(thresholds={SMALL: 0.8, MEDIUM: 0.8}, cascade_records=records(),
+                       accuracy_tolerance=2.0)
+    got = choices(cfg, req(1000.0))["cascade:edge"]
+    assert (got.est.accuracy - 0.8 * 0.98) / 0.2 == pytest.approx(0.3 * 0.85 + 0.7 * 0.62)
+    plan = TierlinkPolicy(cfg).plan(req(1000.0), fleet_view(), random.Random(0))
+    assert plan.reason == "cascade:edge"
+    # Without a deadline that leaves room for the cloud, the edge answers them itself.
+    got = choices(cfg, req(30.0))["cascade:edge"]
+    assert (got.est.accuracy - 0.8 * 0.98) / 0.2 == pytest.approx(0.6)

@@ -244,3 +244,24 @@ def test_folding_the_dense_batchnorm_keeps_the_function():
     x = torch.rand(4, 1, 28, 28)
     with torch.no_grad():
         assert torch.allclose(folded(x), net(x), atol=1e-5, rtol=1e-5)
+
+
+def test_distillation_mixes_the_labels_with_the_teachers_soft_answer():
+    import torch
+
+    from tierlink.zoo.build import _augment, _distilled
+    from tierlink.zoo.profiles import TrainRecipe
+
+    torch.manual_seed(0)
+    out, labels = torch.randn(8, 10), torch.randint(0, 10, (8,))
+    teacher = torch.randn(8, 10)
+    plain = torch.nn.functional.cross_entropy(out, labels)
+    assert torch.isclose(_distilled(teacher, TrainRecipe(1, distill=0.0))(out, labels), plain)
+    # A student that already answers as the teacher does pays only the label term.
+    same = _distilled(out.clone(), TrainRecipe(1, distill=0.5))(out, labels)
+    assert torch.isclose(same, 0.5 * plain, atol=1e-6)
+    # the mirror mask says which images were flipped, so their teacher logits can follow
+    x = torch.arange(8 * 28 * 28, dtype=torch.float32).view(8, 1, 28, 28)
+    flipped, mirror = _augment(x, True, torch.Generator().manual_seed(1))
+    assert torch.equal(flipped[mirror], x[mirror].flip(3))
+    assert torch.equal(flipped[~mirror], x[~mirror])

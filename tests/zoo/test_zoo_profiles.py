@@ -18,11 +18,12 @@ from tierlink.zoo.profiles import (
 # every fmnist zoo built since carry them, so they must never change by accident. (The full
 # small model's changed on purpose when its recipe went from 3 epochs to 10 with flips, the
 # full medium's when it went from 3 epochs to 8 with flips: the edge model must be clearly
-# better than the device's.)
+# better than the device's; the full small's again when it was distilled from the large; and
+# both profiles' medium when the edge net was widened.)
 FMNIST_FINGERPRINTS = {
-    "test": {"small": "aa472e70304f0433", "medium": "8f33c7623d97d07e",
+    "test": {"small": "aa472e70304f0433", "medium": "e1c6a86296a8e33c",
              "large": "56ce407e56d01192"},
-    "full": {"small": "f4bc930ba24275f8", "medium": "282a2088d4a46041",
+    "full": {"small": "ce4fc07b7b53044b", "medium": "a43e04d8854ea4fb",
              "large": "917467c9d92248d2"},
 }
 
@@ -77,3 +78,22 @@ def test_unknown_tasks_and_recipes_are_clear_errors():
     assert "mnist" in (info.value.hint or "")
     with pytest.raises(ZooError, match="no recipe for cifar-small"):
         get_profile("test").recipe("cifar", "small")
+
+
+def test_a_distilled_model_is_built_after_its_teacher_and_follows_its_recipe():
+    from tierlink.zoo.profiles import PROFILES, build_order
+
+    full = PROFILES["full"]
+    assert build_order(("small", "medium", "large"), full, "fmnist")[0] == "large"
+    assert build_order(("small", "medium", "large"), full, "mnist") == ("small", "medium",
+                                                                       "large")
+    # The teacher's recipe is part of the student's fingerprint: retraining the teacher
+    # retrains the student.
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    recipes = dict(full.recipes["fmnist"])
+    recipes["large"] = replace(recipes["large"], epochs=recipes["large"].epochs + 1)
+    other = replace(full, recipes=MappingProxyType({"fmnist": MappingProxyType(recipes)}))
+    assert recipe_fingerprint(other, "small") != recipe_fingerprint(full, "small")
+    assert recipe_fingerprint(other, "medium") != recipe_fingerprint(full, "medium")

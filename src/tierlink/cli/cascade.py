@@ -23,7 +23,7 @@ def tune_cmd(
     task: str = typer.Option("fmnist", help="the task whose cascade to tune"),
     accuracy_drop: float | None = typer.Option(
         None, help="accuracy floor = the most accurate stage alone minus this many points "
-                   "(the default target, 0.3)"),
+                   "(default: the fleet file's routing.cascade.target, else 0.3)"),
     accuracy_floor: float | None = typer.Option(None, help="accuracy floor in percent"),
     max_escalation: float | None = typer.Option(
         None, help="escalate at most this share (0..1) past the device, most accurate"),
@@ -33,12 +33,12 @@ def tune_cmd(
         "device", help="for accuracy floors: 'device' (fewest escalations, then cost) or "
                        "'cost' (cheapest outright)"),
     confidence: float = typer.Option(
-        0.9, help="accuracy targets: hold on unseen data with this probability (a "
-                  "finite-sample test over the calibration records); 0 = just meet the "
-                  "target on the calibration split"),
+        0.95, help="accuracy targets: hold on unseen data with this probability (a "
+                   "finite-sample test over the calibration records); 0 = just meet the "
+                   "target on the calibration split"),
     batch: int = typer.Option(
-        10_000, help="the guarantee speaks of any batch of this many requests (0: of the "
-                     "expected accuracy)"),
+        0, help="make the guarantee about any batch of this many requests rather than "
+                "the expected accuracy (stricter: more escalations)"),
     write: bool = typer.Option(True, help="write the thresholds into FLEET_FILE"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
@@ -47,6 +47,8 @@ def tune_cmd(
     the target, its confidence and the bound reached) and routing.cascade (the models'
     sha256 the thresholds belong to, and the calibration records policies price with)."""
     try:
+        if all(v is None for v in (accuracy_drop, accuracy_floor, max_escalation, cost_share)):
+            accuracy_drop = _file_drop(fleet_file)  # re-tune for what the file was tuned for
         goal = _goal(accuracy_drop, accuracy_floor, max_escalation, cost_share, prefer,
                      confidence, batch)
         report = tune_fleet(fleet_file, task, goal, progress=not as_json)
@@ -62,14 +64,21 @@ def tune_cmd(
         raise typer.Exit(1)
 
 
+def _file_drop(fleet_file: Path) -> float | None:
+    from tierlink.fleet.config import load_fleet
+
+    return load_fleet(fleet_file).routing.cascade_target.get("accuracy_drop")
+
+
 def write_report(fleet_file: Path, report: Any) -> None:
     """The tuned thresholds, their provenance and records, into ``fleet_file``."""
     from tierlink.cascade.records import record_to_dict
     from tierlink.fleet.fleetfile import write_cascade
+    from tierlink.fleet.tuning import target_of
 
     write_cascade(fleet_file, report.thresholds(), report.tuned_on or {},
                   {k: record_to_dict(r) for k, r in (report.records or {}).items()},
-                  comment=f"cascade tune: {report.describe()}")
+                  comment=f"cascade tune: {report.describe()}", target=target_of(report.goal))
 
 
 def _goal(drop: float | None, floor: float | None, escalation: float | None,
@@ -91,7 +100,7 @@ def _goal(drop: float | None, floor: float | None, escalation: float | None,
         raise ConfigError(f"--prefer is 'device' or 'cost', got {prefer!r}")
     if not 0.0 <= confidence < 1.0:
         raise ConfigError(f"--confidence is a probability in [0, 1), got {confidence}",
-                          hint="e.g. 0.9; 0 tunes on the calibration split's point estimate")
+                          hint="e.g. 0.95; 0 tunes on the calibration split's point estimate")
     if batch < 0:
         raise ConfigError(f"--batch is a number of requests, got {batch}")
     return Goal(kind, value, prefer, confidence or None, batch or None)

@@ -62,6 +62,9 @@ class RoutingConfig:
     # Written by `cascade tune` (routing.cascade): the sha256 of each model the thresholds
     # were tuned on, and each model's calibration figures on the inputs reaching it by path.
     cascade_tuned_on: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # The target the thresholds were tuned for (routing.cascade.target: `accuracy_drop` in
+    # points and `confidence`): what a re-tune for new models aims at again.
+    cascade_target: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     cascade_records: Mapping[tuple[str, ...], CascadeRecord] = field(
         default_factory=lambda: MappingProxyType({}))
     # Points: options further below the most accurate feasible one are not chosen.
@@ -322,7 +325,7 @@ def _cascade(raw: Mapping[str, Any]) -> dict[str, Any]:
     from tierlink.cascade.records import RETUNE, parse_records
 
     for key in raw:
-        _known(key, ("tuned_on", "records"), "routing.cascade")
+        _known(key, ("tuned_on", "records", "target"), "routing.cascade")
     tuned_on = _mapping(raw.get("tuned_on") or {}, "routing.cascade.tuned_on")
     for model, digest in tuned_on.items():
         if not isinstance(digest, str) or len(digest) < 16:
@@ -330,8 +333,18 @@ def _cascade(raw: Mapping[str, Any]) -> dict[str, Any]:
                               f"sha256, got {digest!r}", hint=RETUNE)
     records = parse_records(_mapping(raw.get("records") or {}, "routing.cascade.records"),
                             "routing.cascade.records")
+    target = _mapping(raw.get("target") or {}, "routing.cascade.target")
+    for key in target:
+        _known(key, ("accuracy_drop", "confidence"), "routing.cascade.target")
     return {"cascade_tuned_on": MappingProxyType({str(k): str(v) for k, v in tuned_on.items()}),
-            "cascade_records": MappingProxyType(records)}
+            "cascade_records": MappingProxyType(records),
+            "cascade_target": MappingProxyType({
+                **({"accuracy_drop": _float(target["accuracy_drop"],
+                                            "routing.cascade.target.accuracy_drop", 0.0, 100.0)}
+                   if "accuracy_drop" in target else {}),
+                **({"confidence": _float(target["confidence"],
+                                         "routing.cascade.target.confidence", 0.0, 0.9999)}
+                   if "confidence" in target else {})})}
 
 
 def _codec_loss(raw: Mapping[str, Any]) -> Mapping[str, float]:

@@ -47,11 +47,13 @@ def update_routing(path: Path, key: str, values: Mapping[str, float],
 
 
 def write_cascade(path: Path, thresholds: Mapping[str, float], tuned_on: Mapping[str, str],
-                  records: Mapping[str, Mapping[str, float]], comment: str) -> str:
+                  records: Mapping[str, Mapping[str, float]], comment: str,
+                  target: Mapping[str, float] | None = None) -> str:
     """What ``cascade tune`` writes, in one atomic replace: ``routing.thresholds`` (with
     ``comment``: the target, its confidence and the bound reached) and ``routing.cascade``
-    — the models' sha256 the thresholds were tuned on (``tuned_on``) and each model's
-    figures on the calibration inputs that reach it (``records``, by path)."""
+    — the target (``target``, for a re-tune), the models' sha256 the thresholds were tuned
+    on (``tuned_on``) and each model's figures on the calibration inputs that reach it
+    (``records``, by path)."""
     from ruamel.yaml.comments import CommentedMap
 
     data, yaml = _load(path)
@@ -59,6 +61,8 @@ def write_cascade(path: Path, thresholds: Mapping[str, float], tuned_on: Mapping
     _set_numbers(routing, "thresholds", thresholds)
     routing.yaml_add_eol_comment(comment, "thresholds")
     block = CommentedMap()
+    if target:  # what a re-tune for other models aims at again
+        block["target"] = _flow(dict(target))
     block["tuned_on"] = _flow({m: str(h) for m, h in tuned_on.items()})
     block["records"] = CommentedMap((k, _flow(dict(v))) for k, v in records.items())
     routing["cascade"] = block

@@ -53,17 +53,16 @@ def retune(config: FleetConfig, task: str, goal: Any = None,
            progress: bool = True) -> tuple[FleetConfig, Any]:
     """``config`` with its ``task`` cascade tuned anew for the models this machine has
     (thresholds, records and provenance, in the parsed routing and in the raw routing that
-    node specs are written from); and the tuning report. The default goal is ``cascade
-    tune``'s: the top stage's accuracy minus 0.3 point on any 10,000 requests, with 90%
-    confidence."""
+    node specs are written from); and the tuning report. The default goal is the one the
+    fleet file records (:func:`fleet_goal`)."""
     from tierlink.cascade.records import parse_records, record_to_dict
-    from tierlink.cascade.report import DEFAULT_CONFIDENCE, Goal, tune_chain
+    from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
     from tierlink.quantize.variants import with_variants
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.datasets import load_splits
 
-    goal = goal or Goal("accuracy_drop", 0.3, confidence=DEFAULT_CONFIDENCE)
+    goal = goal or fleet_goal(config)
     chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task)
     zoo = with_variants(ensure_zoo(task=task, profile=config.zoo_profile, progress=progress),
                         chain.models)
@@ -77,5 +76,25 @@ def retune(config: FleetConfig, task: str, goal: Any = None,
                       cascade_tuned_on=MappingProxyType(tuned_on),
                       cascade_records=MappingProxyType(parse_records(records, "retuned")))
     raw = {**config.raw_routing, "thresholds": thresholds,
-           "cascade": {"tuned_on": tuned_on, "records": records}}
+           "cascade": {"tuned_on": tuned_on, "records": records,
+                       **({"target": target_of(goal)} if target_of(goal) else {})}}
     return replace(config, routing=routing, raw_routing=raw), report
+
+
+def fleet_goal(config: FleetConfig) -> Any:
+    """The target the fleet's thresholds were tuned for (``routing.cascade.target``), or
+    ``cascade tune``'s default: cloud-only - 0.3 point with 95% confidence."""
+    from tierlink.cascade.report import DEFAULT_CONFIDENCE, Goal
+
+    target = config.routing.cascade_target
+    confidence = target.get("confidence", DEFAULT_CONFIDENCE)
+    return Goal("accuracy_drop", target.get("accuracy_drop", 0.3),
+                confidence=confidence or None)
+
+
+def target_of(goal: Any) -> dict[str, float]:
+    """What ``routing.cascade.target`` records of ``goal`` (only relative accuracy targets
+    are re-tuned automatically)."""
+    if goal.kind != "accuracy_drop":
+        return {}
+    return {"accuracy_drop": goal.value, "confidence": goal.confidence or 0.0}

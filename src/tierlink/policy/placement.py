@@ -109,6 +109,7 @@ class TierlinkPolicy:
         self._memo: dict[tuple[object, ...], Estimate | None] = {}
         self._memo_plans: dict[tuple[object, ...], list[SplitEstimate]] = {}
         self._memo_ref: dict[tuple[str, int], float] = {}
+        self._path_shares: dict[tuple[str, ...], float] = {}  # config-derived, kept
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         budget = request.deadline_ms - self._cfg.reserve_ms
@@ -119,21 +120,49 @@ class TierlinkPolicy:
         if not feasible:
             return Plan((), self.name, reason=self._why_none(request, view, choices))
         ref_cost = self._reference_cost(request, view)
-        eligible = self._accurate_enough(feasible)
+        eligible = self._tuned_first(self._accurate_enough(feasible))
         ranked = sorted(eligible, key=lambda c: -self._score(c.est, request.deadline_ms,
                                                              ref_cost))
         ranked += [c for c in feasible if c not in ranked]  # fallbacks, never first
         return Plan(merge_placements(ranked), self.name, reason=ranked[0].label)
 
-    def _accurate_enough(self, feasible: list[Choice]) -> list[Choice]:
+    def _accurate_enough(self, feasible: list[Choice],
+                         path: tuple[str, ...] = ()) -> list[Choice]:
         """The options within ``accuracy_tolerance`` points of the most accurate one: the
         tuned cascade's target says what is accurate enough, and among those latency and
-        cost decide (0: every option competes on the whole weighted score)."""
+        cost decide (0: every option competes on the whole weighted score). The tolerance
+        is about a request's accuracy overall: on the inputs ``path`` escalated (a share of
+        them) a point lost there costs only that share of a point overall, so it widens by
+        that share."""
         tolerance = self._cfg.accuracy_tolerance / 100.0
         if tolerance <= 0:
             return feasible
+        tolerance /= self._share(path)
         best = max(c.est.accuracy for c in feasible)
         return [c for c in feasible if c.est.accuracy >= best - tolerance - 1e-12]
+
+    def _tuned_first(self, eligible: list[Choice]) -> list[Choice]:
+        """With an accuracy tolerance and calibration records (a cascade tuned for these
+        models), a cascade that is accurate enough and fits the deadline is run: the tuning
+        already chose how much to escalate, and its target holds only if every node of the
+        chain follows it. The weights choose among what is left when none fits (answer
+        here, or send up at once)."""
+        if self._cfg.accuracy_tolerance <= 0 or not self._cfg.cascade_records:
+            return eligible
+        cascades = [c for c in eligible if c.kind == "cascade"]
+        return cascades or eligible
+
+    def _share(self, path: tuple[str, ...]) -> float:
+        """The share of inputs that the models of ``path`` all escalated (calibration
+        records; 1 for the empty path or when unrecorded)."""
+        if not path:
+            return 1.0
+        share = self._path_shares.get(path)
+        if share is None:
+            share = next((rec.share for key, rec in self._cfg.cascade_records.items()
+                          if key[:-1] == path), 1.0)
+            self._path_shares[path] = share = max(share, 1e-3)
+        return share
 
     def _reference_cost(self, req: Request, view: ClusterView) -> float:
         """The cost term's unit: answering ``req`` at the dearest node of the fleet that
@@ -311,7 +340,7 @@ class TierlinkPolicy:
         if len(feasible) == 1:
             return feasible[0].est
         ref_cost = self._reference_cost(req, view)
-        return max(self._accurate_enough(feasible),
+        return max(self._tuned_first(self._accurate_enough(feasible, path)),
                    key=lambda c: self._score(c.est, budget, ref_cost)).est
 
     def _cascade(self, local: Choice, remote: Choice, req: Request, view: ClusterView,

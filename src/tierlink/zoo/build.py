@@ -33,9 +33,11 @@ from tierlink.zoo.evaluate import accuracy, cascade_curve, measure_latency, onnx
 from tierlink.zoo.nets import NUM_CLASSES, build_net, count_params, fold_linear_batchnorm
 from tierlink.zoo.profiles import (
     MODEL_VERSION,
+    TEACHER,
     VARIANT_TIERS,
     BuildProfile,
     TrainRecipe,
+    build_order,
     model_names,
     recipe_fingerprint,
 )
@@ -69,10 +71,11 @@ def build_zoo(task: str, profile: BuildProfile, out_dir: Path, reporter: BuildRe
     splits = load_splits(task) if splits is None else splits
     out_dir.mkdir(parents=True, exist_ok=True)
     cards = {}
-    for name, variant in zip(model_names(task), VARIANT_TIERS, strict=True):
-        if name in wanted:
-            cards[name] = build_model(task, variant, splits, profile, out_dir, reporter,
-                                      clock=clock)
+    variants = dict(zip(VARIANT_TIERS, model_names(task), strict=True))
+    for variant in build_order(tuple(VARIANT_TIERS), profile, task):  # teachers first
+        if variants[variant] in wanted:
+            cards[variants[variant]] = build_model(task, variant, splits, profile, out_dir,
+                                                   reporter, clock=clock)
     return cards
 
 
@@ -82,9 +85,12 @@ def build_model(task: str, variant: str, splits: Splits, profile: BuildProfile,
     """Train one variant, export and verify its ONNX graph, measure it, write its card."""
     name = f"{task}-{variant}"
     train = splits.train.head(profile.train_samples or len(splits.train))
+    recipe = profile.recipe(task, variant)
+    teacher = (teacher_logits(out_dir / f"{task}-{TEACHER}.onnx", train, profile.threads)
+               if recipe.distill > 0 else None)
     with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
-        trained = train_net(name, variant, profile.recipe(task, variant), train, profile.seed,
-                            reporter, clock, task=task)
+        trained = train_net(name, variant, recipe, train, profile.seed,
+                            reporter, clock, task=task, teacher=teacher)
         onnx_path = out_dir / f"{name}.onnx"
         reporter.stage(name, "exporting")
         export_onnx(trained.net, onnx_path, check_on=splits.calib.images[:64])
@@ -106,14 +112,28 @@ def _torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+def teacher_logits(path: Path, data: Split, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The teacher's logits on ``data`` as it is and mirrored (what a flipped batch shows
+    the student): (N, 10) each."""
+    if not path.exists():
+        raise ZooError(f"{path.name} must be built before the models distilled from it",
+                       hint="build the task's whole zoo: `tierlink zoo build`")
+    mirrored = np.ascontiguousarray(data.images[..., ::-1])
+    return (onnx_logits(path, data.images, threads=threads),
+            onnx_logits(path, mirrored, threads=threads))
+
+
 def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: int,
               reporter: BuildReporter, clock: Clock = time.perf_counter, *,
               task: str = "fmnist", make_net: Callable[[], nn.Module] | None = None,
-              loss_fn: LossFn = nn.functional.cross_entropy) -> Trained:
+              loss_fn: LossFn = nn.functional.cross_entropy,
+              teacher: tuple[np.ndarray, np.ndarray] | None = None) -> Trained:
     """Train a fresh ``variant`` net of ``task`` (its input normalisation) on ``data`` with
     ``recipe`` (partial batches dropped). ``make_net`` replaces ``build_net(variant, task)``
     (called after seeding, so its weights are seeded too) and ``loss_fn(net(x), labels)``
-    the cross-entropy: the multi-exit net trains with this loop and its joint loss."""
+    the cross-entropy: the multi-exit net trains with this loop and its joint loss.
+    ``teacher``: its logits on ``data`` as is and mirrored (:func:`teacher_logits`), for a
+    recipe that distills."""
     steps = len(data) // recipe.batch_size
     if steps == 0:
         raise ZooError(f"{name}: {len(data)} training images is less than one batch")
@@ -124,6 +144,10 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
     net = fresh.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     opt = NesterovSGD(list(net.parameters()), recipe.weight_decay)
     images, labels = torch.from_numpy(data.images), torch.from_numpy(data.labels)
+    soft = None if teacher is None else (torch.from_numpy(teacher[0]),
+                                         torch.from_numpy(teacher[1]))
+    if recipe.distill > 0 and soft is None:
+        raise ZooError(f"{name}: its recipe distills, but no teacher logits were given")
     reporter.begin(name, recipe.epochs, steps)
     start = clock()
     net.train()
@@ -131,9 +155,11 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
         # (steps, B): this epoch's batches, a seeded permutation.
         order = torch.randperm(len(data), generator=gen)[: steps * recipe.batch_size]
         for i, idx in enumerate(order.view(steps, recipe.batch_size)):
-            x = _augment(images[idx], recipe.flips, gen)  # (B, 1, 28, 28)
+            x, mirror = _augment(images[idx], recipe.flips, gen)  # (B, 1, 28, 28), (B,)
             lr, momentum = one_cycle(epoch * steps + i, recipe.epochs * steps, recipe.max_lr)
-            loss = _step(net, x, labels[idx], name, loss_fn)
+            step_loss = loss_fn if soft is None else _distilled(
+                torch.where(mirror[:, None], soft[1][idx], soft[0][idx]), recipe)
+            loss = _step(net, x, labels[idx], name, step_loss)
             opt.step(lr, momentum)
             reporter.batch(name, epoch, loss)
     seconds = clock() - start
@@ -183,11 +209,28 @@ class NesterovSGD:
             p.grad = None
 
 
-def _augment(x: torch.Tensor, flips: bool, gen: torch.Generator) -> torch.Tensor:
+def _augment(x: torch.Tensor, flips: bool,
+             gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch, each image mirrored at random when ``flips``; and which ones were."""
+    mirror = (torch.rand(x.shape[0], generator=gen) < 0.5 if flips
+              else torch.zeros(x.shape[0], dtype=torch.bool))  # (B,)
     if flips:
-        mirror = torch.rand(x.shape[0], generator=gen) < 0.5  # (B,)
         x = torch.where(mirror[:, None, None, None], x.flip(3), x)
-    return x.contiguous(memory_format=torch.channels_last)
+    return x.contiguous(memory_format=torch.channels_last), mirror
+
+
+def _distilled(teacher: torch.Tensor, recipe: TrainRecipe) -> LossFn:
+    """Cross-entropy on the labels mixed with the KL divergence from the teacher's softened
+    answer, scaled by T^2 so its gradients keep their size as T changes."""
+    t, w = recipe.distill_temperature, recipe.distill
+    target = nn.functional.softmax(teacher / t, dim=1)
+
+    def loss(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        soft = nn.functional.kl_div(nn.functional.log_softmax(out / t, dim=1), target,
+                                    reduction="batchmean")
+        return (1 - w) * nn.functional.cross_entropy(out, labels) + w * t * t * soft
+
+    return loss
 
 
 def _step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, name: str,
