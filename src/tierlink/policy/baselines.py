@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from tierlink.core.types import ClusterView, Placement, Plan, Request
+from tierlink.core.types import ClusterView, Placement, Plan, Request, Tier
 from tierlink.policy.base import PolicyConfig
 from tierlink.policy.placement import toward_version, two_choices
 
@@ -27,18 +27,9 @@ class CloudOnlyPolicy:
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         tiers = view.upstream.get(view.self_id, {})
-        for tier in sorted(tiers, reverse=True):
-            ids = tiers[tier]
-            if request.version is not None:  # a pinned version is never traded off
-                ids = toward_version(ids, view, request.task, request.version,
-                                     self._cfg.max_hops - request.hops - 1)
-            pick, spare = two_choices(ids, view, request.task, rng)
-            if pick is not None:
-                chosen = [pick] + ([spare] if spare else [])
-                return Plan(tuple(Placement("remote", n.node_id, n.tier) for n in chosen),
-                            self.name, "forward to the top tier", respects_privacy=False,
-                            respects_deadline=False)
-        return _local_or_refuse(self.name, request, view)
+        plan = _forward(self.name, sorted(tiers, reverse=True), request, view, self._cfg, rng,
+                        respects_privacy=False)
+        return plan or _local_or_refuse(self.name, request, view)
 
 
 class StaticRulesPolicy:
@@ -55,19 +46,14 @@ class StaticRulesPolicy:
         self._cfg = config
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
-        tiers = view.upstream.get(view.self_id, {})
-        allowed = [t for t in tiers if t > view.me.tier
+        allowed = [t for t in view.upstream.get(view.self_id, {}) if t > view.me.tier
                    and request.privacy.allows(t, at_origin=False)]
-        for tier in sorted(allowed, reverse=True):
-            pick, spare = two_choices(_pinned(tiers[tier], request, view, self._cfg), view,
-                                      request.task, rng)
-            if pick is not None:
-                chosen = [pick] + ([spare] if spare else [])
-                return Plan(tuple(Placement("remote", n.node_id, n.tier) for n in chosen),
-                            self.name, f"privacy {request.privacy.value}: "
-                            f"{tier.label}", respects_deadline=False)
-        plan = _local_or_refuse(self.name, request, view)
-        return Plan(plan.placements, self.name, plan.reason, respects_deadline=False)
+        plan = _forward(self.name, sorted(allowed, reverse=True), request, view, self._cfg,
+                        rng, respects_privacy=True)
+        if plan is not None:
+            return plan
+        local = _local_or_refuse(self.name, request, view)
+        return Plan(local.placements, self.name, local.reason, respects_deadline=False)
 
 
 class DeviceOnlyPolicy:
@@ -84,12 +70,25 @@ class DeviceOnlyPolicy:
         return _local_or_refuse(self.name, request, view)
 
 
-def _pinned(ids: tuple[str, ...], request: Request, view: ClusterView,
-            config: PolicyConfig) -> tuple[str, ...]:
-    if request.version is None:
-        return ids
-    return toward_version(ids, view, request.task, request.version,
-                          config.max_hops - request.hops - 1)
+def _forward(name: str, tiers: list[Tier], request: Request, view: ClusterView,
+             config: PolicyConfig, rng: random.Random, *,
+             respects_privacy: bool) -> Plan | None:
+    """Forward to the first of ``tiers`` with a healthy node (and a spare of it); None when
+    none has one. A pinned version is never traded off."""
+    upstream = view.upstream.get(view.self_id, {})
+    for tier in tiers:
+        ids = upstream[tier]
+        if request.version is not None:
+            ids = toward_version(ids, view, request.task, request.version,
+                                 config.max_hops - request.hops - 1)
+        pick, spare = two_choices(ids, view, request.task, rng)
+        if pick is not None:
+            chosen = [pick] + ([spare] if spare else [])
+            reason = (f"privacy {request.privacy.value}: {tier.label}" if respects_privacy
+                      else "forward to the top tier")
+            return Plan(tuple(Placement("remote", n.node_id, n.tier) for n in chosen), name,
+                        reason, respects_privacy=respects_privacy, respects_deadline=False)
+    return None
 
 
 def _local_or_refuse(name: str, request: Request, view: ClusterView) -> Plan:
