@@ -85,8 +85,9 @@ def hard_slice_accuracy(upstream_accuracy: float, escalated_share: float) -> flo
     """Accuracy an upstream model reaches on the inputs a cascade escalates to it.
 
     Those inputs are the hard ones, so its overall accuracy is optimistic. The pessimistic
-    bound puts all of its errors inside the escalated slice; we take the midpoint of the two
-    until joint profiles (calibration issue) replace this heuristic.
+    bound puts all of its errors inside the escalated slice; this takes the midpoint of the
+    two. Only a fallback: a fleet tuned with `cascade tune` prices cascades from measured
+    joint records instead (``PolicyConfig.cascade_records``).
     """
     if escalated_share <= 0:
         return upstream_accuracy
