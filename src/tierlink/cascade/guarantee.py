@@ -41,7 +41,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tierlink.cascade.tune import Operating, Stage, answering_stage, check_stages, evaluate
+from tierlink.cascade.tune import (
+    Operating,
+    Stage,
+    answering_stage,
+    answers_correct,
+    check_stages,
+    evaluate,
+)
 from tierlink.errors import ConfigError
 
 GAMMA = 1e-3  # share of the error budget spent on bounding the discordance rate
@@ -129,8 +136,7 @@ def tune_guaranteed(stages: Sequence[Stage], confidence: float, *, drop: float |
 
 def _answers(stages: Sequence[Stage], thresholds: Sequence[float]) -> np.ndarray:
     """(N,) whether the cascade's answer is right at ``thresholds``."""
-    at = answering_stage(stages, thresholds)
-    return np.stack([s.correct for s in stages])[at, np.arange(len(at))]
+    return answers_correct(stages, answering_stage(stages, thresholds))
 
 
 def _check(confidence: float, drop: float | None, floor: float | None) -> None:
@@ -290,13 +296,11 @@ def _binom_logpmf(n: int, k: np.ndarray, p: float) -> np.ndarray:
     return logf[n] - logf[k] - logf[n - k] + k * math.log(p) + (n - k) * math.log1p(-p)
 
 
-_LOGF: dict[int, np.ndarray] = {}
+_LOGF = np.zeros(1)  # log k! for k = 0 .. len - 1, grown as larger n are asked for
 
 
 def _log_factorials(n: int) -> np.ndarray:
-    table = _LOGF.get(n)
-    if table is None:
-        table = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
-        _LOGF.clear()
-        _LOGF[n] = table
-    return table
+    global _LOGF
+    if len(_LOGF) <= n:
+        _LOGF = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+    return _LOGF

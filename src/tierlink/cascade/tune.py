@@ -142,16 +142,20 @@ def answering_stage(stages: Sequence[Stage], thresholds: Sequence[float]) -> np.
 def evaluate(stages: Sequence[Stage], thresholds: Sequence[float]) -> Operating:
     """Accuracy, cost and shares of the cascade at ``thresholds``."""
     at = answering_stage(stages, thresholds)
-    correct = np.stack([s.correct for s in stages])[at, np.arange(len(at))]
-    return _operating(stages, tuple(float(t) for t in thresholds), at, correct)
+    return _operating(stages, tuple(float(t) for t in thresholds), at,
+                      answers_correct(stages, at))
 
 
 def evaluate_assignment(stages: Sequence[Stage], at: np.ndarray) -> Operating:
     """Like :func:`evaluate` for any assignment of inputs to answering stages (e.g. random
     escalation, the baseline a confidence signal must beat)."""
     check_stages(stages)
-    correct = np.stack([s.correct for s in stages])[at, np.arange(len(at))]
-    return _operating(stages, (), at, correct)
+    return _operating(stages, (), at, answers_correct(stages, at))
+
+
+def answers_correct(stages: Sequence[Stage], at: np.ndarray) -> np.ndarray:
+    """(N,) whether each input's answer is right when stage ``at[i]`` answers input i."""
+    return np.stack([s.correct for s in stages])[at, np.arange(len(at))]
 
 
 def _operating(stages: Sequence[Stage], thresholds: tuple[float, ...], at: np.ndarray,

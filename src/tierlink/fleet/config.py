@@ -334,17 +334,14 @@ def _cascade(raw: Mapping[str, Any]) -> dict[str, Any]:
     records = parse_records(_mapping(raw.get("records") or {}, "routing.cascade.records"),
                             "routing.cascade.records")
     target = _mapping(raw.get("target") or {}, "routing.cascade.target")
+    ranges = {"accuracy_drop": 100.0, "confidence": 0.9999}  # upper bounds; 0 is the floor
     for key in target:
-        _known(key, ("accuracy_drop", "confidence"), "routing.cascade.target")
+        _known(key, tuple(ranges), "routing.cascade.target")
     return {"cascade_tuned_on": MappingProxyType({str(k): str(v) for k, v in tuned_on.items()}),
             "cascade_records": MappingProxyType(records),
             "cascade_target": MappingProxyType({
-                **({"accuracy_drop": _float(target["accuracy_drop"],
-                                            "routing.cascade.target.accuracy_drop", 0.0, 100.0)}
-                   if "accuracy_drop" in target else {}),
-                **({"confidence": _float(target["confidence"],
-                                         "routing.cascade.target.confidence", 0.0, 0.9999)}
-                   if "confidence" in target else {})})}
+                k: _float(v, f"routing.cascade.target.{k}", 0.0, ranges[k])
+                for k, v in target.items()})}
 
 
 def _codec_loss(raw: Mapping[str, Any]) -> Mapping[str, float]:

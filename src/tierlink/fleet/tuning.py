@@ -55,7 +55,7 @@ def retune(config: FleetConfig, task: str, goal: Any = None,
     (thresholds, records and provenance, in the parsed routing and in the raw routing that
     node specs are written from); and the tuning report. The default goal is the one the
     fleet file records (:func:`fleet_goal`)."""
-    from tierlink.cascade.records import parse_records, record_to_dict
+    from tierlink.cascade.records import SEP, record_to_dict
     from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
     from tierlink.quantize.variants import with_variants
@@ -69,12 +69,13 @@ def retune(config: FleetConfig, task: str, goal: Any = None,
     splits = load_splits(task)
     report = tune_chain(zoo, chain, splits, goal, config.routing.policy_config().cost)
     records = {k: record_to_dict(r) for k, r in (report.records or {}).items()}
+    by_path = {tuple(k.split(SEP)): r for k, r in (report.records or {}).items()}
     routing = config.routing
     thresholds = {**routing.thresholds, **report.thresholds()}
     tuned_on = dict(report.tuned_on or {})
     routing = replace(routing, thresholds=MappingProxyType(thresholds),
                       cascade_tuned_on=MappingProxyType(tuned_on),
-                      cascade_records=MappingProxyType(parse_records(records, "retuned")))
+                      cascade_records=MappingProxyType(by_path))
     raw = {**config.raw_routing, "thresholds": thresholds,
            "cascade": {"tuned_on": tuned_on, "records": records,
                        **({"target": target_of(goal)} if target_of(goal) else {})}}
