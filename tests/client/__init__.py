@@ -1,0 +1,1 @@
+"""Tests of tierlink.client (a package, so the integration helpers import as `integration`)."""
