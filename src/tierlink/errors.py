@@ -25,8 +25,10 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     │   └── CodecError              400: a feature payload is malformed, truncated or of an
     │                               unknown codec / version; a codec spec is unknown
     ├── ZooError                    model zoo could not be built or loaded
-    │   └── QuantizationError       a variant cannot be made: precision does not apply,
-    │                               bad settings
+    │   ├── QuantizationError       a variant cannot be made: precision does not apply,
+    │   │                           bad settings
+    │   └── ImportRefused           a model or its data cannot be imported (not ONNX, a
+    │                               signature the task does not take, bad labels, no data)
     ├── RepositoryError             model repository: unknown version, artifact missing, a
     │   │                           store that cannot be written (404 / 409 / 503 by case)
     │   └── ArtifactRejected        422: hash or signature does not verify, unsigned, signed
@@ -177,6 +179,12 @@ class ZooError(TierlinkError):
 class QuantizationError(ZooError):
     code = "quantization_error"
     hint = "see `tierlink quantize --help` for the precisions and their settings"
+
+
+class ImportRefused(ZooError):
+    code = "import_refused"
+    http_status = 400
+    hint = "see `tierlink model import --help` for what a model and its data must be"
 
 
 class RepositoryError(TierlinkError):

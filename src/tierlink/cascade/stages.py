@@ -3,7 +3,7 @@ and the cost of a request reaching each tier under the fleet's cost model."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,13 +52,19 @@ def build_stages(zoo: Zoo, chain: Chain, split: Split, cost: CostModel = DEFAULT
     return stages
 
 
-def chain_from_fleet(models_by_tier: Sequence[tuple[Tier, Sequence[str]]], task: str) -> Chain:
+def chain_from_fleet(models_by_tier: Sequence[tuple[Tier, Sequence[str]]], task: str,
+                     task_of: Callable[[str], str | None] | None = None) -> Chain:
     """The cascade a fleet runs for ``task``: the first model of the task on each tier that
-    serves one, device first. ``models_by_tier``: (tier, models) per node, in file order."""
+    serves one, device first. ``models_by_tier``: (tier, models) per node, in file order.
+    ``task_of``: a model's task (default: zoo names, ``<task>-<size>``)."""
+    def of(name: str) -> str | None:
+        found = task_of(name) if task_of else None
+        return found if found is not None else (task if name.startswith(f"{task}-") else None)
+
     picked: dict[Tier, str] = {}
     for tier, models in models_by_tier:
         for name in models:
-            if name.startswith(f"{task}-") and tier not in picked:
+            if of(name) == task and tier not in picked:
                 picked[tier] = name
     order = sorted(picked)
     if len(order) < 2:

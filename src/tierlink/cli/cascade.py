@@ -116,10 +116,45 @@ def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) ->
     from tierlink.zoo.datasets import load_splits
 
     config = load_fleet(fleet_file)
+    if _imported(config, task):
+        return _tune_imported(config, task, goal)
     chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task)
     zoo = ensure_zoo(task=task, profile=config.zoo_profile, progress=progress)
     zoo = with_variants(zoo, chain.models)  # e.g. fmnist-small-fp16, made on first use
     return tune_chain(zoo, chain, load_splits(task), goal, config.routing.policy_config().cost)
+
+
+def _imported(config: Any, task: str) -> bool:
+    """Whether ``task``'s models come from the model store (users' own models)."""
+    from tierlink.zoo.profiles import TASKS
+
+    return task not in TASKS or task in config.tasks
+
+
+def _tune_imported(config: Any, task: str, goal: Any) -> Any:
+    """The chain of imported models (each model's task from its card), tuned on the data
+    they were imported with: calibration part to tune, evaluation part to report."""
+    from dataclasses import replace
+
+    from tierlink.cascade.report import tune_stages
+    from tierlink.cascade.stages import chain_from_fleet
+    from tierlink.modelstore.stages import imported_stages
+    from tierlink.modelstore.store import ModelStore
+
+    store = ModelStore.default()
+
+    def task_of(name: str) -> str | None:
+        return store.card(name)["task"] if store.has(name) else None
+
+    missing = [m for n in config.nodes for m in n.models if not store.has(m)
+               and not any(m.startswith(f"{t}-") for t in ("fmnist", "mnist", "imagenet"))]
+    if missing:
+        raise ConfigError(f"the fleet names models the model store does not have: {missing}",
+                          hint="import them first with `tierlink model import`")
+    chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task, task_of)
+    stages = imported_stages(store, chain, config.routing.policy_config().cost)
+    report = tune_stages(stages.calib, stages.eval, chain, goal)
+    return replace(report, tuned_on=stages.tuned_on)
 
 
 def _print(report: Any, written: Path | None) -> None:

@@ -20,6 +20,7 @@ from tierlink.cli.enroll import app as enroll_app
 from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
 from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.model import app as model_app
+from tierlink.cli.model_import import import_cmd, imported_cmd
 from tierlink.cli.quantize import quantize
 from tierlink.cli.rollout import app as rollout_app
 from tierlink.cli.split import app as split_app
@@ -34,6 +35,8 @@ app.add_typer(hard_examples_app, name="hard-examples")
 app.add_typer(cascade_app, name="cascade")
 app.add_typer(enroll_app, name="enroll")
 app.add_typer(model_app, name="model")
+model_app.command("import")(import_cmd)
+model_app.command("imported")(imported_cmd)
 app.add_typer(rollout_app, name="rollout")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
@@ -60,7 +63,7 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
                     if name.startswith(f"{t}-") and name not in special})
     models: dict[str, tuple[Path, Path]] = {}
     summary: dict[str, dict[str, Any]] = {}
-    for task in tasks or ["fmnist"]:
+    for task in tasks if wanted else ["fmnist"]:
         zoo = with_variants(ensure_zoo(task=task, profile=profile, progress=progress),
                             [n for n in wanted if n.startswith(f"{task}-") and n not in special],
                             say=lambda m: console.print(f"[dim]{m}[/dim]"))
@@ -72,12 +75,21 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
                         for name, c in zoo.cards.items() if name in wanted or not wanted})
     # imagenet-mobilenetv2: exported, with its split profile, on first use (not trained here)
     models.update(photo_models(wanted, say=lambda m: console.print(f"[dim]{m}[/dim]")))
+    models.update(imported_models(wanted))  # users' own models (`tierlink model import`)
     if EXITS_NAME in wanted:  # the multi-exit net (early exit), trained on first use
         from tierlink.zoo.exits import ensure_exits
 
         built = ensure_exits(profile, progress=progress)
         models[EXITS_NAME] = (built.whole_path, built.card_path)
     return models, summary
+
+
+def imported_models(wanted: tuple[str, ...]) -> dict[str, tuple[Path, Path]]:
+    """Name -> (onnx, card) of the wanted models the local model store holds."""
+    from tierlink.modelstore.store import ModelStore
+
+    store = ModelStore.default()
+    return {name: store.paths(name) for name in wanted if store.has(name)}
 
 
 @zoo_app.command("build")

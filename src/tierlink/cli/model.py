@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from tierlink.repo.manifest import PublishedVersion, SignedManifest, Validation
     from tierlink.repo.publish import Progress
 
-app = typer.Typer(help="Model versions: signing keys, publish, list, show.",
-                  no_args_is_help=True)
+app = typer.Typer(help="Models: import your own; versions: signing keys, publish, list, "
+                       "show.", no_args_is_help=True)
 console = Console(stderr=True)
 CONTROL_HELP = "control plane URL, e.g. http://127.0.0.1:7000"
 

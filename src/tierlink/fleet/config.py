@@ -21,6 +21,8 @@ from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.split import DEFAULT_CODECS
 from tierlink.node.hedging import HedgeConfig
 from tierlink.policy.base import PolicyConfig, Weights
+from tierlink.providers import parse_providers
+from tierlink.tasks.spec import TaskSpec, task_from_dict
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -105,6 +107,8 @@ class NodeConfig:
     max_queue: int = 256
     cpu_quota: float | None = None  # fraction of one core, enforced with a cgroup
     heads: tuple[str, ...] = ()  # models whose head this node may run for a split plan
+    # ONNX Runtime execution providers in order of preference (CPU is always the fallback)
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,9 @@ class FleetConfig:
     # Lets benchmarks and tests slow a node down over HTTP (/tierlink/v1/faults). Never on
     # in production: anyone who reaches the node could degrade it.
     fault_injection: bool = False
+    # Tasks the zoo does not have, declared here (input, output kind, roles, labels); their
+    # models come from the model store (`tierlink model import`).
+    tasks: Mapping[str, TaskSpec] = field(default_factory=dict)
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
@@ -201,7 +208,17 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         seed=_int(data.get("seed", 0), "seed", 0),
         trusted_keys=_strings(data.get("trusted_keys") or [], "trusted_keys"),
         fault_injection=_bool(data.get("fault_injection", False), "fault_injection"),
+        tasks=_tasks(data.get("tasks") or {}),
     )
+
+
+def _tasks(raw: Any) -> Mapping[str, TaskSpec]:
+    from tierlink.tasks.registry import kind_of
+
+    tasks = {str(k): task_from_dict(str(k), v) for k, v in _mapping(raw, "tasks").items()}
+    for task in tasks.values():
+        kind_of(task.kind)  # an unknown kind is refused here, naming the known ones
+    return MappingProxyType(tasks)
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:
@@ -259,6 +276,7 @@ def _node(raw: Any, where: str) -> NodeConfig:
         workers=_int(raw.get("workers", 1), f"{where}.workers", 1),
         max_queue=_int(raw.get("max_queue", 256), f"{where}.max_queue", 1),
         cpu_quota=None if quota is None else _float(quota, f"{where}.cpu_quota", 0.01, 64.0),
+        providers=parse_providers(raw.get("providers"), f"{where}.providers"),
     )
 
 

@@ -150,8 +150,10 @@ def _check_models(config: FleetConfig, models: dict[str, tuple[Path, Path]]) -> 
     for node in config.nodes:
         for name in (*node.models, *node.heads):
             if name not in models:
-                raise LaunchError(f"node {node.node_id} wants model {name!r}, which the zoo "
-                                  f"does not have", hint=f"available: {sorted(models)}")
+                raise LaunchError(f"node {node.node_id} wants model {name!r}, which neither "
+                                  f"the zoo nor the model store has",
+                                  hint=f"available: {sorted(models)}; import your own with "
+                                       "`tierlink model import`")
 
 
 def _spawn(fleet: RunningFleet, name: str, args: list[str]) -> subprocess.Popen[bytes]:
@@ -242,7 +244,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     control_tier=cfg.control_tier.label,
                     state_dir=str(fleet.run_dir / "state" / node.node_id),
                     enroll_token=fleet.enroll_token, trusted_keys=cfg.trusted_keys,
-                    fault_injection=cfg.fault_injection)
+                    fault_injection=cfg.fault_injection, providers=node.providers)
 
 
 def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],

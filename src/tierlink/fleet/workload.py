@@ -113,7 +113,8 @@ def make_photo_workload(n: int, rate_per_s: float, origins: Sequence[str], n_sam
 async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
                 device_urls: dict[str, str], task: str, policy: str | None,
                 on_done: Callable[[Record], None] = lambda r: None,
-                grace_s: float = 5.0, send_labels: bool = True) -> list[Record]:
+                grace_s: float = 5.0, send_labels: bool = True,
+                input_name: str = "input") -> list[Record]:
     """Send every item at its time; wait for every answer (or error, or give up as lost).
     ``send_labels``: attach the true label (``tierlink.label``), so the hard examples the
     fleet collects from this run are labelled."""
@@ -128,7 +129,7 @@ async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
         async def one(item: WorkItem) -> Record:
             await asyncio.sleep(max(0.0, start + item.at_s - time.monotonic()))
             record = await _send(client, item, images, labels, device_urls[item.origin], task,
-                                 policy, grace_s, send_labels)
+                                 policy, grace_s, send_labels, input_name)
             on_done(record)
             return record
 
@@ -137,7 +138,7 @@ async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
 
 async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.ndarray,
                 url: str, task: str, policy: str | None, grace_s: float,
-                send_labels: bool = True) -> Record:
+                send_labels: bool = True, input_name: str = "input") -> Record:
     params = {protocol.DEADLINE: item.deadline_ms, protocol.PRIVACY: item.privacy.value,
               protocol.PRIORITY: item.priority.label, protocol.ORIGIN: item.origin}
     if policy:
@@ -148,7 +149,7 @@ async def _send(client: object, item: WorkItem, images: np.ndarray, labels: np.n
         params[protocol.LABEL] = label
     t0 = time.monotonic()
     try:
-        resp = await client.infer(url, task, {"input": x}, params,  # type: ignore[attr-defined]
+        resp = await client.infer(url, task, {input_name: x}, params,  # type: ignore[attr-defined]
                                   timeout_s=item.deadline_ms / 1000.0 + grace_s)
     except TierlinkError as exc:
         # An error *answer* carries its HTTP status; without one, nothing came back: lost.

@@ -34,7 +34,7 @@ def load_runtimes(spec: NodeSpec) -> dict[str, ModelRuntime]:
             runtimes[src.name] = ExitsModel(Path(src.card))
             continue
         info = ModelInfo.from_card(Path(src.card))
-        runtimes[src.name] = OnnxModel(Path(src.onnx), info)
+        runtimes[src.name] = OnnxModel(Path(src.onnx), info, providers=spec.providers)
     return runtimes
 
 

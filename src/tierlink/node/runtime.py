@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
 
 from tierlink.core.types import CascadePoint, ModelView, SplitPoint
-from tierlink.errors import RuntimeFailure, TensorError, ZooError
+from tierlink.errors import ConfigError, RuntimeFailure, TensorError, ZooError
+from tierlink.providers import DEFAULT_PROVIDERS, open_session
 from tierlink.split.profile import load_profile, profile_path
+from tierlink.tasks.spec import TaskSpec, task_from_dict
 from tierlink.zoo.cards import cascade_from_dicts
 
 MAX_BATCH = 256
@@ -57,6 +60,23 @@ class ModelInfo:
     card: dict[str, Any] = field(default_factory=dict)
     splits: tuple[SplitPoint, ...] = ()  # this machine's split profile, if one was made
     profile_ms: float = 0.0  # the whole model's latency in that profile (same timing run)
+    # The task as its card declares it (imported models); None: a zoo classifier whose
+    # first output is its logits.
+    task_spec: TaskSpec | None = None
+
+    def spec_for(self, outputs: tuple[TensorSpec, ...]) -> TaskSpec:
+        """How to read this model's outputs: its declared task, else a classifier."""
+        if self.task_spec is not None:
+            return self.task_spec
+        return TaskSpec(self.task, "classification", (),
+                        MappingProxyType({"scores": outputs[0].name}), self.labels)
+
+    def on_provider(self, provider: str) -> ModelInfo:
+        """This model as run by ``provider``: the card's latency measured on it, if any."""
+        measured = self.card.get("latency_ms_by_provider", {}).get(provider)
+        if not measured:
+            return self
+        return replace(self, latency_ms=float(measured["batch1_p50"]))
 
     def view(self, latency_ms: float | None = None) -> ModelView:
         return ModelView(self.name, self.task, self.version, self.accuracy,
@@ -76,8 +96,10 @@ class ModelInfo:
                        temperature=float(card.get("temperature", 1.0)), cascade=cascade,
                        labels=tuple(card.get("labels", ())), card=card,
                        splits=profile.points if profile else (),
-                       profile_ms=profile.full_ms if profile else 0.0)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+                       profile_ms=profile.full_ms if profile else 0.0,
+                       task_spec=(task_from_dict(card["task"], card["task_spec"], "card")
+                                  if "task_spec" in card else None))
+        except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
             raise ZooError(f"model card {path} is unreadable or incomplete: {exc}") from exc
 
 
@@ -125,21 +147,14 @@ class OnnxModel:
 
     platform = "onnxruntime_onnx"
 
-    def __init__(self, path: Path, info: ModelInfo, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        try:
-            self._session = ort.InferenceSession(str(path), opts,
-                                                 providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ZooError(f"cannot load ONNX model {path}: {exc}") from exc
+    def __init__(self, path: Path, info: ModelInfo, threads: int = 1,
+                 providers: tuple[str, ...] = DEFAULT_PROVIDERS) -> None:
+        opened = open_session(path, providers, threads)
+        self._session = opened.session
+        self.provider = opened.provider  # the execution provider that runs it
+        self.skipped_providers = opened.skipped  # "PROVIDER: why" for those passed over
         self.path = Path(path)
-        self.info = info
+        self.info = info.on_provider(opened.provider)
         self.inputs = tuple(_spec(i) for i in self._session.get_inputs())
         self.outputs = tuple(_spec(o) for o in self._session.get_outputs())
 
@@ -194,3 +209,15 @@ def softmax_confidence(logits: np.ndarray, temperature: float = 1.0) -> tuple[np
     e = np.exp(z)
     probs = e / e.sum(axis=1, keepdims=True)
     return probs.astype(np.float32), probs.max(axis=1)
+
+
+def read_answer(rt: ModelRuntime, raw: dict[str, np.ndarray]) -> Any:
+    """The model's raw outputs as its task's answer (tensors for the caller + confidence):
+    the output kind of the task its card declares, a classifier for zoo models."""
+    from tierlink.tasks.registry import kind_of
+
+    spec = rt.info.spec_for(rt.outputs)
+    try:
+        return kind_of(spec.kind).answer(raw, spec, rt.info.temperature)
+    except TensorError as exc:  # the model's outputs do not fit its declared task
+        raise RuntimeFailure(f"{rt.info.name}: {exc.message}") from exc

@@ -74,7 +74,13 @@ from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, Outbox
 from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.models import ModelManager
-from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
+from tierlink.node.runtime import (
+    ModelInfo,
+    ModelRuntime,
+    OnnxModel,
+    read_answer,
+    softmax_confidence,
+)
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
 from tierlink.node.uplink import CONTROL, Uplink
@@ -589,12 +595,18 @@ class NodeService:
             if isinstance(exc, RuntimeFailure) or not isinstance(exc, TierlinkError):
                 self.version_stats.failed(rt.info.name, rt.info.version)
             raise
-        probs, conf = softmax_confidence(out[rt.outputs[0].name], rt.info.temperature)
+        answer = read_answer(rt, out)
+        conf = answer.confidence
+        label = answer.outputs.get("label")
         self.version_stats.answered(rt.info.name, rt.info.version, compute_ms,
-                                    conf.tolist(), probs.argmax(axis=1).tolist(),
+                                    conf.tolist() if conf is not None else (),
+                                    label.tolist() if label is not None else (),
                                     _LABELS.get())
-        confidence = float(conf.min())
-        self.metrics.confidence.labels(self.spec.tier.label, rt.info.name).observe(confidence)
+        # No confidence (a regression without uncertainty, ...): never escalated for it.
+        confidence = float(conf.min()) if conf is not None else 1.0
+        if conf is not None:
+            self.metrics.confidence.labels(self.spec.tier.label,
+                                           rt.info.name).observe(confidence)
         cost = self.routing.cost.compute(self.spec.tier, compute_ms)
         self.metrics.cost.labels(self.spec.tier.label).inc(cost)
         timings = {"compute_ms": compute_ms}
@@ -604,8 +616,7 @@ class NodeService:
         outcome = Outcome(self.spec.node_id, self.spec.tier, rt.info.name, (self.spec.node_id,),
                           confidence, cost=cost, timings_ms=timings,
                           model_version=rt.info.version)
-        return StepResult({"probabilities": probs, "label": probs.argmax(axis=1).astype(np.int64)},
-                          outcome)
+        return StepResult(answer.outputs, outcome)
 
     async def _submit(self, rt: ModelRuntime, inputs: dict[str, np.ndarray], priority: Priority,
                       deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:

@@ -66,6 +66,8 @@ class NodeSpec:
     enroll_token: str | None = None  # enrolls with it when state_dir holds no identity yet
     trusted_keys: tuple[str, ...] = ()  # model versions must be signed by one of these
     fault_injection: bool = False  # POST /tierlink/v1/faults may slow this node (tests)
+    # ONNX Runtime execution providers in order (e.g. CUDA, then CPU); CPU is the fallback
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)
@@ -87,6 +89,7 @@ class NodeSpec:
             data["upstreams"] = tuple(UpstreamSpec(**u) for u in data.get("upstreams", []))
             data["heads"] = tuple(ModelSource(**m) for m in data.get("heads", []))
             data["trusted_keys"] = tuple(data.get("trusted_keys", ()))
+            data["providers"] = tuple(data.get("providers", ("CPUExecutionProvider",)))
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid node spec: {exc}") from exc

@@ -1,0 +1,129 @@
+"""``tierlink model import`` and ``tierlink model imported``: users' own ONNX models into the
+local model store (``modelstore/``), where fleet files name them like zoo models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierlink.cli.errors import fail
+from tierlink.errors import ConfigError, TierlinkError
+
+console = Console(stderr=True)
+
+
+def import_cmd(
+    name: str = typer.Argument(..., help="the name fleets serve it under, e.g. spam-small"),
+    onnx: Path = typer.Argument(..., help="the ONNX model"),
+    task: str = typer.Option(..., "--task", help="the task it answers, e.g. spam"),
+    tier: str = typer.Option(..., "--tier", help="device, edge or cloud: where it is meant "
+                                                 "to run"),
+    data: Path = typer.Option(..., "--data", help="labelled data: an .npz with x and y, or a "
+                                                  "folder of .npy samples with labels.csv"),
+    kind: str | None = typer.Option(None, help="output kind of a new task: classification "
+                                               "(default), multilabel, detection, regression, "
+                                               "embedding"),
+    output: list[str] = typer.Option([], help="ROLE=OUTPUT: which output plays which role, "
+                                              "e.g. scores=logits (repeatable)"),
+    labels: str | None = typer.Option(None, help="class names of a new task, comma separated"),
+    option: list[str] = typer.Option([], help="KEY=VALUE option of the output kind, e.g. "
+                                              "probabilities=true (repeatable)"),
+    fleet: Path | None = typer.Option(None, help="a fleet YAML whose tasks: declares the task"),
+    calib_share: float = typer.Option(0.5, help="share of the data used for calibration"),
+    seed: int = typer.Option(0, help="seed of the calibration/evaluation split"),
+    providers: str = typer.Option("cpu", help="execution providers in order, e.g. cuda,cpu"),
+    version: str = typer.Option("1", help="the version its card states"),
+    as_json: bool = typer.Option(False, "--json", help="print the card as JSON"),
+) -> None:
+    """Measure a model on its own labelled data (metric, calibration, latency per provider),
+    write its card and install it in the local model store."""
+    from tierlink.modelstore.importer import ImportRequest, import_model
+    from tierlink.modelstore.store import ModelStore
+    from tierlink.providers import parse_providers
+
+    try:
+        req = ImportRequest(
+            name=name, onnx=onnx, task=task, tier=tier, data=data, kind=kind,
+            declared=_declared(fleet, task), outputs=_pairs(output, "--output"),
+            labels=tuple(x.strip() for x in labels.split(",")) if labels else (),
+            options={k: _value(v) for k, v in _pairs(option, "--option").items()},
+            calib_share=calib_share, seed=seed,
+            providers=parse_providers(providers, "--providers"), version=version)
+        say = (lambda m: None) if as_json else (lambda m: console.print(f"[dim]{m}[/dim]"))
+        card = import_model(req, ModelStore.default(), say=say)
+    except TierlinkError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps(card, indent=2))
+        return
+    _print_card(card)
+
+
+def imported_cmd(task: str | None = typer.Option(None, help="only this task's models"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """The models in the local model store."""
+    from tierlink.modelstore.store import ModelStore
+
+    store = ModelStore.default()
+    cards = [store.card(n) for n in store.names(task)]
+    if as_json:
+        print(json.dumps(cards, indent=2))
+        return
+    table = Table(title=f"model store {store.root}")
+    for col in ("model", "task", "kind", "tier", "metric", "ms (b1 p50)", "provider"):
+        table.add_column(col)
+    for c in cards:
+        table.add_row(c["name"], c["task"], c["kind"], c["tier"], _metric(c),
+                      f"{c['latency_ms']['batch1_p50']:.3f}", c["provider"])
+    Console().print(table)
+
+
+def _print_card(card: dict[str, Any]) -> None:
+    data = card["data"]
+    console.print(f"imported {card['name']} ({card['task']}, {card['kind']}, {card['tier']}): "
+                  f"{_metric(card)} on {data['eval_samples']} evaluation samples, "
+                  f"{card['latency_ms']['batch1_p50']:.3f} ms per request on "
+                  f"{card['provider']}, temperature {card['temperature']:.3f}, "
+                  f"{'cascadable' if card['cascadable'] else 'not cascadable'}; "
+                  f"in {card['import_s']:.1f} s")
+
+
+def _metric(card: dict[str, Any]) -> str:
+    m = card["metric"]
+    return "no metric" if m["eval"] is None else f"{m['name']} {m['eval']:.4f}"
+
+
+def _declared(fleet: Path | None, task: str) -> Any:
+    if fleet is None:
+        return None
+    from tierlink.fleet.config import load_fleet
+
+    declared = load_fleet(fleet).tasks.get(task)
+    if declared is None:
+        raise ConfigError(f"{fleet} declares no task {task!r} under tasks:")
+    return declared
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return float(text) if any(c in text for c in ".e") else int(text)
+    except ValueError:
+        return text

@@ -1,0 +1,150 @@
+"""Labelled data for an imported model: an ``.npz`` (``x``, ``y``; a multi-input model's
+inputs under their own names) or a folder of ``.npy`` files (one sample each) with a
+``labels.csv`` (``file,label``). Split once, seeded, into a calibration part (temperature,
+thresholds) and an evaluation part (the figures a card reports).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tierlink.errors import ImportRefused
+
+LABELS_CSV = "labels.csv"
+
+
+@dataclass(frozen=True, slots=True)
+class Labelled:
+    """Inputs by input name (N, ...) each, and targets ``y`` (N, ...)."""
+
+    x: Mapping[str, np.ndarray]
+    y: np.ndarray
+    sha256: str  # of the data as loaded (inputs then targets): which data a card measured
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def take(self, rows: np.ndarray) -> Labelled:
+        return Labelled({k: v[rows] for k, v in self.x.items()}, self.y[rows], self.sha256)
+
+
+@dataclass(frozen=True, slots=True)
+class DataSplit:
+    calib: Labelled
+    eval: Labelled
+    seed: int
+
+
+def load_data(path: Path, input_names: Sequence[str], labels: Sequence[str] = ()) -> Labelled:
+    """Read ``path`` for a model whose inputs are ``input_names``; refuse what cannot be
+    used, naming the problem. ``labels``: class names a labels CSV may use instead of ids."""
+    path = Path(path)
+    if path.is_dir():
+        x, y = _folder(path, input_names, labels)
+    elif path.suffix == ".npz" and path.is_file():
+        x, y = _npz(path, input_names)
+    else:
+        raise ImportRefused(f"--data {path}: not an .npz file or a folder of .npy files",
+                            hint="give data.npz with arrays x and y, or a folder of .npy "
+                                 f"samples with a {LABELS_CSV} (file,label)")
+    if len(y) == 0:
+        raise ImportRefused(f"--data {path} holds no samples")
+    for name, arr in x.items():
+        if len(arr) != len(y):
+            raise ImportRefused(f"--data {path}: input {name!r} has {len(arr)} samples but "
+                                f"there are {len(y)} labels", hint="one label per sample")
+    return Labelled(x, y, _digest(x, y))
+
+
+def split(data: Labelled, calib_share: float = 0.5, seed: int = 0) -> DataSplit:
+    """A seeded random split; each part keeps at least one sample."""
+    if len(data) < 2:
+        raise ImportRefused(f"the data has {len(data)} sample(s); at least 2 are needed "
+                            "(a calibration part and an evaluation part)")
+    if not 0.0 < calib_share < 1.0:
+        raise ImportRefused(f"--calib-share must be in (0, 1), got {calib_share}")
+    order = np.random.default_rng(seed).permutation(len(data))
+    cut = min(max(1, round(calib_share * len(data))), len(data) - 1)
+    return DataSplit(data.take(np.sort(order[:cut])), data.take(np.sort(order[cut:])), seed)
+
+
+def _npz(path: Path, input_names: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as exc:
+        raise ImportRefused(f"--data {path} is not a readable .npz: {exc}") from exc
+    if "y" not in arrays:
+        raise ImportRefused(f"--data {path} has no array 'y' (the labels); it has "
+                            f"{sorted(arrays)}")
+    if len(input_names) == 1 and "x" in arrays:
+        return {input_names[0]: arrays["x"]}, arrays["y"]
+    missing = [n for n in input_names if n not in arrays]
+    if missing:
+        raise ImportRefused(f"--data {path} lacks the model's input(s) {missing}; it has "
+                            f"{sorted(arrays)}",
+                            hint="name the inputs' arrays after them (or 'x' for one input)")
+    return {n: arrays[n] for n in input_names}, arrays["y"]
+
+
+def _folder(path: Path, input_names: Sequence[str], labels: Sequence[str]
+            ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    if len(input_names) != 1:
+        raise ImportRefused(f"--data {path}: a folder of .npy files feeds one input; this "
+                            f"model takes {list(input_names)}", hint="use an .npz instead")
+    table = path / LABELS_CSV
+    if not table.is_file():
+        raise ImportRefused(f"--data {path} has no {LABELS_CSV}",
+                            hint="one row per sample: file,label")
+    rows = _rows(table)
+    samples, targets = [], []
+    for file, label in rows:
+        sample = path / file
+        if not sample.is_file():
+            raise ImportRefused(f"{table}: {file!r} does not exist in {path}")
+        try:
+            samples.append(np.load(sample, allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise ImportRefused(f"{sample} is not a readable .npy: {exc}") from exc
+        targets.append(_label(label, labels, table))
+    shapes = {s.shape for s in samples}
+    if len(shapes) > 1:
+        raise ImportRefused(f"--data {path}: samples differ in shape {sorted(shapes)}")
+    x = np.stack(samples) if samples else np.zeros((0,))
+    return {input_names[0]: x}, np.asarray(targets)
+
+
+def _rows(table: Path) -> list[tuple[str, str]]:
+    with table.open(newline="") as f:
+        rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+    if rows and rows[0][:2] == ["file", "label"]:
+        rows = rows[1:]
+    bad = [i for i, r in enumerate(rows) if len(r) < 2]
+    if bad:
+        raise ImportRefused(f"{table}: row {bad[0] + 1} is not 'file,label'")
+    return [(r[0].strip(), r[1].strip()) for r in rows]
+
+
+def _label(text: str, names: Sequence[str], table: Path) -> int:
+    if text in names:
+        return list(names).index(text)
+    try:
+        return int(text)
+    except ValueError:
+        raise ImportRefused(f"{table}: label {text!r} is neither a class id nor one of the "
+                            f"task's labels {list(names)}") from None
+
+
+def _digest(x: Mapping[str, np.ndarray], y: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for name in sorted(x):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(x[name]).tobytes())
+    h.update(np.ascontiguousarray(y).tobytes())
+    return h.hexdigest()

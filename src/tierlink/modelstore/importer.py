@@ -1,0 +1,224 @@
+"""``tierlink model import``: measure a user's ONNX model on its own labelled data, write its
+card, install it in the model store.
+
+The task decides what the model must look like: the first import of a task declares it
+(inputs from the model's signature, the output kind and roles from the flags) unless a
+declaration is given (a fleet file's ``tasks:``); every later model of the task must take
+the same inputs and give outputs its kind can read. Everything is checked before anything
+is written, and the install is atomic (``ModelStore.installing``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from tierlink.errors import ConfigError, ImportRefused, TensorError, ZooError
+from tierlink.modelstore import measure
+from tierlink.modelstore.data import DataSplit, load_data, split
+from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore
+from tierlink.providers import DEFAULT_PROVIDERS, open_session
+from tierlink.tasks.kinds import OutputKind, check_kind_outputs
+from tierlink.tasks.registry import kind_of
+from tierlink.tasks.spec import TaskSpec, TensorDecl, same_inputs
+
+TIERS = ("device", "edge", "cloud")
+
+
+@dataclass(frozen=True, slots=True)
+class ImportRequest:
+    name: str
+    onnx: Path
+    task: str
+    tier: str
+    data: Path
+    kind: str | None = None  # for a task declared by this import (default classification)
+    declared: TaskSpec | None = None  # the task as a fleet file declares it
+    outputs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    labels: tuple[str, ...] = ()
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    calib_share: float = 0.5
+    seed: int = 0
+    providers: tuple[str, ...] = DEFAULT_PROVIDERS
+    version: str = "1"
+
+
+def import_model(req: ImportRequest, store: ModelStore,
+                 say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Measure, then install; returns the card. Raises ``ImportRefused`` naming the problem
+    (nothing is written then)."""
+    t0 = time.perf_counter()
+    _check_request(req)
+    opened = _open(req.onnx, req.providers)
+    inputs, outputs = measure.signature(opened.session)
+    task = _task(req, store, inputs)
+    kind = kind_of(task.kind)
+    _check_signature(task, kind, inputs, outputs, req.name)
+    say(f"reading {req.data}")
+    data = load_data(req.data, [i.name for i in inputs], task.labels)
+    parts = split(data, req.calib_share, req.seed)
+    say(f"running {req.name} on {len(parts.calib)} calibration + {len(parts.eval)} "
+        "evaluation samples")
+    figures = _figures(opened.session, kind, task, parts, inputs)
+    say("timing it")
+    latency = {opened.provider: measure.latency(opened.session,
+                                                measure.feed(parts.eval.x, inputs))}
+    latency |= _other_providers(req, opened.provider, parts, inputs)
+    card = _card(req, task, inputs, outputs, figures, latency, opened.provider, parts,
+                 time.perf_counter() - t0)
+    _install(store, req, card, task, data)
+    return card
+
+
+def _check_request(req: ImportRequest) -> None:
+    if req.tier not in TIERS:
+        raise ImportRefused(f"--tier {req.tier!r}: one of {', '.join(TIERS)}")
+    if not Path(req.onnx).is_file():
+        raise ImportRefused(f"{req.onnx} does not exist")
+
+
+def _open(path: Path, providers: tuple[str, ...]) -> Any:
+    try:
+        return open_session(path, providers)
+    except ZooError as exc:
+        raise ImportRefused(f"{path} is not an ONNX model ONNX Runtime can load: "
+                            f"{str(exc)[:300]}", hint="export it with torch.onnx.export, "
+                            "tf2onnx or skl2onnx and check it with onnx.checker") from exc
+
+
+def _task(req: ImportRequest, store: ModelStore, inputs: tuple[TensorDecl, ...]) -> TaskSpec:
+    known = store.task(req.task)
+    declared = req.declared
+    if declared is not None and known is not None and not same_inputs(declared, known):
+        raise ImportRefused(f"task {req.task!r} is declared with inputs "
+                            f"{_inputs(declared)} but the store's models take {_inputs(known)}")
+    task = declared or known
+    if task is None:
+        return TaskSpec(req.task, req.kind or "classification", inputs,
+                        MappingProxyType(dict(req.outputs)), req.labels,
+                        MappingProxyType(dict(req.options)))
+    if req.kind and req.kind != task.kind:
+        raise ImportRefused(f"task {req.task!r} is a {task.kind} task; --kind {req.kind} "
+                            "does not match it")
+    return task
+
+
+def _check_signature(task: TaskSpec, kind: OutputKind, inputs: tuple[TensorDecl, ...],
+                     outputs: tuple[TensorDecl, ...], name: str) -> None:
+    mine = TaskSpec(task.name, task.kind, inputs)
+    if not same_inputs(task, mine):
+        raise ImportRefused(f"{name} takes {_inputs(mine)}, but task {task.name!r} takes "
+                            f"{_inputs(task)}: wrong signature for the task",
+                            hint="export the model with the task's input names, datatypes "
+                                 "and shapes, or import it under another task")
+    try:
+        check_kind_outputs(kind, task, [o.name for o in outputs])
+    except ConfigError as exc:
+        raise ImportRefused(str(exc.message), hint=exc.hint) from exc
+
+
+def _figures(session: Any, kind: OutputKind, task: TaskSpec, parts: DataSplit,
+             inputs: tuple[TensorDecl, ...]) -> dict[str, Any]:
+    raw = {p: measure.run(session, measure.feed(getattr(parts, p).x, inputs))
+           for p in ("calib", "eval")}
+    try:
+        temperature, nll_before, nll_after = measure.fit_temperature(
+            kind, raw["calib"], parts.calib.y, task)
+        answers = {p: kind.answer(raw[p], task, temperature) for p in raw}
+        score = {p: kind.score(answers[p], getattr(parts, p).y, task) for p in raw}
+        correct = kind.correct(answers["calib"], parts.calib.y, task)
+    except TensorError as exc:
+        raise ImportRefused(f"the model's outputs or the labels do not fit a {task.kind} "
+                            f"task: {exc.message}", hint=exc.hint) from exc
+    conf = answers["calib"].confidence
+    curve = (measure.cascade_curve(conf, correct)
+             if conf is not None and correct is not None else [])
+    return {"temperature": temperature, "nll_before": nll_before, "nll_after": nll_after,
+            "score": score, "cascade": curve, "cascadable": bool(curve)}
+
+
+def _other_providers(req: ImportRequest, first: str, parts: DataSplit,
+                     inputs: tuple[TensorDecl, ...]) -> dict[str, dict[str, float]]:
+    """Latency on each further provider of the list that opens here (cards hold latency
+    per provider; a node picks the figure of the provider it runs)."""
+    out = {}
+    for provider in req.providers:
+        if provider == first:
+            continue
+        try:
+            other = open_session(req.onnx, (provider,))
+        except ZooError:
+            continue
+        if other.provider == provider:
+            out[provider] = measure.latency(other.session, measure.feed(parts.eval.x, inputs))
+    return out
+
+
+def _card(req: ImportRequest, task: TaskSpec, inputs: tuple[TensorDecl, ...],
+          outputs: tuple[TensorDecl, ...], fig: dict[str, Any],
+          latency: dict[str, dict[str, float]], provider: str, parts: DataSplit,
+          seconds: float) -> dict[str, Any]:
+    kind = kind_of(task.kind)
+    blob = Path(req.onnx).read_bytes()
+    score = fig["score"]
+    return {
+        "name": req.name, "task": task.name, "kind": task.kind, "tier": req.tier,
+        "version": req.version, "imported": True,
+        "sha256": hashlib.sha256(blob).hexdigest(), "size_bytes": len(blob),
+        "params": _params(blob),
+        "input": [i.to_dict() for i in inputs], "output": [o.to_dict() for o in outputs],
+        "labels": list(task.labels),
+        "metric": {"name": kind.metric, "calib": score["calib"], "eval": score["eval"]},
+        "test_accuracy": score["eval"] if score["eval"] is not None else 0.0,
+        "calib_accuracy": score["calib"] if score["calib"] is not None else 0.0,
+        "temperature": fig["temperature"],
+        "calibration": {"nll_before": _finite(fig["nll_before"]),
+                        "nll_after": _finite(fig["nll_after"])},
+        "cascadable": fig["cascadable"], "cascade": fig["cascade"],
+        "latency_ms": latency[provider], "latency_ms_by_provider": latency,
+        "provider": provider,
+        "data": {"sha256": parts.calib.sha256, "source": str(req.data), "seed": parts.seed,
+                 "calib_share": req.calib_share, "calib_samples": len(parts.calib),
+                 "eval_samples": len(parts.eval)},
+        "task_spec": task.to_dict(), "import_s": round(seconds, 3),
+    }
+
+
+def _install(store: ModelStore, req: ImportRequest, card: dict[str, Any], task: TaskSpec,
+             data: Any) -> None:
+    import json
+
+    with store.installing(req.name) as staging:
+        shutil.copyfile(req.onnx, staging / MODEL_FILE)
+        (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+        store.save_data(data)
+        if store.task(task.name) is None:
+            store.save_task(task)
+
+
+def _params(blob: bytes) -> int:
+    import onnx
+
+    try:
+        model = onnx.load_from_string(blob)
+    except Exception:  # noqa: BLE001 (a graph ORT loads but onnx cannot parse: size unknown)
+        return 0
+    return int(sum(np.prod(t.dims) for t in model.graph.initializer))
+
+
+def _inputs(task: TaskSpec) -> str:
+    return ", ".join(i.describe() for i in task.inputs)
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 6)  # JSON has no NaN
+

@@ -1,0 +1,137 @@
+"""The local model store: where imported models live, by name, beside their cards, with the
+tasks they declared and the labelled data they were measured on.
+
+Layout under ``$TIERLINK_HOME/models``::
+
+    <name>/model.onnx, <name>/card.json    one directory per model, installed atomically
+    tasks/<task>.json                      the task's declaration (first import wins; later
+                                           models of the task must match it)
+    data/<sha256>.npz                      the labelled data a card was measured on
+
+A model is built in a staging directory and renamed into place; a failed import leaves
+nothing behind, and a re-import replaces the old directory only once the new one is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierlink.durable import fsync_dir, replace_synced
+from tierlink.errors import ImportRefused, ModelNotFound
+from tierlink.modelstore.data import Labelled
+from tierlink.tasks.spec import TaskSpec, task_from_dict
+
+MODEL_FILE, CARD_FILE = "model.onnx", "card.json"
+
+
+class ModelStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    @classmethod
+    def default(cls) -> ModelStore:
+        from tierlink.zoo.cache import tierlink_home
+
+        return cls(tierlink_home() / "models")
+
+    def has(self, name: str) -> bool:
+        return (self.root / name / CARD_FILE).is_file()
+
+    def paths(self, name: str) -> tuple[Path, Path]:
+        """(onnx, card) of an installed model."""
+        if not self.has(name):
+            raise ModelNotFound(f"no model {name!r} in the model store {self.root}",
+                                hint="import it with `tierlink model import NAME FILE.onnx`; "
+                                     "`tierlink model imported` lists the store")
+        return self.root / name / MODEL_FILE, self.root / name / CARD_FILE
+
+    def card(self, name: str) -> dict[str, Any]:
+        return json.loads(self.paths(name)[1].read_text())
+
+    def names(self, task: str | None = None) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        names = sorted(p.parent.name for p in self.root.glob(f"*/{CARD_FILE}")
+                       if not p.parent.name.startswith("."))
+        return [n for n in names if task is None or self.card(n).get("task") == task]
+
+    def task(self, name: str) -> TaskSpec | None:
+        path = self.root / "tasks" / f"{name}.json"
+        if not path.is_file():
+            return None
+        return task_from_dict(name, json.loads(path.read_text()), where="model store tasks")
+
+    def data(self, sha256: str) -> Path:
+        return self.root / "data" / f"{sha256}.npz"
+
+    @contextmanager
+    def installing(self, name: str) -> Iterator[Path]:
+        """A staging directory that becomes ``<name>/`` when the block ends without error;
+        removed, with nothing installed, when it raises."""
+        _check_name(name)
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self.root / f".staging-{name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            yield staging
+            self._swap(staging, self.root / name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def save_task(self, task: TaskSpec) -> None:
+        path = self.root / "tasks" / f"{task.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_synced(path, (json.dumps(task.to_dict(), indent=2) + "\n").encode())
+
+    def save_data(self, data: Labelled) -> Path:
+        path = self.data(data.sha256)
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp.npz")
+            np.savez(tmp, y=data.y, **{f"x:{k}": v for k, v in data.x.items()})
+            os.replace(tmp, path)
+        return path
+
+    def load_data(self, sha256: str) -> Labelled:
+        path = self.data(sha256)
+        if not path.is_file():
+            raise ImportRefused(f"the data with sha256 {sha256[:12]} is no longer in the "
+                                f"store ({path})", hint="import the model again with --data")
+        with np.load(path, allow_pickle=False) as z:
+            x = {k[2:]: z[k] for k in z.files if k.startswith("x:")}
+            return Labelled(x, z["y"], sha256)
+
+    def remove(self, name: str) -> None:
+        self.paths(name)
+        shutil.rmtree(self.root / name)
+
+    def _swap(self, staging: Path, final: Path) -> None:
+        old = None
+        if final.exists():
+            old = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
+            os.replace(final, old)
+        os.replace(staging, final)
+        fsync_dir(self.root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_name(name: str) -> None:
+    if not name or name.startswith(".") or any(c in name for c in "/\\ \t\n") or \
+            name in ("tasks", "data"):
+        raise ImportRefused(f"model name {name!r} is not usable",
+                            hint="letters, digits, '-', '_' and '.'; e.g. spam-small")
+
+
+def models_of(store: ModelStore, wanted: Mapping[str, Any] | list[str]) -> dict[str, tuple[Path, Path]]:
+    """Name -> (onnx, card) for each wanted model the store holds."""
+    return {n: store.paths(n) for n in wanted if store.has(n)}
