@@ -227,6 +227,16 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))
 
 
+def _routed_outputs(rt: ModelRuntime | None) -> list[dict[str, Any]]:
+    """What a routed answer carries: the answer tensors of the task's output kind."""
+    if rt is None:
+        return _ROUTED_OUTPUTS
+    from tierlink.tasks.registry import kind_of
+
+    answers = kind_of(rt.info.spec_for(rt.outputs).kind).answers
+    return [{"name": n, "datatype": d, "shape": [-1, -1]} for n, d in answers]
+
+
 def _inbox_receiver(service: NodeService) -> InboxReceiver | None:
     if service.uplink is None or service.spec.state_dir is None:
         return None
@@ -260,12 +270,14 @@ def _metadata(service: NodeService, name: str, version: str | None) -> dict[str,
                 "platform": rt.platform,
                 "inputs": [s.as_metadata() for s in rt.inputs],
                 "outputs": [s.as_metadata() for s in rt.outputs],
-                "parameters": {"task": rt.info.task, "tier": service.spec.tier.label}}
+                "parameters": {"task": rt.info.task, "tier": service.spec.tier.label,
+                               "kind": rt.info.spec_for(rt.outputs).kind,
+                               "provider": getattr(rt, "provider", "")}}
     if name in service.tasks():
-        inputs = next((s.as_metadata() for rt in service.runtimes.values()
-                       if rt.info.task == name for s in rt.inputs), None)
+        local = next((rt for rt in service.runtimes.values() if rt.info.task == name), None)
+        inputs = [s.as_metadata() for s in local.inputs] if local else []
         return {"name": name, "versions": [], "platform": "tierlink_router",
-                "inputs": [inputs] if inputs else [], "outputs": _ROUTED_OUTPUTS,
+                "inputs": inputs, "outputs": _routed_outputs(local),
                 "parameters": {"routed": True}}
     raise ModelNotFound(f"no model or task {name!r} on {service.spec.node_id}",
                         hint=f"models: {sorted(service.runtimes)}; tasks: {sorted(service.tasks())}")

@@ -160,8 +160,10 @@ class NodeService:
         self.scheduler = Scheduler(SchedulerConfig(workers=spec.workers, max_queue=spec.max_queue,
                                                    initial_service_ms=self._initial_ms()),
                                    clock=clock, observer=self.metrics)
+        self._model_info: dict[str, tuple[str, ...]] = {}  # model -> its info labels
         for name, rt in runtimes.items():
             self.scheduler.seed_service_ms(name, rt.info.latency_ms)
+            self._export_model_info(name, rt)
         self._upstreams = {u.node_id: _Upstream(u, LinkEstimator(
             LinkView(spec.node_id, u.node_id, u.rtt_ms, u.bandwidth_mbit, u.loss),
             hop_overhead_ms=self.routing.policy_config().estimates.hop_overhead_ms))
@@ -876,7 +878,18 @@ class NodeService:
         if isinstance(rt, OnnxModel):
             self.splits[name] = SplitSessions(
                 name, rt.path, self._split_dir / f"{name}@{rt.info.version}")
+        self._export_model_info(name, rt)
         self.refresh_view()
+
+    def _export_model_info(self, name: str, rt: ModelRuntime) -> None:
+        """``tierlink_model_info`` = 1 for the version served now (its kind and provider)."""
+        labels = (self.spec.tier.label, name, rt.info.version,
+                  rt.info.spec_for(rt.outputs).kind, getattr(rt, "provider", rt.platform))
+        previous = self._model_info.get(name)
+        if previous is not None and previous != labels:  # the version it replaces
+            self.metrics.model_info.remove(*previous)
+        self._model_info[name] = labels
+        self.metrics.model_info.labels(*labels).set(1)
 
     def record_request(self, kind: str, name: str, outcome: str, seconds: float) -> None:
         tier = self.spec.tier.label
@@ -887,6 +900,8 @@ class NodeService:
         stats = self.scheduler.snapshot()
         return {"node_id": self.spec.node_id, "tier": self.spec.tier.label,
                 "models": sorted(self.runtimes), "tasks": sorted(self.tasks()),
+                "providers": {name: getattr(rt, "provider", rt.platform)
+                              for name, rt in sorted(self.runtimes.items())},
                 "queue_depth": stats.queue_depth, "inflight": stats.inflight + self._inflight,
                 "breakers": self.breakers.states(), "outstanding": dict(self._outstanding),
                 "view_nodes": sorted(self.view.nodes),

@@ -24,6 +24,7 @@ class Detection:
     name = "detection"
     metric = "f1@iou"
     temperature_fit = False
+    answers = (("boxes", "FP32"), ("scores", "FP32"), ("classes", "INT64"))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("boxes", "scores", "classes")

@@ -41,6 +41,7 @@ class OutputKind(Protocol):
     name: str
     metric: str  # what ``score`` measures, e.g. "accuracy"
     temperature_fit: bool  # a temperature is fitted on the calibration data
+    answers: tuple[tuple[str, str], ...]  # (name, OIP datatype) of the answer's tensors
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         """The output roles this kind reads (the first is the default for a 1-output model)."""
@@ -92,6 +93,7 @@ class Classification:
     name = "classification"
     metric = "accuracy"
     temperature_fit = True
+    answers = (("probabilities", "FP32"), ("label", "INT64"))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("scores",)
@@ -122,6 +124,7 @@ class Multilabel:
     name = "multilabel"
     metric = "subset_accuracy"
     temperature_fit = True
+    answers = (("probabilities", "FP32"), ("labels", "INT8"))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("scores",)
@@ -157,6 +160,7 @@ class Regression:
     name = "regression"
     metric = "r2"
     temperature_fit = False
+    answers = (("value", "FP32"), ("uncertainty", "FP32"))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("value", "uncertainty")
@@ -197,6 +201,7 @@ class Embedding:
     name = "embedding"
     metric = "nn_accuracy"
     temperature_fit = False
+    answers = (("embedding", "FP32"), ("uncertainty", "FP32"))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("vector", "uncertainty")

@@ -90,6 +90,10 @@ class NodeMetrics:
             "queued, sent, dropped (queue full), withheld (privacy), sampled_out, skipped, "
             "upload_failed (in a batch the control plane did not accept; retried)",
             ["tier", "outcome"], registry=r)
+        self.model_info = Gauge("tierlink_model_info",
+                                "1 per model served: its version, output kind and the "
+                                "execution provider that runs it",
+                                ["tier", "model", "version", "kind", "provider"], registry=r)
         self.hard_examples_pending = Gauge("tierlink_hard_examples_pending",
                                            "Hard examples waiting to be sent", ["tier"],
                                            registry=r)
