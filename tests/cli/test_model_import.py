@@ -1,0 +1,163 @@
+"""``tierlink model import`` and ``tierlink model imported`` through the real CLI app
+(typer's CliRunner), into a model store under ``TIERLINK_HOME`` in ``tmp_path``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+from typer.testing import CliRunner
+
+import byo_support as byo
+from tierlink.cli.main import app
+
+runner = CliRunner()
+CPU = "CPUExecutionProvider"
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    x, y = byo.classification_data()
+    xr, yr = byo.regression_data()
+    return {"cls": byo.classifier(tmp_path / "cls.onnx"),
+            "cls_data": byo.save_npz(tmp_path / "cls.npz", x=x, y=y),
+            "reg": byo.regression(tmp_path / "reg.onnx"),
+            "reg_data": byo.save_npz(tmp_path / "reg.npz", x=xr, y=yr)}
+
+
+def model_import(*args: object) -> tuple[int, str, str]:
+    result = runner.invoke(app, ["model", "import", *map(str, args)])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_import_prints_the_card_as_json_and_installs_it(model_store, files):
+    code, out, _ = model_import("spam-small", files["cls"], "--task", "spam", "--tier", "device",
+                                "--data", files["cls_data"], "--labels", "ham, spam, eggs",
+                                "--seed", "2", "--calib-share", "0.25", "--version", "3",
+                                "--json")
+    assert code == 0
+    card = json.loads(out)
+    assert (card["name"], card["task"], card["kind"], card["tier"], card["version"]) == \
+        ("spam-small", "spam", "classification", "device", "3")
+    assert card["labels"] == ["ham", "spam", "eggs"]
+    assert (card["data"]["seed"], card["data"]["calib_samples"]) == (2, 50)
+    assert model_store.card("spam-small") == card
+    assert model_store.paths("spam-small")[0].read_bytes() == files["cls"].read_bytes()
+
+
+def test_import_of_a_regression_with_roles_options_and_providers(model_store, files):
+    code, out, _ = model_import("price-1", files["reg"], "--task", "price", "--tier", "edge",
+                                "--data", files["reg_data"], "--kind", "regression",
+                                "--output", "value=value", "--output", "uncertainty = sd",
+                                "--option", "tolerance=0.3", "--option", "note=free text",
+                                "--providers", "cuda,cpu", "--json")
+    assert code == 0
+    card = json.loads(out)
+    assert card["task_spec"]["outputs"] == {"value": "value", "uncertainty": "sd"}
+    assert card["task_spec"]["options"] == {"tolerance": 0.3, "note": "free text"}
+    assert card["cascadable"] is True and card["metric"]["name"] == "r2"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        assert card["provider"] == CPU and list(card["latency_ms_by_provider"]) == [CPU]
+
+
+def test_option_values_are_typed(model_store, files):
+    code, out, _ = model_import("m", files["cls"], "--task", "t", "--tier", "edge", "--data",
+                                files["cls_data"], "--option", "probabilities=false",
+                                "--option", "threshold=5e-1", "--option", "top=2", "--json")
+    assert code == 0
+    assert json.loads(out)["task_spec"]["options"] == {"probabilities": False, "threshold": 0.5,
+                                                       "top": 2}
+
+
+def test_import_without_json_says_what_it_measured(model_store, files):
+    code, out, err = model_import("m", files["cls"], "--task", "t", "--tier", "cloud",
+                                  "--data", files["cls_data"])
+    assert code == 0 and out == ""
+    text = " ".join(err.split())  # rich wraps long lines
+    assert "imported m (t, classification, cloud): accuracy 0.7" in text
+    assert "on 100 evaluation samples" in text and "cascadable" in text
+    assert f"on {CPU}" in text
+
+
+def test_a_task_declared_in_a_fleet_file(model_store, files, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("""
+tasks:
+  spam:
+    kind: classification
+    input: {name: x, datatype: FP32, shape: [-1, 4]}
+    outputs: {scores: logits}
+    labels: [ham, spam, eggs]
+nodes:
+  - {id: dev-1, tier: device, models: [spam-small]}
+links: []
+""")
+    code, out, _ = model_import("spam-small", files["cls"], "--task", "spam", "--tier",
+                                "device", "--data", files["cls_data"], "--fleet", fleet, "--json")
+    assert code == 0 and json.loads(out)["labels"] == ["ham", "spam", "eggs"]
+    code, _, err = model_import("x", files["cls"], "--task", "other", "--tier", "device",
+                                "--data", files["cls_data"], "--fleet", fleet)
+    assert code == 2 and "declares no task 'other' under tasks:" in err
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--tier", "fog"], ["error: --tier 'fog': one of device, edge, cloud"]),
+    (["--tier", "edge", "--output", "scores"], ["--output 'scores': expected KEY=VALUE"]),
+    (["--tier", "edge", "--option", "=1"], ["--option '=1': expected KEY=VALUE"]),
+    (["--tier", "edge", "--providers", ""], ["--providers must be a list"]),
+    (["--tier", "edge", "--kind", "segmentation"], ["unknown output kind 'segmentation'",
+                                                    "hint: choose one of classification"]),
+])
+def test_refusals_exit_2_with_the_problem_and_a_hint(model_store, files, extra, words):
+    code, out, err = model_import("m", files["cls"], "--task", "t", "--data", files["cls_data"],
+                                  *extra)
+    assert code == 2 and out == ""
+    text = " ".join(err.split())
+    for word in words:
+        assert word in text
+    assert not model_store.has("m") and model_store.task("t") is None
+
+
+def test_an_onnx_file_that_is_not_a_model(model_store, files, tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00" * 64)
+    code, _, err = model_import("m", junk, "--task", "t", "--tier", "edge", "--data",
+                                files["cls_data"])
+    assert code == 2 and "is not an ONNX model" in " ".join(err.split())
+    assert "onnx.checker" in " ".join(err.split())
+    assert model_store.names() == []
+
+
+def test_a_model_of_another_signature(model_store, files, tmp_path):
+    assert model_import("a", files["cls"], "--task", "t", "--tier", "edge", "--data",
+                        files["cls_data"])[0] == 0
+    code, _, err = model_import("b", byo.classifier(tmp_path / "c5.onnx", features=5), "--task",
+                                "t", "--tier", "edge", "--data", files["cls_data"])
+    assert code == 2 and "wrong signature for the task" in " ".join(err.split())
+    assert model_store.names() == ["a"]
+
+
+def test_imported_lists_the_store(model_store, files):
+    for name, task in (("a", "t1"), ("b", "t2")):
+        assert model_import(name, files["cls"], "--task", task, "--tier", "edge", "--data",
+                            files["cls_data"])[0] == 0
+    result = runner.invoke(app, ["model", "imported", "--json"])
+    assert result.exit_code == 0
+    assert [c["name"] for c in json.loads(result.stdout)] == ["a", "b"]
+    result = runner.invoke(app, ["model", "imported", "--json", "--task", "t2"])
+    assert [c["name"] for c in json.loads(result.stdout)] == ["b"]
+    result = runner.invoke(app, ["model", "imported"], env={"COLUMNS": "200"})  # no wrapping
+    assert result.exit_code == 0
+    assert f"model store {model_store.root}" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│ ")]
+    cells = [[c.strip() for c in row.split("│")[1:-1]] for row in rows]
+    assert [c[:4] for c in cells] == [["a", "t1", "classification", "edge"],
+                                      ["b", "t2", "classification", "edge"]]
+    assert "accuracy 0.7" in rows[0] and CPU in rows[0]
+
+
+def test_imported_on_an_empty_store(model_store):
+    result = runner.invoke(app, ["model", "imported", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout) == []

@@ -1,0 +1,626 @@
+"""``import_model`` (``modelstore/importer.py``) on small real ONNX models made here, one per
+output kind: the card it writes (metric, temperature, cascade curve, latency per provider,
+the data), the store it installs into, and every refusal -- each an ``ImportRefused``
+naming the problem, with nothing half-written in the store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import byo_support as byo
+from tierlink.errors import ConfigError, ImportRefused, TierlinkError
+from tierlink.modelstore import measure
+from tierlink.modelstore.data import Labelled, load_data, split
+from tierlink.modelstore.importer import ImportRequest, import_model
+from tierlink.modelstore.store import ModelStore
+from tierlink.tasks import registry as registry_mod
+from tierlink.tasks.kinds import Answer, Outputs, role
+from tierlink.tasks.registry import KindRegistry
+from tierlink.tasks.spec import TaskSpec, task_from_dict
+
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One output kind's model, its data and the flags of a first import."""
+
+    kind: str
+    model: Callable[[Path], Path]
+    data: Callable[[], tuple[np.ndarray, np.ndarray]]
+    outputs: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    fitted: bool = False  # a temperature is fitted
+    cascadable: bool = False
+
+
+CASES = {
+    "classification": Case("classification", byo.classifier, byo.classification_data,
+                           fitted=True, cascadable=True),
+    "classification-probabilities": Case(
+        "classification", lambda p: byo.classifier(p, probabilities=True, output="probs"),
+        byo.classification_data, options={"probabilities": True}, fitted=True, cascadable=True),
+    "multilabel": Case("multilabel", byo.multilabel, byo.multilabel_data, fitted=True,
+                       cascadable=True),
+    "detection": Case("detection", byo.detector, byo.detection_data,
+                      outputs={"boxes": "boxes", "scores": "scores"}, cascadable=True),
+    "regression-uncertainty": Case("regression", byo.regression, byo.regression_data,
+                                   outputs={"value": "value", "uncertainty": "sd"},
+                                   options={"tolerance": 0.3}, cascadable=True),
+    # an uncertainty but no tolerance: confident, yet no sample is "right": not cascadable
+    "regression-no-tolerance": Case("regression", byo.regression, byo.regression_data,
+                                    outputs={"value": "value", "uncertainty": "sd"}),
+    "regression": Case("regression", lambda p: byo.regression(p, uncertainty=False),
+                       byo.regression_data, options={"tolerance": 0.3}),
+    "embedding": Case("embedding", byo.embedder, byo.embedding_data),
+}
+
+
+def request(name: str, onnx: Path, task: str, data: Path, **kw: Any) -> ImportRequest:
+    kw.setdefault("tier", "edge")
+    return ImportRequest(name=name, onnx=onnx, task=task, data=data, **kw)
+
+
+def first_import(store: ModelStore, tmp_path: Path, case: Case, name: str = "m",
+                 task: str = "t", **kw: Any) -> dict[str, Any]:
+    x, y = case.data()
+    onnx = case.model(tmp_path / f"{name}.onnx")
+    data = byo.save_npz(tmp_path / f"{name}.npz", x=x, y=y)
+    return import_model(request(name, onnx, task, data, kind=case.kind,
+                                outputs=MappingProxyType(case.outputs),
+                                options=MappingProxyType(case.options), **kw), store)
+
+
+@pytest.fixture
+def classifier(tmp_path: Path) -> tuple[Path, Path]:
+    """(onnx, data.npz) of the classifier, right on 75% of 200 samples."""
+    x, y = byo.classification_data()
+    return byo.classifier(tmp_path / "cls.onnx"), byo.save_npz(tmp_path / "cls.npz", x=x, y=y)
+
+
+def assert_clean(store: ModelStore, name: str, task: str | None = None) -> None:
+    """Nothing half-written: no model directory, no staging or old directories, and (for a
+    task no import declared yet) no task file and no data."""
+    root = store.root
+    assert not (root / name).exists()
+    if root.exists():
+        assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []
+    if task is not None:
+        assert store.task(task) is None and not (root / "tasks" / f"{task}.json").exists()
+        assert not (root / "data").exists() or not any((root / "data").iterdir())
+
+
+# -- good imports --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_a_good_import_writes_a_full_card(model_store, tmp_path, case_id):
+    case = CASES[case_id]
+    card = first_import(model_store, tmp_path, case)
+    kind = registry_mod.kind_of(case.kind)
+    assert (card["name"], card["task"], card["kind"], card["tier"], card["version"],
+            card["imported"]) == ("m", "t", case.kind, "edge", "1", True)
+    # the metric: the kind's, measured on both parts, neither 0 nor 1 on this data
+    assert card["metric"]["name"] == kind.metric
+    for part in ("calib", "eval"):
+        assert 0.0 < card["metric"][part] < 1.0
+    assert card["test_accuracy"] == card["metric"]["eval"]
+    assert card["calib_accuracy"] == card["metric"]["calib"]
+    # temperature: fitted where the kind has logits, else 1.0 with no NLL
+    if case.fitted:
+        assert card["temperature"] != 1.0 and 0.05 <= card["temperature"] <= 20.0
+        nll = card["calibration"]
+        assert nll["nll_after"] <= nll["nll_before"]
+    else:
+        assert card["temperature"] == 1.0
+        assert card["calibration"] == {"nll_before": None, "nll_after": None}
+    # the cascade curve is there iff the model can be cascaded, and it is not flat
+    assert card["cascadable"] is case.cascadable
+    assert bool(card["cascade"]) is case.cascadable
+    if case.cascadable:
+        curve = card["cascade"]
+        assert [p["threshold"] for p in curve] == list(measure.CURVE)
+        shares = [p["answered_share"] for p in curve]
+        assert shares == sorted(shares, reverse=True) and shares[0] > shares[-1]
+        assert len({p["answered_accuracy"] for p in curve}) > 2
+    # latency, per provider
+    assert card["provider"] == CPU and card["latency_ms_by_provider"] == {CPU: card["latency_ms"]}
+    lat = card["latency_ms"]
+    assert 0 < lat["batch1_p50"] <= lat["batch1_p95"] and lat["batch32_per_sample"] > 0
+    # the data it was measured on
+    n = len(case.data()[1])
+    d = card["data"]
+    assert (d["calib_samples"], d["eval_samples"], d["seed"], d["calib_share"]) == \
+        (n // 2, n - n // 2, 0, 0.5)
+    assert d["source"] == str(tmp_path / "m.npz")
+    assert d["sha256"] == load_data(tmp_path / "m.npz", [card["input"][0]["name"]]).sha256
+    # the file and the task
+    blob = (tmp_path / "m.onnx").read_bytes()
+    assert card["sha256"] == hashlib.sha256(blob).hexdigest() and card["size_bytes"] == len(blob)
+    assert card["params"] > 0
+    assert card["task_spec"] == model_store.task("t").to_dict()
+    assert card["task_spec"]["kind"] == case.kind and card["task_spec"]["outputs"] == case.outputs
+
+
+@pytest.mark.parametrize("case_id", ["classification", "regression-uncertainty", "detection"])
+def test_a_good_import_installs_the_model_byte_for_byte(model_store, tmp_path, case_id):
+    card = first_import(model_store, tmp_path, CASES[case_id])
+    assert model_store.names() == ["m"] and model_store.names("t") == ["m"]
+    onnx, card_path = model_store.paths("m")
+    assert onnx.read_bytes() == (tmp_path / "m.onnx").read_bytes()
+    assert json.loads(card_path.read_text()) == card
+    stored = model_store.load_data(card["data"]["sha256"])
+    original = load_data(tmp_path / "m.npz", [card["input"][0]["name"]])
+    np.testing.assert_array_equal(stored.y, original.y)
+    assert [p.name for p in model_store.root.iterdir() if p.name.startswith(".")] == []
+
+
+def test_the_metric_is_the_models_own_accuracy_on_the_evaluation_part(model_store, classifier):
+    onnx, data = classifier
+    card = import_model(request("m", onnx, "t", data, seed=3, calib_share=0.3), model_store)
+    x, y = byo.classification_data()
+    parts = split(Labelled({"x": x}, y, "sha"), 0.3, seed=3)
+    for part, key in ((parts.calib, "calib"), (parts.eval, "eval")):
+        right = ((part.x["x"] @ byo.W_CLS + byo.B_CLS).argmax(axis=1) == part.y).mean()
+        assert card["metric"][key] == pytest.approx(right)
+    assert (card["data"]["calib_samples"], card["data"]["eval_samples"]) == (60, 140)
+    assert (card["data"]["seed"], card["data"]["calib_share"]) == (3, 0.3)
+
+
+def test_a_probabilities_classifier_gets_the_same_temperature_as_its_logits(model_store,
+                                                                            tmp_path):
+    logits = first_import(model_store, tmp_path, CASES["classification"], name="a", task="ta")
+    probs = first_import(model_store, tmp_path, CASES["classification-probabilities"],
+                         name="b", task="tb")
+    assert probs["temperature"] == pytest.approx(logits["temperature"], rel=1e-3)
+    assert probs["metric"] == logits["metric"]
+
+
+def test_the_first_import_declares_the_task_and_the_next_model_of_it_imports(
+        model_store, tmp_path, classifier):
+    onnx, data = classifier
+    import_model(request("small", onnx, "spam", data, tier="device", labels=("a", "b", "c"),
+                         version="7"), model_store)
+    task = model_store.task("spam")
+    assert task is not None and task.kind == "classification" and task.labels == ("a", "b", "c")
+    assert [i.describe() for i in task.inputs] == ["x FP32[-1, 4]"]
+    saved = (model_store.root / "tasks" / "spam.json").read_bytes()
+    other = byo.classifier(tmp_path / "other.onnx", output="scores")  # same inputs
+    card = import_model(request("large", other, "spam", data, tier="cloud"), model_store)
+    assert (card["kind"], card["labels"], card["tier"]) == ("classification", ["a", "b", "c"],
+                                                           "cloud")
+    assert model_store.names("spam") == ["large", "small"]
+    assert model_store.card("small")["version"] == "7"
+    assert (model_store.root / "tasks" / "spam.json").read_bytes() == saved  # first one wins
+
+
+def test_a_reimport_replaces_the_model(model_store, tmp_path, classifier):
+    onnx, data = classifier
+    import_model(request("m", onnx, "t", data), model_store)
+    probs = byo.classifier(tmp_path / "probs.onnx", output="probs", probabilities=True)
+    card = import_model(request("m", probs, "t", data, version="2"), model_store)
+    assert model_store.card("m") == card and card["version"] == "2"
+    assert model_store.paths("m")[0].read_bytes() == probs.read_bytes()
+    assert [p.name for p in model_store.root.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_multi_input_model_reads_its_inputs_by_name_from_the_npz(model_store, tmp_path):
+    x, y = byo.classification_data()
+    onnx = byo.two_input_classifier(tmp_path / "two.onnx")
+    data = byo.save_npz(tmp_path / "two.npz", b=x[:, 3:], a=x[:, :3], y=y)
+    card = import_model(request("two", onnx, "t", data), model_store)
+    assert [i["name"] for i in card["input"]] == ["a", "b"]
+    assert card["metric"]["eval"] == pytest.approx(0.75, abs=0.1)
+    stored = model_store.load_data(card["data"]["sha256"])
+    assert sorted(stored.x) == ["a", "b"]
+
+
+def test_a_folder_of_npy_with_ids_and_class_names(model_store, tmp_path):
+    x, y = byo.classification_data(n=60)
+    names = ["cat", "dog", "bird"]
+    labels = [names[c] if i % 2 else str(c) for i, c in enumerate(y)]
+    folder = byo.npy_folder(tmp_path / "samples", x, labels)
+    onnx = byo.classifier(tmp_path / "cls.onnx")
+    card = import_model(request("m", onnx, "pets", folder, labels=tuple(names)), model_store)
+    assert card["labels"] == names and card["data"]["source"] == str(folder)
+    assert card["data"]["calib_samples"] + card["data"]["eval_samples"] == 60
+    np.testing.assert_array_equal(model_store.load_data(card["data"]["sha256"]).y, y)
+    # the same samples as an .npz are the same data
+    npz = byo.save_npz(tmp_path / "same.npz", x=x, y=y)
+    assert import_model(request("m2", onnx, "pets", npz), model_store)["data"]["sha256"] == \
+        card["data"]["sha256"]
+
+
+def test_a_task_declared_by_a_fleet_file_is_used_and_saved(model_store, tmp_path, classifier):
+    onnx, data = classifier
+    declared = task_from_dict("spam", {"kind": "classification",
+                                       "input": {"name": "x", "shape": [-1, 4]},
+                                       "outputs": {"scores": "logits"}, "labels": ["a", "b", "c"]})
+    card = import_model(request("m", onnx, "spam", data, declared=declared), model_store)
+    assert model_store.task("spam") == declared and card["labels"] == ["a", "b", "c"]
+
+
+def test_latency_on_each_provider_of_the_list_that_opens(model_store, classifier):
+    onnx, data = classifier
+    # CUDA is skipped where this onnxruntime has none; CPU runs the model
+    card = import_model(request("m", onnx, "t", data,
+                                providers=("CUDAExecutionProvider", CPU)), model_store)
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: no fallback to see")
+    assert card["provider"] == CPU and list(card["latency_ms_by_provider"]) == [CPU]
+
+
+@pytest.mark.skipif("AzureExecutionProvider" not in ort.get_available_providers(),
+                    reason="needs a second execution provider that opens on CPU")
+def test_a_second_provider_that_opens_is_timed_too(model_store, classifier):
+    onnx, data = classifier
+    card = import_model(request("m", onnx, "t", data,
+                                providers=("AzureExecutionProvider", CPU)), model_store)
+    assert card["provider"] == "AzureExecutionProvider"
+    assert sorted(card["latency_ms_by_provider"]) == ["AzureExecutionProvider", CPU]
+    assert card["latency_ms"] == card["latency_ms_by_provider"]["AzureExecutionProvider"]
+
+
+class Argmax:
+    """A user's own kind: the index of the largest score, no confidence."""
+
+    name = "argmax"
+    metric = "hits"
+    temperature_fit = False
+    answers = (("index", "INT64"),)
+
+    def roles(self, task: TaskSpec) -> tuple[str, ...]:
+        return ("scores",)
+
+    def logits(self, raw: Outputs, task: TaskSpec) -> np.ndarray | None:
+        return None
+
+    def answer(self, raw: Outputs, task: TaskSpec, temperature: float = 1.0) -> Answer:
+        return Answer({"index": role(raw, task, "scores").argmax(axis=1)}, None)
+
+    def correct(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> np.ndarray | None:
+        return answer.outputs["index"] == y
+
+    def score(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> float | None:
+        return float(self.correct(answer, y, task).mean())
+
+
+def test_a_users_registered_kind_imports(model_store, classifier, monkeypatch):
+    monkeypatch.setattr(registry_mod, "_REGISTRY",
+                        KindRegistry((*registry_mod._builtin(), Argmax())))
+    onnx, data = classifier
+    card = import_model(request("m", onnx, "t", data, kind="argmax"), model_store)
+    assert card["kind"] == "argmax" and card["metric"]["name"] == "hits"
+    assert card["metric"]["eval"] == pytest.approx(0.75, abs=0.1)
+    assert card["cascadable"] is False and card["temperature"] == 1.0
+
+
+def test_progress_is_said(model_store, classifier):
+    said: list[str] = []
+    onnx, data = classifier
+    import_model(request("m", onnx, "t", data), model_store, say=said.append)
+    assert said[0].startswith("reading ") and "100 calibration + 100 evaluation" in said[1]
+
+
+# -- bad imports: refused, naming the problem, nothing written -----------------------------
+
+def refused(store: ModelStore, req: ImportRequest, *words: str) -> ImportRefused:
+    with pytest.raises(ImportRefused) as err:
+        import_model(req, store)
+    for word in words:
+        assert word in err.value.message, err.value.message
+    return err.value
+
+
+def test_an_onnx_path_that_is_not_a_file(model_store, tmp_path, classifier):
+    _, data = classifier
+    refused(model_store, request("m", tmp_path / "missing.onnx", "t", data), "missing.onnx")
+    refused(model_store, request("m", tmp_path, "t", data), str(tmp_path))  # a folder
+    assert_clean(model_store, "m", "t")
+
+
+def test_random_bytes_are_not_an_onnx_model(model_store, tmp_path, classifier):
+    _, data = classifier
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(np.random.default_rng(0).bytes(512))
+    err = refused(model_store, request("m", junk, "t", data),
+                  "is not an ONNX model ONNX Runtime can load")
+    assert "onnx.checker" in err.hint
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.parametrize("other, described", [
+    (lambda p: byo.classifier(p, features=5), "x FP32[-1, 5]"),
+    (lambda p: byo.classifier(p, dtype=np.float64), "x FP64[-1, 4]"),
+    (lambda p: byo.classifier(p, input_name="input"), "input FP32[-1, 4]"),
+    (byo.two_input_classifier, "a FP32[-1, 3], b FP32[-1, 1]"),
+], ids=["shape", "dtype", "name", "inputs"])
+def test_a_second_model_of_another_signature_is_refused(model_store, tmp_path, classifier,
+                                                        other, described):
+    onnx, data = classifier
+    import_model(request("first", onnx, "t", data), model_store)
+    saved = (model_store.root / "tasks" / "t.json").read_bytes()
+    err = refused(model_store, request("second", other(tmp_path / "other.onnx"), "t", data),
+                  f"second takes {described}, but task 't' takes x FP32[-1, 4]",
+                  "wrong signature for the task")
+    assert "import it under another task" in err.hint
+    assert_clean(model_store, "second")
+    assert (model_store.root / "tasks" / "t.json").read_bytes() == saved
+    assert model_store.names() == ["first"]
+
+
+def test_labels_of_the_wrong_length(model_store, tmp_path, classifier):
+    onnx, _ = classifier
+    x, y = byo.classification_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y[:-3])
+    refused(model_store, request("m", onnx, "t", data), "200 samples but there are 197 labels")
+    assert_clean(model_store, "m", "t")
+
+
+def test_empty_data(model_store, tmp_path, classifier):
+    onnx, _ = classifier
+    data = byo.save_npz(tmp_path / "d.npz", x=np.zeros((0, 4), np.float32),
+                        y=np.zeros(0, np.int64))
+    refused(model_store, request("m", onnx, "t", data), "holds no samples")
+    assert_clean(model_store, "m", "t")
+
+
+def test_a_single_sample_cannot_be_split(model_store, tmp_path, classifier):
+    onnx, _ = classifier
+    x, y = byo.classification_data(n=1)
+    refused(model_store, request("m", onnx, "t", byo.save_npz(tmp_path / "d.npz", x=x, y=y)),
+            "at least 2 are needed")
+    assert_clean(model_store, "m", "t")
+
+
+def rows_of(part: str, n: int = 200, seed: int = 0) -> np.ndarray:
+    """The rows of the data that ``split`` puts in ``part``."""
+    parts = split(Labelled({"x": np.zeros((n, 1))}, np.arange(n), "sha"), 0.5, seed)
+    return getattr(parts, part).y
+
+
+def test_labels_out_of_range_for_a_classifier_in_the_calibration_part(model_store, tmp_path,
+                                                                      classifier):
+    onnx, _ = classifier
+    x, y = byo.classification_data()
+    y[rows_of("calib")[0]] = 7
+    refused(model_store, request("m", onnx, "t", byo.save_npz(tmp_path / "d.npz", x=x, y=y)),
+            "labels run 0..7 but the model scores 3 classes")
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.xfail(reason="BUG: measure._nll checks the label range on the calibration part "
+                          "only; an out-of-range label in the evaluation part is imported "
+                          "and counted as a wrong answer", strict=True,
+                   raises=pytest.fail.Exception)
+@pytest.mark.parametrize("bad", [7, -1])
+def test_labels_out_of_range_for_a_classifier_in_the_evaluation_part(model_store, tmp_path,
+                                                                     classifier, bad):
+    onnx, _ = classifier
+    x, y = byo.classification_data()
+    y[rows_of("eval")[0]] = bad
+    refused(model_store, request("m", onnx, "t", byo.save_npz(tmp_path / "d.npz", x=x, y=y)),
+            "labels run")
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.xfail(reason="BUG: class labels that are not whole numbers are truncated for "
+                          "the temperature fit and compared as floats for the metric "
+                          "(accuracy 0), instead of being refused", strict=True,
+                   raises=pytest.fail.Exception)
+def test_class_labels_that_are_not_ids(model_store, tmp_path, classifier):
+    onnx, _ = classifier
+    x, y = byo.classification_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y + 0.5)
+    refused(model_store, request("m", onnx, "t", data), "label")
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.xfail(reason="BUG: measure._nll's multilabel branch does not check the targets' "
+                          "shape; (N, K-1) targets raise a numpy ValueError (broadcast) out "
+                          "of import_model instead of ImportRefused", strict=True,
+                   raises=ValueError)
+def test_multilabel_targets_with_a_label_missing(model_store, tmp_path):
+    x, y = byo.multilabel_data()
+    onnx = byo.multilabel(tmp_path / "ml.onnx")
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y[:, :2])
+    refused(model_store, request("m", onnx, "t", data, kind="multilabel"), "multilabel")
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.parametrize("case_id, targets, words", [
+    ("regression", lambda y: np.stack([y, y], axis=1),
+     ["do not fit a regression task", "targets must have shape [100, 1], got [100, 2]"]),
+    ("detection", lambda y: y[:, :, :4],
+     ["do not fit a detection task", "detection labels must be (N=60, G, 5)"]),
+])
+def test_targets_the_kind_cannot_read(model_store, tmp_path, case_id, targets, words):
+    case = CASES[case_id]
+    x, y = case.data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=targets(y))
+    refused(model_store, request("m", case.model(tmp_path / "m.onnx"), "t", data,
+                                 kind=case.kind, outputs=MappingProxyType(case.outputs)), *words)
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.parametrize("x, words", [
+    # (the shape named is the calibration part's: 100 of the 200 rows)
+    (np.zeros((200, 5), np.float32), ["data for input 'x' has shape [100, 5]",
+                                      "the model takes [-1, 4]"]),
+    (np.zeros((200, 4, 1), np.float32), ["has shape [100, 4, 1]"]),
+    (np.full((200, 4), "a"), ["data for input 'x' is <U1; the model takes FP32"]),
+], ids=["size", "rank", "dtype"])
+def test_data_of_the_wrong_shape_or_type(model_store, tmp_path, classifier, x, words):
+    onnx, _ = classifier
+    _, y = byo.classification_data()
+    refused(model_store, request("m", onnx, "t", byo.save_npz(tmp_path / "d.npz", x=x, y=y)),
+            *words)
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.parametrize("make, kind, role_", [
+    (byo.two_outputs_classifier, "classification", "scores"),
+    (byo.regression, "regression", "value"),
+    (byo.detector, "detection", "boxes"),
+])
+def test_a_multi_output_model_without_its_roles_declared(model_store, tmp_path, make, kind,
+                                                         role_):
+    x, y = byo.classification_data()
+    if kind == "detection":
+        x, y = byo.detection_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y)
+    err = refused(model_store, request("m", make(tmp_path / "m.onnx"), "t", data, kind=kind),
+                  f"say which one is the '{role_}'")
+    assert f"{{{role_}: NAME}}" in err.hint
+    assert_clean(model_store, "m", "t")
+
+
+def test_a_declared_output_the_model_does_not_have(model_store, tmp_path, classifier):
+    onnx, data = classifier
+    refused(model_store, request("m", onnx, "t", data,
+                                 outputs=MappingProxyType({"scores": "probs"})),
+            "reads output 'probs' as 'scores'", "['logits']")
+    assert_clean(model_store, "m", "t")
+
+
+def test_an_unknown_kind_is_refused_naming_the_known_ones(model_store, classifier):
+    onnx, data = classifier
+    with pytest.raises(TierlinkError) as err:
+        import_model(request("m", onnx, "t", data, kind="segmentation"), model_store)
+    assert "unknown output kind 'segmentation'" in err.value.message
+    assert "classification, detection, embedding, multilabel, regression" in err.value.hint
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.xfail(reason="BUG: importer.import_model lets kind_of's ConfigError out for an "
+                          "unknown kind; its contract says every refusal is ImportRefused",
+                   strict=True, raises=ConfigError)
+def test_an_unknown_kind_is_an_import_refusal(model_store, classifier):
+    onnx, data = classifier
+    refused(model_store, request("m", onnx, "t", data, kind="segmentation"),
+            "unknown output kind")
+
+
+def test_a_kind_other_than_the_tasks(model_store, tmp_path, classifier):
+    onnx, data = classifier
+    import_model(request("first", onnx, "t", data), model_store)
+    refused(model_store, request("second", byo.multilabel(tmp_path / "ml.onnx"), "t", data,
+                                 kind="multilabel"),
+            "task 't' is a classification task; --kind multilabel does not match it")
+    assert_clean(model_store, "second")
+
+
+def test_a_declared_task_that_disagrees_with_the_store(model_store, classifier):
+    onnx, data = classifier
+    import_model(request("first", onnx, "t", data), model_store)
+    declared = task_from_dict("t", {"input": {"name": "x", "shape": [-1, 5]}})
+    refused(model_store, request("second", onnx, "t", data, declared=declared),
+            "task 't' is declared with inputs x FP32[-1, 5]",
+            "the store's models take x FP32[-1, 4]")
+    assert_clean(model_store, "second")
+
+
+@pytest.mark.parametrize("name", ["two words", "a/b", ".hidden", "tasks", "data", ""])
+def test_a_bad_model_name(model_store, classifier, name):
+    onnx, data = classifier
+    err = refused(model_store, request(name, onnx, "t", data), f"model name {name!r} is not usable")
+    assert "spam-small" in err.hint
+    assert_clean(model_store, "tasks-never", "t")
+    assert not model_store.root.exists()
+
+
+@pytest.mark.parametrize("tier", ["fog", "Edge", ""])
+def test_a_tier_not_device_edge_or_cloud(model_store, classifier, tier):
+    onnx, data = classifier
+    refused(model_store, request("m", onnx, "t", data, tier=tier),
+            f"--tier {tier!r}: one of device, edge, cloud")
+    assert_clean(model_store, "m", "t")
+
+
+def test_a_folder_without_labels_csv(model_store, tmp_path, classifier):
+    onnx, _ = classifier
+    x, y = byo.classification_data(n=10)
+    folder = byo.npy_folder(tmp_path / "f", x, y.tolist())
+    (folder / "labels.csv").unlink()
+    refused(model_store, request("m", onnx, "t", folder), "has no labels.csv")
+    assert_clean(model_store, "m", "t")
+
+
+def test_a_csv_naming_a_missing_file(model_store, tmp_path, classifier):
+    onnx, _ = classifier
+    x, y = byo.classification_data(n=10)
+    folder = byo.npy_folder(tmp_path / "f", x, y.tolist())
+    (folder / "s0004.npy").unlink()
+    refused(model_store, request("m", onnx, "t", folder), "'s0004.npy' does not exist")
+    assert_clean(model_store, "m", "t")
+
+
+def test_a_failed_reimport_keeps_the_good_version(model_store, tmp_path, classifier):
+    onnx, data = classifier
+    good = import_model(request("m", onnx, "t", data), model_store)
+    blob = model_store.paths("m")[0].read_bytes()
+    bad_data = byo.save_npz(tmp_path / "bad.npz", x=np.zeros((200, 5), np.float32),
+                            y=byo.classification_data()[1])
+    refused(model_store, request("m", onnx, "t", bad_data, version="2"), "has shape")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x08\x07garbage")
+    refused(model_store, request("m", junk, "t", data, version="2"), "not an ONNX model")
+    refused(model_store, request("m", byo.classifier(tmp_path / "c5.onnx", features=5), "t",
+                                 data, version="2"), "wrong signature")
+    assert model_store.card("m") == good and model_store.paths("m")[0].read_bytes() == blob
+    assert model_store.names() == ["m"]
+    assert [p.name for p in model_store.root.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.xfail(reason="BUG: importer._install saves the task declaration (and the data) "
+                          "before the model directory is swapped in; when the install fails "
+                          "there, tasks/<task>.json is left declaring a task no model has, and "
+                          "it then refuses models of any other signature", strict=True,
+                   raises=AssertionError)
+def test_an_install_that_fails_at_the_last_step_declares_no_task(model_store, tmp_path,
+                                                                 classifier, monkeypatch):
+    onnx, data = classifier
+
+    def disk_full(self: ModelStore, staging: Path, final: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ModelStore, "_swap", disk_full)
+    with pytest.raises(OSError):
+        import_model(request("m", onnx, "t", data), model_store)
+    assert_clean(model_store, "m", "t")
+
+
+@pytest.mark.xfail(reason="BUG (message): importer._open puts str(ZooError) into the refusal, "
+                          "and that text carries the zoo's hint 'rebuild the zoo with "
+                          "`tierlink zoo build`', which does not apply to a user's file",
+                   strict=True, raises=AssertionError)
+def test_a_not_onnx_refusal_does_not_talk_about_the_zoo(model_store, tmp_path, classifier):
+    _, data = classifier
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00" * 64)
+    err = refused(model_store, request("m", junk, "t", data), "not an ONNX model")
+    assert "zoo" not in err.message
+
+
+@pytest.mark.xfail(reason="BUG (message): importer._figures passes TensorError's hint on; for "
+                          "a TensorError raised without one (detection labels, regression "
+                          "targets) that is the class default about sending OIP requests to "
+                          "/v2/models/{name}, not about the data", strict=True,
+                   raises=AssertionError)
+def test_a_label_shape_refusal_hints_at_the_data(model_store, tmp_path):
+    case = CASES["detection"]
+    x, y = case.data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y[:, :, :4])
+    err = refused(model_store, request("m", case.model(tmp_path / "m.onnx"), "t", data,
+                                       kind=case.kind, outputs=MappingProxyType(case.outputs)),
+                  "detection labels must be")
+    assert "/v2/models" not in (err.hint or "")

@@ -1,0 +1,132 @@
+"""The local model store (``modelstore/store.py``): atomic installs (a failed one leaves
+nothing, a re-install swaps whole directories), lookups, tasks and data kept by digest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tierlink.errors import ImportRefused, ModelNotFound
+from tierlink.modelstore.data import Labelled
+from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore, models_of
+from tierlink.tasks.spec import TaskSpec, TensorDecl
+
+TASK = TaskSpec("spam", "classification", (TensorDecl("tokens", "INT64", (-1, 8)),))
+
+
+def install(store: ModelStore, name: str, task: str = "spam", onnx: bytes = b"onnx") -> None:
+    with store.installing(name) as staging:
+        (staging / MODEL_FILE).write_bytes(onnx)
+        (staging / CARD_FILE).write_text(f'{{"name": "{name}", "task": "{task}"}}')
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("."))
+
+
+def test_default_is_under_tierlink_home(model_store, tmp_path):
+    assert model_store.root == tmp_path / "home" / "models"
+    assert model_store.names() == [] and not model_store.root.exists()  # nothing made yet
+
+
+def test_an_install_becomes_the_model_directory(model_store):
+    install(model_store, "spam-small")
+    assert model_store.has("spam-small")
+    onnx, _ = model_store.paths("spam-small")
+    assert onnx.read_bytes() == b"onnx" and model_store.card("spam-small")["task"] == "spam"
+    assert leftovers(model_store.root) == []
+
+
+def test_a_failed_install_leaves_nothing(model_store):
+    with pytest.raises(RuntimeError, match="measuring failed"), \
+            model_store.installing("spam-small") as staging:
+        (staging / MODEL_FILE).write_bytes(b"half")
+        assert staging.name.startswith(".staging-spam-small-")
+        raise RuntimeError("measuring failed")
+    assert not model_store.has("spam-small") and not (model_store.root / "spam-small").exists()
+    assert leftovers(model_store.root) == []
+
+
+def test_a_reinstall_replaces_the_whole_directory(model_store):
+    install(model_store, "spam-small", onnx=b"v1")
+    (model_store.root / "spam-small" / "stale.txt").write_text("from v1")
+    install(model_store, "spam-small", onnx=b"v2")
+    assert model_store.paths("spam-small")[0].read_bytes() == b"v2"
+    assert not (model_store.root / "spam-small" / "stale.txt").exists()
+    assert leftovers(model_store.root) == []  # the old directory went too
+
+
+def test_a_failed_reinstall_keeps_the_previous_version(model_store):
+    install(model_store, "spam-small", onnx=b"v1")
+    with pytest.raises(RuntimeError), model_store.installing("spam-small") as staging:
+        (staging / MODEL_FILE).write_bytes(b"v2")
+        raise RuntimeError("boom")
+    assert model_store.paths("spam-small")[0].read_bytes() == b"v1"
+    assert leftovers(model_store.root) == []
+
+
+def test_names_by_task_skip_staging_and_bookkeeping_folders(model_store):
+    install(model_store, "a", task="spam")
+    install(model_store, "b", task="ham")
+    model_store.save_task(TASK)
+    (model_store.root / ".staging-c-1234").mkdir()
+    (model_store.root / ".staging-c-1234" / CARD_FILE).write_text("{}")
+    assert model_store.names() == ["a", "b"]
+    assert model_store.names("spam") == ["a"] and model_store.names("nope") == []
+
+
+def test_an_unknown_model_says_how_to_import_one(model_store):
+    assert not model_store.has("nope")
+    with pytest.raises(ModelNotFound) as err:
+        model_store.paths("nope")
+    assert "no model 'nope' in the model store" in err.value.message
+    assert "tierlink model import" in err.value.hint
+    with pytest.raises(ModelNotFound):
+        model_store.remove("nope")
+
+
+def test_remove(model_store):
+    install(model_store, "a")
+    model_store.remove("a")
+    assert not model_store.has("a") and not (model_store.root / "a").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a/b", "a\\b", "two words", "tab\tx",
+                                  "tasks", "data", "../escape"])
+def test_unusable_model_names_are_refused_before_anything_is_written(model_store, name):
+    with pytest.raises(ImportRefused, match="is not usable"), model_store.installing(name):
+        pytest.fail("the block must not run")
+    assert not model_store.root.exists()
+
+
+def test_tasks_round_trip(model_store):
+    assert model_store.task("spam") is None
+    model_store.save_task(TASK)
+    assert model_store.task("spam") == TASK
+    assert (model_store.root / "tasks" / "spam.json").is_file()
+
+
+def test_data_is_kept_once_by_digest(model_store):
+    data = Labelled({"a": np.arange(6.0).reshape(3, 2), "b": np.ones((3, 1), np.int64)},
+                    np.array([0, 1, 0]), "f" * 64)
+    path = model_store.save_data(data)
+    assert path == model_store.data("f" * 64) and path.is_file()
+    mtime = path.stat().st_mtime_ns
+    assert model_store.save_data(data) == path and path.stat().st_mtime_ns == mtime
+    back = model_store.load_data("f" * 64)
+    assert sorted(back.x) == ["a", "b"] and back.sha256 == "f" * 64
+    np.testing.assert_array_equal(back.x["a"], data.x["a"])
+    np.testing.assert_array_equal(back.y, data.y)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+def test_data_no_longer_in_the_store_is_refused(model_store):
+    with pytest.raises(ImportRefused, match="is no longer in the store"):
+        model_store.load_data("0" * 64)
+
+
+def test_models_of_lists_what_the_store_holds(model_store):
+    install(model_store, "a")
+    assert models_of(model_store, ["a", "zoo-model"]) == {"a": model_store.paths("a")}
