@@ -16,7 +16,7 @@ Prints a table, writes JSON (keys ``models``, ``cloud_only``, ``cascade`` with
 ``accuracy``, ``device_share``, ``cost_per_1k``, and ``import_s``)::
 
     .venv/bin/python benchmarks/byo.py [--json PATH] [--family DIR] [--rate 40]
-        [--accuracy-drop 0.5]
+        [--accuracy-drop 0.5] [--confidence 0.95]
 
 Expectation (issue 14): >= 80% answered on the device, within 0.5 point of cloud-only
 accuracy, at most 20% of its cost.
@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=0, help="0 = every evaluation mail")
     p.add_argument("--deadline-ms", type=float, default=1000.0)
     p.add_argument("--accuracy-drop", type=float, default=0.5)
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="the cascade's guarantee: holds with this probability")
     p.add_argument("--calib-share", type=float, default=0.5)
     p.add_argument("--keep", type=Path, help="keep the run directory here")
     return p.parse_args(argv)
@@ -158,7 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.copyfile(EXAMPLE / "fleet.yaml", fleet_file)
         models = import_family(family, fleet_file, args.calib_share, env)
         tuned, tune_s = cli("cascade", "tune", str(fleet_file), "--task", TASK,
-                            "--accuracy-drop", str(args.accuracy_drop), env=env)
+                            "--accuracy-drop", str(args.accuracy_drop),
+                            "--confidence", str(args.confidence), env=env)
         runs = drive_runs(fleet_file, run_dir, args)
         cascade, cloud = runs["cascade"], runs["cloud_only"]
         result = {
@@ -174,6 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "environment": {"rate_per_s": args.rate, "deadline_ms": args.deadline_ms,
                             "calib_share": args.calib_share,
                             "accuracy_drop": args.accuracy_drop,
+                            "confidence": args.confidence,
                             "family": json.loads((family / "family.json").read_text()),
                             "command": "benchmarks/byo.py " + " ".join(sys.argv[1:])},
         }

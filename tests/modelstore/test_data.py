@@ -74,9 +74,6 @@ def test_random_bytes_named_npz_are_refused(tmp_path):
     assert "is not a readable .npz" in refused(path)
 
 
-@pytest.mark.xfail(reason="BUG: data.py _npz catches OSError/ValueError only; a truncated "
-                          ".npz raises zipfile.BadZipFile out of load_data", strict=True,
-                   raises=zipfile.BadZipFile)
 def test_a_truncated_npz_is_refused(tmp_path, xy):
     path = save_npz(tmp_path / "d.npz", x=xy[0], y=xy[1])
     path.write_bytes(path.read_bytes()[:200])  # a copy cut short

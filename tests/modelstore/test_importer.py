@@ -398,10 +398,6 @@ def test_labels_out_of_range_for_a_classifier_in_the_calibration_part(model_stor
     assert_clean(model_store, "m", "t")
 
 
-@pytest.mark.xfail(reason="BUG: measure._nll checks the label range on the calibration part "
-                          "only; an out-of-range label in the evaluation part is imported "
-                          "and counted as a wrong answer", strict=True,
-                   raises=pytest.fail.Exception)
 @pytest.mark.parametrize("bad", [7, -1])
 def test_labels_out_of_range_for_a_classifier_in_the_evaluation_part(model_store, tmp_path,
                                                                      classifier, bad):
@@ -413,10 +409,6 @@ def test_labels_out_of_range_for_a_classifier_in_the_evaluation_part(model_store
     assert_clean(model_store, "m", "t")
 
 
-@pytest.mark.xfail(reason="BUG: class labels that are not whole numbers are truncated for "
-                          "the temperature fit and compared as floats for the metric "
-                          "(accuracy 0), instead of being refused", strict=True,
-                   raises=pytest.fail.Exception)
 def test_class_labels_that_are_not_ids(model_store, tmp_path, classifier):
     onnx, _ = classifier
     x, y = byo.classification_data()
@@ -425,10 +417,6 @@ def test_class_labels_that_are_not_ids(model_store, tmp_path, classifier):
     assert_clean(model_store, "m", "t")
 
 
-@pytest.mark.xfail(reason="BUG: measure._nll's multilabel branch does not check the targets' "
-                          "shape; (N, K-1) targets raise a numpy ValueError (broadcast) out "
-                          "of import_model instead of ImportRefused", strict=True,
-                   raises=ValueError)
 def test_multilabel_targets_with_a_label_missing(model_store, tmp_path):
     x, y = byo.multilabel_data()
     onnx = byo.multilabel(tmp_path / "ml.onnx")
@@ -501,9 +489,6 @@ def test_an_unknown_kind_is_refused_naming_the_known_ones(model_store, classifie
     assert_clean(model_store, "m", "t")
 
 
-@pytest.mark.xfail(reason="BUG: importer.import_model lets kind_of's ConfigError out for an "
-                          "unknown kind; its contract says every refusal is ImportRefused",
-                   strict=True, raises=ConfigError)
 def test_an_unknown_kind_is_an_import_refusal(model_store, classifier):
     onnx, data = classifier
     refused(model_store, request("m", onnx, "t", data, kind="segmentation"),
@@ -581,11 +566,6 @@ def test_a_failed_reimport_keeps_the_good_version(model_store, tmp_path, classif
     assert [p.name for p in model_store.root.iterdir() if p.name.startswith(".")] == []
 
 
-@pytest.mark.xfail(reason="BUG: importer._install saves the task declaration (and the data) "
-                          "before the model directory is swapped in; when the install fails "
-                          "there, tasks/<task>.json is left declaring a task no model has, and "
-                          "it then refuses models of any other signature", strict=True,
-                   raises=AssertionError)
 def test_an_install_that_fails_at_the_last_step_declares_no_task(model_store, tmp_path,
                                                                  classifier, monkeypatch):
     onnx, data = classifier
@@ -599,10 +579,6 @@ def test_an_install_that_fails_at_the_last_step_declares_no_task(model_store, tm
     assert_clean(model_store, "m", "t")
 
 
-@pytest.mark.xfail(reason="BUG (message): importer._open puts str(ZooError) into the refusal, "
-                          "and that text carries the zoo's hint 'rebuild the zoo with "
-                          "`tierlink zoo build`', which does not apply to a user's file",
-                   strict=True, raises=AssertionError)
 def test_a_not_onnx_refusal_does_not_talk_about_the_zoo(model_store, tmp_path, classifier):
     _, data = classifier
     junk = tmp_path / "junk.onnx"
@@ -611,11 +587,6 @@ def test_a_not_onnx_refusal_does_not_talk_about_the_zoo(model_store, tmp_path, c
     assert "zoo" not in err.message
 
 
-@pytest.mark.xfail(reason="BUG (message): importer._figures passes TensorError's hint on; for "
-                          "a TensorError raised without one (detection labels, regression "
-                          "targets) that is the class default about sending OIP requests to "
-                          "/v2/models/{name}, not about the data", strict=True,
-                   raises=AssertionError)
 def test_a_label_shape_refusal_hints_at_the_data(model_store, tmp_path):
     case = CASES["detection"]
     x, y = case.data()

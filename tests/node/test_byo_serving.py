@@ -169,20 +169,12 @@ def test_routed_metadata_lists_the_answers_of_a_regression_with_uncertainty(node
         [("value", "FP32"), ("uncertainty", "FP32")]
 
 
-@pytest.mark.xfail(reason="BUG: app._routed_outputs lists every tensor a kind may answer; a "
-                          "regression (or embedding) task without an uncertainty output is "
-                          "said to answer 'uncertainty', which its answers never carry",
-                   strict=True, raises=AssertionError)
 def test_routed_metadata_lists_only_what_the_answer_carries(node):
     outputs, _ = infer(node, "cost", X)
     routed = node.get("/v2/models/cost").json()
     assert [o["name"] for o in routed["outputs"]] == list(outputs)
 
 
-@pytest.mark.xfail(reason="BUG: app._routed_outputs gives every answer tensor shape [-1, -1]; "
-                          "label (B,), value (B,) and uncertainty (B,) are rank 1 (the fixed "
-                          "table it replaced had label [-1])", strict=True,
-                   raises=AssertionError)
 def test_routed_metadata_shapes_have_the_answers_rank(node):
     outputs, _ = infer(node, "price", X)
     routed = {o["name"]: o["shape"] for o in node.get("/v2/models/price").json()["outputs"]}

@@ -205,7 +205,9 @@ def _wait_for_signal(fleet: Any) -> None:
 def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` writes)"),
          node_id: str | None = typer.Option(None, "--id"),
          tier: str = typer.Option("edge"),
-         model: list[str] = typer.Option([], help="zoo model name (repeatable)"),
+         model: list[str] = typer.Option([], help="zoo or imported model name (repeatable)"),
+         providers: str = typer.Option("cpu", help="ONNX Runtime execution providers in "
+                                                   "order, e.g. cuda,cpu (CPU is the fallback)"),
          port: int = typer.Option(8000),
          host: str = typer.Option("127.0.0.1"),
          control: str | None = typer.Option(None, help="control plane URL"),
@@ -217,6 +219,7 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
     from tierlink.core.types import Tier
     from tierlink.node.main import run_node
     from tierlink.node.spec import ModelSource, NodeSpec
+    from tierlink.providers import parse_providers
 
     try:
         if spec is not None:
@@ -229,7 +232,8 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
         run_node(NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=sources, host=host,
                           port=port, control_url=control,
                           upstreams=tuple(_upstream(u) for u in upstream),
-                          trace_file=str(trace_file) if trace_file else None))
+                          trace_file=str(trace_file) if trace_file else None,
+                          providers=parse_providers(providers, "--providers")))
     except TierlinkError as exc:
         fail(exc)
 

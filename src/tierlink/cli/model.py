@@ -98,7 +98,8 @@ def publish(
 
 def run_publish(name: str, onnx: Path, card: Path, version: str, notes: str, key: Path,
                 control: str, *, eval_limit: int | None = None, progress: bool = False,
-                admin_token: str | None = None) -> tuple[PublishedVersion, bool]:
+                admin_token: str | None = None,
+                validation: Validation | None = None) -> tuple[PublishedVersion, bool]:
     """What ``publish`` does: the key and the control plane first (fail before minutes of
     evaluation), then the validation, the manifest, the uploads and the publication. A
     re-run with the same files and notes (a retried publish) is reported as already
@@ -111,9 +112,9 @@ def run_publish(name: str, onnx: Path, card: Path, version: str, notes: str, key
     private = load_private_key(key)
     with _client(control, admin_token) as client:
         _preflight(client, name, version)
-        with _progress(progress, f"validating {onnx.name}") as report:
-            validation: Validation = measure_validation(onnx, card, eval_limit,
-                                                        progress=report)
+        if validation is None:  # an imported model brings the one its import measured
+            with _progress(progress, f"validating {onnx.name}") as report:
+                validation = measure_validation(onnx, card, eval_limit, progress=report)
         with tempfile.TemporaryDirectory(prefix="tierlink-publish-") as tmp:
             manifest, onnx_path, card_path = prepare_version(name, onnx, card, version, notes,
                                                              tmp, validation)

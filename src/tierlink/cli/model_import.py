@@ -38,6 +38,12 @@ def import_cmd(
     seed: int = typer.Option(0, help="seed of the calibration/evaluation split"),
     providers: str = typer.Option("cpu", help="execution providers in order, e.g. cuda,cpu"),
     version: str = typer.Option("1", help="the version its card states"),
+    control: str | None = typer.Option(None, help="also publish it, signed, to this control "
+                                                  "plane's repository (as `model publish`)"),
+    key: Path | None = typer.Option(None, help="private signing key, with --control"),
+    notes: str = typer.Option("imported", help="what this version is, with --control"),
+    admin_token: str | None = typer.Option(None, envvar="TIERLINK_ADMIN_TOKEN",
+                                           help="the control plane's admin token"),
     as_json: bool = typer.Option(False, "--json", help="print the card as JSON"),
 ) -> None:
     """Measure a model on its own labelled data (metric, calibration, latency per provider),
@@ -54,14 +60,41 @@ def import_cmd(
             options={k: _value(v) for k, v in _pairs(option, "--option").items()},
             calib_share=calib_share, seed=seed,
             providers=parse_providers(providers, "--providers"), version=version)
+        if control is not None and key is None:
+            raise ConfigError("--control needs --key (the publisher's private key)",
+                              hint="make one with `tierlink model keygen --out KEY`")
         say = (lambda m: None) if as_json else (lambda m: console.print(f"[dim]{m}[/dim]"))
-        card = import_model(req, ModelStore.default(), say=say)
+        store = ModelStore.default()
+        card = import_model(req, store, say=say)
+        published = (_publish(store, card, control, key, notes, admin_token)  # type: ignore[arg-type]
+                     if control is not None else None)
     except TierlinkError as exc:
         fail(exc)
     if as_json:
-        print(json.dumps(card, indent=2))
+        print(json.dumps(card | ({"published": published} if published else {}), indent=2))
         return
     _print_card(card)
+    if published:
+        console.print(f"published {card['name']} version {card['version']} to {control}")
+
+
+def _publish(store: Any, card: dict[str, Any], control: str, key: Path, notes: str,
+             admin_token: str | None) -> dict[str, Any]:
+    """Sign and publish the installed files, validated by the figures the import measured
+    (the evaluation part of the model's own data)."""
+    import time
+
+    from tierlink.cli.model import run_publish
+    from tierlink.repo.manifest import Validation
+
+    onnx, card_path = store.paths(card["name"])
+    validation = Validation(dataset=f"{card['task']}:{card['data']['sha256'][:12]}",
+                            split="eval", n=int(card["data"]["eval_samples"]),
+                            accuracy=float(card["metric"]["eval"] or 0.0),
+                            measured_at=time.time())
+    entry, created = run_publish(card["name"], onnx, card_path, str(card["version"]), notes,
+                                 key, control, admin_token=admin_token, validation=validation)
+    return {**entry.to_dict(), "created": created}
 
 
 def imported_cmd(task: str | None = typer.Option(None, help="only this task's models"),

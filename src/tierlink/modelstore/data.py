@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,7 @@ def _npz(path: Path, input_names: Sequence[str]) -> tuple[dict[str, np.ndarray],
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ImportRefused(f"--data {path} is not a readable .npz: {exc}") from exc
     if "y" not in arrays:
         raise ImportRefused(f"--data {path} has no array 'y' (the labels); it has "

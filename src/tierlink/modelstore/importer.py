@@ -32,6 +32,9 @@ from tierlink.tasks.registry import kind_of
 from tierlink.tasks.spec import TaskSpec, TensorDecl, same_inputs
 
 TIERS = ("device", "edge", "cloud")
+LABELS_HINT = ("y holds one target per sample: a class id (classification), 0/1 per label "
+               "(multilabel), boxes (N, G, 5) padded with class -1 (detection), values "
+               "(regression), class ids (embedding)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +64,10 @@ def import_model(req: ImportRequest, store: ModelStore,
     opened = _open(req.onnx, req.providers)
     inputs, outputs = measure.signature(opened.session)
     task = _task(req, store, inputs)
-    kind = kind_of(task.kind)
+    try:
+        kind = kind_of(task.kind)
+    except ConfigError as exc:
+        raise ImportRefused(exc.message, hint=exc.hint) from exc
     _check_signature(task, kind, inputs, outputs, req.name)
     say(f"reading {req.data}")
     data = load_data(req.data, [i.name for i in inputs], task.labels)
@@ -91,7 +97,7 @@ def _open(path: Path, providers: tuple[str, ...]) -> Any:
         return open_session(path, providers)
     except ZooError as exc:
         raise ImportRefused(f"{path} is not an ONNX model ONNX Runtime can load: "
-                            f"{str(exc)[:300]}", hint="export it with torch.onnx.export, "
+                            f"{exc.message[:300]}", hint="export it with torch.onnx.export, "
                             "tf2onnx or skl2onnx and check it with onnx.checker") from exc
 
 
@@ -138,7 +144,7 @@ def _figures(session: Any, kind: OutputKind, task: TaskSpec, parts: DataSplit,
         correct = kind.correct(answers["calib"], parts.calib.y, task)
     except TensorError as exc:
         raise ImportRefused(f"the model's outputs or the labels do not fit a {task.kind} "
-                            f"task: {exc.message}", hint=exc.hint) from exc
+                            f"task: {exc.message}", hint=LABELS_HINT) from exc
     conf = answers["calib"].confidence
     curve = (measure.cascade_curve(conf, correct)
              if conf is not None and correct is not None else [])
@@ -200,9 +206,10 @@ def _install(store: ModelStore, req: ImportRequest, card: dict[str, Any], task: 
     with store.installing(req.name) as staging:
         shutil.copyfile(req.onnx, staging / MODEL_FILE)
         (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
-        store.save_data(data)
-        if store.task(task.name) is None:
-            store.save_task(task)
+    # Only once the model is in place: a failed install declares no task.
+    store.save_data(data)
+    if store.task(task.name) is None:
+        store.save_task(task)
 
 
 def _params(blob: bytes) -> int:

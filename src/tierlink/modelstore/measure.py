@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 
 from tierlink.errors import ImportRefused
-from tierlink.tasks.kinds import OutputKind, sigmoid, softmax
+from tierlink.tasks.kinds import (
+    OutputKind,
+    class_ids,
+    multilabel_targets,
+    sigmoid,
+    softmax,
+)
 from tierlink.tasks.spec import TaskSpec, TensorDecl
 
 ORT_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
@@ -121,16 +127,13 @@ def fit_temperature(kind: OutputKind, raw: Mapping[str, np.ndarray], y: np.ndarr
 
 def _nll(kind: str, logits: np.ndarray, y: np.ndarray) -> Callable[[float], float]:
     if kind == "multilabel":
-        target = (y > 0.5).astype(np.float64)
+        target = multilabel_targets(y, logits.shape).astype(np.float64)
 
         def bce(t: float) -> float:
             p = np.clip(sigmoid(logits, t).astype(np.float64), 1e-12, 1 - 1e-12)
             return float(-(target * np.log(p) + (1 - target) * np.log(1 - p)).mean())
         return bce
-    labels = y.reshape(-1).astype(np.int64)
-    if labels.min() < 0 or labels.max() >= logits.shape[1]:
-        raise ImportRefused(f"labels run {labels.min()}..{labels.max()} but the model scores "
-                            f"{logits.shape[1]} classes")
+    labels = class_ids(y, logits.shape)
 
     def ce(t: float) -> float:
         p = softmax(logits, t).astype(np.float64)[np.arange(len(labels)), labels]

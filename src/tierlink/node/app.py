@@ -233,8 +233,19 @@ def _routed_outputs(rt: ModelRuntime | None) -> list[dict[str, Any]]:
         return _ROUTED_OUTPUTS
     from tierlink.tasks.registry import kind_of
 
-    answers = kind_of(rt.info.spec_for(rt.outputs).kind).answers
-    return [{"name": n, "datatype": d, "shape": [-1, -1]} for n, d in answers]
+    spec = rt.info.spec_for(rt.outputs)
+    ranks = {o.name: len(o.shape) for o in rt.outputs}
+    out = []
+    for name, datatype, rank, role in kind_of(spec.kind).answers:
+        source = spec.output(role) if role else None
+        if role and source is None:
+            if len(rt.outputs) != 1 or rank >= 0:
+                continue  # an optional role the task does not declare: never answered
+            source = rt.outputs[0].name  # the model's only output plays it
+        if rank < 0:
+            rank = ranks.get(source or "", 1)
+        out.append({"name": name, "datatype": datatype, "shape": [-1] * rank})
+    return out
 
 
 def _inbox_receiver(service: NodeService) -> InboxReceiver | None:

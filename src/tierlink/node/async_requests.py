@@ -61,9 +61,13 @@ def build_result_payload(request_id: str, task: str, outputs: Mapping[str, Any],
                          outcome: Outcome, server_ms: float, *, node_id: str, uplink: str,
                          answered_at: float, model_version: str | None = None) -> dict[str, Any]:
     """The JSON result of an answered request. ``outputs`` are the routed path's
-    ``probabilities`` (B, C) and ``label`` (B,); ``server_ms`` is this node's time on it;
+    ``probabilities`` (B, C) and ``label`` (B,) — or, for other output kinds, its tensors
+    (``outputs``, as nested lists); ``server_ms`` is this node's time on it;
     ``model_version`` defaults to the outcome's (``Outcome.model_version``)."""
     predictions, confidences = _summary(outputs)
+    # Other output kinds (boxes, values, vectors): the answer's tensors themselves.
+    tensors = ({} if "probabilities" in outputs else
+               {k: _plain(v) for k, v in outputs.items()})
     if model_version is None:  # the version that answered, when the outcome carries it
         model_version = str(getattr(outcome, "model_version", "") or "") or None
     return {
@@ -77,7 +81,14 @@ def build_result_payload(request_id: str, task: str, outputs: Mapping[str, Any],
         "degraded": outcome.degraded, "split_plan": outcome.split,
         "latency_ms": round(server_ms, 3), "cost_usd": outcome.cost,
         "uplink": uplink, "answered_at": answered_at,
+        **({"outputs": tensors} if tensors else {}),
     }
+
+
+def _plain(value: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(value).tolist()
 
 
 def _summary(outputs: Mapping[str, Any]) -> tuple[list[int], list[float]]:

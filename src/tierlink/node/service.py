@@ -80,6 +80,7 @@ from tierlink.node.runtime import (
     OnnxModel,
     read_answer,
     softmax_confidence,
+    validate_inputs,
 )
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec, UpstreamSpec
@@ -500,6 +501,7 @@ class NodeService:
                                      receiver=self.spec.node_id,
                                      input_bytes=sum(a.nbytes for a in inputs.values()))
         labels = protocol.parse_labels(params, _batch_size(inputs))
+        self._check_task_inputs(task, inputs)
         self._routed_at[task] = t0  # demand: the split warmer opens cuts of tasks in use
         policy = self._policy_for(req)
         req = self._check_receipt(req, policy)
@@ -514,6 +516,17 @@ class NodeService:
             _LABELS.reset(token)
             self._inflight -= 1
         return result.outputs, result.outcome, (self._clock() - t0) * 1000.0
+
+    def _check_task_inputs(self, task: str, inputs: dict[str, np.ndarray]) -> None:
+        """A malformed input is refused here, where it arrives, never sent up the fleet:
+        checked against the signature of this node's model of the task (every model of a
+        task takes the same inputs), when it has one."""
+        rt = next((rt for rt in self.runtimes.values() if rt.info.task == task), None)
+        if rt is not None:
+            try:
+                validate_inputs(rt.info.name, rt.inputs, inputs)
+            except TensorError as exc:
+                raise TensorError(f"task {task!r}: {exc.message}", hint=exc.hint) from None
 
     async def _route(self, req: Request, policy: Policy, inputs: dict[str, np.ndarray],
                      t0: float, forced_split: Any = None) -> StepResult:
@@ -636,8 +649,9 @@ class NodeService:
             finally:
                 timing.append((time.perf_counter() - start) * 1000.0)
 
+        # A slowed node (injected fault) sleeps in ``call``: never on the event loop.
         out = await self.scheduler.submit(call, priority=priority, deadline_s=deadline_s,
-                                          key=rt.info.name)
+                                          key=rt.info.name, inline=slowdown <= 1.0)
         self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(timing[0] / 1000)
         return out, timing[0]
 

@@ -24,7 +24,8 @@ class Detection:
     name = "detection"
     metric = "f1@iou"
     temperature_fit = False
-    answers = (("boxes", "FP32"), ("scores", "FP32"), ("classes", "INT64"))
+    answers = (("boxes", "FP32", 3, ""), ("scores", "FP32", 2, ""),
+               ("classes", "INT64", 2, ""))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("boxes", "scores", "classes")

