@@ -146,18 +146,24 @@ def codec_losses(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def resolve_model(model: str, profile: str, progress: bool = False) -> tuple[Path, str]:
     """(the .onnx path, its task) of a path or a zoo model name (built if missing)."""
+    from tierlink.modelstore.store import ModelStore
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.profiles import TASKS
 
     task = next((t for t in TASKS if model.startswith(f"{t}-")), "fmnist")
+    store = ModelStore.default()
+    if store.has(model):  # a user's model (`tierlink model import`)
+        return store.paths(model)[0], f"store:{model}"
     path = Path(model)
     if path.suffix == ".onnx" or path.exists():
         if not path.is_file():
             raise SplitError(f"no model file {path}", hint="pass an .onnx file or a zoo name")
         return path, task
     if not any(model.startswith(f"{t}-") for t in TASKS):
-        raise SplitError(f"{model!r} is neither an .onnx file nor a zoo model name",
-                         hint=f"zoo names start with one of {', '.join(TASKS)}-")
+        raise SplitError(f"{model!r} is neither an .onnx file, a zoo model name nor a model "
+                         "in the model store",
+                         hint=f"zoo names start with one of {', '.join(TASKS)}-; "
+                              "`tierlink model imported` lists the store")
     return ensure_zoo(task=task, profile=profile, progress=progress).path(model), task
 
 
@@ -169,10 +175,9 @@ def codec_report(path: Path, task: str, specs: Sequence[str], *,
     ``samples`` test images of ``task``: JSON-ready ``{"task", "samples", "accuracy",
     "cuts": [CutPoint...], "rows": [CodecRow...]}``."""
     from tierlink.split.partition import cut_points
-    from tierlink.zoo.datasets import load_splits
     from tierlink.zoo.evaluate import accuracy, onnx_logits
 
-    test = load_splits(task).test.head(samples)
+    test = evaluation_images(task, samples)
     whole = onnx_logits(path, test.images)  # (N, classes)
     chosen = _chosen_cuts(cut_points(path), cuts)
     base = accuracy(whole, test.labels)
@@ -184,6 +189,20 @@ def codec_report(path: Path, task: str, specs: Sequence[str], *,
             rows.extend(_measure_cut(path, Path(tmp), point, specs, test, whole, base, clock))
     return {"task": task, "samples": len(test), "accuracy": base,
             "cuts": [c.to_dict() for c in chosen], "rows": [asdict(r) for r in rows]}
+
+
+def evaluation_images(task: str, samples: int) -> Any:
+    """The first ``samples`` labelled inputs a split tool measures with: the zoo task's test
+    split, or (``store:NAME``) the evaluation part of an imported classifier's own data."""
+    from tierlink.zoo.datasets import Split, load_splits
+
+    if not task.startswith("store:"):
+        return load_splits(task).test.head(samples)
+    from tierlink.modelstore.store import ModelStore
+
+    part = ModelStore.default().single_input_classifier(task[6:], "split codecs")
+    x = next(iter(part.x.values()))
+    return Split(x[:samples], part.y[:samples].astype("int64"))
 
 
 def _chosen_cuts(all_cuts: list[Any], wanted: Sequence[str] | None) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,7 +16,8 @@ console = Console(stderr=True)
 
 
 def profile_cmd(
-    model: str = typer.Argument(..., help="a zoo model name, e.g. fmnist-large"),
+    model: str = typer.Argument(..., help="a zoo model name, e.g. fmnist-large, or an "
+                                          "imported one"),
     task: str = typer.Option("fmnist", help="the zoo task of MODEL"),
     profile: str = typer.Option("full", help="zoo profile: full or test"),
     rounds: int = typer.Option(30, help="interleaved timing rounds"),
@@ -26,15 +28,11 @@ def profile_cmd(
     model card as <model>.splits.json, where nodes read it and report it
     with their heartbeat."""
     from tierlink.split.profile import profile_model, profile_path, save_profile
-    from tierlink.zoo import ensure_zoo
-    from tierlink.zoo.datasets import load_splits
 
     try:
-        zoo = ensure_zoo(task=task, profile=profile, progress=not as_json)
-        card = zoo.card(model)
-        sample = load_splits(task).test.images[:1]
-        result = profile_model(model, zoo.path(model), sample, card.sha256, rounds=rounds)
-        save_profile(result, profile_path(zoo.card_path(model)))
+        onnx, card_path, sha256, sample = _model(model, task, profile, as_json)
+        result = profile_model(model, onnx, sample, sha256, rounds=rounds)
+        save_profile(result, profile_path(card_path))
     except TierlinkError as exc:
         fail(exc)
     if as_json:
@@ -50,4 +48,21 @@ def profile_cmd(
                       f"{p.feature_bytes / 1024:.1f}",
                       *(f"{c.wire_bytes / 1024:.1f} ({c.encode_ms:.3f})" for c in p.codecs))
     Console().print(table)
-    console.print(f"saved to {profile_path(zoo.card_path(model))}")
+    console.print(f"saved to {profile_path(card_path)}")
+
+
+def _model(model: str, task: str, profile: str, quiet: bool) -> tuple[Any, Any, str, Any]:
+    """(onnx, card path, sha256, one sample input) of a zoo or an imported model."""
+    from tierlink.modelstore.store import ModelStore
+
+    store = ModelStore.default()
+    if store.has(model):
+        part = store.single_input_classifier(model, "split profile")
+        onnx, card_path = store.paths(model)
+        return onnx, card_path, store.card(model)["sha256"], next(iter(part.x.values()))[:1]
+    from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.datasets import load_splits
+
+    zoo = ensure_zoo(task=task, profile=profile, progress=not quiet)
+    return (zoo.path(model), zoo.card_path(model), zoo.card(model).sha256,
+            load_splits(task).test.images[:1])

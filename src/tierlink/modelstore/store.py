@@ -110,6 +110,27 @@ class ModelStore:
             x = {k[2:]: z[k] for k in z.files if k.startswith("x:")}
             return Labelled(x, z["y"], sha256)
 
+    def eval_part(self, name: str) -> Labelled:
+        """The evaluation part of the data ``name`` was imported with (never calibrated on)."""
+        from tierlink.modelstore.data import split
+
+        data = self.card(name)["data"]
+        return split(self.load_data(data["sha256"]), float(data["calib_share"]),
+                     int(data["seed"])).eval
+
+    def single_input_classifier(self, name: str, tool: str) -> Labelled:
+        """The evaluation part of an imported classifier with one input, for tools that
+        measure top-1 answers (split codecs, profiles); refused with the reason otherwise."""
+        card = self.card(name)
+        if card.get("kind") != "classification":
+            raise ImportRefused(f"{tool} measures top-1 answers; {name} is a "
+                                f"{card.get('kind')} model",
+                                hint="it works on imported classifiers")
+        if len(card.get("input", [])) != 1:
+            raise ImportRefused(f"{tool} feeds one input tensor; {name} takes "
+                                f"{len(card.get('input', []))}")
+        return self.eval_part(name)
+
     def remove(self, name: str) -> None:
         self.paths(name)
         shutil.rmtree(self.root / name)

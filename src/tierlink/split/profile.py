@@ -92,7 +92,8 @@ def profile_model(name: str, model_path: Path, sample: np.ndarray, sha256: str, 
     from tierlink.split.partition import cut_points
     from tierlink.zoo.evaluate import ort_session
 
-    x = np.ascontiguousarray(sample[:1], dtype=np.float32)
+    x = np.ascontiguousarray(sample[:1], dtype=np.float32 if sample.dtype.kind == "f"
+                             else sample.dtype)  # token ids stay integers
     full = ort_session(model_path, threads=1)
     cuts = [c for c in cut_points(model_path)
             if c.index > 0 and (only is None or only(c.tensor))]

@@ -43,7 +43,9 @@ def onnx_logits(model: Path | Any, images: np.ndarray, *, batch_size: int = 500,
     """
     session = ort_session(model, threads) if isinstance(model, (str, Path)) else model
     name = session.get_inputs()[0].name
-    images = np.ascontiguousarray(images, dtype=np.float32)
+    # Zoo images are float32; an imported model's inputs keep their own kind (token ids).
+    images = np.ascontiguousarray(images, dtype=np.float32 if images.dtype.kind == "f"
+                                  else images.dtype)
     chunks = [session.run(None, {name: images[i:i + batch_size]})[0]
               for i in range(0, len(images), batch_size)]
     return np.concatenate(chunks) if chunks else np.zeros((0, 10), np.float32)
