@@ -45,6 +45,9 @@ def quantize(
         precisions = _precisions(precision)
         settings = [QuantSettings(precision=precision_for(p), calibration=calibration,
                                   calib_size=calib_size, budget_pt=budget) for p in precisions]
+        if models and _imported(models):
+            _quantize_imported(models, settings, as_json)
+            return
         doc, mixed = run_quantize(models, settings, profile=profile, task=task,
                                   plot_dir=plot_dir, progress=not as_json)
     except TierlinkError as exc:
@@ -53,6 +56,37 @@ def quantize(
         print(json.dumps(doc, indent=2))
     else:
         _print(doc, mixed, budget)
+
+
+def _imported(models: list[str]) -> bool:
+    """Whether MODELS are users' models of the model store (all of them, or refused)."""
+    from tierlink.errors import QuantizationError
+    from tierlink.modelstore.store import ModelStore
+
+    store = ModelStore.default()
+    held = [m for m in models if store.has(m)]
+    if held and len(held) != len(models):
+        raise QuantizationError(f"quantize zoo models and imported models separately: "
+                                f"{held} are imported, {sorted(set(models) - set(held))} not")
+    return bool(held)
+
+
+def _quantize_imported(models: list[str], settings: list[Any], as_json: bool) -> None:
+    from tierlink.modelstore.quantize import quantize_imported
+    from tierlink.modelstore.store import ModelStore
+
+    store = ModelStore.default()
+    say = (lambda m: None) if as_json else (lambda m: console.print(f"[dim]{m}[/dim]"))
+    cards = [quantize_imported(store, m, s, say) for m in models for s in settings]
+    if as_json:
+        print(json.dumps(cards, indent=2))
+        return
+    for c in cards:
+        lin = c["lineage"]
+        console.print(f"{c['name']}: {lin['precision']}, {100 * c['metric']['eval']:.2f}% "
+                      f"({100 * lin['accuracy_delta']:+.2f} pt, agreement "
+                      f"{100 * lin['agreement']:.2f}%), {c['size_bytes'] / 1e6:.2f} MB, "
+                      f"speedup {lin['speedup'].get('batch1', 0):.2f}x at batch 1")
 
 
 def _precisions(text: str) -> list[str]:

@@ -131,6 +131,10 @@ class ModelStore:
                                 f"{len(card.get('input', []))}")
         return self.eval_part(name)
 
+    def update_card(self, name: str, card: dict[str, Any]) -> None:
+        """Replace an installed model's card (atomically; its graph is unchanged)."""
+        replace_synced(self.paths(name)[1], (json.dumps(card, indent=2) + "\n").encode())
+
     def remove(self, name: str) -> None:
         self.paths(name)
         shutil.rmtree(self.root / name)

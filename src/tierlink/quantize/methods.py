@@ -117,7 +117,9 @@ def _static(src: Path, dst: Path, settings: QuantSettings, calib_images: np.ndar
     if calib_images is None or len(calib_images) == 0:
         raise QuantizationError("static INT8 needs calibration images",
                                 hint="pass images of the calibration split")
-    images = np.ascontiguousarray(calib_images[:settings.calib_size], dtype=np.float32)
+    images = np.ascontiguousarray(  # token ids and other integer inputs keep their dtype
+        calib_images[:settings.calib_size],
+        dtype=np.float32 if calib_images.dtype.kind == "f" else calib_images.dtype)
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[settings.calibration]
     activation, weight = _types(settings)
@@ -170,9 +172,12 @@ def _preprocess(src: Path, dst: Path) -> Path:
 
     try:
         quant_pre_process(str(src), str(dst))
-    except Exception as exc:
-        raise QuantizationError(f"cannot pre-process {src.name} for quantization: "
-                                f"{exc}") from exc
+    except Exception:  # noqa: BLE001 -- symbolic shape inference fails on some graphs
+        try:  # (e.g. integer token ids through Mod/Gather): ONNX's own inference is enough
+            quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
+        except Exception as exc:
+            raise QuantizationError(f"cannot pre-process {src.name} for quantization: "
+                                    f"{exc}") from exc
     return dst
 
 

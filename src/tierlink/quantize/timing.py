@@ -43,8 +43,9 @@ def side_by_side(sessions: Mapping[str, Any], images: np.ndarray, *, rounds: int
     per model. ``images`` (>= 32, 1, 28, 28) float32."""
     if len(images) < BATCH:
         raise QuantizationError(f"latency needs at least {BATCH} images, got {len(images)}")
-    one = np.ascontiguousarray(images[:1], dtype=np.float32)
-    many = np.ascontiguousarray(images[:BATCH], dtype=np.float32)
+    dtype = np.float32 if images.dtype.kind == "f" else images.dtype  # token ids stay ints
+    one = np.ascontiguousarray(images[:1], dtype=dtype)
+    many = np.ascontiguousarray(images[:BATCH], dtype=dtype)
     names = list(sessions)
     feeds = {n: sessions[n].get_inputs()[0].name for n in names}
     single: dict[str, list[float]] = {n: [] for n in names}
