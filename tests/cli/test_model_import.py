@@ -161,3 +161,17 @@ def test_imported_lists_the_store(model_store, files):
 def test_imported_on_an_empty_store(model_store):
     result = runner.invoke(app, ["model", "imported", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout) == []
+
+
+def test_zoo_calibration_lists_an_imported_task(model_store, files):
+    code, _, _ = model_import("toy-cls", files["cls"], "--task", "toy", "--tier", "edge",
+                              "--data", files["cls_data"])
+    assert code == 0
+    result = runner.invoke(app, ["zoo", "calibration", "--task", "toy", "--json"])
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    row = rows["toy-cls"]
+    assert row["temperature"] != 1.0 and row["ece_after"] <= row["ece_before"] + 0.02
+    assert {"eval_ece_before", "eval_ece_after", "nll_before", "nll_after"} <= set(row)
+    missing = runner.invoke(app, ["zoo", "calibration", "--task", "nothing-here"])
+    assert missing.exit_code == 2 and "no zoo task" in missing.stderr

@@ -122,7 +122,10 @@ def test_a_good_import_writes_a_full_card(model_store, tmp_path, case_id):
         assert nll["nll_after"] <= nll["nll_before"]
     else:
         assert card["temperature"] == 1.0
-        assert card["calibration"] == {"nll_before": None, "nll_after": None}
+        cal = card["calibration"]
+        assert cal["nll_before"] is None and cal["nll_after"] is None
+        # no temperature: the confidence (if any) is the same before and after
+        assert cal.get("ece_before") == cal.get("ece_after")
     # the cascade curve is there iff the model can be cascaded, and it is not flat
     assert card["cascadable"] is case.cascadable
     assert bool(card["cascade"]) is case.cascadable

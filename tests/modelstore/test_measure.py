@@ -122,3 +122,16 @@ def test_cascade_curve_by_hand():
     assert curve[0.999]["answered_share"] == 0.25
     none = measure.cascade_curve(np.array([0.5]), np.array([False]))
     assert none[-1] == {"threshold": 0.999, "answered_share": 0.0, "answered_accuracy": 1.0}
+
+
+def test_ece_agrees_with_the_zoos_definition():
+    from tierlink.modelstore.measure import ece
+    from tierlink.tasks.kinds import softmax
+    from tierlink.zoo.calibration import ece as zoo_ece
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(500, 4)) * 3
+    labels = rng.integers(0, 4, 500)
+    probs = softmax(logits, 1.3)
+    assert ece(probs.max(axis=1), probs.argmax(axis=1) == labels) == pytest.approx(
+        zoo_ece(logits, labels, 1.3), abs=1e-4)

@@ -10,13 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from tierlink.cli.errors import fail
-from tierlink.errors import TierlinkError
+from tierlink.errors import ConfigError, TierlinkError
 
 console = Console(stderr=True)
 
 
 def calibration(
-    task: str = typer.Option("fmnist", help="fmnist (Fashion-MNIST) or mnist"),
+    task: str = typer.Option("fmnist", help="fmnist (Fashion-MNIST), mnist, or the task of "
+                                            "imported models"),
     profile: str = typer.Option("full", help="zoo profile: full or test"),
     png: Path | None = typer.Option(None, help="write reliability diagrams (test split) here"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as JSON"),
@@ -24,7 +25,11 @@ def calibration(
     """Temperature, ECE and NLL before/after scaling for every model of the zoo (fitted
     on the calibration split; the test columns are a held-out check)."""
     from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.profiles import TASKS
 
+    if task not in TASKS:
+        _imported(task, as_json)
+        return
     try:
         zoo = ensure_zoo(task=task, profile=profile, progress=not as_json)
         if png:
@@ -47,6 +52,37 @@ def calibration(
     Console().print(table)
     if png:
         console.print(f"reliability diagrams written to {png}")
+
+
+def _imported(task: str, as_json: bool) -> None:
+    """The calibration each imported model of ``task`` was measured with at import."""
+    from tierlink.modelstore.store import ModelStore
+
+    store = ModelStore.default()
+    rows = {n: {"temperature": c["temperature"], **c["calibration"]}
+            for n in store.names(task) if (c := store.card(n))}
+    if not rows:
+        fail(ConfigError(f"no zoo task and no imported model of task {task!r}",
+                         hint="`tierlink model imported` lists the model store"))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"calibration ({task}, imported; temperature fitted on the "
+                        "calibration part of each model's data)")
+    for col in ("model", "T", "ECE calib before -> after", "ECE eval before -> after",
+                "NLL calib before -> after"):
+        table.add_column(col)
+    for name, r in rows.items():
+        table.add_row(name, f"{r['temperature']:.3f}", _pair(r, "ece_", 100, "%"),
+                      _pair(r, "eval_ece_", 100, "%"), _pair(r, "nll_", 1, ""))
+    Console().print(table)
+
+
+def _pair(r: dict, prefix: str, scale: float, unit: str) -> str:
+    before, after = r.get(f"{prefix}before"), r.get(f"{prefix}after")
+    if before is None or after is None:
+        return "-"
+    return f"{scale * before:.2f}{unit} -> {scale * after:.2f}{unit}"
 
 
 def _plot(zoo: object, png: Path) -> None:

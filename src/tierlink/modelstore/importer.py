@@ -149,7 +149,22 @@ def _figures(session: Any, kind: OutputKind, task: TaskSpec, parts: DataSplit,
     curve = (measure.cascade_curve(conf, correct)
              if conf is not None and correct is not None else [])
     return {"temperature": temperature, "nll_before": nll_before, "nll_after": nll_after,
-            "score": score, "cascade": curve, "cascadable": bool(curve)}
+            "score": score, "cascade": curve, "cascadable": bool(curve),
+            "ece": _eces(kind, task, raw, parts, temperature) if curve else {}}
+
+
+def _eces(kind: OutputKind, task: TaskSpec, raw: dict[str, Any], parts: DataSplit,
+          temperature: float) -> dict[str, float]:
+    """ECE before and after the temperature, on the calibration part (fitted there) and on
+    the evaluation part (a held-out check)."""
+    out = {}
+    for part, key in (("calib", ""), ("eval", "eval_")):
+        y = getattr(parts, part).y
+        for t, when in ((1.0, "before"), (temperature, "after")):
+            answer = kind.answer(raw[part], task, t)
+            out[f"{key}ece_{when}"] = round(measure.ece(
+                answer.confidence, kind.correct(answer, y, task)), 6)  # type: ignore[arg-type]
+    return out
 
 
 def _other_providers(req: ImportRequest, first: str, parts: DataSplit,
@@ -188,7 +203,7 @@ def _card(req: ImportRequest, task: TaskSpec, inputs: tuple[TensorDecl, ...],
         "calib_accuracy": score["calib"] if score["calib"] is not None else 0.0,
         "temperature": fig["temperature"],
         "calibration": {"nll_before": _finite(fig["nll_before"]),
-                        "nll_after": _finite(fig["nll_after"])},
+                        "nll_after": _finite(fig["nll_after"]), **fig["ece"]},
         "cascadable": fig["cascadable"], "cascade": fig["cascade"],
         "latency_ms": latency[provider], "latency_ms_by_provider": latency,
         "provider": provider,

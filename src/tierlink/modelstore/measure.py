@@ -141,6 +141,15 @@ def _nll(kind: str, logits: np.ndarray, y: np.ndarray) -> Callable[[float], floa
     return ce
 
 
+def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = 15) -> float:
+    """Expected calibration error: the count-weighted |accuracy - confidence| over equal-width
+    confidence bins (the zoo's definition, for any kind with a confidence)."""
+    index = np.clip(np.ceil(confidence * bins).astype(int) - 1, 0, bins - 1)
+    conf = np.bincount(index, weights=confidence, minlength=bins)
+    acc = np.bincount(index, weights=correct.astype(np.float64), minlength=bins)
+    return float(np.abs(acc - conf).sum() / max(1, len(confidence)))
+
+
 def cascade_curve(confidence: np.ndarray, correct: np.ndarray) -> list[dict[str, float]]:
     """Per threshold: the share answered at or above it and their accuracy (calibration)."""
     points = []
