@@ -9,6 +9,7 @@ At start the node serves each model's last good version (its A/B slots under
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 from tierlink.node.exits import ExitsModel, is_exit_card
 from tierlink.node.identity import load_identity
-from tierlink.node.models import ArtifactSource, ModelManager
+from tierlink.node.models import ArtifactSource, ModelManager, load_version
 from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
@@ -119,7 +120,8 @@ async def open_models(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
     good version (a slot under ``spec.state_dir``, else the spec's files in ``runtimes``);
     versions are installed from ``source`` and must be signed by ``spec.trusted_keys``."""
     models = ModelManager(runtimes, state_dir=Path(spec.state_dir) if spec.state_dir else None,
-                          trusted_keys=spec.trusted_keys, source=source)
+                          trusted_keys=spec.trusted_keys, source=source,
+                          load=functools.partial(load_version, providers=spec.providers))
     await models.recover()
     return models
 

@@ -214,15 +214,17 @@ def slot_verifier(trusted_keys: Sequence[str]) -> Verify:
     return verify
 
 
-def load_version(onnx: Path, card: Path) -> ModelRuntime:
-    """An installed version's runtime: ONNX Runtime on ``onnx``, described by ``card``."""
+def load_version(onnx: Path, card: Path,
+                 providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> ModelRuntime:
+    """An installed version's runtime: ONNX Runtime on ``onnx`` (on the node's execution
+    providers), described by ``card``."""
     from tierlink.node.exits import is_exit_card
 
     if is_exit_card(card):
         raise ArtifactRejected(f"{card} describes a multi-exit model, which cannot be "
                                "installed as one ONNX graph",
                                hint="roll out single-graph models only")
-    return OnnxModel(onnx, ModelInfo.from_card(card))
+    return OnnxModel(onnx, ModelInfo.from_card(card), providers=providers)
 
 
 def warm_up(rt: ModelRuntime) -> None:
