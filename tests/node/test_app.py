@@ -68,6 +68,13 @@ def test_wrong_shape_is_a_clear_400_and_the_node_keeps_serving(client):
     assert infer(client, "fmnist-small").status_code == 200
 
 
+def test_asynchronous_on_a_model_is_refused_not_answered_at_once(client):
+    resp = infer(client, "fmnist-small", {"tierlink.async": True})
+    assert resp.status_code == 400 and "only a task" in resp.json()["error"]
+    assert "'fmnist'" in resp.json()["hint"]
+    assert infer(client, "fmnist-small").status_code == 200
+
+
 def test_malformed_body_is_400(client):
     resp = client.post("/v2/models/fmnist-small/infer", content=b"{not json")
     assert resp.status_code == 400 and resp.json()["code"] in ("invalid_request", "invalid_tensor")

@@ -197,6 +197,11 @@ async def _infer_model(service: NodeService, name: str, version: str | None,
     # A version in the URL, else the ``tierlink.version`` parameter, pins it.
     pinned = data.parameters.get(protocol.VERSION)
     version = version or (str(pinned) if pinned is not None else None)
+    if is_async(dict(data.parameters)):  # refused, not silently answered synchronously
+        raise InvalidRequest(f"{name!r} is a model: a model runs here and answers at once; "
+                             "only a task is answered asynchronously",
+                             hint=f"post to the task ({service.runtime(name, None).info.task!r})"
+                                  " with tierlink.async, or drop tierlink.async")
     start = time.perf_counter()
     outputs, served = await service.infer_model(name, version, data.inputs, data.parameters)
     selected = _select(outputs, data)
