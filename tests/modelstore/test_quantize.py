@@ -41,6 +41,7 @@ def test_a_variant_is_measured_on_the_parents_data_and_installed(model_store, tm
     assert lineage["parent_sha256"] == model_store.card(name)["sha256"]
     assert lineage["agreement"] > 0.9 and abs(lineage["accuracy_delta"]) < 0.1
     assert set(lineage["speedup"]) == {"batch1", "batch32"}
+    assert lineage["verdict"] in ("pays", "smaller only", "does not pay")
 
 
 def test_a_variant_of_a_variant_and_mixed_precision_are_refused(model_store, tmp_path):

@@ -86,7 +86,8 @@ def _quantize_imported(models: list[str], settings: list[Any], as_json: bool) ->
         console.print(f"{c['name']}: {lin['precision']}, {100 * c['metric']['eval']:.2f}% "
                       f"({100 * lin['accuracy_delta']:+.2f} pt, agreement "
                       f"{100 * lin['agreement']:.2f}%), {c['size_bytes'] / 1e6:.2f} MB, "
-                      f"speedup {lin['speedup'].get('batch1', 0):.2f}x at batch 1")
+                      f"speedup {lin['speedup'].get('batch1', 0):.2f}x at batch 1: "
+                      f"{lin['verdict']}")
 
 
 def _precisions(text: str) -> list[str]:

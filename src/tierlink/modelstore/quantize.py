@@ -71,13 +71,17 @@ def _lineage(store: ModelStore, parent: str, name: str, card: dict[str, Any],
     if len(inputs) < 32:  # side_by_side times batches of 32
         inputs = np.concatenate([inputs] * (32 // len(inputs) + 1))
     timing = side_by_side(sessions, inputs, rounds=10)
+    from tierlink.quantize.variants import verdict
+
     variant = store.card(name)
+    speedup = timing.speedup("variant", "parent")
+    delta = float(variant["metric"]["eval"] - card["metric"]["eval"])
     return {"parent": parent, "parent_sha256": card["sha256"],
+            "verdict": verdict(100.0 * delta, speedup["batch1"],
+                               variant["size_bytes"] / card["size_bytes"], settings.budget_pt),
             "precision": settings.precision,
             "agreement": round(float(np.mean(top1["parent"] == top1["variant"])), 5),
-            "accuracy_delta": round(float(variant["metric"]["eval"] - card["metric"]["eval"]),
-                                    5),
-            "speedup": timing.speedup("variant", "parent"),
+            "accuracy_delta": round(delta, 5), "speedup": speedup,
             "settings": {**settings.to_dict(), "quantized_layers": list(result.quantized),
                          "fp32_layers": list(result.kept)}}
 
