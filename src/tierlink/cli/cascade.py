@@ -146,8 +146,11 @@ def _tune_imported(config: Any, task: str, goal: Any) -> Any:
     def task_of(name: str) -> str | None:
         return store.card(name)["task"] if store.has(name) else None
 
+    from tierlink.zoo.photo_models import PHOTO_TASK
+    from tierlink.zoo.profiles import TASKS
+
     missing = [m for n in config.nodes for m in n.models if not store.has(m)
-               and not any(m.startswith(f"{t}-") for t in ("fmnist", "mnist", "imagenet"))]
+               and not any(m.startswith(f"{t}-") for t in (*TASKS, PHOTO_TASK))]
     if missing:
         raise ConfigError(f"the fleet names models the model store does not have: {missing}",
                           hint="import them first with `tierlink model import`")

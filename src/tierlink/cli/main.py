@@ -86,10 +86,9 @@ def zoo_models(profile: str, wanted: tuple[str, ...] = (), progress: bool = True
 
 def imported_models(wanted: tuple[str, ...]) -> dict[str, tuple[Path, Path]]:
     """Name -> (onnx, card) of the wanted models the local model store holds."""
-    from tierlink.modelstore.store import ModelStore
+    from tierlink.modelstore.store import ModelStore, models_of
 
-    store = ModelStore.default()
-    return {name: store.paths(name) for name in wanted if store.has(name)}
+    return models_of(ModelStore.default(), wanted)
 
 
 @zoo_app.command("build")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tierlink.errors import ImportRefused
+from tierlink.node.runtime import NP_TYPES, ORT_TYPES
 from tierlink.tasks.kinds import (
     OutputKind,
     class_ids,
@@ -21,11 +22,6 @@ from tierlink.tasks.kinds import (
 )
 from tierlink.tasks.spec import TaskSpec, TensorDecl
 
-ORT_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
-             "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(int8)": "INT8",
-             "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL"}
-NP_TYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
-            "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
 CURVE = tuple(round(0.5 + 0.025 * i, 3) for i in range(20)) + (0.99, 0.995, 0.999)
 LATENCY_BUDGET_S = 3.0  # per measurement: enough runs for a stable median, bounded time
 
@@ -103,25 +99,15 @@ def _timed(call: Callable[[], Any], budget_s: float, clock: Callable[[], float])
 
 def fit_temperature(kind: OutputKind, raw: Mapping[str, np.ndarray], y: np.ndarray,
                     task: TaskSpec) -> tuple[float, float, float]:
-    """(temperature, NLL before, NLL after) on the calibration part: a golden-section search
-    over log T in [0.05, 20]; 1.0 where the kind fits none."""
+    """(temperature, NLL before, NLL after) on the calibration part: the zoo's search
+    (``zoo.calibration.best_temperature``) on the kind's NLL; 1.0 where the kind fits none."""
+    from tierlink.zoo.calibration import best_temperature
+
     logits = kind.logits(raw, task) if kind.temperature_fit else None
     if logits is None:
         return 1.0, math.nan, math.nan
     loss = _nll(kind.name, logits, np.asarray(y))
-    lo, hi, ratio = math.log(0.05), math.log(20.0), (math.sqrt(5) - 1) / 2
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = loss(math.exp(a)), loss(math.exp(b))
-    while hi - lo > 1e-4:
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = loss(math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = loss(math.exp(b))
-    t = math.exp((lo + hi) / 2)
+    t = best_temperature(loss)
     return t, loss(1.0), loss(t)
 
 

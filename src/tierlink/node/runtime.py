@@ -7,6 +7,7 @@ scheduler worker thread, so ``infer`` must be thread-safe for one caller at a ti
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -21,15 +22,16 @@ from tierlink.core.types import CascadePoint, ModelView, SplitPoint
 from tierlink.errors import ConfigError, RuntimeFailure, TensorError, ZooError
 from tierlink.providers import DEFAULT_PROVIDERS, open_session
 from tierlink.split.profile import load_profile, profile_path
+from tierlink.tasks.registry import kind_of
 from tierlink.tasks.spec import TaskSpec, task_from_dict
 from tierlink.zoo.cards import cascade_from_dicts
 
 MAX_BATCH = 256
 
-_ORT_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
+ORT_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
               "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(int8)": "INT8",
               "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL"}
-_NP_TYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
+NP_TYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
              "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
 
 
@@ -68,8 +70,7 @@ class ModelInfo:
         """How to read this model's outputs: its declared task, else a classifier."""
         if self.task_spec is not None:
             return self.task_spec
-        return TaskSpec(self.task, "classification", (),
-                        MappingProxyType({"scores": outputs[0].name}), self.labels)
+        return _classifier(self.task, outputs[0].name, self.labels)
 
     def on_provider(self, provider: str) -> ModelInfo:
         """This model as run by ``provider``: the card's latency measured on it, if any."""
@@ -125,7 +126,7 @@ def validate_inputs(
 
 
 def _check_tensor(model: str, spec: TensorSpec, arr: np.ndarray) -> None:
-    want = _NP_TYPES.get(spec.datatype)
+    want = NP_TYPES.get(spec.datatype)
     if want is not None and arr.dtype != want:
         raise TensorError(f"input {spec.name!r} of {model!r} must be {spec.datatype}, "
                           f"got {arr.dtype}", hint="convert the tensor before sending it")
@@ -169,7 +170,7 @@ class OnnxModel:
 
 def _spec(arg: Any) -> TensorSpec:
     shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
-    return TensorSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type), shape)
+    return TensorSpec(arg.name, ORT_TYPES.get(arg.type, arg.type), shape)
 
 
 class FakeModel:
@@ -211,11 +212,16 @@ def softmax_confidence(logits: np.ndarray, temperature: float = 1.0) -> tuple[np
     return probs.astype(np.float32), probs.max(axis=1)
 
 
+@functools.lru_cache(maxsize=256)
+def _classifier(task: str, scores: str, labels: tuple[str, ...]) -> TaskSpec:
+    """A zoo model's task: a classifier whose ``scores`` output holds its logits (made once,
+    not on every request)."""
+    return TaskSpec(task, "classification", (), MappingProxyType({"scores": scores}), labels)
+
+
 def read_answer(rt: ModelRuntime, raw: dict[str, np.ndarray]) -> Any:
     """The model's raw outputs as its task's answer (tensors for the caller + confidence):
     the output kind of the task its card declares, a classifier for zoo models."""
-    from tierlink.tasks.registry import kind_of
-
     spec = rt.info.spec_for(rt.outputs)
     try:
         return kind_of(spec.kind).answer(raw, spec, rt.info.temperature)

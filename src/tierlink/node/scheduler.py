@@ -297,46 +297,46 @@ class Scheduler:
         return loop
 
     def _start(self, job: _Job, now: float) -> None:
+        self._begin(job, now)
+        assert self._executor is not None  # invariant: jobs are only admitted while open
+        self._executor.submit(self._run, job)
+
+    def _begin(self, job: _Job, now: float) -> None:
         job.state = _RUNNING
         self._inflight += 1
         self._emit(self._observer.on_start, job.priority, now - job.enqueued_at)
-        assert self._executor is not None  # invariant: jobs are only admitted while open
-        self._executor.submit(self._run, job)
 
     def _short(self, key: str) -> bool:
         limit = self._config.inline_below_ms
         return limit > 0 and self._ewma_by_key.get(key, self._ewma_ms) < limit
 
     def _run_inline(self, job: _Job, now: float) -> None:
-        """Run a short job right here on the loop thread, accounted as a running job."""
-        job.state = _RUNNING
-        self._inflight += 1
-        self._emit(self._observer.on_start, job.priority, now - job.enqueued_at)
-        began = self._clock()
-        result: Any = None
-        error: BaseException | None = None
-        try:
-            result = job.fn()
-        except Exception as exc:  # noqa: BLE001 -- handed to the submitter unchanged
-            error = exc
-        self._finish(job, result, error, self._clock() - began)
+        """Run a short job right here on the loop thread, accounted as a running job
+        (only ``Exception``s are the job's: anything else belongs to the loop)."""
+        self._begin(job, now)
+        self._finish(job, *self._call(job, Exception))
 
     def _run(self, job: _Job) -> None:
         """Worker thread: run ``fn``, measure it, hand the outcome to the loop thread."""
+        outcome = self._call(job, BaseException)
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._finish, job, *outcome)
+        except RuntimeError:
+            # The loop was closed without close(): nobody can be waiting for this answer.
+            log.warning("job %r finished after its event loop closed; answer dropped", job.key)
+
+    def _call(self, job: _Job, catch: type[BaseException]
+              ) -> tuple[Any, BaseException | None, float]:
+        """Run ``fn``: (its result, what it raised of ``catch``, its run time in seconds)."""
         began = self._clock()
         result: Any = None
         error: BaseException | None = None
         try:
             result = job.fn()
-        except BaseException as exc:  # noqa: BLE001 -- handed to the submitter unchanged
+        except catch as exc:  # handed to the submitter unchanged
             error = exc
-        run_s = self._clock() - began
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(self._finish, job, result, error, run_s)
-        except RuntimeError:
-            # The loop was closed without close(): nobody can be waiting for this answer.
-            log.warning("job %r finished after its event loop closed; answer dropped", job.key)
+        return result, error, self._clock() - began
 
     def _finish(self, job: _Job, result: Any, error: BaseException | None, run_s: float) -> None:
         """Loop thread: answer the submitter, learn the run time, start the next job."""

@@ -9,6 +9,7 @@ calibration split by minimising the negative log-likelihood of ``softmax(logits 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -41,23 +42,29 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, *, tol: float = 1e-4
     ``tol`` is the width of the final bracket in log T.
     """
     _check(logits, labels)
+    return best_temperature(lambda t: nll(logits, labels, t), tol=tol)
+
+
+def best_temperature(loss: Callable[[float], float], *, tol: float = 1e-4) -> float:
+    """The temperature in [T_MIN, T_MAX] minimising ``loss(T)`` (convex in 1/T, as an NLL
+    is): a golden-section search over log T; ``tol`` is the final bracket's width in log T."""
     lo, hi = math.log(T_MIN), math.log(T_MAX)
     ratio = (math.sqrt(5) - 1) / 2
 
-    def loss(log_t: float) -> float:
-        return nll(logits, labels, math.exp(log_t))
+    def at(log_t: float) -> float:
+        return loss(math.exp(log_t))
 
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = loss(a), loss(b)
+    fa, fb = at(a), at(b)
     while hi - lo > tol:
         if fa < fb:
             hi, b, fb = b, a, fa
             a = hi - ratio * (hi - lo)
-            fa = loss(a)
+            fa = at(a)
         else:
             lo, a, fa = a, b, fb
             b = lo + ratio * (hi - lo)
-            fb = loss(b)
+            fb = at(b)
     return float(math.exp((lo + hi) / 2))
 
 
