@@ -8,7 +8,8 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     TierlinkError
     ├── ConfigError                 bad fleet file / flag (names the field and the fix)
     ├── InvalidRequest              400: malformed OIP body, tensors, shapes, dtypes
-    │   └── TensorError             400: one tensor is malformed
+    │   ├── TensorError             400: one tensor is malformed
+    │   └── ContextTooLong          400: a prompt (+ max_tokens) over the model's context
     ├── ModelNotFound               404: unknown model / task / version
     ├── PrivacyViolation            403: the input may not be held by this node
     ├── Refused                     a request refused at once (not left to time out)
@@ -33,6 +34,7 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     │   │                           store that cannot be written (404 / 409 / 503 by case)
     │   └── ArtifactRejected        422: hash or signature does not verify, unsigned, signed
     │                               by a key this node does not trust
+    ├── SessionBusy                 409: a conversation is answering another turn
     ├── NotEnrolled                 401: unknown or revoked node / bad enrollment token
     ├── RolloutError                409: a rollout cannot start or move (one already runs,
     │   │                           no such version, no nodes in the tier)
@@ -88,6 +90,17 @@ class InvalidRequest(TierlinkError):
 
 class TensorError(InvalidRequest):
     code = "invalid_tensor"
+
+
+class ContextTooLong(InvalidRequest):
+    code = "context_length_exceeded"
+    hint = "shorten the prompt or lower max_tokens"
+
+
+class SessionBusy(TierlinkError):
+    code = "session_busy"
+    http_status = 409
+    hint = "wait for the turn in progress, or use another tierlink.session"
 
 
 class ModelNotFound(TierlinkError):

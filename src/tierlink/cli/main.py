@@ -213,8 +213,14 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
          upstream: list[str] = typer.Option([], help="ID=URL[@RTT_MS] (repeatable)"),
          profile: str = typer.Option("full", help="zoo profile"),
          trace_file: Path | None = typer.Option(None, help="write spans here (JSON lines)"),
+         llm: list[str] = typer.Option([], help="NAME=MODEL a language model to serve over "
+                                                "the OpenAI API, e.g. smollm2=smollm2-135m "
+                                                "(repeatable)"),
+         chat_task: str | None = typer.Option(None, help="serve the first --llm under this "
+                                                          "task name too, e.g. chat"),
          ) -> None:
-    """Run one node serving OIP v2 (and routing tasks upstream)."""
+    """Run one node serving OIP v2 (and routing tasks upstream), and the OpenAI API for
+    its language models."""
     from tierlink.core.types import Tier
     from tierlink.node.main import run_node
     from tierlink.node.spec import ModelSource, NodeSpec
@@ -228,13 +234,25 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
             raise typer.BadParameter("give --id (or --spec)")
         models, _ = zoo_models(profile, tuple(model)) if model else ({}, {})
         sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in model)
+        llms = tuple(_llm_source(text) for text in llm)
+        tasks = {chat_task: llms[0].name} if chat_task and llms else {}
         run_node(NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=sources, host=host,
+                          llms=llms, chat_tasks=tasks,
                           port=port, control_url=control,
                           upstreams=tuple(_upstream(u) for u in upstream),
                           trace_file=str(trace_file) if trace_file else None,
                           providers=parse_providers(providers, "--providers")))
     except TierlinkError as exc:
         fail(exc)
+
+
+def _llm_source(text: str) -> Any:
+    from tierlink.llm.source import LMSource
+
+    name, _, path = text.partition("=")
+    if not name or not path:
+        raise typer.BadParameter(f"--llm {text!r}: expected NAME=MODEL (e.g. smollm2=smollm2-135m)")
+    return LMSource(name, path)
 
 
 def _upstream(text: str) -> Any:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -34,23 +34,32 @@ from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.transport import oip
 
+if TYPE_CHECKING:
+    from tierlink.chat.service import ChatService
+
 log = logging.getLogger("tierlink.node")
 
 _ROUTED_OUTPUTS = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, -1]},
                    {"name": "label", "datatype": "INT64", "shape": [-1]}]
 
 
-def create_app(service: NodeService, ready: bool = False) -> FastAPI:
-    """The app owns the service's lifetime (started and stopped in its lifespan)."""
+def create_app(service: NodeService, ready: bool = False,
+               chat: ChatService | None = None) -> FastAPI:
+    """The app owns the service's lifetime (started and stopped in its lifespan), and the
+    chat service's when the node serves language models."""
 
     receiver = _inbox_receiver(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        if chat is not None:
+            chat.start()
         try:
             yield
         finally:
+            if chat is not None:
+                chat.stop()
             await service.stop()
             if receiver is not None:
                 receiver.close()
@@ -77,6 +86,10 @@ def create_app(service: NodeService, ready: bool = False) -> FastAPI:
 
     _health_routes(app, service)
     _model_routes(app, service)
+    if chat is not None:
+        from tierlink.chat.routes import install_chat_routes
+
+        install_chat_routes(app, chat)
     return app
 
 

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierlink.node.exits import ExitsModel, is_exit_card
 from tierlink.node.identity import load_identity
@@ -24,6 +24,9 @@ from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.node.uplink import Uplink, UplinkMetrics, uplink_for_spec
 from tierlink.telemetry.metrics import NodeMetrics
+
+if TYPE_CHECKING:
+    from tierlink.chat.service import ChatService
 
 log = logging.getLogger("tierlink.node")
 
@@ -78,7 +81,7 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     service = NodeService(spec, models.active, records=(lambda: cache.nodes) if cache else list,
                           hard_example_sink=control, models=models, metrics=metrics,
                           uplink=_uplink(spec, metrics))
-    app = create_app(service)
+    app = create_app(service, chat=_chat_service(spec, metrics))
     if cache:
         service.metrics.control_stale.labels(spec.tier.label).set_function(
             lambda: min(cache.stale_s(time.time()), 1e9))
@@ -104,6 +107,19 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
             await beat.stop(deregister=True)
         if control:
             await control.close()
+
+
+def _chat_service(spec: NodeSpec, metrics: NodeMetrics) -> ChatService | None:
+    """The node's language models behind the OpenAI API (None when it serves none)."""
+    if not spec.llms:
+        return None
+    from tierlink.chat.service import ChatService
+    from tierlink.llm.runtime import LanguageModel
+    from tierlink.telemetry.llm_metrics import LLMMetrics
+
+    models = {src.name: LanguageModel.load(src) for src in spec.llms}
+    return ChatService(spec.node_id, spec.tier, models, dict(spec.chat_tasks),
+                       LLMMetrics(spec.tier.label, metrics.registry))
 
 
 def _uplink(spec: NodeSpec, metrics: NodeMetrics) -> Uplink | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tierlink.core.types import Tier
+from tierlink.llm.source import LMSource
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import (
     HardExampleConfig,
@@ -68,6 +69,9 @@ class NodeSpec:
     fault_injection: bool = False  # POST /tierlink/v1/faults may slow this node (tests)
     # ONNX Runtime execution providers in order (e.g. CUDA, then CPU); CPU is the fallback
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    # Language models served over the OpenAI API (``/v1/chat/completions``), by name
+    llms: tuple[LMSource, ...] = ()
+    chat_tasks: dict[str, str] = field(default_factory=dict)  # task -> one of ``llms``
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)
@@ -90,6 +94,7 @@ class NodeSpec:
             data["heads"] = tuple(ModelSource(**m) for m in data.get("heads", []))
             data["trusted_keys"] = tuple(data.get("trusted_keys", ()))
             data["providers"] = tuple(data.get("providers", ("CPUExecutionProvider",)))
+            data["llms"] = tuple(LMSource(**m) for m in data.get("llms", []))
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid node spec: {exc}") from exc

@@ -1,0 +1,157 @@
+"""Continuous batching: one thread runs the model; every step it takes one step of every
+active job (a prompt chunk, a decode token, a verification) as one ragged forward pass.
+
+Jobs join and leave between steps, so a long generation never holds a short one back and
+the verifier batches the verification steps of many devices. Admission bounds the number
+of sequences and the KV bytes they reserve; jobs beyond it wait in order (``queued``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from tierlink.errors import TierlinkError
+from tierlink.llm.kvcache import KVCache
+from tierlink.llm.model import LlamaModel, Step
+
+log = logging.getLogger("tierlink.llm")
+
+
+class Job(Protocol):
+    cancelled: bool
+    cache: KVCache
+
+    def next_step(self) -> Step: ...
+    def take(self, logits: torch.Tensor) -> bool: ...
+    def cancel_if_asked(self) -> bool: ...
+    def fail(self, exc: BaseException) -> None: ...
+
+
+@dataclass
+class EngineStats:
+    passes: int = 0  # forward passes
+    rows: int = 0  # token rows computed
+    busy_s: float = 0.0  # wall time inside forward passes
+    cpu_s: float = 0.0  # this thread's CPU time inside them
+    queued: int = 0
+    running: int = 0
+
+
+class Engine:
+    def __init__(self, model: LlamaModel, *, max_sequences: int = 32, max_rows: int = 512,
+                 kv_budget_bytes: int | None = None, threads: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.max_sequences = max_sequences
+        self.max_rows = max_rows
+        self.kv_budget_bytes = kv_budget_bytes
+        self.threads = threads
+        self.clock = clock
+        self.stats = EngineStats()
+        self._cond = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._active: list[Job] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.on_pass: Callable[[int, float], None] | None = None  # (rows, seconds)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tierlink-llm", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise TierlinkError("the language model engine is stopping")
+            self._waiting.append(job)
+            self.stats.queued = len(self._waiting)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """A job was cancelled from outside: let the loop notice."""
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.threads)
+        while True:
+            with self._cond:
+                while not self._stopping and not self._waiting and not self._active:
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                self._admit()
+            self._active = [j for j in self._active if not j.cancel_if_asked()]
+            if self._active:
+                self._step()
+        for job in [*self._active, *self._waiting]:
+            job.fail(TierlinkError("the language model engine stopped"))
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._active) < self.max_sequences:
+            if self.kv_budget_bytes is not None and self._active and \
+                    self._reserved() >= self.kv_budget_bytes:
+                break
+            self._active.append(self._waiting.popleft())
+        self.stats.queued = len(self._waiting)
+        self.stats.running = len(self._active)
+
+    def _reserved(self) -> int:
+        return sum(j.cache.bytes_reserved() for j in self._active)
+
+    def _step(self) -> None:
+        batch: list[tuple[Job, Step]] = []
+        rows = 0
+        steps = [(j, j.next_step()) for j in self._active]
+        steps.sort(key=lambda js: js[1].block)  # decode and verify rows before prompt chunks
+        for job, step in steps:
+            if batch and rows + len(step.tokens) > self.max_rows:
+                continue
+            try:
+                step.cache.make_room(len(step.tokens), self.model.rope.shift)
+            except TierlinkError as exc:
+                job.fail(exc)
+                self._active.remove(job)
+                continue
+            batch.append((job, step))
+            rows += len(step.tokens)
+        if not batch:
+            return
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            logits = self.model.forward([s for _, s in batch])
+        except Exception as exc:  # a failing pass fails its jobs; the engine keeps serving
+            log.exception("language model forward pass failed")
+            for job, _ in batch:
+                job.fail(exc)
+                self._active.remove(job)
+            return
+        seconds = time.perf_counter() - wall
+        self.stats.passes += 1
+        self.stats.rows += rows
+        self.stats.busy_s += seconds
+        self.stats.cpu_s += time.thread_time() - cpu
+        if self.on_pass is not None:
+            self.on_pass(rows, seconds)
+        for (job, _), out in zip(batch, logits, strict=True):
+            if job.take(out):
+                self._active.remove(job)

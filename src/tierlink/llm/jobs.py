@@ -1,0 +1,177 @@
+"""What the engine runs: jobs that feed rows to the model and read their logits.
+
+A ``GenerateJob`` prefills its prompt in fixed chunks, then decodes one token per engine
+step until a stop token, a stop sequence, ``max_tokens`` or a cancel; it reports each step
+through its ``emit`` callback. A ``VerifyJob`` (speculative decoding, on the verifying node)
+feeds the tokens the drafter has not yet sent plus k draft tokens, applies the acceptance
+rule, crops the cache back to what was kept and resolves once. Both are written so that a
+position's logits come from the same kernels whichever job computed them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tierlink.llm.kvcache import KVCache
+from tierlink.llm.model import Step
+from tierlink.llm.sampling import (
+    Proposal,
+    SamplingParams,
+    Verdict,
+    accept_drafts,
+    generator,
+    sample,
+)
+
+PREFILL_CHUNK = 256  # prompt rows per step; fixed, so a prompt always prefills the same way
+
+
+@dataclass
+class Event:
+    """One step of a generation: new token ids, or the end (``finish_reason`` set)."""
+
+    tokens: list[int]
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    error: BaseException | None = None
+
+
+@dataclass
+class Timing:
+    submitted: float
+    first_token: float | None = None
+    finished: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated: int = 0
+
+
+def prefill_steps(cache: KVCache, tokens: list[int]) -> list[list[int]]:
+    """The chunks a prompt is fed in, aligned to the cache's slot positions (a bounded
+    cache takes chunks that fit its window)."""
+    size = PREFILL_CHUNK
+    if cache.bounds.max_tokens is not None:
+        size = max(1, min(size, (cache.limit - cache.bounds.sinks) // 2))
+    chunks: list[list[int]] = []
+    at, pos = 0, cache.length
+    while at < len(tokens):
+        room = size - pos % size
+        chunks.append(tokens[at:at + room])
+        at += room
+        pos += room
+    return chunks
+
+
+@dataclass
+class GenerateJob:
+    cache: KVCache
+    prompt: list[int]
+    params: SamplingParams
+    emit: Callable[[Event], None]
+    eos_ids: frozenset[int]
+    clock: Callable[[], float] = time.monotonic
+    cancelled: bool = False
+    stop_now: bool = False  # set by the caller when a stop *sequence* matched
+    fed: list[int] = field(default_factory=list)  # what the cache now holds of this job
+    timing: Timing = field(init=False)
+    _chunks: list[list[int]] = field(init=False)
+    _last: int = field(default=0, init=False)
+    _gen: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        # All but the last prompt token prefill in chunks; the last is fed as a decode row,
+        # so every row whose logits are read is computed the same way (see VerifyJob).
+        self.timing = Timing(self.clock(), prompt_tokens=len(self.prompt))
+        self._chunks = prefill_steps(self.cache, self.prompt[:-1])
+        self._last = self.prompt[-1]
+        self._gen = generator(self.params.seed)
+
+    def next_step(self) -> Step:
+        if self._chunks:
+            return Step(self.cache, self._chunks[0], block=True)
+        return Step(self.cache, [self._last])
+
+    def take(self, logits: torch.Tensor) -> bool:
+        """Consume this step's logits; True when the job is finished."""
+        if self._chunks:
+            self.fed.extend(self._chunks.pop(0))
+            return False
+        self.fed.append(self._last)
+        token = sample(logits[-1], self.params, self._gen)
+        now = self.clock()
+        if self.timing.first_token is None:
+            self.timing.first_token = now
+        if token in self.eos_ids:
+            return self._finish("stop", [])
+        self.timing.generated += 1
+        self._last = token
+        if self.timing.generated >= self.params.max_tokens:
+            return self._finish("length", [token])
+        self.emit(Event([token]))
+        return False
+
+    def _finish(self, reason: str, tokens: list[int]) -> bool:
+        self.timing.finished = self.clock()
+        self.emit(Event(tokens, reason))
+        return True
+
+    def cancel_if_asked(self) -> bool:
+        if self.cancelled or self.stop_now:
+            self._finish("stop" if self.stop_now else "cancelled", [])
+            return True
+        return False
+
+    def fail(self, exc: BaseException) -> None:
+        self.timing.finished = self.clock()
+        self.emit(Event([], "error", exc))
+
+
+@dataclass
+class VerifyJob:
+    """``pending``: tokens the verifier's cache lacks (the prompt on the first call, else the
+    verifier's own token from the last verdict); ``drafts``: the k proposals to judge."""
+
+    cache: KVCache
+    pending: list[int]
+    drafts: list[Proposal]
+    params: SamplingParams
+    resolve: Callable[[Verdict | None, BaseException | None], None]
+    gen: torch.Generator
+    cancelled: bool = False
+    _chunks: list[list[int]] = field(init=False)
+    _first_row: torch.Tensor | None = field(default=None, init=False)
+    _base: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Every pending token but the last is prefill (as a prompt is); the last rides with
+        # the drafts as exact rows, as a decode step would have fed it.
+        head = self.pending[:-1]
+        self._chunks = prefill_steps(self.cache, head) if len(self.pending) > 1 else []
+        self._base = self.cache.length + len(self.pending)
+
+    def next_step(self) -> Step:
+        if self._chunks:
+            return Step(self.cache, self._chunks[0], block=True)
+        tokens = [self.pending[-1], *(d.token for d in self.drafts)]
+        return Step(self.cache, tokens, all_logits=True)
+
+    def take(self, logits: torch.Tensor) -> bool:
+        if self._chunks:
+            self._chunks.pop(0)
+            return False
+        verdict = accept_drafts(logits, self.drafts, self.params, self.gen)
+        self.cache.crop(self._base + verdict.accepted)
+        self.resolve(verdict, None)
+        return True
+
+    def cancel_if_asked(self) -> bool:
+        if self.cancelled:
+            self.resolve(None, None)
+            return True
+        return False
+
+    def fail(self, exc: BaseException) -> None:
+        self.resolve(None, exc)

@@ -1,0 +1,219 @@
+"""A language model as a node serves it: weights, tokenizer, engine, sessions and card, with
+an asyncio face (``generate`` streams chunks; ``verify`` judges a device's draft tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tierlink.errors import ContextTooLong, InvalidRequest, TierlinkError
+from tierlink.llm import weights
+from tierlink.llm.card import load_or_measure
+from tierlink.llm.engine import Engine
+from tierlink.llm.jobs import Event, GenerateJob, Timing, VerifyJob
+from tierlink.llm.kvcache import CacheBounds
+from tierlink.llm.model import LlamaModel
+from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, generator
+from tierlink.llm.sessions import Session, SessionStore
+from tierlink.llm.source import LMSource
+from tierlink.llm.text import Detokenizer, TextCodec
+
+
+@dataclass
+class Chunk:
+    text: str
+    tokens: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass
+class Generation:
+    """What a finished (or running) generation reports: usage and timings."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    timing: Timing | None = None
+    finish_reason: str | None = None
+    text: list[str] = field(default_factory=list)
+
+
+class LanguageModel:
+    def __init__(self, source: LMSource, model: LlamaModel, codec: TextCodec,
+                 card: dict[str, Any]) -> None:
+        self.source = source
+        self.name = source.name
+        self.model = model
+        self.codec = codec
+        self.card = card
+        cfg = model.config
+        self.bounds = (CacheBounds.from_bytes(source.kv_cache_bytes, cfg, source.sinks)
+                       if source.kv_cache_bytes else None)
+        self.engine = Engine(model, max_sequences=source.max_sequences)
+        self.sessions = SessionStore(cfg, self.bounds, max_sessions=source.max_sessions)
+        self.verifiers = SessionStore(cfg, None, max_sessions=source.max_sessions)
+        self._verify_gens: dict[str, torch.Generator] = {}
+
+    @classmethod
+    def load(cls, source: LMSource) -> LanguageModel:
+        torch.set_num_threads(1)
+        directory = weights.resolve(source.path)
+        model = LlamaModel.load(directory, exact=source.exact)
+        codec = TextCodec(directory)
+        return cls(source, model, codec, load_or_measure(source.name, directory, model, codec))
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    @property
+    def context_length(self) -> int:
+        return self.model.config.context_length
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.codec.encode(self.codec.chat_prompt(messages))
+
+    def text_ids(self, prompt: str) -> list[int]:
+        if not prompt:
+            raise InvalidRequest("prompt is empty")
+        return self.codec.encode(prompt)
+
+    def check_length(self, prompt: list[int], params: SamplingParams) -> None:
+        if self.bounds is not None:
+            return  # a bounded cache slides: any length generates
+        if len(prompt) + params.max_tokens > self.context_length:
+            raise ContextTooLong(
+                f"the prompt has {len(prompt)} tokens and max_tokens is {params.max_tokens}: "
+                f"over this model's context length of {self.context_length}")
+
+    async def generate(self, prompt: list[int], params: SamplingParams,
+                       session_key: str | None = None,
+                       report: Generation | None = None) -> AsyncIterator[Chunk]:
+        """Stream the answer; closing the iterator early cancels the sequence."""
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        self.check_length(prompt, params)
+        report = report if report is not None else Generation()
+        session = self.sessions.open(session_key)
+        feed = session.reuse(prompt)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        job = GenerateJob(session.cache, feed, params,
+                          emit=lambda e: loop.call_soon_threadsafe(events.put_nowait, e),
+                          eos_ids=self.codec.eos_ids)
+        report.prompt_tokens, report.cached_tokens = len(prompt), len(prompt) - len(feed)
+        report.timing = job.timing
+        detok = Detokenizer(self.codec, params.stop)
+        self.engine.submit(job)
+        finished = False
+        try:
+            while not finished:
+                event = await events.get()
+                finished = event.finish_reason is not None
+                if event.error is not None:
+                    raise _as_error(event.error)
+                text = detok.push(event.tokens)
+                if detok.stopped and not finished:
+                    job.stop_now = True  # the engine ends it at its next step
+                    self.engine.wake()
+                if finished:
+                    text += detok.flush()
+                    reason = "stop" if detok.stopped else event.finish_reason
+                    report.finish_reason = reason
+                report.completion_tokens = job.timing.generated
+                report.text.append(text)
+                if text or finished:
+                    yield Chunk(text, event.tokens, report.finish_reason if finished else None)
+        finally:
+            if not finished:
+                job.cancelled = True
+                self.engine.wake()
+                await _drain(events)
+            session.tokens.extend(job.fed)
+            self.sessions.close(session_key, session)
+
+    async def verify(self, key: str, tokens: list[int], drafts: list[Proposal],
+                     params: SamplingParams) -> Verdict:
+        """Judge ``drafts`` after ``tokens`` (the device's whole sequence so far)."""
+        if not tokens:
+            raise InvalidRequest("verify: tokens is empty")
+        if len(tokens) + len(drafts) + 1 > self.context_length:
+            raise ContextTooLong(f"verify: {len(tokens) + len(drafts)} tokens is over the "
+                                 f"context length of {self.context_length}")
+        session = self.verifiers.open(key)
+        gen = self._verify_gens.setdefault(key, generator(params.seed))
+        try:
+            feed = session.reuse(tokens)
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[Verdict] = loop.create_future()
+
+            def resolve(verdict: Verdict | None, exc: BaseException | None) -> None:
+                loop.call_soon_threadsafe(_settle, done, verdict, exc)
+
+            job = VerifyJob(session.cache, feed, drafts, params, resolve, gen)
+            self.engine.submit(job)
+            try:
+                verdict = await asyncio.shield(done)
+            except asyncio.CancelledError:
+                job.cancelled = True
+                self.engine.wake()
+                await asyncio.wait([done])
+                raise
+            session.tokens = [*tokens, *(d.token for d in drafts[:verdict.accepted])]
+            return verdict
+        except BaseException:
+            session.tokens = session.tokens[:session.cache.length]
+            raise
+        finally:
+            self.verifiers.close(key, session)
+            if key not in self.verifiers:
+                self._verify_gens.pop(key, None)
+
+    def status(self) -> dict[str, Any]:
+        s = self.engine.stats
+        return {"name": self.name, "running": s.running, "queued": s.queued,
+                "passes": s.passes, "rows": s.rows, "busy_s": round(s.busy_s, 3),
+                "sessions": len(self.sessions), "verifier_sessions": len(self.verifiers),
+                "kv_bytes": self.kv_bytes_in_use(),
+                "kv_cap_bytes": self.source.kv_cache_bytes}
+
+    def kv_bytes_in_use(self) -> int:
+        return self.sessions.bytes_in_use() + self.verifiers.bytes_in_use()
+
+
+def _settle(fut: asyncio.Future[Verdict], verdict: Verdict | None,
+            exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(_as_error(exc))
+    elif verdict is None:
+        fut.cancel()
+    else:
+        fut.set_result(verdict)
+
+
+def _as_error(exc: BaseException) -> TierlinkError:
+    if isinstance(exc, TierlinkError):
+        return exc
+    from tierlink.errors import RuntimeFailure
+
+    return RuntimeFailure(f"language model failed: {exc}")
+
+
+async def _drain(events: asyncio.Queue[Event]) -> None:
+    """Wait for the cancelled job's last event, so its cache is free before reuse."""
+    while True:
+        event = await events.get()
+        if event.finish_reason is not None:
+            return
+
+
+__all__ = ["Chunk", "Generation", "LMSource", "LanguageModel", "Session"]

@@ -1,0 +1,18 @@
+"""How a node spec names a language model (torch-free: specs load in every process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LMSource:
+    """A language model in a node spec: ``path`` is a model directory or a packaged name."""
+
+    name: str
+    path: str
+    kv_cache_bytes: int | None = None  # bounded cache per sequence (sliding window + sinks)
+    sinks: int = 4
+    max_sequences: int = 16
+    max_sessions: int = 64
+    exact: bool = True  # batch-invariant kernels (required to verify drafts)

