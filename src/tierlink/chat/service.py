@@ -5,15 +5,34 @@ counted in the node's metrics.
 
 from __future__ import annotations
 
+import functools
 import time
+import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tierlink.chat.openai import ChatRequest, answer, chunk, new_id, sse, usage
 from tierlink.core.types import Tier
-from tierlink.errors import ModelNotFound, PrivacyViolation, TierlinkError
-from tierlink.llm.runtime import Generation, LanguageModel
+from tierlink.errors import InvalidRequest, ModelNotFound, PrivacyViolation, TierlinkError
+from tierlink.llm.runtime import Chunk, Generation, LanguageModel
+from tierlink.llm.speculative import SpecReport, SpeculativeDrafter
 from tierlink.telemetry.llm_metrics import LLMMetrics
+
+if TYPE_CHECKING:
+    import aiohttp
+
+MODES = ("auto", "local", "speculative")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierLink:
+    """Where a device's drafts for one of its models are verified."""
+
+    node_id: str
+    url: str
+    model: str
+    tier: Tier
 
 
 # Cost per 1,000 generated tokens on each tier (prompt tokens count a fifth).
@@ -22,8 +41,14 @@ TIER_PRICES = {Tier.DEVICE: 0.0, Tier.EDGE: 0.0005, Tier.CLOUD: 0.002}
 
 class ChatService:
     def __init__(self, node_id: str, tier: Tier, models: dict[str, LanguageModel],
-                 tasks: dict[str, str], metrics: LLMMetrics | None = None) -> None:
+                 tasks: dict[str, str], metrics: LLMMetrics | None = None,
+                 verifiers: dict[str, VerifierLink] | None = None) -> None:
         self.node_id = node_id
+        self.verifiers = verifiers or {}  # model -> where its drafts are verified
+        self.drafters = {name: SpeculativeDrafter(models[name].model, models[name].codec,
+                                                  models[name].source.k_max)
+                         for name in self.verifiers}
+        self._http: aiohttp.ClientSession | None = None
         self.tier = tier
         self.models = models
         self.tasks = tasks  # task -> model name on this node
@@ -32,16 +57,81 @@ class ChatService:
         if metrics is not None:
             for name, lm in models.items():
                 stats = lm.engine.stats
-                metrics.watch(name, lambda s=stats: s.running, lambda s=stats: s.queued,
-                              lm.kv_bytes_in_use)
+                metrics.watch(name, functools.partial(getattr, stats, "running"),
+                              functools.partial(getattr, stats, "queued"), lm.kv_bytes_in_use)
 
     def start(self) -> None:
         for lm in self.models.values():
             lm.start()
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         for lm in self.models.values():
             lm.stop()
+        if self._http is not None:
+            await self._http.close()
+
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            import aiohttp
+
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    def mode(self, req: ChatRequest, lm: LanguageModel) -> str:
+        """``speculative`` when this model drafts for a verifier the prompt may reach."""
+        asked = req.tierlink.mode
+        if asked not in MODES:
+            raise InvalidRequest(f"tierlink.mode must be one of {', '.join(MODES)}",
+                                 param="tierlink")
+        link = self.verifiers.get(lm.name)
+        allowed = link is not None and req.tierlink.privacy.allows(link.tier, at_origin=False)
+        if asked == "speculative" and not allowed:
+            why = "no verifier for this model" if link is None else \
+                f"a {req.tierlink.privacy.value} prompt may not reach {link.node_id}"
+            raise InvalidRequest(f"speculative decoding is not possible here: {why}",
+                                 param="tierlink")
+        return "speculative" if allowed and asked != "local" else "local"
+
+    async def pieces(self, req: ChatRequest, lm: LanguageModel, ids: list[int],
+                     report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
+        """The answer's pieces, by the mode; ``meta`` is filled in as it goes."""
+        meta.update(self.meta(lm, report))
+        if self.mode(req, lm) == "local":
+            async for piece in lm.generate(ids, req.params, req.tierlink.session, report):
+                yield piece
+            meta.update(self.meta(lm, report))
+            return
+        from tierlink.chat.verify import HttpVerifier
+
+        link = self.verifiers[lm.name]
+        spec = SpecReport()
+        remaining_s = req.tierlink.deadline_ms / 1e3
+        verifier = HttpVerifier(self.http(), link.url, link.model,
+                                key=f"{self.node_id}:{uuid.uuid4().hex}", timeout_s=remaining_s)
+        try:
+            async for piece in self.drafters[lm.name].generate(ids, req.params, verifier,
+                                                               report, spec):
+                yield piece
+        finally:
+            meta.update(self._spec_meta(lm, link, report, spec))
+
+    def _spec_meta(self, lm: LanguageModel, link: VerifierLink, report: Generation,
+                   spec: SpecReport) -> dict[str, Any]:
+        rows = spec.drafted + spec.rounds  # what the verifier computed (k+1 rows a round)
+        price = TIER_PRICES.get(link.tier, 0.0)
+        cost = (rows + report.prompt_tokens / 5) / 1000 * price if spec.rounds else 0.0
+        if self.metrics is not None:
+            labels = (self.tier.label, lm.name, "draft")
+            self.metrics.draft_tokens.labels(*labels).inc(spec.drafted)
+            self.metrics.accepted_tokens.labels(*labels).inc(spec.accepted)
+        return {"served_by": self.node_id if spec.degraded else link.node_id,
+                "tier": self.tier.label if spec.degraded else link.tier.label,
+                "model": lm.name if spec.degraded else link.model,
+                "path": [self.node_id, link.node_id], "mode": "speculative",
+                "cost_usd": round(cost, 8), "drafted": spec.drafted,
+                "accepted": spec.accepted, "rounds": spec.rounds,
+                "mean_k": round(spec.mean_k, 2), "degraded": spec.degraded,
+                "degraded_reason": spec.reason}
 
     def resolve(self, name: str) -> LanguageModel:
         if name in self.models:
@@ -63,6 +153,7 @@ class ChatService:
         return out
 
     def check_privacy(self, req: ChatRequest) -> None:
+        """The prompt *is* the private data: refused where this node may not hold it."""
         origin = req.tierlink.origin
         at_origin = origin is None or origin == self.node_id
         if not req.tierlink.privacy.allows(self.tier, at_origin=at_origin):
@@ -81,9 +172,10 @@ class ChatService:
     async def complete(self, req: ChatRequest) -> dict[str, Any]:
         lm, ids = self.prepare(req)
         report = Generation()
+        meta: dict[str, Any] = {}
         start = time.monotonic()
         try:
-            async for _ in lm.generate(ids, req.params, req.tierlink.session, report):
+            async for _ in self.pieces(req, lm, ids, report, meta):
                 pass
         except TierlinkError as exc:
             self._count(lm.name, exc.code)
@@ -91,18 +183,19 @@ class ChatService:
         self._observe(lm.name, report, start)
         use = usage(report.prompt_tokens, report.completion_tokens, report.cached_tokens)
         return answer(req, new_id(req.kind), req.model, "".join(report.text),
-                      report.finish_reason, use, self.meta(lm, report))
+                      report.finish_reason, use, meta)
 
     async def stream(self, req: ChatRequest, lm: LanguageModel,
                      ids: list[int]) -> AsyncIterator[bytes]:
         """SSE frames; a client that goes away cancels the sequence (the generator closes)."""
         rid = new_id(req.kind)
         report = Generation()
+        meta: dict[str, Any] = {}
         start = time.monotonic()
         first = True
         outcome = "cancelled"
         try:
-            async for piece in lm.generate(ids, req.params, req.tierlink.session, report):
+            async for piece in self.pieces(req, lm, ids, report, meta):
                 if piece.text or first or piece.finish_reason:
                     yield sse(chunk(req, rid, req.model, piece.text, piece.finish_reason,
                                     first))
@@ -123,14 +216,15 @@ class ChatService:
             tail["choices"] = []
             tail["usage"] = usage(report.prompt_tokens, report.completion_tokens,
                                   report.cached_tokens)
-            tail["tierlink"] = self.meta(lm, report)
+            tail["tierlink"] = meta
             yield sse(tail)
         yield sse("[DONE]")
 
     def meta(self, lm: LanguageModel, report: Generation) -> dict[str, Any]:
         tokens = report.completion_tokens + (report.prompt_tokens - report.cached_tokens) / 5
         return {"served_by": self.node_id, "tier": self.tier.label, "model": lm.name,
-                "path": [self.node_id], "cost_usd": round(tokens / 1000 * self.price, 8),
+                "path": [self.node_id], "mode": "local",
+                "cost_usd": round(tokens / 1000 * self.price, 8),
                 "drafted": 0, "accepted": 0, "degraded": False}
 
     def _observe(self, model: str, report: Generation, start: float) -> None:

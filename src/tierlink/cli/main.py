@@ -19,6 +19,7 @@ from tierlink.cli.cascade import app as cascade_app
 from tierlink.cli.enroll import app as enroll_app
 from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
 from tierlink.cli.hard_examples import app as hard_examples_app
+from tierlink.cli.llm import app as llm_app
 from tierlink.cli.model import app as model_app
 from tierlink.cli.model_import import import_cmd, imported_cmd
 from tierlink.cli.quantize import quantize
@@ -41,6 +42,7 @@ app.add_typer(rollout_app, name="rollout")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
 app.add_typer(split_app, name="split")
+app.add_typer(llm_app, name="llm")
 split_app.command("profile")(profile_cmd)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
@@ -218,6 +220,11 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
                                                 "(repeatable)"),
          chat_task: str | None = typer.Option(None, help="serve the first --llm under this "
                                                           "task name too, e.g. chat"),
+         llm_int8: bool = typer.Option(False, help="serve the --llm models in INT8 (a "
+                                                   "device's own model and draft)"),
+         verifier: str | None = typer.Option(None, help="NODE/MODEL: draft the first --llm "
+                                                        "for that upstream's model "
+                                                        "(speculative decoding)"),
          ) -> None:
     """Run one node serving OIP v2 (and routing tasks upstream), and the OpenAI API for
     its language models."""
@@ -234,7 +241,8 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
             raise typer.BadParameter("give --id (or --spec)")
         models, _ = zoo_models(profile, tuple(model)) if model else ({}, {})
         sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in model)
-        llms = tuple(_llm_source(text) for text in llm)
+        llms = tuple(_llm_source(text, llm_int8, verifier if i == 0 else None)
+                     for i, text in enumerate(llm))
         tasks = {chat_task: llms[0].name} if chat_task and llms else {}
         run_node(NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=sources, host=host,
                           llms=llms, chat_tasks=tasks,
@@ -246,13 +254,13 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
         fail(exc)
 
 
-def _llm_source(text: str) -> Any:
+def _llm_source(text: str, int8: bool, verifier: str | None) -> Any:
     from tierlink.llm.source import LMSource
 
     name, _, path = text.partition("=")
     if not name or not path:
         raise typer.BadParameter(f"--llm {text!r}: expected NAME=MODEL (e.g. smollm2=smollm2-135m)")
-    return LMSource(name, path)
+    return LMSource(name, path, quantize="int8" if int8 else None, verifier=verifier)
 
 
 def _upstream(text: str) -> Any:

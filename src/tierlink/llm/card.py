@@ -21,11 +21,11 @@ from tierlink.llm.text import TextCodec
 CARD = "card.json"
 
 
-def load_or_measure(name: str, directory: Path, model: LlamaModel,
-                    codec: TextCodec) -> dict[str, Any]:
+def load_or_measure(name: str, directory: Path, model: LlamaModel, codec: TextCodec,
+                    precision: str = "fp32") -> dict[str, Any]:
     weights = directory / "model.safetensors"
     key = f"{weights.stat().st_size}-{int(weights.stat().st_mtime)}-{platform.node()}"
-    path = directory / CARD
+    path = directory / (CARD if precision == "fp32" else f"card-{precision}.json")
     try:
         card = dict(json.loads(path.read_text()))
         if card.get("measured_for") == key:
@@ -33,6 +33,7 @@ def load_or_measure(name: str, directory: Path, model: LlamaModel,
     except (OSError, ValueError):
         pass
     card = measure(name, directory, model, codec)
+    card["precision"] = precision
     card["measured_for"] = key
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(card, indent=2))

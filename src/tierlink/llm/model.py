@@ -75,6 +75,14 @@ class Rope:
         return x * ang.cos().float() + _rotate_half(x) * ang.sin().float()
 
 
+def _numel(t: object) -> int:
+    shape = getattr(t, "shape", ())
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -107,10 +115,12 @@ class LlamaModel:
                       state[p + "mlp.down_proj.weight"])
 
     def parameters(self) -> int:
+        """Distinct parameters (a tied output head counts once)."""
         n = self.embed.numel() + self.norm.numel()
-        n += 0 if self.lm_head is self.embed else self.lm_head.numel()
+        if isinstance(self.lm_head, torch.Tensor) and self.lm_head is not self.embed:
+            n += self.lm_head.numel()  # (a draft's INT8 head is the tied embedding's copy)
         for layer in self.layers:
-            n += sum(t.numel() for t in (layer.attn_norm, layer.wqkv, layer.wo,
+            n += sum(_numel(t) for t in (layer.attn_norm, layer.wqkv, layer.wo,
                                          layer.mlp_norm, layer.wgu, layer.wdown))
         return n
 
@@ -213,6 +223,8 @@ class LlamaModel:
         return x * torch.rsqrt(var + self.config.rms_norm_eps) * weight
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if not isinstance(w, torch.Tensor):  # a draft's INT8 matrix (llm/draft.py)
+            return w(x)  # type: ignore[no-any-return]
         n = x.shape[0]
         if not self.exact or n >= ROW_TILE:
             return F.linear(x, w)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tierlink.errors import ContextTooLong, InvalidRequest, TierlinkError
+from tierlink.errors import ConfigError, ContextTooLong, InvalidRequest, TierlinkError
 from tierlink.llm import weights
 from tierlink.llm.card import load_or_measure
 from tierlink.llm.engine import Engine
@@ -64,8 +64,17 @@ class LanguageModel:
         torch.set_num_threads(1)
         directory = weights.resolve(source.path)
         model = LlamaModel.load(directory, exact=source.exact)
+        if source.quantize == "int8":
+            from tierlink.llm.draft import int8_draft
+
+            model = int8_draft(model)
+        elif source.quantize is not None:
+            raise ConfigError(f"llm {source.name}: quantize {source.quantize!r} is unknown",
+                              hint="use int8, or leave it out")
         codec = TextCodec(directory)
-        return cls(source, model, codec, load_or_measure(source.name, directory, model, codec))
+        card = load_or_measure(source.name, directory, model, codec,
+                               precision=source.quantize or "fp32")
+        return cls(source, model, codec, card)
 
     def start(self) -> None:
         self.engine.start()
@@ -105,9 +114,10 @@ class LanguageModel:
         feed = session.reuse(prompt)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        job = GenerateJob(session.cache, feed, params,
-                          emit=lambda e: loop.call_soon_threadsafe(events.put_nowait, e),
-                          eos_ids=self.codec.eos_ids)
+        def emit(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = GenerateJob(session.cache, feed, params, emit=emit, eos_ids=self.codec.eos_ids)
         report.prompt_tokens, report.cached_tokens = len(prompt), len(prompt) - len(feed)
         report.timing = job.timing
         detok = Detokenizer(self.codec, params.stop)

@@ -16,3 +16,9 @@ class LMSource:
     max_sequences: int = 16
     max_sessions: int = 64
     exact: bool = True  # batch-invariant kernels (required to verify drafts)
+    # "int8": serve an INT8 copy (a device's own model, and its speculative draft)
+    quantize: str | None = None
+    # "NODE/MODEL": draft for that upstream node's model (speculative decoding)
+    verifier: str | None = None
+    verifier_tier: str = "cloud"
+    k_max: int = 8

@@ -139,7 +139,7 @@ def _convert(gguf: Path, out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=torch.float32)
-    model.hf_quantizer = None  # the weights are dequantized: save them as plain tensors
+    model.hf_quantizer = None  # type: ignore[assignment]  # the weights are dequantized: save them as plain tensors
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(str(out))

@@ -59,7 +59,7 @@ def create_app(service: NodeService, ready: bool = False,
             yield
         finally:
             if chat is not None:
-                chat.stop()
+                await chat.stop()
             await service.stop()
             if receiver is not None:
                 receiver.close()

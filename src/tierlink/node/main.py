@@ -26,7 +26,7 @@ from tierlink.node.uplink import Uplink, UplinkMetrics, uplink_for_spec
 from tierlink.telemetry.metrics import NodeMetrics
 
 if TYPE_CHECKING:
-    from tierlink.chat.service import ChatService
+    from tierlink.chat.service import ChatService, VerifierLink
 
 log = logging.getLogger("tierlink.node")
 
@@ -119,7 +119,27 @@ def _chat_service(spec: NodeSpec, metrics: NodeMetrics) -> ChatService | None:
 
     models = {src.name: LanguageModel.load(src) for src in spec.llms}
     return ChatService(spec.node_id, spec.tier, models, dict(spec.chat_tasks),
-                       LLMMetrics(spec.tier.label, metrics.registry))
+                       LLMMetrics(spec.tier.label, metrics.registry),
+                       verifiers=_verifier_links(spec))
+
+
+def _verifier_links(spec: NodeSpec) -> dict[str, VerifierLink]:
+    """Each drafting model's verifier: ``NODE/MODEL`` with NODE one of the upstreams."""
+    from tierlink.chat.service import VerifierLink
+    from tierlink.core.types import Tier
+    from tierlink.errors import ConfigError
+
+    urls = {u.node_id: u.url for u in spec.upstreams}
+    links: dict[str, VerifierLink] = {}
+    for src in spec.llms:
+        if not src.verifier:
+            continue
+        node, _, model = src.verifier.partition("/")
+        if node not in urls or not model:
+            raise ConfigError(f"llm {src.name}: verifier {src.verifier!r} must be NODE/MODEL "
+                              f"with NODE one of this node's upstreams ({sorted(urls)})")
+        links[src.name] = VerifierLink(node, urls[node], model, Tier.parse(src.verifier_tier))
+    return links
 
 
 def _uplink(spec: NodeSpec, metrics: NodeMetrics) -> Uplink | None:

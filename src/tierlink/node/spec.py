@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from tierlink.core.types import Tier
-from tierlink.llm.source import LMSource
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import (
     HardExampleConfig,
@@ -20,6 +19,7 @@ from tierlink.fleet.config import (
     parse_hard_examples,
     parse_routing,
 )
+from tierlink.llm.source import LMSource
 
 
 @dataclass(frozen=True, slots=True)

