@@ -101,6 +101,7 @@ class Engine:
                     break
                 self._admit()
             self._active = [j for j in self._active if not j.cancel_if_asked()]
+            self.stats.running = len(self._active)
             if self._active:
                 self._step()
         for job in [*self._active, *self._waiting]:
@@ -155,3 +156,4 @@ class Engine:
         for (job, _), out in zip(batch, logits, strict=True):
             if job.take(out):
                 self._active.remove(job)
+        self.stats.running = len(self._active)

@@ -1,0 +1,198 @@
+"""Chat on real node processes: the official ``openai`` client against a cloud node, errors
+in OpenAI's shape, a client that leaves mid-stream, prompts kept where their privacy says,
+and a device that drafts for the cloud (speculative decoding) — greedy output identical to
+the cloud's own, degraded to the device's model when the cloud is gone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tierlink.core.types import Tier
+from tierlink.llm.source import LMSource
+from tierlink.node.spec import NodeSpec, UpstreamSpec
+
+pytestmark = pytest.mark.integration
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
+           "List three fruits."]
+
+
+@contextmanager
+def llm_node(spec: NodeSpec, run_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    spec_path = run_dir / f"{spec.node_id}.json"
+    spec_path.write_text(spec.to_json())
+    log = open(run_dir / f"{spec.node_id}.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "tierlink.node.main", "--spec",
+                             str(spec_path)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        ready = Path(spec.ready_file or "")
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError((run_dir / f"{spec.node_id}.log").read_text()[-3000:])
+            time.sleep(0.1)
+        port = json.loads(ready.read_text())["port"]
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def _spec(node_id: str, tier: str, run_dir: Path, **kw: object) -> NodeSpec:
+    return NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=(), port=0,
+                    ready_file=str(run_dir / f"{node_id}.ready"), **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chat")
+
+
+@pytest.fixture(scope="module")
+def cloud(run_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    spec = _spec("cloud-1", "cloud", run_dir, llms=(LMSource("smollm2", "smollm2-135m"),),
+                 chat_tasks={"chat": "smollm2"})
+    with llm_node(spec, run_dir) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def client(cloud: tuple[str, subprocess.Popen[bytes]]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=cloud[0] + "/v1", api_key="unused", max_retries=0)
+
+
+def test_the_openai_client_unchanged(client: openai.OpenAI) -> None:
+    listed = {m.id for m in client.models.list()}
+    assert {"smollm2", "chat"} <= listed
+    answer = client.chat.completions.create(model="chat", messages=MSG, max_tokens=16,
+                                            temperature=0)
+    assert "Paris" in (answer.choices[0].message.content or "")
+    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    meta = (answer.model_extra or {})["tierlink"]
+    assert meta["served_by"] == "cloud-1" and meta["tier"] == "cloud"
+    stream = client.chat.completions.create(model="chat", messages=MSG, max_tokens=16,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answer.choices[0].message.content
+    assert chunks[-1].usage is not None
+    done = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                     max_tokens=4, temperature=0)
+    assert done.choices[0].text and done.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"model": "nope", "messages": MSG}, openai.NotFoundError),
+    ({"model": "chat", "messages": []}, openai.BadRequestError),
+    ({"model": "chat", "messages": [{"role": "wizard", "content": "x"}]},
+     openai.BadRequestError),
+    ({"model": "chat", "messages": MSG, "max_tokens": 0}, openai.BadRequestError),
+    ({"model": "chat", "messages": MSG, "max_tokens": 100_000}, openai.BadRequestError),
+    ({"model": "chat", "messages": [{"role": "user", "content": "word " * 9000}]},
+     openai.BadRequestError),
+    ({"model": "chat", "messages": MSG, "extra_body": {"tierlink": {"privacy": "site"}}},
+     openai.PermissionDeniedError),
+    ({"model": "chat", "messages": MSG,
+      "extra_body": {"tierlink": {"privacy": "local", "origin": "dev-9"}}},
+     openai.PermissionDeniedError),
+])
+def test_errors_are_4xx_in_openai_shape(client: openai.OpenAI, kwargs: dict,
+                                        error: type[Exception]) -> None:
+    with pytest.raises(error) as info:
+        client.chat.completions.create(**kwargs)
+    assert isinstance(info.value, openai.APIStatusError) and info.value.status_code < 500
+    body = info.value.body
+    assert isinstance(body, dict) and body.get("message")
+
+
+def test_a_client_that_leaves_mid_stream(cloud: tuple[str, subprocess.Popen[bytes]],
+                                         client: openai.OpenAI) -> None:
+    url = cloud[0]
+    body = {"model": "chat", "messages": [{"role": "user", "content": "Tell a long story."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=30) as http, \
+            http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break  # one chunk, then hang up
+    answer = client.chat.completions.create(model="chat", messages=MSG, max_tokens=8,
+                                            temperature=0)
+    assert answer.choices[0].message.content
+    deadline = time.monotonic() + 20
+    while True:  # the abandoned sequence was stopped, not run to 400 tokens
+        status = httpx.get(url + "/metrics").text
+        running = [ln for ln in status.splitlines()
+                   if ln.startswith("tierlink_llm_num_requests_running{")]
+        if running and all(ln.endswith(" 0.0") for ln in running):
+            break
+        assert time.monotonic() < deadline, running
+        time.sleep(0.2)
+    assert "tierlink_llm_time_to_first_token_seconds_bucket" in status
+    assert cloud[1].poll() is None
+
+
+def test_a_device_drafts_and_the_cloud_verifies(
+        cloud: tuple[str, subprocess.Popen[bytes]], client: openai.OpenAI,
+        run_dir: Path) -> None:
+    spec = _spec("dev-1", "device", run_dir,
+                 llms=(LMSource("smollm2", "smollm2-135m", quantize="int8",
+                                verifier="cloud-1/smollm2"),),
+                 chat_tasks={"chat": "smollm2"},
+                 upstreams=(UpstreamSpec("cloud-1", cloud[0]),))
+    with llm_node(spec, run_dir) as (url, _):
+        device = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        for prompt in PROMPTS:
+            msgs = [{"role": "user", "content": prompt}]
+            own = client.chat.completions.create(model="chat", messages=msgs,
+                                                 max_tokens=32, temperature=0)
+            spec_answer = device.chat.completions.create(model="chat", messages=msgs,
+                                                         max_tokens=32, temperature=0)
+            assert spec_answer.choices[0].message.content == own.choices[0].message.content
+            meta = (spec_answer.model_extra or {})["tierlink"]
+            assert meta["mode"] == "speculative" and meta["served_by"] == "cloud-1"
+            assert 0 < meta["accepted"] <= meta["drafted"] and not meta["degraded"]
+        private = device.chat.completions.create(
+            model="chat", messages=MSG, max_tokens=8, temperature=0,
+            extra_body={"tierlink": {"privacy": "local"}})
+        meta = (private.model_extra or {})["tierlink"]
+        assert meta["mode"] == "local" and meta["path"] == ["dev-1"]
+        with pytest.raises(openai.BadRequestError):
+            device.chat.completions.create(
+                model="chat", messages=MSG, max_tokens=8,
+                extra_body={"tierlink": {"privacy": "local", "mode": "speculative"}})
+
+
+def test_a_device_whose_verifier_is_gone_answers_degraded(run_dir: Path) -> None:
+    from tierlink.netports import pick_port
+
+    dead = f"http://127.0.0.1:{pick_port()}"  # nothing listens there
+    spec = _spec("dev-2", "device", run_dir,
+                 llms=(LMSource("smollm2", "smollm2-135m", quantize="int8",
+                                verifier="cloud-1/smollm2"),),
+                 chat_tasks={"chat": "smollm2"}, upstreams=(UpstreamSpec("cloud-1", dead),))
+    with llm_node(spec, run_dir) as (url, _):
+        device = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        answer = device.chat.completions.create(model="chat", messages=MSG, max_tokens=12,
+                                                temperature=0)
+        meta = (answer.model_extra or {})["tierlink"]
+        assert answer.choices[0].message.content
+        assert meta["degraded"] and meta["served_by"] == "dev-2"
+        assert "verifier unavailable" in meta["degraded_reason"]
