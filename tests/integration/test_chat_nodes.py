@@ -5,9 +5,7 @@ the cloud's own, degraded to the device's model when the cloud is gone."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +18,7 @@ import pytest
 from tierlink.core.types import Tier
 from tierlink.llm.source import LMSource
 from tierlink.node.spec import NodeSpec, UpstreamSpec
+from tierlink.testing.processes import node_process
 
 pytestmark = pytest.mark.integration
 
@@ -30,29 +29,8 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
 
 @contextmanager
 def llm_node(spec: NodeSpec, run_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    spec_path = run_dir / f"{spec.node_id}.json"
-    spec_path.write_text(spec.to_json())
-    log = open(run_dir / f"{spec.node_id}.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "tierlink.node.main", "--spec",
-                             str(spec_path)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        ready = Path(spec.ready_file or "")
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError((run_dir / f"{spec.node_id}.log").read_text()[-3000:])
-            time.sleep(0.1)
-        port = json.loads(ready.read_text())["port"]
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+    with node_process(spec, run_dir, timeout_s=120) as node:
+        yield node
 
 
 def _spec(node_id: str, tier: str, run_dir: Path, **kw: object) -> NodeSpec:

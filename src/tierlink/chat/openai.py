@@ -118,7 +118,8 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens,
                               temperature=_number(body.get("temperature", 1.0), "temperature"),
                               top_p=_number(body.get("top_p", 1.0), "top_p"),
-                              seed=seed, stop=stops)
+                              seed=seed, stop=stops,
+                              ignore_eos=_bool(body.get("ignore_eos", False), "ignore_eos"))
     except InvalidRequest as exc:
         raise InvalidRequest(exc.message, param=exc.message.split(" ")[0]) from None
 

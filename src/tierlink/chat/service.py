@@ -59,6 +59,8 @@ class ChatService:
                 stats = lm.engine.stats
                 metrics.watch(name, functools.partial(getattr, stats, "running"),
                               functools.partial(getattr, stats, "queued"), lm.kv_bytes_in_use)
+                passes = metrics.passes.labels(tier.label, name)
+                lm.engine.on_pass = lambda _rows, _s, c=passes: c.inc()
 
     def start(self) -> None:
         for lm in self.models.values():
@@ -114,6 +116,9 @@ class ChatService:
                 yield piece
         finally:
             meta.update(self._spec_meta(lm, link, report, spec))
+            meta["timings_s"] = {"draft": round(spec.draft_s, 4),
+                                 "round_trips": round(spec.verify_s, 4),
+                                 "verifier_server": round(verifier.server_s, 4)}
 
     def _spec_meta(self, lm: LanguageModel, link: VerifierLink, report: Generation,
                    spec: SpecReport) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from tierlink.core.types import CascadeRecord, Tier
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.split import DEFAULT_CODECS
+from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
 from tierlink.node.hedging import HedgeConfig
 from tierlink.policy.base import PolicyConfig, Weights
 from tierlink.providers import parse_providers
@@ -109,6 +110,7 @@ class NodeConfig:
     heads: tuple[str, ...] = ()  # models whose head this node may run for a split plan
     # ONNX Runtime execution providers in order of preference (CPU is always the fallback)
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    chat: ChatConfig | None = None  # language models served over the OpenAI API
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +190,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     links = tuple(l for i, raw in enumerate(data.get("links") or [])
                   for l in _links(raw, f"links[{i}]", by_id))
     _unique([l.name for l in links], "links (from -> to pairs)")
+    nodes = _checked_chat(nodes, links)
     control = _mapping(data.get("control") or {}, "control")
     zoo = _mapping(data.get("zoo") or {}, "zoo")
     return FleetConfig(
@@ -210,6 +213,16 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         fault_injection=_bool(data.get("fault_injection", False), "fault_injection"),
         tasks=_tasks(data.get("tasks") or {}),
     )
+
+
+def _checked_chat(nodes: tuple[NodeConfig, ...],
+                  links: tuple[LinkConfig, ...]) -> tuple[NodeConfig, ...]:
+    chats = {n.node_id: n.chat for n in nodes if n.chat is not None}
+    if not chats:
+        return nodes
+    fixed = check_verifiers(chats, {n.node_id: n.tier.label for n in nodes},
+                            [(l.src, l.dst) for l in links])
+    return tuple(replace(n, chat=fixed[n.node_id]) if n.node_id in fixed else n for n in nodes)
 
 
 def _tasks(raw: Any) -> Mapping[str, TaskSpec]:
@@ -277,6 +290,7 @@ def _node(raw: Any, where: str) -> NodeConfig:
         max_queue=_int(raw.get("max_queue", 256), f"{where}.max_queue", 1),
         cpu_quota=None if quota is None else _float(quota, f"{where}.cpu_quota", 0.01, 64.0),
         providers=parse_providers(raw.get("providers"), f"{where}.providers"),
+        chat=parse_chat(raw.get("chat"), f"{where}.chat"),
     )
 
 

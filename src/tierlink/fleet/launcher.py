@@ -244,7 +244,9 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     control_tier=cfg.control_tier.label,
                     state_dir=str(fleet.run_dir / "state" / node.node_id),
                     enroll_token=fleet.enroll_token, trusted_keys=cfg.trusted_keys,
-                    fault_injection=cfg.fault_injection, providers=node.providers)
+                    fault_injection=cfg.fault_injection, providers=node.providers,
+                    llms=node.chat.models if node.chat else (),
+                    chat_tasks=node.chat.tasks() if node.chat else {})
 
 
 def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],

@@ -104,7 +104,7 @@ class GenerateJob:
         now = self.clock()
         if self.timing.first_token is None:
             self.timing.first_token = now
-        if token in self.eos_ids:
+        if token in self.eos_ids and not self.params.ignore_eos:
             return self._finish("stop", [])
         self.timing.generated += 1
         self._last = token

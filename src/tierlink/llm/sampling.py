@@ -29,6 +29,7 @@ class SamplingParams:
     top_k: int = 0  # 0: no limit (drafts use a limit so their proposal travels sparse)
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # generate max_tokens whatever the model says (vLLM's option)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:

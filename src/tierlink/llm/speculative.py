@@ -120,7 +120,7 @@ class SpeculativeDrafter:
     def _cut(self, new: list[int], out: list[int],
              params: SamplingParams) -> tuple[list[int], str | None]:
         for i, t in enumerate(new):
-            if t in self.codec.eos_ids:
+            if t in self.codec.eos_ids and not params.ignore_eos:
                 return new[:i], "stop"
         room = params.max_tokens - len(out)
         if len(new) >= room:
@@ -148,4 +148,5 @@ class SpeculativeDrafter:
 
 def _with_top_k(params: SamplingParams, top_k: int) -> SamplingParams:
     return SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
-                          top_p=params.top_p, top_k=top_k, seed=params.seed, stop=params.stop)
+                          top_p=params.top_p, top_k=top_k, seed=params.seed, stop=params.stop,
+                          ignore_eos=params.ignore_eos)

@@ -1,0 +1,102 @@
+"""A node's ``chat:`` block in the fleet file: the language models it serves.
+
+::
+
+    - id: dev-1
+      tier: device
+      chat:
+        task: chat                 # the task name requests may use (routed to these models)
+        models:
+          - name: smollm2          # what requests and /v1/models call it
+            model: smollm2-135m    # a packaged model (tierlink llm list) or a directory
+            quantize: int8         # optional: serve an INT8 copy (a device's own model)
+            verifier: cloud-1/smollm2   # optional: draft for that upstream's model
+            kv_cache_mib: 12       # optional: bounded KV cache per sequence (sliding window)
+
+A verifier must be a node this one has a link to, serving that model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tierlink.errors import ConfigError
+from tierlink.llm.source import LMSource
+
+
+@dataclass(frozen=True, slots=True)
+class ChatConfig:
+    models: tuple[LMSource, ...]
+    task: str | None = None
+
+    def tasks(self) -> dict[str, str]:
+        return {self.task: self.models[0].name} if self.task and self.models else {}
+
+
+def parse_chat(raw: Any, where: str) -> ChatConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping with 'models' (and 'task')")
+    models = raw.get("models")
+    if not isinstance(models, list) or not models:
+        raise ConfigError(f"{where}.models must be a non-empty list of language models",
+                          hint="e.g. [{name: smollm2, model: smollm2-135m}]")
+    sources = tuple(_source(m, f"{where}.models[{i}]") for i, m in enumerate(models))
+    task = raw.get("task")
+    if task is not None and (not isinstance(task, str) or not task):
+        raise ConfigError(f"{where}.task must be a name, e.g. chat")
+    return ChatConfig(sources, task)
+
+
+def _source(raw: Any, where: str) -> LMSource:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) \
+            or not isinstance(raw.get("model"), str):
+        raise ConfigError(f"{where} needs a name and a model, e.g. "
+                          "{name: smollm2, model: smollm2-135m}")
+    known = {"name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}", hint=f"known: {sorted(known)}")
+    quantize = raw.get("quantize")
+    if quantize not in (None, "int8"):
+        raise ConfigError(f"{where}.quantize must be int8 (or left out)")
+    mib = raw.get("kv_cache_mib")
+    if mib is not None and (not isinstance(mib, int | float) or mib <= 0):
+        raise ConfigError(f"{where}.kv_cache_mib must be a positive number of MiB")
+    verifier = raw.get("verifier")
+    if verifier is not None and (not isinstance(verifier, str) or verifier.count("/") != 1):
+        raise ConfigError(f"{where}.verifier must be NODE/MODEL, e.g. cloud-1/smollm2")
+    return LMSource(name=raw["name"], path=raw["model"], quantize=quantize, verifier=verifier,
+                    kv_cache_bytes=int(mib * 2**20) if mib else None,
+                    max_sequences=int(raw.get("max_sequences", 16)))
+
+
+def check_verifiers(chats: Mapping[str, ChatConfig], tiers: Mapping[str, str],
+                    links: Sequence[tuple[str, str]]) -> dict[str, ChatConfig]:
+    """Each verifier is an upstream of its node serving the model; fills its tier in."""
+    out: dict[str, ChatConfig] = {}
+    for node, chat in chats.items():
+        fixed = []
+        for src in chat.models:
+            if src.verifier is None:
+                fixed.append(src)
+                continue
+            target, model = src.verifier.split("/")
+            served = {m.name for m in chats[target].models} if target in chats else set()
+            if (node, target) not in links or model not in served:
+                raise ConfigError(
+                    f"node {node}: verifier {src.verifier} must be a node it links to that "
+                    f"serves {model!r} in its chat.models",
+                    hint=f"add a link {node} -> {target} and {model} to {target}'s chat")
+            fixed.append(_with_tier(src, tiers[target]))
+        out[node] = ChatConfig(tuple(fixed), chat.task)
+    return out
+
+
+def _with_tier(src: LMSource, tier: str) -> LMSource:
+    from dataclasses import replace
+
+    return replace(src, verifier_tier=tier)

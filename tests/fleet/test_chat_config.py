@@ -1,0 +1,44 @@
+"""The fleet file's ``chat:`` blocks: language models per node, verifiers checked."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tierlink.errors import ConfigError
+from tierlink.fleet.config import parse_fleet
+
+FLEET = """
+name: chat
+nodes:
+  - {id: cloud-1, tier: cloud, models: [],
+     chat: {task: chat, models: [{name: smollm2, model: smollm2-135m}]}}
+  - {id: dev-1, tier: device, models: [],
+     chat: {task: chat, models: [{name: smollm2, model: smollm2-135m, quantize: int8,
+                                  verifier: cloud-1/smollm2, kv_cache_mib: 12}]}}
+links:
+  - {from: [dev-1], to: [cloud-1], delay_ms: 10}
+"""
+
+
+def test_chat_models_and_their_verifier() -> None:
+    fleet = parse_fleet(yaml.safe_load(FLEET))
+    device = next(n for n in fleet.nodes if n.node_id == "dev-1")
+    assert device.chat is not None
+    source = device.chat.models[0]
+    assert source.quantize == "int8" and source.verifier == "cloud-1/smollm2"
+    assert source.verifier_tier == "cloud" and source.kv_cache_bytes == 12 * 2**20
+    assert device.chat.tasks() == {"chat": "smollm2"}
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("verifier: cloud-1/smollm2", "verifier: cloud-1/other"),  # not served there
+    ("{from: [dev-1], to: [cloud-1], delay_ms: 10}", "{from: [cloud-1], to: [dev-1]}"),
+    ("quantize: int8", "quantize: int3"),
+    ("kv_cache_mib: 12", "kv_cache_mib: -1"),
+    ("kv_cache_mib: 12", "kv_cache: 12"),
+    ("verifier: cloud-1/smollm2", "verifier: cloud-1"),
+])
+def test_bad_chat_blocks_are_refused(old: str, new: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_fleet(yaml.safe_load(FLEET.replace(old, new)))
