@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-SPLITS = (0.5, 0.25, 0.25)  # train, calibration, test
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,80 +33,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def scored(variant: str, n: int, seed: int) -> Any:
-    """Label probabilities and prompt features of one model on the first ``n`` prompts."""
-    import torch
-
-    from tierlink.llm.draft import fake_quantized, int8_draft
-    from tierlink.llm.labelled import Scored, rotten_tomatoes, score
-    from tierlink.llm.model import LlamaModel
-    from tierlink.llm.text import TextCodec
-    from tierlink.llm.weights import install_model, llm_root
-
-    cache = llm_root() / "scores" / f"smollm2-135m-{variant}-rt{seed}-{n}.npz"
-    if cache.exists():
-        data = np.load(cache)
-        return Scored(data["probs"], data["features"]), data["labels"]
-    torch.set_num_threads(1)
-    directory = install_model("smollm2-135m")
-    model = LlamaModel.load(directory)
-    if variant == "int8":
-        model = int8_draft(model)
-    elif variant == "q3":
-        model = fake_quantized(model, 3)
-    items = rotten_tomatoes(seed)[:n]
-    start = time.perf_counter()
-
-    def progress(done: int) -> None:
-        if done % 100 == 0:
-            rate = done / (time.perf_counter() - start)
-            print(f"  {variant}: {done}/{n} prompts ({rate:.1f}/s)", flush=True)
-    result = score(model, TextCodec(directory), items, progress=progress)
-    labels = np.asarray([it.label for it in items])
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(cache, probs=result.probs, features=result.features, labels=labels)
-    return result, labels
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tierlink.cascade.tune import Target, TargetKind
-    from tierlink.chat.router import fit, needs_large, routed_quality, tune_router
+    from tierlink.chat.router_train import SPLITS, answers, train_router
 
     args = parse_args(argv)
-    small, labels = scored(args.small, args.n, args.seed)
-    large, _ = scored("fp32", args.n, args.seed)
-    small_right = small.predictions() == labels
-    large_right = large.predictions() == labels
-    a, b = int(SPLITS[0] * args.n), int((SPLITS[0] + SPLITS[1]) * args.n)
-    train, cal, test = slice(0, a), slice(a, b), slice(b, args.n)
-    router = fit(small.features[train], needs_large(small_right[train], large_right[train]))
-    large_cal = float(large_right[cal].mean())
-    targets = {
-        "within_1pt": Target(TargetKind.ACCURACY_FLOOR, large_cal - 0.01),
-        "half_the_calls": Target(TargetKind.ESCALATION_BUDGET, 0.5),
-    }
-    rng = np.random.default_rng(args.seed)
+    small = answers(args.small, args.n, args.seed, progress=print)
+    large = answers("fp32", args.n, args.seed, progress=print)
+    test = slice(int((SPLITS[0] + SPLITS[1]) * args.n), args.n)
+    s_right, l_right = small.right, large.right
     result: dict[str, Any] = {
-        "n": args.n, "splits": {"train": a, "calibration": b - a, "test": args.n - b},
-        "models": {f"small ({args.small})": float(small_right[test].mean()),
-                   "large (fp32)": float(large_right[test].mean())},
-        "small_right_large_wrong_test": float((small_right & ~large_right)[test].mean()),
-        "large_right_small_wrong_test": float((large_right & ~small_right)[test].mean()),
+        "n": args.n,
+        "models": {f"small ({args.small})": float(s_right[test].mean()),
+                   "large (fp32)": float(l_right[test].mean())},
+        "small_right_large_wrong_test": float((s_right & ~l_right)[test].mean()),
+        "large_right_small_wrong_test": float((l_right & ~s_right)[test].mean()),
         "targets": {}}
-    for name, target in targets.items():
-        tuned, tuning = tune_router(router, small.features[cal], small_right[cal],
-                                    large_right[cal], target)
-        q = routed_quality(tuned, small.features[test], small_right[test], large_right[test])
-        share = q["large_share"]
-        rand = [np.where(rng.random(args.n - b) < share, large_right[test],
-                         small_right[test]).mean() for _ in range(200)]
-        q.update({"threshold": tuned.threshold, "feasible_on_calibration": tuning.feasible,
-                  "random_same_share": float(np.mean(rand)),
-                  "gap_to_large_pt": 100 * (q["accuracy"] - q["large_accuracy"])})
-        result["targets"][name] = q
+    targets = {"within_1pt": lambda top: Target(TargetKind.ACCURACY_FLOOR, top - 0.01),
+               "half_the_calls": lambda _top: Target(TargetKind.ESCALATION_BUDGET, 0.5)}
+    router = None
+    for name, target_for in targets.items():
+        report = train_router(small, large, target_for, args.seed)
+        result["targets"][name] = report.figures
+        router = router or report.router
     _print(result)
-    if args.png:
-        _plot(router, small.features[test], small_right[test], large_right[test], args.png)
+    if args.png and router is not None:
+        _plot(router, small.features[test], s_right[test], l_right[test], args.png)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
@@ -117,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _print(r: dict[str, Any]) -> None:
-    print(f"test prompts: {r['splits']['test']}")
+    print(f"test prompts: {r['n'] - int(0.75 * r['n'])}")
     for name, acc in r["models"].items():
         print(f"  {name:<14} {100 * acc:6.2f}%")
     print(f"  large right where small wrong: {100 * r['large_right_small_wrong_test']:.1f}%, "

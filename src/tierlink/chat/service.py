@@ -79,6 +79,17 @@ class ChatService:
             self._http = aiohttp.ClientSession()
         return self._http
 
+    async def route(self, req: ChatRequest, lm: LanguageModel, ids: list[int],
+                    meta: dict[str, Any]) -> str:
+        """The mode for this request: ``mode`` below, then the difficulty router (when the
+        model has one and the request leaves the choice): easy prompts stay local."""
+        mode = self.mode(req, lm)
+        if mode != "speculative" or req.tierlink.mode != "auto" or lm.router is None:
+            return mode
+        score = await lm.difficulty(ids)
+        meta["difficulty"] = round(score or 0.0, 4)
+        return mode if score is not None and score > lm.router.threshold else "local"
+
     def mode(self, req: ChatRequest, lm: LanguageModel) -> str:
         """``speculative`` when this model drafts for a verifier the prompt may reach."""
         asked = req.tierlink.mode
@@ -98,7 +109,7 @@ class ChatService:
                      report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
         """The answer's pieces, by the mode; ``meta`` is filled in as it goes."""
         meta.update(self.meta(lm, report))
-        if self.mode(req, lm) == "local":
+        if await self.route(req, lm, ids, meta) == "local":
             async for piece in lm.generate(ids, req.params, req.tierlink.session, report):
                 yield piece
             meta.update(self.meta(lm, report))

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from tierlink.cli.calibration import calibration
 from tierlink.cli.cascade import app as cascade_app
+from tierlink.cli.chat_router import chat_router_cmd
 from tierlink.cli.enroll import app as enroll_app
 from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
 from tierlink.cli.hard_examples import app as hard_examples_app
@@ -34,6 +35,7 @@ zoo_app = typer.Typer(help="Build and inspect the model zoo.", no_args_is_help=T
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(hard_examples_app, name="hard-examples")
 app.add_typer(cascade_app, name="cascade")
+cascade_app.command("chat-router")(chat_router_cmd)
 app.add_typer(enroll_app, name="enroll")
 app.add_typer(model_app, name="model")
 model_app.command("import")(import_cmd)

@@ -12,6 +12,7 @@
             quantize: int8         # optional: serve an INT8 copy (a device's own model)
             verifier: cloud-1/smollm2   # optional: draft for that upstream's model
             kv_cache_mib: 12       # optional: bounded KV cache per sequence (sliding window)
+            router: router.json    # optional: easy prompts answered here, hard ones verified
 
 A verifier must be a node this one has a link to, serving that model.
 """
@@ -56,7 +57,7 @@ def _source(raw: Any, where: str) -> LMSource:
             or not isinstance(raw.get("model"), str):
         raise ConfigError(f"{where} needs a name and a model, e.g. "
                           "{name: smollm2, model: smollm2-135m}")
-    known = {"name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences"}
+    known = {"name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences", "router"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {unknown}", hint=f"known: {sorted(known)}")
@@ -69,7 +70,12 @@ def _source(raw: Any, where: str) -> LMSource:
     verifier = raw.get("verifier")
     if verifier is not None and (not isinstance(verifier, str) or verifier.count("/") != 1):
         raise ConfigError(f"{where}.verifier must be NODE/MODEL, e.g. cloud-1/smollm2")
+    router = raw.get("router")
+    if router is not None and (not isinstance(router, str) or verifier is None):
+        raise ConfigError(f"{where}.router must be a file written by `tierlink cascade "
+                          "chat-router`, on a model with a verifier (where hard prompts go)")
     return LMSource(name=raw["name"], path=raw["model"], quantize=quantize, verifier=verifier,
+                    router=router,
                     kv_cache_bytes=int(mib * 2**20) if mib else None,
                     max_sequences=int(raw.get("max_sequences", 16)))
 

@@ -62,6 +62,10 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.on_pass: Callable[[int, float], None] | None = None  # (rows, seconds)
+        # How many verifications to expect in one pass (devices drafting now), and how long
+        # the first may wait for the others.
+        self.expected_verifiers: Callable[[], int] | None = None
+        self.batch_wait_s = 0.0
 
     def start(self) -> None:
         if self._thread is None:
@@ -102,10 +106,29 @@ class Engine:
                 self._admit()
             self._active = [j for j in self._active if not j.cancel_if_asked()]
             self.stats.running = len(self._active)
-            if self._active:
+            if self._active and not self._hold_for_verifications():
                 self._step()
         for job in [*self._active, *self._waiting]:
             job.fail(TierlinkError("the language model engine stopped"))
+
+    def _hold_for_verifications(self) -> bool:
+        """Only verifications are waiting and more devices are expected to send theirs
+        within ``batch_wait_s`` of the oldest: wait (once) so one pass serves them all.
+        A verification costs a weight read of the whole model however few rows it has."""
+        if self.batch_wait_s <= 0 or self.expected_verifiers is None:
+            return False
+        pending = [j for j in self._active if getattr(j, "kind", "") == "verify"]
+        if len(pending) != len(self._active) or len(pending) >= self.expected_verifiers():
+            return False
+        left = min(getattr(j, "submitted", 0.0) for j in pending) + self.batch_wait_s \
+            - time.monotonic()
+        if left <= 0:
+            return False
+        with self._cond:
+            if not self._waiting and not self._stopping:
+                self._cond.wait(timeout=left)
+            self._admit()
+        return True
 
     def _admit(self) -> None:
         while self._waiting and len(self._active) < self.max_sequences:

@@ -141,6 +141,8 @@ class VerifyJob:
     resolve: Callable[[Verdict | None, BaseException | None], None]
     gen: torch.Generator
     cancelled: bool = False
+    kind: str = "verify"
+    submitted: float = field(default_factory=time.monotonic)
     _chunks: list[list[int]] = field(init=False)
     _first_row: torch.Tensor | None = field(default=None, init=False)
     _base: int = field(init=False)

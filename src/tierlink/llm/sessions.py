@@ -86,6 +86,11 @@ class SessionStore:
         if key is not None:
             self._evict()
 
+    def recent(self, within_s: float) -> int:
+        """Sessions used within the last ``within_s`` seconds (busy ones included)."""
+        now = self.clock()
+        return sum(1 for s in self._sessions.values() if s.busy or now - s.last_used <= within_s)
+
     def bytes_in_use(self) -> int:
         return sum(s.cache.bytes_reserved() for s in self._sessions.values())
 

@@ -22,3 +22,8 @@ class LMSource:
     verifier: str | None = None
     verifier_tier: str = "cloud"
     k_max: int = 8
+    # a difficulty router (JSON, chat/router.py): prompts it scores above its threshold go to
+    # the verifier's large model (speculatively); the rest are answered here
+    router: str | None = None
+    # a verifier holds a verification up to this long for other devices' (one pass for all)
+    verify_batch_wait_ms: float = 10.0
