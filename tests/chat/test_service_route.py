@@ -31,12 +31,13 @@ class _Model:
         self.source = _Source()
         self.model = None
         self.codec = None
-        self._score = score
+        # a router whose score is the first feature, as a probability: features [logit]
         self.router = None if score is None else DifficultyRouter(
-            np.zeros(1), np.ones(1), np.zeros(1), 0.0, threshold)
+            np.zeros(1), np.ones(1), np.ones(1), 0.0, threshold)
+        self._feature = None if score is None else np.log(score / (1 - score))
 
-    async def difficulty(self, _ids: list[int]) -> float | None:
-        return self._score
+    async def prompt_features(self, _ids: list[int]) -> np.ndarray:
+        return np.asarray([self._feature])
 
 
 def _service(lm: Any, verifier_tier: Tier = Tier.CLOUD) -> ChatService:
@@ -44,6 +45,7 @@ def _service(lm: Any, verifier_tier: Tier = Tier.CLOUD) -> ChatService:
     service.node_id, service.tier, service.metrics = "dev-1", Tier.DEVICE, None
     service.verifiers = {"smollm2": VerifierLink("cloud-1", "http://x", "smollm2",
                                                  verifier_tier)}
+    service.routers = {} if lm.router is None else {"smollm2": lm.router}
     return service
 
 

@@ -57,6 +57,17 @@ class DifficultyRouter:
             raise ConfigError(f"not a difficulty router: {exc}") from None
 
 
+def load_router(path: str) -> DifficultyRouter:
+    import json
+    from pathlib import Path
+
+    try:
+        return DifficultyRouter.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the difficulty router {path}: {exc}",
+                          hint="write one with tierlink cascade chat-router") from exc
+
+
 def needs_large(small_right: np.ndarray, large_right: np.ndarray) -> np.ndarray:
     """The training target: the large model right where the small one is wrong."""
     return (~small_right.astype(bool)) & large_right.astype(bool)

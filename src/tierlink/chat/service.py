@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tierlink.chat.openai import ChatRequest, answer, chunk, new_id, sse, usage
+from tierlink.chat.router import load_router
 from tierlink.core.types import Tier
 from tierlink.errors import InvalidRequest, ModelNotFound, PrivacyViolation, TierlinkError
 from tierlink.llm.runtime import Chunk, Generation, LanguageModel
@@ -49,6 +50,8 @@ class ChatService:
                                                   models[name].source.k_max)
                          for name in self.verifiers}
         self._http: aiohttp.ClientSession | None = None
+        self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
+                        if lm.source.router}
         self.tier = tier
         self.models = models
         self.tasks = tasks  # task -> model name on this node
@@ -84,11 +87,12 @@ class ChatService:
         """The mode for this request: ``mode`` below, then the difficulty router (when the
         model has one and the request leaves the choice): easy prompts stay local."""
         mode = self.mode(req, lm)
-        if mode != "speculative" or req.tierlink.mode != "auto" or lm.router is None:
+        router = self.routers.get(lm.name)
+        if mode != "speculative" or req.tierlink.mode != "auto" or router is None:
             return mode
-        score = await lm.difficulty(ids)
-        meta["difficulty"] = round(score or 0.0, 4)
-        return mode if score is not None and score > lm.router.threshold else "local"
+        score = float(router.scores(await lm.prompt_features(ids))[0])
+        meta["difficulty"] = round(score, 4)
+        return mode if score > router.threshold else "local"
 
     def mode(self, req: ChatRequest, lm: LanguageModel) -> str:
         """``speculative`` when this model drafts for a verifier the prompt may reach."""

@@ -58,7 +58,6 @@ class LanguageModel:
         self.sessions = SessionStore(cfg, self.bounds, max_sessions=source.max_sessions)
         self.verifiers = SessionStore(cfg, None, max_sessions=source.max_sessions)
         self._verify_gens: dict[str, torch.Generator] = {}
-        self.router = _load_router(source.router) if source.router else None
         self.engine.expected_verifiers = self._drafting_devices
         self.engine.batch_wait_s = source.verify_batch_wait_ms / 1e3
 
@@ -193,10 +192,8 @@ class LanguageModel:
         """Verifier sessions used in the last second: devices drafting right now."""
         return self.verifiers.recent(1.0)
 
-    async def difficulty(self, prompt: list[int]) -> float | None:
-        """The router's P(the large model is needed) for this prompt (None without one)."""
-        if self.router is None:
-            return None
+    async def prompt_features(self, prompt: list[int]) -> Any:
+        """The model's final hidden state of the prompt (numpy), what a router reads."""
         from tierlink.llm.kvcache import KVCache
         from tierlink.llm.model import Step
 
@@ -204,8 +201,7 @@ class LanguageModel:
             _, hidden = self.model.features(Step(KVCache(self.model.config), prompt,
                                                  block=True))
             return hidden.numpy()
-        features = await asyncio.to_thread(run)
-        return float(self.router.scores(features)[0])
+        return await asyncio.to_thread(run)
 
     def status(self) -> dict[str, Any]:
         s = self.engine.stats
@@ -217,18 +213,6 @@ class LanguageModel:
 
     def kv_bytes_in_use(self) -> int:
         return self.sessions.bytes_in_use() + self.verifiers.bytes_in_use()
-
-
-def _load_router(path: str) -> Any:
-    import json
-    from pathlib import Path
-
-    from tierlink.chat.router import DifficultyRouter
-
-    try:
-        return DifficultyRouter.from_dict(json.loads(Path(path).read_text()))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the difficulty router {path}: {exc}") from exc
 
 
 def _settle(fut: asyncio.Future[Verdict], verdict: Verdict | None,
