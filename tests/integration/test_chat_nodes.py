@@ -147,6 +147,21 @@ def test_a_device_drafts_and_the_cloud_verifies(
             meta = (spec_answer.model_extra or {})["tierlink"]
             assert meta["mode"] == "speculative" and meta["served_by"] == "cloud-1"
             assert 0 < meta["accepted"] <= meta["drafted"] and not meta["degraded"]
+        relayed = device.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=32,
+            temperature=0, extra_body={"tierlink": {"mode": "remote"}})
+        own = client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=32,
+            temperature=0)
+        assert relayed.choices[0].message.content == own.choices[0].message.content
+        meta = (relayed.model_extra or {})["tierlink"]
+        assert meta["mode"] == "remote" and meta["path"] == ["dev-1", "cloud-1"]
+        assert meta["served_by"] == "cloud-1" and relayed.usage.completion_tokens > 0
+        streamed = device.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=32,
+            temperature=0, stream=True, extra_body={"tierlink": {"mode": "remote"}})
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        assert text == own.choices[0].message.content
         private = device.chat.completions.create(
             model="chat", messages=MSG, max_tokens=8, temperature=0,
             extra_body={"tierlink": {"privacy": "local"}})

@@ -18,4 +18,6 @@ def test_label_words_score_a_review(target, codec) -> None:
     items = rotten_tomatoes(seed=0)[:3]
     result = score(target, codec, items)
     assert result.probs.shape == (3, 2) and result.features.shape == (3, 576)
-    assert (result.probs.sum(axis=1) > 0.5).all()  # the answer starts with a label word
+    # the label words' share of the first answer token: compared with each other, not 1
+    assert (result.probs > 0).all() and (result.probs.sum(axis=1) <= 1.0).all()
+    assert set(result.predictions()) <= {0, 1}

@@ -4,7 +4,8 @@ chunks and errors as OpenAI's clients expect them.
 tierlink's own parameters travel in the body's ``tierlink`` object (the ``openai`` client's
 ``extra_body={"tierlink": {...}}``): ``deadline_ms``, ``privacy``, ``priority``, ``origin``,
 ``session`` (keep this conversation's KV cache for the next turn), ``mode`` (``auto``,
-``local``: this node's own model, ``speculative``: draft here, verify upstream). The answer carries a
+``local``: this node's own model, ``speculative``: draft here, verify upstream, ``remote``:
+the upstream's model answers alone, relayed through this node). The answer carries a
 ``tierlink`` object: who served it, on which tier, along which path, the cost, the tokens
 drafted and accepted (speculative decoding) and ``degraded``.
 """
@@ -33,7 +34,7 @@ class TierlinkParams:
     origin: str | None = None
     session: str | None = None
     hops: int = 0
-    mode: str = "auto"  # auto | local | speculative
+    mode: str = "auto"  # auto | local | speculative | remote
 
 
 @dataclass(frozen=True, slots=True)

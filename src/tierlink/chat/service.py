@@ -5,6 +5,7 @@ counted in the node's metrics.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
@@ -23,7 +24,7 @@ from tierlink.telemetry.llm_metrics import LLMMetrics
 if TYPE_CHECKING:
     import aiohttp
 
-MODES = ("auto", "local", "speculative")
+MODES = ("auto", "local", "speculative", "remote")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class ChatService:
                                                   models[name].source.k_max)
                          for name in self.verifiers}
         self._http: aiohttp.ClientSession | None = None
+        self._background: set[asyncio.Future[None]] = set()
         self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
                         if lm.source.router}
         self.tier = tier
@@ -102,11 +104,12 @@ class ChatService:
                                  param="tierlink")
         link = self.verifiers.get(lm.name)
         allowed = link is not None and req.tierlink.privacy.allows(link.tier, at_origin=False)
-        if asked == "speculative" and not allowed:
-            why = "no verifier for this model" if link is None else \
+        if asked in ("speculative", "remote") and not allowed:
+            why = "no upstream model for this one" if link is None else \
                 f"a {req.tierlink.privacy.value} prompt may not reach {link.node_id}"
-            raise InvalidRequest(f"speculative decoding is not possible here: {why}",
-                                 param="tierlink")
+            raise InvalidRequest(f"{asked} is not possible here: {why}", param="tierlink")
+        if asked == "remote":
+            return "remote"
         return "speculative" if allowed and asked != "local" else "local"
 
     async def pieces(self, req: ChatRequest, lm: LanguageModel, ids: list[int],
@@ -121,6 +124,10 @@ class ChatService:
         from tierlink.chat.verify import HttpVerifier
 
         link = self.verifiers[lm.name]
+        if self.mode(req, lm) == "remote":
+            async for piece in self._remote(req, link, report, meta):
+                yield piece
+            return
         spec = SpecReport()
         remaining_s = req.tierlink.deadline_ms / 1e3
         verifier = HttpVerifier(self.http(), link.url, link.model,
@@ -130,10 +137,30 @@ class ChatService:
                                                                report, spec):
                 yield piece
         finally:
+            if spec.rounds and not spec.degraded:  # free its cache there, without waiting
+                task = asyncio.ensure_future(verifier.close())
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
             meta.update(self._spec_meta(lm, link, report, spec))
             meta["timings_s"] = {"draft": round(spec.draft_s, 4),
                                  "round_trips": round(spec.verify_s, 4),
                                  "verifier_server": round(verifier.server_s, 4)}
+
+    async def _remote(self, req: ChatRequest, link: VerifierLink, report: Generation,
+                      meta: dict[str, Any]) -> AsyncIterator[Chunk]:
+        """The upstream's model answers alone; this node relays (cloud-only, via here)."""
+        from tierlink.chat.remote import forward_body, relay
+
+        upstream: dict[str, Any] = {}
+        try:
+            async for piece in relay(self.http(), link.url,
+                                     forward_body(req, link.model, self.node_id), report,
+                                     upstream):
+                yield piece
+        finally:
+            meta.update(upstream)
+            meta["path"] = [self.node_id, *upstream.get("path", [link.node_id])]
+            meta["mode"] = "remote"
 
     def _spec_meta(self, lm: LanguageModel, link: VerifierLink, report: Generation,
                    spec: SpecReport) -> dict[str, Any]:

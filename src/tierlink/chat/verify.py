@@ -43,6 +43,16 @@ def install_verify_route(app: FastAPI, models: dict[str, LanguageModel]) -> None
                              "server_ms": round((time.perf_counter() - start) * 1e3, 3)})
 
 
+    @app.delete("/tierlink/v1/llm/{name}/verify/{session}", status_code=204,
+                response_class=Response)
+    async def release(name: str, session: str) -> Response:
+        """The drafting device is done with this sequence: free its cache here."""
+        lm = models.get(name)
+        if lm is not None:
+            lm.verifiers.drop(session)
+        return Response(status_code=204)
+
+
 def parse_verify(body: Any, lm: LanguageModel) -> tuple[str, list[int], list[Proposal],
                                                          SamplingParams]:
     if not isinstance(body, dict):
@@ -96,6 +106,15 @@ class HttpVerifier:
         self.key = key
         self.timeout_s = timeout_s
         self.server_s = 0.0
+
+    async def close(self) -> None:
+        """Tell the verifier this sequence is done (best effort: it evicts idle ones anyway)."""
+        try:
+            async with self.http.delete(f"{self.url}/{self.key}",
+                                        timeout=aiohttp.ClientTimeout(total=2.0)):
+                pass
+        except (aiohttp.ClientError, TimeoutError):
+            pass
 
     async def __call__(self, tokens: list[int], drafts: list[Proposal],
                        params: SamplingParams) -> Verdict:

@@ -91,6 +91,14 @@ class SessionStore:
         now = self.clock()
         return sum(1 for s in self._sessions.values() if s.busy or now - s.last_used <= within_s)
 
+    def drop(self, key: str) -> bool:
+        """Forget a session now (its owner is done); a busy one stays until its turn ends."""
+        session = self._sessions.get(key)
+        if session is None or session.busy:
+            return False
+        del self._sessions[key]
+        return True
+
     def bytes_in_use(self) -> int:
         return sum(s.cache.bytes_reserved() for s in self._sessions.values())
 
