@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -82,7 +81,7 @@ def received(fleet: RunningFleet, node: str) -> float:
     """Inputs the node has received (its ``tierlink_inputs_received_total``)."""
     text = httpx.get(f"{fleet.node_urls[node]}/metrics", timeout=5, trust_env=False).text
     return sum(float(v) for v in re.findall(r"^tierlink_inputs_received_total\{.*\} (\S+)$",
-                                            text, re.M))
+                                            text, re.MULTILINE))
 
 
 def test_an_imported_classifier_task_is_routed_and_answered(byo_fleet: RunningFleet) -> None:

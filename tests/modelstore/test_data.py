@@ -3,7 +3,6 @@ files with ``labels.csv``; what is refused (naming the problem); the seeded spli
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 
 import byo_support as byo
-from tierlink.errors import ConfigError, ImportRefused, TierlinkError
+from tierlink.errors import ImportRefused, TierlinkError
 from tierlink.modelstore import measure
 from tierlink.modelstore.data import Labelled, load_data, split
 from tierlink.modelstore.importer import ImportRequest, import_model
