@@ -37,7 +37,8 @@ console = Console(stderr=True)
 
 
 def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
-             requests: int | None = None, rate: float | None = None) -> dict[str, Any]:
+             requests: int | None = None, rate: float | None = None,
+             chat: bool = False) -> dict[str, Any]:
     from tierlink.cli.main import zoo_models
     from tierlink.zoo.datasets import fashion_mnist
 
@@ -67,6 +68,10 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
                                                        headers=fleet.admin_headers),
                   "environment": environment(fleet, settings, zoo_summary)}
     _print_report(report)
+    if chat:
+        from tierlink.cli.demo_chat import chat_phase
+
+        report["chat"] = chat_phase(quick)
     if json_path:
         json_path.write_text(json.dumps(report, indent=2))
         console.print(f"report written to {json_path}")

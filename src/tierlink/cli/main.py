@@ -138,12 +138,15 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
          json_path: Path | None = typer.Option(None, "--json", help="write the report here"),
          fleet_file: Path = typer.Option(EXAMPLE_FLEET, "--fleet"),
          requests: int | None = typer.Option(None, help="requests per run"),
-         rate: float | None = typer.Option(None, help="requests per second")) -> None:
+         rate: float | None = typer.Option(None, help="requests per second"),
+         chat: bool = typer.Option(False, "--chat", help="then a chat phase on its own fleet "
+                                                         "(examples/chat-fleet.yaml)")) -> None:
     """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
     from tierlink.cli.demo import run_demo
 
     try:
-        run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate)
+        run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate,
+                 chat=chat)
     except TierlinkError as exc:
         fail(exc)
 

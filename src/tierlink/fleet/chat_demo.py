@@ -1,0 +1,153 @@
+"""The demo's chat phase: a mixed set of prompts from the devices, at three privacy levels,
+answered three ways on a real chat fleet (``examples/chat-fleet.yaml``).
+
+Everyday questions, a third each ``local``, ``site`` and ``any``; each device sends its share
+in order, the devices at once; greedy answers of up to 32 tokens.
+
+* ``cloud_only``: every prompt to the cloud's model (relayed by the device, ``mode: remote``)
+  as a team without tierlink would send it — prompts that were not allowed to leave the device
+  count as privacy violations. Its answers are the reference: what the large model says.
+* ``tierlink``: the device's node decides (a ``local`` or ``site`` prompt is answered by the
+  device's own model, an ``any`` prompt is drafted on the device and verified by the cloud);
+* ``device_only``: every prompt answered by the device's own model.
+
+Quality is "the same answer as the large model" (exact text), since these prompts have no
+labels: speculative decoding must score 100% on what it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tierlink.fleet.launcher import RunningFleet
+
+PRIVACY_MIX = ("local", "site", "any")
+RUNS = ("cloud_only", "tierlink", "device_only")  # the reference first
+QUESTIONS = (
+    "What is the capital of France?", "Write a haiku about the sea.",
+    "List three fruits and their colours.", "How do I boil an egg?",
+    "Explain photosynthesis in two sentences.", "What is a prime number?",
+    "Give me a tip for learning to code.", "Why is the sky blue?",
+    "Describe a cat to someone who has never seen one.", "What does a compiler do?",
+    "Name three planets of the solar system.", "How can I sleep better?",
+    "What is the difference between weather and climate?", "Suggest a name for a dog.",
+    "Summarise the plot of Cinderella.", "What is machine learning?",
+    "How many legs does a spider have?", "What is the boiling point of water?",
+    "Write one sentence about autumn.", "What is a noun?",
+    "Give me a synonym for happy.", "What causes rain?",
+    "How do plants drink water?", "What is the largest ocean?",
+    "Translate 'thank you' into Spanish.", "What is gravity?",
+    "Name a famous painter.", "Why do we need sleep?",
+    "What is an atom?", "How do I make tea?",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatItem:
+    device: str
+    text: str
+    privacy: str
+
+
+def chat_items(devices: list[str], per_device: int) -> list[ChatItem]:
+    return [ChatItem(device, QUESTIONS[(d * per_device + i) % len(QUESTIONS)],
+                     PRIVACY_MIX[i % 3])
+            for d, device in enumerate(devices) for i in range(per_device)]
+
+
+def _body(item: ChatItem, run: str, max_tokens: int) -> dict[str, Any]:
+    tl: dict[str, Any] = {"privacy": item.privacy, "deadline_ms": 60_000}
+    if run == "cloud_only":
+        tl = {"privacy": "any", "mode": "remote", "deadline_ms": 60_000}
+    elif run == "device_only":
+        tl["mode"] = "local"
+    return {"model": "chat", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "tierlink": tl,
+            "messages": [{"role": "user", "content": item.text}]}
+
+
+async def _ask(http: httpx.AsyncClient, url: str, item: ChatItem, run: str,
+               max_tokens: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    ttft: float | None = None
+    text: list[str] = []
+    meta: dict[str, Any] = {}
+    error: str | None = None
+    try:
+        async with http.stream("POST", url + "/v1/chat/completions",
+                               json=_body(item, run, max_tokens)) as r:
+            if r.status_code != 200:
+                error = f"{r.status_code}"
+            else:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    data = json.loads(line[6:])
+                    for choice in data.get("choices", []):
+                        piece = choice.get("delta", {}).get("content")
+                        if piece:
+                            ttft = ttft or time.perf_counter() - start
+                            text.append(piece)
+                    meta = data.get("tierlink") or meta
+    except httpx.HTTPError as exc:
+        error = type(exc).__name__
+    return {"device": item.device, "prompt": item.text, "privacy": item.privacy,
+            "text": "".join(text), "answered": error is None,
+            "error": error, "ttft_ms": 1e3 * (ttft or time.perf_counter() - start),
+            "latency_ms": 1e3 * (time.perf_counter() - start),
+            "tier": meta.get("tier"), "mode": meta.get("mode"),
+            "cost_usd": float(meta.get("cost_usd") or 0.0),
+            "left_device": run == "cloud_only" or meta.get("mode") in ("speculative", "remote"),
+            "drafted": meta.get("drafted", 0), "accepted": meta.get("accepted", 0)}
+
+
+def run_chat(fleet: RunningFleet, items: list[ChatItem], run: str, max_tokens: int = 32,
+             progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    by_device: dict[str, list[ChatItem]] = {}
+    for item in items:
+        by_device.setdefault(item.device, []).append(item)
+    done: list[dict[str, Any]] = []
+
+    async def device(http: httpx.AsyncClient, name: str, mine: list[ChatItem]) -> None:
+        for item in mine:
+            done.append(await _ask(http, fleet.node_urls[name], item, run, max_tokens))
+            if progress is not None:
+                progress(len(done))
+
+    async def all_devices() -> None:
+        async with httpx.AsyncClient(timeout=120) as http:
+            await asyncio.gather(*[device(http, n, m) for n, m in by_device.items()])
+    asyncio.run(all_devices())
+    return done
+
+
+def summarize(records: list[dict[str, Any]],
+              reference: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """``reference``: (device, prompt) -> the large model's answer (the cloud-only run)."""
+    def group(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        answered = [r for r in rs if r["answered"]]
+        same = [r["text"] == reference.get((r["device"], r["prompt"])) for r in answered]
+        ttfts = sorted(r["ttft_ms"] for r in answered) or [0.0]
+        drafted = sum(r["drafted"] for r in rs)
+        return {
+            "requests": len(rs), "answered": len(answered),
+            "same_as_large": round(sum(same) / max(len(rs), 1), 3),
+            "ttft_p50_ms": round(statistics.median(ttfts), 1),
+            "ttft_p95_ms": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 1),
+            "cost_per_1k": round(1000 * sum(r["cost_usd"] for r in rs) / max(len(rs), 1), 6),
+            "left_device": sum(r["left_device"] for r in rs) / max(len(rs), 1),
+            "acceptance": round(sum(r["accepted"] for r in rs) / drafted, 3) if drafted else None,
+            "privacy_violations": sum(r["left_device"] and r["privacy"] != "any"
+                                      for r in rs)}
+    out = group(records)
+    out["by_privacy"] = {p: group([r for r in records if r["privacy"] == p])
+                         for p in PRIVACY_MIX}
+    return out
