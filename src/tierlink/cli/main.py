@@ -92,7 +92,7 @@ def imported_models(wanted: tuple[str, ...]) -> dict[str, tuple[Path, Path]]:
     """Name -> (onnx, card) of the wanted models the local model store holds."""
     from tierlink.modelstore.store import ModelStore, models_of
 
-    return models_of(ModelStore.default(), wanted)
+    return models_of(ModelStore.default(), list(wanted))
 
 
 @zoo_app.command("build")

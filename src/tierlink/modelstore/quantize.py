@@ -44,7 +44,8 @@ def quantize_imported(store: ModelStore, parent: str, settings: QuantSettings,
         say(f"{name}: quantizing ({settings.precision})")
         result = quantize_model(onnx, variant, settings, next(iter(parts.calib.x.values())))
         data_file = Path(tmp) / "data.npz"
-        np.savez(data_file, y=data.y, **dict(data.x))
+        arrays: dict[str, Any] = {"y": data.y, **dict(data.x)}
+        np.savez(data_file, **arrays)
         say(f"{name}: measuring it on {parent}'s data")
         new = import_model(ImportRequest(
             name=name, onnx=variant, task=card["task"], tier=card["tier"], data=data_file,

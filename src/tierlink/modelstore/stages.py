@@ -11,7 +11,7 @@ import numpy as np
 
 from tierlink.cascade.stages import Chain, stage_cost
 from tierlink.cascade.tune import Stage
-from tierlink.errors import ConfigError
+from tierlink.errors import ConfigError, ImportRefused
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.modelstore import measure
 from tierlink.modelstore.data import split
@@ -69,6 +69,8 @@ def _stage_pair(store: ModelStore, name: str, tier: Any, card: dict[str, Any], p
         answer = kind.answer(measure.run(session, measure.feed(part.x, inputs)), task,
                              float(card["temperature"]))
         correct = kind.correct(answer, part.y, task)
+        if answer.confidence is None:  # checked by the caller: such kinds are not cascaded
+            raise ImportRefused(f"{name}: its kind gives no confidence to cascade on")
         out.append(Stage(model=name, tier=tier, confidence=answer.confidence,
                          correct=np.asarray(correct, bool), cost=price))
     return out[0], out[1]

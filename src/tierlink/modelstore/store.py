@@ -97,7 +97,8 @@ class ModelStore:
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp.npz")
-            np.savez(tmp, y=data.y, **{f"x:{k}": v for k, v in data.x.items()})
+            arrays: dict[str, Any] = {"y": data.y, **{f"x:{k}": v for k, v in data.x.items()}}
+            np.savez(tmp, **arrays)
             os.replace(tmp, path)
         return path
 
