@@ -111,6 +111,7 @@ def test_speculative_greedy_equals_target_greedy(lm: LanguageModel, target, code
         assert spec_text == own
         assert spec.rounds > 0 and 0 < spec.accepted <= spec.drafted
         assert not spec.degraded
+        assert lm.release(f"dev:{i}") and f"dev:{i}" not in lm.verifiers  # cache freed
 
 
 def test_a_lost_verifier_degrades_to_the_draft(lm: LanguageModel, target, codec) -> None:

@@ -49,7 +49,7 @@ def install_verify_route(app: FastAPI, models: dict[str, LanguageModel]) -> None
         """The drafting device is done with this sequence: free its cache here."""
         lm = models.get(name)
         if lm is not None:
-            lm.verifiers.drop(session)
+            lm.release(session)
         return Response(status_code=204)
 
 

@@ -203,6 +203,13 @@ class LanguageModel:
             return hidden.numpy()
         return await asyncio.to_thread(run)
 
+    def release(self, key: str) -> bool:
+        """A drafting device is done with ``key``: free its cache and generator now."""
+        dropped = self.verifiers.drop(key)
+        if dropped:
+            self._verify_gens.pop(key, None)
+        return dropped
+
     def status(self) -> dict[str, Any]:
         s = self.engine.stats
         return {"name": self.name, "running": s.running, "queued": s.queued,
