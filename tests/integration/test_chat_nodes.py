@@ -45,7 +45,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cloud(run_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    spec = _spec("cloud-1", "cloud", run_dir, llms=(LMSource("smollm2", "smollm2-135m"),),
+    spec = _spec("cloud-1", "cloud", run_dir,
+                 llms=(LMSource("smollm2", "smollm2-135m", quality=0.76),),
                  chat_tasks={"chat": "smollm2"})
     with llm_node(spec, run_dir) as node:
         yield node
@@ -132,7 +133,7 @@ def test_a_device_drafts_and_the_cloud_verifies(
         run_dir: Path) -> None:
     spec = _spec("dev-1", "device", run_dir,
                  llms=(LMSource("smollm2", "smollm2-135m", quantize="int8",
-                                verifier="cloud-1/smollm2"),),
+                                verifier="cloud-1/smollm2", quality=0.56),),
                  chat_tasks={"chat": "smollm2"},
                  upstreams=(UpstreamSpec("cloud-1", cloud[0]),))
     with llm_node(spec, run_dir) as (url, _):
@@ -179,7 +180,7 @@ def test_a_device_whose_verifier_is_gone_answers_degraded(run_dir: Path) -> None
     dead = f"http://127.0.0.1:{pick_port()}"  # nothing listens there
     spec = _spec("dev-2", "device", run_dir,
                  llms=(LMSource("smollm2", "smollm2-135m", quantize="int8",
-                                verifier="cloud-1/smollm2"),),
+                                verifier="cloud-1/smollm2", quality=0.56),),
                  chat_tasks={"chat": "smollm2"}, upstreams=(UpstreamSpec("cloud-1", dead),))
     with llm_node(spec, run_dir) as (url, _):
         device = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
@@ -188,4 +189,41 @@ def test_a_device_whose_verifier_is_gone_answers_degraded(run_dir: Path) -> None
         meta = (answer.model_extra or {})["tierlink"]
         assert answer.choices[0].message.content
         assert meta["degraded"] and meta["served_by"] == "dev-2"
-        assert "verifier unavailable" in meta["degraded_reason"]
+        assert "cloud-1 unreachable" in meta["degraded_reason"]
+        forced = device.chat.completions.create(  # asked for: tried, then its own draft
+            model="chat", messages=MSG, max_tokens=12, temperature=0,
+            extra_body={"tierlink": {"mode": "speculative"}})
+        meta = (forced.model_extra or {})["tierlink"]
+        assert meta["degraded"] and "verifier unavailable" in meta["degraded_reason"]
+
+
+def test_a_node_without_a_model_relays_and_keeps_a_conversation_together(
+        cloud: tuple[str, subprocess.Popen[bytes]], client: openai.OpenAI,
+        run_dir: Path) -> None:
+    spec = _spec("gw-1", "edge", run_dir, upstreams=(UpstreamSpec("cloud-1", cloud[0]),))
+    with llm_node(spec, run_dir) as (url, _):
+        gateway = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert "chat" in {m.id for m in gateway.models.list()}
+        own = client.chat.completions.create(model="chat", messages=MSG, max_tokens=16,
+                                             temperature=0)
+        turn = {"session": "conv-7"}
+        first = gateway.chat.completions.create(model="chat", messages=MSG, max_tokens=16,
+                                                temperature=0, extra_body={"tierlink": turn})
+        assert first.choices[0].message.content == own.choices[0].message.content
+        meta = (first.model_extra or {})["tierlink"]
+        assert meta["served_by"] == "cloud-1" and meta["path"] == ["gw-1", "cloud-1"]
+        assert meta["placement"]["reason"].startswith("remote smollm2@cloud-1")
+        follow = [*MSG, {"role": "assistant", "content": first.choices[0].message.content},
+                  {"role": "user", "content": "And of Spain?"}]
+        second = gateway.chat.completions.create(model="chat", messages=follow, max_tokens=16,
+                                                 temperature=0, extra_body={"tierlink": turn})
+        meta = (second.model_extra or {})["tierlink"]
+        assert "cache is there" in meta["placement"]["reason"]
+        details = second.usage.prompt_tokens_details  # the cloud kept the first turn
+        assert details is not None and (details.cached_tokens or 0) > 10
+        with pytest.raises(openai.NotFoundError):
+            gateway.chat.completions.create(model="nope", messages=MSG, max_tokens=4)
+        with pytest.raises(openai.PermissionDeniedError):  # a local prompt is not its own
+            gateway.chat.completions.create(
+                model="chat", messages=MSG, max_tokens=4,
+                extra_body={"tierlink": {"privacy": "local", "origin": "dev-1"}})

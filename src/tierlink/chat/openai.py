@@ -3,7 +3,10 @@ chunks and errors as OpenAI's clients expect them.
 
 tierlink's own parameters travel in the body's ``tierlink`` object (the ``openai`` client's
 ``extra_body={"tierlink": {...}}``): ``deadline_ms``, ``privacy``, ``priority``, ``origin``,
-``session`` (keep this conversation's KV cache for the next turn), ``mode`` (``auto``,
+``session`` (keep this conversation's KV cache for the next turn, and send its next turns to
+the node holding it), ``ttft_ms`` (a target for the time to the first token) and
+``min_tokens_per_s`` (a floor on the generation speed), which placement must meet,
+``mode`` (``auto``: placed by policy,
 ``local``: this node's own model, ``speculative``: draft here, verify upstream, ``remote``:
 the upstream's model answers alone, relayed through this node). The answer carries a
 ``tierlink`` object: who served it, on which tier, along which path, the cost, the tokens
@@ -20,7 +23,7 @@ from typing import Any
 
 from tierlink.core.types import Priority, Privacy
 from tierlink.errors import InvalidRequest, TierlinkError
-from tierlink.llm.sampling import MAX_TOKENS_LIMIT, SamplingParams
+from tierlink.llm.params import MAX_TOKENS_LIMIT, SamplingParams
 
 UNSUPPORTED = ("tools", "functions", "logit_bias", "response_format", "audio")
 DEFAULT_MAX_TOKENS = 256
@@ -35,6 +38,8 @@ class TierlinkParams:
     session: str | None = None
     hops: int = 0
     mode: str = "auto"  # auto | local | speculative | remote
+    ttft_ms: float | None = None  # the first token within this long (placement's target)
+    min_tokens_per_s: float | None = None  # generation at least this fast
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +153,18 @@ def _tierlink(raw: Any) -> TierlinkParams:
         raise InvalidRequest("tierlink.mode must be a string", param="tierlink")
     return TierlinkParams(deadline_ms=deadline, privacy=privacy, priority=priority,
                           origin=raw.get("origin"), session=session,
-                          hops=hops if isinstance(hops, int) else 0, mode=mode)
+                          hops=hops if isinstance(hops, int) else 0, mode=mode,
+                          ttft_ms=_positive(raw.get("ttft_ms"), "ttft_ms"),
+                          min_tokens_per_s=_positive(raw.get("min_tokens_per_s"),
+                                                     "min_tokens_per_s"))
+
+
+def _positive(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidRequest(f"tierlink.{name} must be a positive number", param="tierlink")
+    return float(value)
 
 
 def _number(value: Any, name: str) -> float:

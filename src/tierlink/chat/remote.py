@@ -21,7 +21,7 @@ from tierlink.errors import (
     UpstreamUnavailable,
     error_from_dict,
 )
-from tierlink.llm.runtime import Chunk, Generation
+from tierlink.llm.results import Chunk, Generation
 
 
 def forward_body(req: ChatRequest, model: str, origin: str) -> dict[str, Any]:
@@ -34,6 +34,8 @@ def forward_body(req: ChatRequest, model: str, origin: str) -> dict[str, Any]:
                      "priority": req.tierlink.priority.label,
                      "origin": req.tierlink.origin or origin, "hops": req.tierlink.hops + 1,
                      "mode": "local"}}
+    if req.tierlink.session is not None:  # the upstream keeps the conversation's cache
+        body["tierlink"]["session"] = req.tierlink.session
     if p.seed is not None:
         body["seed"] = p.seed
     if p.stop:

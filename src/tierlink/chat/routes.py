@@ -1,5 +1,6 @@
 """The OpenAI API on a node: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models`` — and the verifier's endpoint for speculative decoding,
+``GET /v1/models`` — on every node, with or without a language model of its own — and, on
+a node with one, the verifier's endpoint for speculative decoding,
 ``POST /tierlink/v1/llm/{model}/verify``. Errors answer in OpenAI's shape with the status
 of tierlink's error tree (4xx for the caller's mistakes).
 """
@@ -19,12 +20,14 @@ from tierlink.errors import InvalidRequest, TierlinkError
 
 
 def install_chat_routes(app: FastAPI, chat: ChatService) -> None:
-    from tierlink.chat.verify import install_verify_route
+    if chat.models:  # a node with language models verifies drafts for its devices
+        from tierlink.chat.verify import install_verify_route
 
-    install_verify_route(app, chat.models)
+        install_verify_route(app, chat.models)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": chat.model_list()}
+        return await chat.listing()
 
     @app.get("/v1/models/{name}")
     async def model(name: str) -> Response:
@@ -50,10 +53,10 @@ async def _one_model(chat: ChatService, name: str) -> Response:
 async def _answer(chat: ChatService, request: Request,
                   parse: Callable[[Any], openai.ChatRequest]) -> Response:
     req = parse(await _json(request))
+    prep = await chat.prepare(req)  # refusals come as a status, before any answer
     if not req.stream:
-        return JSONResponse(await chat.complete(req))
-    lm, ids = chat.prepare(req)  # refusals come as a status, before the stream starts
-    return StreamingResponse(chat.stream(req, lm, ids), media_type="text/event-stream",
+        return JSONResponse(await chat.complete(req, prep))
+    return StreamingResponse(chat.stream(req, prep), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import httpx
 
-from tierlink.core.types import CascadePoint, LinkView, ModelView, NodeView, SplitPoint, Tier
+from tierlink.core.types import (
+    CascadePoint,
+    LanguageModelView,
+    LinkView,
+    ModelView,
+    NodeView,
+    SplitPoint,
+    Tier,
+)
 from tierlink.errors import ControlPlaneError, InvalidRequest, TierlinkError
 
 if TYPE_CHECKING:
@@ -351,6 +359,8 @@ def node_views(records: list[dict[str, Any]], extra_age_s: float = 0.0
             queue_depth=int(rec.get("queue_depth", 0)), inflight=int(rec.get("inflight", 0)),
             workers=int(rec.get("workers", 1)),
             age_s=float(rec.get("age_s", 0.0)) + extra_age_s,
+            language_models=tuple(LanguageModelView.from_dict(lm)
+                                  for lm in rec.get("language_models", ())),
         ))
         links.extend(
             LinkView(src=rec["node_id"], dst=link["dst"], rtt_ms=float(link["rtt_ms"]),

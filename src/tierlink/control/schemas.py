@@ -109,6 +109,24 @@ class ModelSpec(_Open):
     stats: dict[str, Any] | None = None
 
 
+class LanguageModelSpec(_Open):
+    """A language model a node answers chat with (``LanguageModelView.to_dict``)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    tasks: list[str] = Field(default_factory=list, max_length=64)
+    quality: float | None = Field(default=None, ge=0.0, le=1.0)
+    context: int = Field(default=8192, ge=1)
+    prefill_tok_s: float = Field(default=100.0, gt=0.0)
+    decode_tok_s: float = Field(default=10.0, gt=0.0)
+    batch_slowdown: float = Field(default=0.1, ge=0.0)
+    running: int = Field(default=0, ge=0)
+    queued: int = Field(default=0, ge=0)
+    max_sequences: int = Field(default=16, ge=1)
+    verifier: str = Field(default="", max_length=300)
+    acceptance: float = Field(default=0.7, ge=0.0, le=1.0)
+    price_per_1k: float = Field(default=0.0, ge=0.0)
+
+
 class LinkSpec(_Open):
     """A directed link from the heartbeating node to ``dst``, as that node estimates it."""
 
@@ -130,6 +148,7 @@ class Heartbeat(_Open):
     tier: TierName
     address: str = Field(pattern=r"^https?://[^\s/]+", max_length=512)
     models: list[ModelSpec] = Field(default_factory=list)
+    language_models: list[LanguageModelSpec] = Field(default_factory=list)
     queue_depth: int = Field(default=0, ge=0)
     inflight: int = Field(default=0, ge=0)
     workers: int = Field(default=1, ge=1)

@@ -209,6 +209,58 @@ class ModelView:
 
 
 @dataclass(frozen=True, slots=True)
+class LanguageModelView:
+    """A language model on a node as a chat placement sees it (its card, the node's live
+    engine figures, and what the fleet file says of it).
+
+    ``decode_tok_s`` / ``prefill_tok_s``: one sequence alone on this node (the card's
+    figures, one thread); a decoding step over n sequences takes ``1 + batch_slowdown·(n-1)``
+    times one sequence's. ``quality``: on the fleet's labelled prompts (0..1; None when
+    unmeasured). ``verifier``: "NODE/MODEL" this model drafts for (speculative decoding),
+    with the ``acceptance`` its drafts have had there. ``price_per_1k``: USD per 1,000
+    generated tokens on this node (a prompt token counts a fifth)."""
+
+    name: str
+    tasks: tuple[str, ...] = ()
+    quality: float | None = None
+    context: int = 8192
+    prefill_tok_s: float = 100.0
+    decode_tok_s: float = 10.0
+    batch_slowdown: float = 0.1
+    running: int = 0
+    queued: int = 0
+    max_sequences: int = 16
+    verifier: str = ""
+    acceptance: float = 0.7
+    price_per_1k: float = 0.0
+
+    def serves(self, name: str) -> bool:
+        """Whether a request naming ``name`` (a model or a chat task) may run here."""
+        return name == self.name or name in self.tasks
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (heartbeats, ``GET /v1/models``) that :meth:`from_dict` reads."""
+        return {"name": self.name, "tasks": list(self.tasks), "quality": self.quality,
+                "context": self.context, "prefill_tok_s": round(self.prefill_tok_s, 3),
+                "decode_tok_s": round(self.decode_tok_s, 3),
+                "batch_slowdown": round(self.batch_slowdown, 4), "running": self.running,
+                "queued": self.queued, "max_sequences": self.max_sequences,
+                "verifier": self.verifier, "acceptance": round(self.acceptance, 4),
+                "price_per_1k": self.price_per_1k}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LanguageModelView:
+        quality = d.get("quality")
+        return cls(str(d["name"]), tuple(str(t) for t in d.get("tasks", ())),
+                   None if quality is None else float(quality), int(d.get("context", 8192)),
+                   float(d.get("prefill_tok_s", 100.0)), float(d.get("decode_tok_s", 10.0)),
+                   float(d.get("batch_slowdown", 0.1)), int(d.get("running", 0)),
+                   int(d.get("queued", 0)), int(d.get("max_sequences", 16)),
+                   str(d.get("verifier", "")), float(d.get("acceptance", 0.7)),
+                   float(d.get("price_per_1k", 0.0)))
+
+
+@dataclass(frozen=True, slots=True)
 class NodeView:
     """A node as the registry last heard of it (possibly a little stale)."""
 
@@ -223,6 +275,8 @@ class NodeView:
     # Models whose *head* this node can run for a split plan (not served here), with the
     # head latencies of its own split profile in ``ModelView.splits``.
     heads: tuple[ModelView, ...] = ()
+    # Language models this node answers chat requests with (the OpenAI API).
+    language_models: tuple[LanguageModelView, ...] = ()
 
     def model_for(self, task: str, version: str | None = None) -> ModelView | None:
         """The node's model for ``task``; with ``version``, one that serves that version

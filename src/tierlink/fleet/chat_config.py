@@ -13,6 +13,7 @@
             verifier: cloud-1/smollm2   # optional: draft for that upstream's model
             kv_cache_mib: 12       # optional: bounded KV cache per sequence (sliding window)
             router: router.json    # optional: easy prompts answered here, hard ones verified
+            quality: 0.563         # optional: measured on labelled prompts; placement weighs it
 
 A verifier must be a node this one has a link to, serving that model.
 """
@@ -57,7 +58,8 @@ def _source(raw: Any, where: str) -> LMSource:
             or not isinstance(raw.get("model"), str):
         raise ConfigError(f"{where} needs a name and a model, e.g. "
                           "{name: smollm2, model: smollm2-135m}")
-    known = {"name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences", "router"}
+    known = {"name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences", "router",
+             "quality"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {unknown}", hint=f"known: {sorted(known)}")
@@ -74,8 +76,11 @@ def _source(raw: Any, where: str) -> LMSource:
     if router is not None and (not isinstance(router, str) or verifier is None):
         raise ConfigError(f"{where}.router must be a file written by `tierlink cascade "
                           "chat-router`, on a model with a verifier (where hard prompts go)")
+    quality = raw.get("quality")
+    if quality is not None and (not isinstance(quality, int | float) or not 0 <= quality <= 1):
+        raise ConfigError(f"{where}.quality must be a share between 0 and 1, e.g. 0.757")
     return LMSource(name=raw["name"], path=raw["model"], quantize=quantize, verifier=verifier,
-                    router=router,
+                    router=router, quality=None if quality is None else float(quality),
                     kv_cache_bytes=int(mib * 2**20) if mib else None,
                     max_sequences=int(raw.get("max_sequences", 16)))
 

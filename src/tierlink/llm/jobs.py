@@ -18,6 +18,7 @@ import torch
 
 from tierlink.llm.kvcache import KVCache
 from tierlink.llm.model import Step
+from tierlink.llm.results import Timing
 from tierlink.llm.sampling import (
     Proposal,
     SamplingParams,
@@ -37,16 +38,6 @@ class Event:
     tokens: list[int]
     finish_reason: str | None = None  # stop | length | cancelled | error
     error: BaseException | None = None
-
-
-@dataclass
-class Timing:
-    submitted: float
-    first_token: float | None = None
-    finished: float | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generated: int = 0
 
 
 def prefill_steps(cache: KVCache, tokens: list[int]) -> list[list[int]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,32 +14,14 @@ from tierlink.errors import ConfigError, ContextTooLong, InvalidRequest, Tierlin
 from tierlink.llm import weights
 from tierlink.llm.card import load_or_measure
 from tierlink.llm.engine import Engine
-from tierlink.llm.jobs import Event, GenerateJob, Timing, VerifyJob
+from tierlink.llm.jobs import Event, GenerateJob, VerifyJob
 from tierlink.llm.kvcache import CacheBounds
 from tierlink.llm.model import LlamaModel
+from tierlink.llm.results import Chunk, Generation
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, generator
 from tierlink.llm.sessions import Session, SessionStore
 from tierlink.llm.source import LMSource
 from tierlink.llm.text import Detokenizer, TextCodec
-
-
-@dataclass
-class Chunk:
-    text: str
-    tokens: list[int]
-    finish_reason: str | None = None
-
-
-@dataclass
-class Generation:
-    """What a finished (or running) generation reports: usage and timings."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    timing: Timing | None = None
-    finish_reason: str | None = None
-    text: list[str] = field(default_factory=list)
 
 
 class LanguageModel:

@@ -25,5 +25,8 @@ class LMSource:
     # a difficulty router (JSON, chat/router.py): prompts it scores above its threshold go to
     # the verifier's large model (speculatively); the rest are answered here
     router: str | None = None
+    # the model's quality on the fleet's labelled prompts (0..1, e.g. `benchmarks/llm_route.py`):
+    # chat placement weighs it against time and cost; None: not measured
+    quality: float | None = None
     # a verifier holds a verification up to this long for other devices' (one pass for all)
     verify_batch_wait_ms: float = 10.0

@@ -21,10 +21,9 @@ import torch
 
 from tierlink.errors import TierlinkError
 from tierlink.estimate.speculation import SpecEstimator
-from tierlink.llm.jobs import Timing
 from tierlink.llm.kvcache import KVCache
 from tierlink.llm.model import LlamaModel, Step
-from tierlink.llm.runtime import Chunk, Generation
+from tierlink.llm.results import Chunk, Generation, Timing
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, generator, propose
 from tierlink.llm.text import Detokenizer, TextCodec
 

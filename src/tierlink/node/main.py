@@ -81,7 +81,7 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     service = NodeService(spec, models.active, records=(lambda: cache.nodes) if cache else list,
                           hard_example_sink=control, models=models, metrics=metrics,
                           uplink=_uplink(spec, metrics))
-    app = create_app(service, chat=_chat_service(spec, metrics))
+    app = create_app(service, chat=_chat_service(spec, metrics, service))
     if cache:
         service.metrics.control_stale.labels(spec.tier.label).set_function(
             lambda: min(cache.stale_s(time.time()), 1e9))
@@ -109,18 +109,26 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
             await control.close()
 
 
-def _chat_service(spec: NodeSpec, metrics: NodeMetrics) -> ChatService | None:
-    """The node's language models behind the OpenAI API (None when it serves none)."""
-    if not spec.llms:
-        return None
+def _chat_service(spec: NodeSpec, metrics: NodeMetrics, service: NodeService) -> ChatService:
+    """The OpenAI API on this node: its own language models (when it serves any), placed
+    over the node's view, and relays to its upstreams' (torch is loaded only with a model)."""
+    from tierlink.chat.placing import NodeLink
     from tierlink.chat.service import ChatService
-    from tierlink.llm.runtime import LanguageModel
     from tierlink.telemetry.llm_metrics import LLMMetrics
 
-    models = {src.name: LanguageModel.load(src) for src in spec.llms}
-    return ChatService(spec.node_id, spec.tier, models, dict(spec.chat_tasks),
+    models = {}
+    if spec.llms:
+        from tierlink.llm.runtime import LanguageModel
+
+        models = {src.name: LanguageModel.load(src) for src in spec.llms}
+    chat = ChatService(spec.node_id, spec.tier, models, dict(spec.chat_tasks),
                        LLMMetrics(spec.tier.label, metrics.registry),
-                       verifiers=_verifier_links(spec))
+                       verifiers=_verifier_links(spec),
+                       upstreams={u.node_id: u.url for u in spec.upstreams},
+                       node=NodeLink(view=lambda: service.view, links=service.link_views,
+                                     healthy=service.breakers.healthy))
+    service.language_models = chat.views
+    return chat
 
 
 def _verifier_links(spec: NodeSpec) -> dict[str, VerifierLink]:

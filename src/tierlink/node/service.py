@@ -41,6 +41,7 @@ import numpy as np
 
 from tierlink import __version__
 from tierlink.core.types import (
+    LanguageModelView,
     LinkView,
     ModelView,
     NodeView,
@@ -162,6 +163,8 @@ class NodeService:
                                                    initial_service_ms=self._initial_ms()),
                                    clock=clock, observer=self.metrics)
         self._model_info: dict[str, tuple[str, ...]] = {}  # model -> its info labels
+        # The node's language models as chat placement sees them (set by its chat service).
+        self.language_models: Callable[[], tuple[LanguageModelView, ...]] = tuple
         for name, rt in runtimes.items():
             self.scheduler.seed_service_ms(name, rt.info.latency_ms)
             self._export_model_info(name, rt)
@@ -737,7 +740,12 @@ class NodeService:
                        for name, rt in self.runtimes.items())
         return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
                         inflight=stats.inflight, workers=stats.workers,
-                        heads=self._open_heads(self._scaled_heads(stats.service_ms_by_key)))
+                        heads=self._open_heads(self._scaled_heads(stats.service_ms_by_key)),
+                        language_models=self.language_models())
+
+    def link_views(self) -> list[LinkView]:
+        """This node's estimates of its links to its upstreams."""
+        return [u.estimator.view() for u in self._upstreams.values()]
 
     def _view_of(self, name: str, rt: ModelRuntime,
                  service_ms: Mapping[str, float]) -> ModelView:
@@ -861,6 +869,7 @@ class NodeService:
         return {
             "node_id": me.node_id, "tier": me.tier.label, "address": address,
             "models": self._model_entries(me),
+            "language_models": [lm.to_dict() for lm in me.language_models],
             "install_failures": self.models.failures(),
             "queue_depth": me.queue_depth, "inflight": me.inflight,  # compute, not routing
             "workers": me.workers, "upstream": sorted(self._upstreams),
