@@ -31,6 +31,7 @@ from tierlink.fleet.demo import (
     workload_for,
 )
 from tierlink.fleet.launcher import launch
+from tierlink.fleet.tuning import fresh_thresholds
 from tierlink.zoo.photo_models import photo_models
 
 console = Console(stderr=True)
@@ -52,7 +53,7 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
                                say=_say))
     zoo_summary.update({name: _card_summary(models[name][1]) for name in config.model_names()
                         if name in models and name not in zoo_summary})
-    config, tuning = _fresh_thresholds(config, models, settings.task)
+    config, tuning = fresh_thresholds(config, models, settings.task, _say)
     test = fashion_mnist().test
     items = workload_for(config, settings, len(test.labels))
     photos = photo_phase(config, settings, models)
@@ -76,24 +77,6 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
         json_path.write_text(json.dumps(report, indent=2))
         console.print(f"report written to {json_path}")
     return report
-
-
-def _fresh_thresholds(config: Any, models: dict, task: str) -> tuple[Any, dict[str, Any]]:
-    """The fleet with thresholds that belong to the models this machine built: as written
-    when they were tuned on these very files, else tuned anew here (a fresh clone trains
-    its own zoo) — said on the terminal and in the report."""
-    from tierlink.fleet.tuning import retune, stale_thresholds
-
-    stale = stale_thresholds(config, models)
-    if not stale:
-        return config, {"retuned": False, "tuned_on": dict(config.routing.cascade_tuned_on)}
-    _say("the fleet file's cascade thresholds were tuned on other models ("
-         + "; ".join(stale) + "): tuning them for this machine's models")
-    config, report = retune(config, task)
-    _say(f"thresholds {report.thresholds()}: {report.describe()}; on the test split "
-         f"{100 * report.test.accuracy:.2f}%, {100 * report.test.shares[0]:.1f}% answered "
-         "on the device")
-    return config, {"retuned": True, "stale": stale, "report": report.to_dict()}
 
 
 def _say(message: str) -> None:

@@ -152,6 +152,33 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
 
 
 @app.command()
+def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (as `up` takes)"),
+        scenario: Path | None = typer.Option(None, "--scenario",
+                                             help="arrivals, outages, crashes, slowdowns (YAML)"),
+        requests: int | None = typer.Option(None, help="requests per run (default: the "
+                                                       "demo's 600, or all the scenario makes)"),
+        rate: float = typer.Option(25.0, help="mean requests per second"),
+        arrivals: str | None = typer.Option(None, help="constant, poisson or diurnal"),
+        duration: float | None = typer.Option(None, help="simulated seconds of arrivals"),
+        seed: int | None = typer.Option(None, help="default: the fleet file's seed"),
+        runs: str = typer.Option("tierlink,static_rules,cloud_only,device_only",
+                                 help="the runs, as the demo names them"),
+        json_path: Path | None = typer.Option(None, "--json", help="write the report here"),
+        png_path: Path | None = typer.Option(None, "--png",
+                                             help="plot p95, SLA and tier shares over time")
+        ) -> None:
+    """Simulate a fleet on simulated time with the nodes' own policies and dispatcher."""
+    from tierlink.cli.sim import run_sim
+
+    try:
+        run_sim(fleet_file, scenario_file=scenario, requests=requests, rate=rate,
+                arrivals=arrivals, duration_s=duration, seed=seed, runs=runs,
+                json_path=json_path, png_path=png_path)
+    except TierlinkError as exc:
+        fail(exc)
+
+
+@app.command()
 def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
        run_dir: Path | None = typer.Option(None, help="logs and state (default: temp dir)"),
        as_json: bool = typer.Option(False, "--json", help="print the endpoints as JSON")) -> None:

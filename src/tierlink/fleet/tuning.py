@@ -11,7 +11,7 @@ taken as given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -99,3 +99,21 @@ def target_of(goal: Any) -> dict[str, float]:
     if goal.kind != "accuracy_drop":
         return {}
     return {"accuracy_drop": goal.value, "confidence": goal.confidence or 0.0}
+
+
+def fresh_thresholds(config: FleetConfig, models: Models, task: str,
+                     say: Callable[[str], None]) -> tuple[FleetConfig, dict[str, Any]]:
+    """The fleet with thresholds that belong to the models this machine built: as written
+    when they were tuned on these very files, else tuned anew here (a fresh clone trains
+    its own zoo) — said through ``say`` and in the returned report (the demo's and the
+    simulator's ``tuning``)."""
+    stale = stale_thresholds(config, models)
+    if not stale:
+        return config, {"retuned": False, "tuned_on": dict(config.routing.cascade_tuned_on)}
+    say("the fleet file's cascade thresholds were tuned on other models ("
+        + "; ".join(stale) + "): tuning them for this machine's models")
+    config, report = retune(config, task)
+    say(f"thresholds {report.thresholds()}: {report.describe()}; on the test split "
+        f"{100 * report.test.accuracy:.2f}%, {100 * report.test.shares[0]:.1f}% answered "
+        "on the device")
+    return config, {"retuned": True, "stale": stale, "report": report.to_dict()}

@@ -90,13 +90,20 @@ def _draw(rng: random.Random, table: tuple, weight_index: int) -> tuple:
 
 def make_workload(n: int, rate_per_s: float, devices: list[str], n_samples: int,
                   seed: int) -> list[WorkItem]:
+    return make_items([i / rate_per_s for i in range(n)], devices, n_samples, seed)
+
+
+def make_items(times: Sequence[float], devices: Sequence[str], n_samples: int,
+               seed: int) -> list[WorkItem]:
+    """One request at each of ``times`` (s), in the demo's mix of SLA classes and privacy
+    levels, from a device and on a test input drawn with ``seed``."""
     rng = random.Random(seed)
     items = []
-    for i in range(n):
+    for i, at_s in enumerate(times):
         deadline, priority, _ = _draw(rng, SLA_CLASSES, 2)
         privacy, _ = _draw(rng, PRIVACY_MIX, 1)
         items.append(WorkItem(i, rng.randrange(n_samples), rng.choice(devices), deadline,
-                              priority, privacy, i / rate_per_s))
+                              priority, privacy, at_s))
     return items
 
 

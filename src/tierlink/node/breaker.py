@@ -244,3 +244,21 @@ class BreakerBoard:
             hook(node_id, old, new)
 
         return forward
+
+
+class DispatchBreakers:
+    """Adapts a breaker board to the dispatcher's small protocol (``allow`` / ``success`` /
+    ``failure``); the node and the simulator both use it."""
+
+    def __init__(self, board: BreakerBoard) -> None:
+        self._board = board
+
+    def allow(self, node_id: str) -> bool:
+        return self._board.allow(node_id)
+
+    def success(self, node_id: str) -> None:
+        self._board.record_success(node_id)
+
+    def failure(self, node_id: str, kind: str) -> None:
+        # A refused/reset connection means the node is gone: open at once (breaker "connect").
+        self._board.record_failure(node_id, "connect" if kind == "unavailable" else kind)

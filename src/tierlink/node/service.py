@@ -68,7 +68,7 @@ from tierlink.errors import (
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
-from tierlink.node.breaker import BreakerBoard, BreakerSettings
+from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, OutboxSink
@@ -191,7 +191,7 @@ class NodeService:
                                tuple[ModelView, ...]] | None = None
         self._head_temperature = {info.name: info.temperature for info in head_infos}
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
-                                     _Breakers(self.breakers), RetryBudget(self.routing.retry_budget),
+                                     DispatchBreakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      _Observer(self.metrics), clock,
                                      margin_ms=self.routing.reserve_ms,
                                      on_hard_example=self._hard_example,
@@ -1040,23 +1040,6 @@ class _InstallsCollector:
         for (model, outcome), n in sorted(self._models.installs.items()):
             family.add_metric([self._tier, model, outcome], n)
         yield family
-
-
-class _Breakers:
-    """Adapts the breaker board to the dispatcher's small protocol."""
-
-    def __init__(self, board: BreakerBoard) -> None:
-        self._board = board
-
-    def allow(self, node_id: str) -> bool:
-        return self._board.allow(node_id)
-
-    def success(self, node_id: str) -> None:
-        self._board.record_success(node_id)
-
-    def failure(self, node_id: str, kind: str) -> None:
-        # A refused/reset connection means the node is gone: open at once (breaker "connect").
-        self._board.record_failure(node_id, "connect" if kind == "unavailable" else kind)
 
 
 class _Observer:

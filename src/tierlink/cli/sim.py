@@ -1,0 +1,135 @@
+"""``tierlink sim``: a fleet file and a workload on simulated time, each run side by side as
+the demo reports it (the same policies, dispatcher, scheduler and estimators the nodes run;
+models answer from their recorded answers on the test split)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tierlink.errors import ConfigError
+from tierlink.fleet.config import FleetConfig, load_fleet
+
+console = Console(stderr=True)
+TASK = "fmnist"
+
+
+def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | None,
+            rate: float, arrivals: str | None, duration_s: float | None, seed: int | None,
+            runs: str, json_path: Path | None, png_path: Path | None,
+            progress: bool = True) -> dict[str, Any]:
+    from tierlink.sim.outcomes import zoo_outcomes
+    from tierlink.sim.run import RUNS, simulate
+
+    config = load_fleet(fleet_file)
+    chosen = _runs(runs, RUNS)
+    config, tuning, views = _models(config)
+    outcomes = zoo_outcomes(TASK, list(views), config.zoo_profile)
+    sc = _scenario(scenario_file)
+    seed = config.seed if seed is None else seed
+    items = _items(config, sc, outcomes.size, requests, rate, arrivals, duration_s, seed)
+    with Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, disable=not progress) as bar:
+        tasks = {name: bar.add_task(name, total=len(items)) for name, _ in chosen}
+
+        def done(name: str, _record: Any) -> None:
+            bar.advance(tasks[name])
+
+        report, records = simulate(config, views, outcomes, items, seed, chosen,
+                                   sc.scenario, on_done=done)
+    report["tuning"] = tuning
+    report["models"] = sorted(views)
+    left_out = [m for m in config.model_names() if m not in views]
+    if left_out:
+        report["left_out"] = {"models": left_out,
+                              "why": "the simulator answers tasks it holds recorded answers "
+                                     f"for ({TASK}); these serve other tasks"}
+    _print(report)
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2))
+        console.print(f"report written to {json_path}")
+    if png_path:
+        from tierlink.sim.plots import plot
+
+        plot(records, png_path)
+        console.print(f"plot written to {png_path}")
+    return report
+
+
+def _runs(text: str, known: tuple[tuple[str, str | None], ...]
+          ) -> list[tuple[str, str | None]]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    table = dict(known)
+    unknown = [n for n in names if n not in table]
+    if unknown or not names:
+        raise ConfigError(f"unknown run(s) {unknown}", hint=f"choose from {', '.join(table)}")
+    return [(n, table[n]) for n in names]
+
+
+def _models(config: FleetConfig) -> tuple[FleetConfig, dict[str, Any], dict[str, Any]]:
+    """The zoo models of the simulated task (built, variants made, as the demo does) with
+    thresholds that belong to them, and each model's view as a node builds it."""
+    from tierlink.cli.main import zoo_models
+    from tierlink.fleet.tuning import fresh_thresholds
+    from tierlink.node.runtime import ModelInfo
+
+    wanted = tuple(m for m in config.model_names() if m.startswith(f"{TASK}-"))
+    if not wanted:
+        raise ConfigError(f"fleet {config.name!r} serves no {TASK} model to simulate")
+    models, _ = zoo_models(config.zoo_profile, wanted)
+    config, tuning = fresh_thresholds(config, models, TASK,
+                                      lambda m: console.print(f"[dim]{m}[/dim]"))
+    views = {name: ModelInfo.from_card(models[name][1]).view() for name in wanted}
+    return config, tuning, views
+
+
+def _scenario(path: Path | None) -> Any:
+    from tierlink.sim.scenario import ScenarioFile, load_scenario
+
+    return load_scenario(path) if path is not None else ScenarioFile()
+
+
+def _items(config: FleetConfig, sc: Any, n_samples: int, requests: int | None, rate: float,
+           arrivals: str | None, duration_s: float | None, seed: int) -> list[Any]:
+    from tierlink.fleet.workload import make_workload
+    from tierlink.sim.workload import Arrivals, workload
+
+    devices = [n.node_id for n in config.nodes if n.tier.label == "device"]
+    if not devices:
+        raise ConfigError(f"fleet {config.name!r} has no device to send requests from")
+    shape = sc.arrivals
+    if arrivals is not None:
+        shape = Arrivals(kind=arrivals, rate_per_s=rate,
+                         period_s=duration_s or sc.duration_s or 86_400.0)
+    duration = duration_s or sc.duration_s
+    if shape is None and duration is None:  # the demo's workload: a steady rate
+        return make_workload(requests or 600, rate, devices, n_samples, seed)
+    shape = shape or Arrivals(kind="constant", rate_per_s=rate)
+    duration = duration or (requests or 600) / shape.rate_per_s
+    return workload(shape, duration, devices, n_samples, seed, limit=requests)
+
+
+def _print(report: dict[str, Any]) -> None:
+    runs = report["runs"]
+    table = Table(title=f"simulated: {report['requests']} requests on fleet {report['fleet']}")
+    table.add_column("")
+    for name in runs:
+        table.add_column(name, justify="right")
+    rows = [("accuracy", "accuracy", "{:.2%}"), ("p50 ms", "p50_ms", "{:.1f}"),
+            ("p95 ms", "p95_ms", "{:.1f}"), ("p99 ms", "p99_ms", "{:.1f}"),
+            ("SLA attainment", "sla_attainment", "{:.1%}"),
+            ("cost per 1k (USD)", "cost_per_1k", "{:.6f}"), ("refused", "refused", "{:d}"),
+            ("lost", "lost", "{:d}"), ("privacy violations", "privacy_violations", "{:d}")]
+    for label, key, fmt in rows:
+        table.add_row(label, *(fmt.format(r[key]) for r in runs.values()))
+    table.add_row("device/edge/cloud", *(
+        "/".join(f"{100 * r['tier_share'][t]:.0f}%" for t in ("device", "edge", "cloud"))
+        for r in runs.values()))
+    table.add_row("wall s (req/s)", *(f"{s['wall_s']:.1f} ({s['requests_per_wall_s']:.0f})"
+                                      for s in report["sim"].values()))
+    Console().print(table)

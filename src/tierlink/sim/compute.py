@@ -1,0 +1,66 @@
+"""A simulated node's compute: the node's own scheduler (``node/scheduler.py``: priority
+queue, admission control, expiry, learned service times), its workers busy for simulated
+time instead of running a model in a thread.
+
+A job is a :class:`Work`: how long it runs and what it returns. How long comes from
+:class:`ComputeModel`: the model card's latency on the machine that measured it, scaled by
+the node's speed (a CPU quota, an injected slowdown, a device's thermal throttling) with
+log-normal jitter, drawn from the simulation's seeded generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from tierlink.node.scheduler import Scheduler, _Job
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What a simulated worker does: take ``seconds``, then answer ``result``."""
+
+    seconds: float
+    result: Any = None
+
+    def __call__(self) -> Any:  # the scheduler's contract: a callable job
+        return self.result
+
+
+class _NoThreads:
+    def shutdown(self, wait: bool = True) -> None:
+        return None
+
+
+class SimScheduler(Scheduler):
+    """The node's scheduler with workers on simulated time (no threads)."""
+
+    def start(self) -> None:
+        if self._executor is None:
+            self._executor = _NoThreads()  # type: ignore[assignment]
+
+    def _start(self, job: _Job, now: float) -> None:
+        self._begin(job, now)
+        work = job.fn
+        seconds = work.seconds if isinstance(work, Work) else 0.0
+        loop = asyncio.get_running_loop()
+        loop.call_later(seconds, self._done, job, seconds)
+
+    def _done(self, job: _Job, seconds: float) -> None:
+        self._finish(job, job.fn(), None, seconds)
+
+
+@dataclass
+class ComputeModel:
+    """Run time of one inference on a node: ``base_ms`` (the card's latency) / ``speed``,
+    times log-normal noise of ``jitter`` (σ of the log)."""
+
+    speed: float = 1.0  # 0.5: a half-core CPU quota; lowered by slowdowns and throttling
+    jitter: float = 0.15
+
+    def seconds(self, base_ms: float, rng: random.Random) -> float:
+        noise = math.exp(rng.gauss(-0.5 * self.jitter ** 2, self.jitter)) if self.jitter else 1.0
+        return base_ms / 1000.0 / max(self.speed, 1e-6) * noise

@@ -1,0 +1,277 @@
+"""A simulated node: the live node's routing (``node/service.py``) on simulated time.
+
+What it runs is the node's own code: the policies from ``tierlink.policy.REGISTRY`` (the
+same objects a node creates, planning over the same ``ClusterView``), the dispatcher
+(``node/dispatcher.py``: escalation, fallback, retries within a budget, hedges, timeouts),
+the breaker board, the link estimators (``estimate/latency.py``, fed with the simulated
+exchanges) and the scheduler (``node/scheduler.py``, workers on simulated time). What is
+simulated is only what a node's environment does: a model's run time and answer
+(``sim/compute.py``, ``sim/outcomes.py``), the wire (``sim/links.py``) and the registry's
+staleness (``sim/fleet.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tierlink.core.types import (
+    ClusterView,
+    LinkView,
+    ModelView,
+    NodeView,
+    Outcome,
+    Placement,
+    Request,
+    Tier,
+)
+from tierlink.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    NoFeasiblePlacement,
+    PrivacyViolation,
+    TierlinkError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from tierlink.estimate.latency import LinkEstimator
+from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
+from tierlink.node.dispatcher import Dispatcher, Inputs, RetryBudget, StepResult
+from tierlink.node.hedging import Hedger
+from tierlink.node.scheduler import SchedulerConfig
+from tierlink.policy import REGISTRY, Policy
+from tierlink.sim.compute import ComputeModel, SimScheduler, Work
+from tierlink.sim.links import SimLink
+
+if TYPE_CHECKING:
+    from tierlink.fleet.config import RoutingConfig
+    from tierlink.sim.outcomes import Outcomes
+
+RESPONSE_BYTES = 200  # an answer's tensors and tierlink parameters on the wire
+
+
+@dataclass
+class Counters:
+    """What a run's dispatchers and receipts did (the live node's metrics, in one place)."""
+
+    violations: int = 0
+    escalated: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    retried: int = 0
+    hedged: dict[str, int] = field(default_factory=dict)
+
+    def escalated_(self, _model: str) -> None:
+        self.escalated += 1
+
+    def fell_back(self, _node: str, reason: str) -> None:
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    def retried_(self, _node: str) -> None:
+        self.retried += 1
+
+    def hedged_(self, _node: str, outcome: str) -> None:
+        self.hedged[outcome] = self.hedged.get(outcome, 0) + 1
+
+
+class _Observer:
+    def __init__(self, counters: Counters) -> None:
+        self.escalated = counters.escalated_
+        self.fell_back = counters.fell_back
+        self.retried = counters.retried_
+        self.hedged = counters.hedged_
+
+
+@dataclass(frozen=True, slots=True)
+class SimModel:
+    view: ModelView  # what the card says (latency: on the machine that measured it)
+    base_ms: float  # the card's batch-1 latency, scaled by the node's speed when run
+
+
+class SimNode:
+    def __init__(self, node_id: str, tier: Tier, models: Mapping[str, SimModel],
+                 routing: RoutingConfig, outcomes: Mapping[str, Outcomes],
+                 counters: Counters, rng: random.Random, *, workers: int = 1,
+                 max_queue: int = 256, compute: ComputeModel | None = None,
+                 clock: Callable[[], float]) -> None:
+        self.node_id, self.tier = node_id, tier
+        self.models = dict(models)
+        self.routing = routing
+        self.outcomes = outcomes
+        self.counters = counters
+        self.rng = rng
+        self.compute = compute or ComputeModel()
+        self.alive = True
+        self.incarnation = 0  # grows at each crash: answers of an older one never arrive
+        self._clock = clock
+        cfg = routing.policy_config()
+        self.policies: dict[str, Policy] = {name: REGISTRY.create(name, cfg)
+                                            for name in REGISTRY.names()}
+        self.scheduler = SimScheduler(SchedulerConfig(workers=workers, max_queue=max_queue),
+                                      clock=clock)
+        self.scheduler.start()
+        for name, m in self.models.items():
+            self.scheduler.seed_service_ms(name, m.base_ms / max(self.compute.speed, 1e-6))
+        self.breakers = BreakerBoard(BreakerSettings(
+            failure_threshold=routing.breaker.failure_threshold,
+            cooldown_s=routing.breaker.cooldown_s,
+            max_cooldown_s=routing.breaker.max_cooldown_s), clock=clock)
+        self.links: dict[str, SimLink] = {}
+        self.estimators: dict[str, LinkEstimator] = {}
+        self.upstreams: dict[str, SimNode] = {}
+        self.outstanding: dict[str, int] = {}
+        self.dispatcher = Dispatcher(node_id, tier, self._run_local, self._run_remote,
+                                     DispatchBreakers(self.breakers),
+                                     RetryBudget(routing.retry_budget),
+                                     _Observer(counters), clock,
+                                     margin_ms=routing.reserve_ms,
+                                     hedger=Hedger(routing.hedging))
+        self.view = ClusterView.build(node_id, [self.me()], [])
+        self.view_at = float("-inf")
+        self.before_plan: Callable[[SimNode], None] = lambda _node: None  # view refresh
+
+    def crash(self) -> None:
+        self.alive = False
+        self.incarnation += 1
+
+    def restart(self) -> None:
+        self.alive = True
+
+    def connect(self, upstream: SimNode, link: SimLink) -> None:
+        self.upstreams[upstream.node_id] = upstream
+        self.links[upstream.node_id] = link
+        hop = self.routing.policy_config().estimates.hop_overhead_ms
+        self.estimators[upstream.node_id] = LinkEstimator(
+            LinkView(self.node_id, upstream.node_id, link.shape.rtt_ms,
+                     link.shape.bandwidth_mbit or 1000.0, link.shape.loss),
+            hop_overhead_ms=hop)
+
+    # -- what the registry and the policy see ----------------------------------------------
+
+    def me(self) -> NodeView:
+        stats = self.scheduler.snapshot()
+        models = tuple(replace(m.view, latency_ms=stats.service_ms_by_key.get(
+            name, m.view.latency_ms)) for name, m in self.models.items())
+        return NodeView(self.node_id, self.tier, models, queue_depth=stats.queue_depth,
+                        inflight=stats.inflight, workers=stats.workers)
+
+    def link_views(self) -> list[LinkView]:
+        return [e.view() for e in self.estimators.values()]
+
+    def refresh_view(self, others: list[NodeView], their_links: list[LinkView]) -> None:
+        """Registry entries of the nodes this one can reach (as last heard), live state for
+        itself, its own link estimates; breakers decide who counts as healthy."""
+        nodes = [self.me()] + [replace(n, healthy=self.breakers.healthy(n.node_id))
+                               for n in others if n.node_id != self.node_id]
+        self.view = ClusterView.build(self.node_id, nodes, [*self.link_views(), *their_links],
+                                      self.outstanding)
+        self.view_at = self._clock()
+
+    # -- a request arrives -----------------------------------------------------------------
+
+    async def handle(self, req: Request, inputs: Inputs) -> StepResult:
+        """What ``NodeService.infer_task`` does with a routed request."""
+        if not self.alive:
+            raise UpstreamUnavailable(f"{self.node_id} is down")
+        t0 = self._clock()
+        policy = self._policy_for(req)
+        req = self._check_receipt(req, policy)
+        self.before_plan(self)
+        plan = policy.plan(req, self.view, self.rng)
+        if plan.empty:
+            raise NoFeasiblePlacement(f"{self.node_id}: {plan.reason}",
+                                      request_id=req.request_id)
+        return await self.dispatcher.execute(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+
+    def _policy_for(self, req: Request) -> Policy:
+        name = req.policy or self.routing.policy
+        if name != self.routing.policy and not self.routing.allow_policy_override:
+            raise InvalidRequest(f"this fleet does not allow choosing the policy ({name})")
+        found = self.policies.get(name)
+        if found is None:
+            raise InvalidRequest(f"unknown policy {name!r}")
+        return found
+
+    def _check_receipt(self, req: Request, policy: Policy) -> Request:
+        allowed = req.privacy.allows(self.tier, at_origin=req.origin == self.node_id)
+        if not allowed and not req.privacy_breached:
+            self.counters.violations += 1
+        if not allowed and policy.respects_privacy:
+            raise PrivacyViolation(f"{self.node_id} may not hold a {req.privacy.value} input")
+        if req.deadline_ms <= 0 and policy.respects_deadline:
+            raise DeadlineExceeded(f"request {req.request_id} arrived with its deadline spent")
+        return req if allowed else replace(req, privacy_breached=True)
+
+    # -- the dispatcher's steps ------------------------------------------------------------
+
+    async def _run_local(self, placement: Placement, req: Request, inputs: Inputs,
+                         remaining_ms: float) -> StepResult:
+        name = placement.model or ""
+        model = self.models[name]
+        task_outcomes = self.outcomes[model.view.task]
+        pred, confidence = task_outcomes.answer(name, int(inputs["sample"]))
+        seconds = self.compute.seconds(model.base_ms, self.rng)
+        await self.scheduler.submit(Work(seconds), priority=req.priority,
+                                    deadline_s=self._clock() + remaining_ms / 1000.0,
+                                    key=name, inline=False)
+        compute_ms = seconds * 1000.0
+        cost = self.routing.cost.compute(self.tier, compute_ms)
+        outcome = Outcome(self.node_id, self.tier, name, (self.node_id,), confidence,
+                          cost=cost, timings_ms={"compute_ms": compute_ms},
+                          model_version=model.view.version)
+        return StepResult({"label": np.asarray(pred)}, outcome)
+
+    async def _run_remote(self, placement: Placement, req: Request, inputs: Inputs,
+                          remaining_ms: float, budget_ms: float) -> StepResult:
+        """What ``NodeService._run_remote`` does: forward with what is left of the deadline,
+        learn the link from the exchange, add the transfer's cost."""
+        up = placement.node_id
+        link = self.estimators[up].view()
+        send_ms = budget_ms - link.rtt_ms - self.routing.reserve_ms
+        if send_ms <= 0:
+            raise DeadlineExceeded(f"no time left for the hop to {up}")
+        forwarded = replace(req, deadline_ms=send_ms, hops=req.hops + 1)
+        self.outstanding[up] = self.outstanding.get(up, 0) + 1
+        start = self._clock()
+        try:
+            result, server_ms = await asyncio.wait_for(self._exchange(up, forwarded, inputs),
+                                                       budget_ms / 1000.0)
+        except TimeoutError:
+            raise UpstreamTimeout(f"{up} did not answer in {budget_ms:.1f} ms") from None
+        finally:
+            self.outstanding[up] -= 1
+        total_ms = (self._clock() - start) * 1000.0
+        self.estimators[up].observe(total_ms, server_ms, req.input_bytes)
+        transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
+        out = result.outcome
+        return StepResult(result.outputs, replace(out, cost=out.cost + transfer))
+
+    async def _exchange(self, up: str, req: Request, inputs: Inputs
+                        ) -> tuple[StepResult, float]:
+        link, target = self.links[up], self.upstreams[up]
+        await link.send(req.input_bytes + RESPONSE_BYTES)
+        if not target.alive:  # a reachable host whose process is gone: refused at once
+            await link.reply(0)
+            raise UpstreamUnavailable(f"{up}: connection refused")
+        began, life = self._clock(), target.incarnation
+        try:
+            result = await target.handle(req, inputs)
+        except TierlinkError:
+            _check_alive(target, life)
+            await link.reply(RESPONSE_BYTES)
+            raise
+        _check_alive(target, life)
+        server_ms = (self._clock() - began) * 1000.0
+        await link.reply(RESPONSE_BYTES)
+        return result, server_ms
+
+
+def _check_alive(target: SimNode, life: int) -> None:
+    """A node that crashed while holding a request never answers it: the caller's
+    connection is reset."""
+    if target.incarnation != life:
+        raise UpstreamUnavailable(f"{target.node_id}: connection reset")

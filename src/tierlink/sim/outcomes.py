@@ -1,0 +1,102 @@
+"""What each model answers, input by input: the simulator's stand-in for running a model.
+
+Every model of a task is run once over the task's test split (the inputs the demo draws
+its requests from) and its answer and calibrated confidence kept per input, so a simulated
+cascade meets the models' real joint behaviour — an input the device model is unsure of is
+the same input the edge model then sees — not a guessed escalation rate. Computed once per
+set of model files (keyed by their sha256) and cached under ``$TIERLINK_HOME/sim``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tierlink.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """One model's answer (top-1 class) and calibrated confidence on each input."""
+
+    pred: np.ndarray  # (N,) int
+    confidence: np.ndarray  # (N,) float
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """A task's labelled inputs and every model's answers on them."""
+
+    task: str
+    labels: np.ndarray  # (N,)
+    models: Mapping[str, Answers]
+    input_bytes: int  # one input on the wire (FP32)
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+    def answer(self, model: str, sample: int) -> tuple[int, float]:
+        found = self.models.get(model)
+        if found is None:
+            raise ConfigError(f"the simulation has no answers of model {model!r} on task "
+                              f"{self.task!r}", hint=f"models: {sorted(self.models)}")
+        return int(found.pred[sample]), float(found.confidence[sample])
+
+
+def zoo_outcomes(task: str, names: Iterable[str], profile: str = "full",
+                 cache_dir: Path | None = None) -> Outcomes:
+    """Answers of the zoo models ``names`` of ``task`` on its test split (variants made on
+    first use, as the demo makes them)."""
+    from tierlink.quantize.variants import with_variants
+    from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.datasets import load_splits
+
+    wanted = sorted(set(names))
+    zoo = with_variants(ensure_zoo(task=task, profile=profile, progress=False), wanted)
+    test = load_splits(task).test
+    shas = [zoo.card(n).sha256 for n in wanted]
+    key = hashlib.sha256(("|".join(f"{n}={s}" for n, s in zip(wanted, shas, strict=True))
+                          + f"|{task}|{test.labels.shape[0]}").encode()).hexdigest()[:16]
+    path = (cache_dir or _cache_dir()) / f"outcomes-{task}-{key}.npz"
+    input_bytes = int(np.prod(test.images.shape[1:])) * 4
+    if path.is_file():
+        return _load(path, task, wanted, input_bytes)
+    from tierlink.zoo.evaluate import onnx_logits, softmax
+
+    models = {}
+    for name in wanted:
+        probs = softmax(onnx_logits(zoo.path(name), test.images, threads=1),
+                        zoo.card(name).temperature)
+        models[name] = Answers(probs.argmax(axis=1).astype(np.int16),
+                               probs.max(axis=1).astype(np.float32))
+    outcomes = Outcomes(task, test.labels.astype(np.int16), models, input_bytes)
+    _save(path, outcomes)
+    return outcomes
+
+
+def _cache_dir() -> Path:
+    from tierlink.zoo.cache import tierlink_home
+
+    return tierlink_home() / "sim"
+
+
+def _save(path: Path, o: Outcomes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"labels": o.labels}
+    for name, a in o.models.items():
+        arrays[f"pred:{name}"] = a.pred
+        arrays[f"conf:{name}"] = a.confidence
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)  # type: ignore[arg-type]
+    tmp.replace(path)
+
+
+def _load(path: Path, task: str, names: list[str], input_bytes: int) -> Outcomes:
+    with np.load(path) as data:
+        models = {n: Answers(data[f"pred:{n}"], data[f"conf:{n}"]) for n in names}
+        return Outcomes(task, data["labels"], models, input_bytes)

@@ -1,0 +1,83 @@
+"""One simulation: a fleet file and a workload, run once per policy (each on a fresh fleet
+and a fresh simulated clock, so the runs see the same requests and the same conditions),
+reported in the demo's schema (``fleet/workload.summarize``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tierlink.core.types import ModelView
+from tierlink.fleet.config import FleetConfig
+from tierlink.fleet.workload import Record, WorkItem, summarize
+from tierlink.sim import loop
+from tierlink.sim.build import Scenario, build
+from tierlink.sim.fleet import drive
+from tierlink.sim.outcomes import Outcomes
+
+# The demo's runs: (name, the policy a request names; None = the fleet's own).
+RUNS = (("tierlink", None), ("static_rules", "static_rules"), ("cloud_only", "cloud_only"),
+        ("device_only", "device_only"))
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    records: list[Record]
+    summary: dict[str, Any]
+    counters: dict[str, Any]
+    simulated_s: float
+    wall_s: float
+
+
+def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outcomes,
+             items: Sequence[WorkItem], policy: str | None, seed: int,
+             scenario: Scenario | None = None,
+             on_done: Callable[[Record], None] = lambda r: None) -> RunResult:
+    wall = time.perf_counter()
+
+    async def main() -> tuple[list[Record], Any, float]:
+        import asyncio
+
+        clock = asyncio.get_running_loop().time
+        fleet, counters = build(config, views, {outcomes.task: outcomes}, clock, seed,
+                                scenario)
+        records = await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
+                              outcomes.input_bytes, policy, on_done)
+        return records, counters, clock()
+
+    records, counters, simulated = loop.run(main)
+    return RunResult(records, summarize(records, counters.violations),
+                     {"escalated": counters.escalated, "fallbacks": counters.fallbacks,
+                      "retried": counters.retried, "hedged": counters.hedged},
+                     simulated, time.perf_counter() - wall)
+
+
+def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outcomes,
+             items: Sequence[WorkItem], seed: int, runs: Sequence[tuple[str, str | None]] = RUNS,
+             scenario: Scenario | None = None, bins: int = 30,
+             on_done: Callable[[str, Record], None] = lambda _n, _r: None
+             ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
+    """Every run of ``runs`` over the same items: the report (``runs`` as the demo's, the
+    simulator's own counters and speed under ``sim``, per-window ``series``) and each
+    run's records."""
+    from tierlink.fleet.demo import breakdown
+    from tierlink.sim.plots import series
+
+    report: dict[str, Any] = {"fleet": config.name, "requests": len(items), "seed": seed,
+                              "runs": {}, "sim": {}, "series": {}}
+    records: dict[str, list[Record]] = {}
+    for name, policy in runs:
+        def done(r: Record, n: str = name) -> None:
+            on_done(n, r)
+
+        result = run_once(config, views, outcomes, items, policy, seed, scenario, done)
+        records[name] = result.records
+        report["runs"][name] = result.summary | breakdown(result.records, config, None)
+        report["sim"][name] = {**result.counters, "simulated_s": round(result.simulated_s, 3),
+                               "wall_s": round(result.wall_s, 3),
+                               "requests_per_wall_s": round(len(items) / result.wall_s, 1)}
+        report["series"][name] = series(result.records, bins)
+    return report, records

@@ -1,0 +1,85 @@
+"""A scenario file: what a simulated run meets besides its fleet file.
+
+::
+
+    duration_s: 600                 # simulated seconds of arrivals
+    arrivals: {kind: diurnal, rate_per_s: 40, amplitude: 0.6, period_s: 600,
+               bursts: [{start_s: 100, end_s: 130, factor: 3}]}
+    outages: {"edge-1->cloud-1": [[200, 260]]}   # the link carries nothing
+    crashes: {edge-2: [[300, 340]]}              # the process is down, then restarts
+    slow: {edge-1: [[400, 500, 4.0]]}            # computes 4x slower
+    jitter: 0.15                    # sigma of the log of a model's run time
+
+Every key is optional; unknown keys are refused with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tierlink.errors import ConfigError
+from tierlink.sim.build import Scenario
+from tierlink.sim.links import outage_windows
+from tierlink.sim.workload import Arrivals, Burst
+
+KEYS = ("duration_s", "arrivals", "outages", "crashes", "slow", "jitter", "heartbeat_s",
+        "view_refresh_s", "ttl_s")
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioFile:
+    scenario: Scenario = field(default_factory=Scenario)
+    arrivals: Arrivals | None = None
+    duration_s: float | None = None
+
+
+def load_scenario(path: Path) -> ScenarioFile:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the scenario {path}: {exc}") from None
+    return parse_scenario(raw, str(path))
+
+
+def parse_scenario(raw: Any, where: str = "scenario") -> ScenarioFile:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping", hint=f"keys: {', '.join(KEYS)}")
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}", hint=f"known: {', '.join(KEYS)}")
+    try:
+        d = Scenario()
+        scenario = Scenario(
+            outages={str(k): outage_windows(v) for k, v in (raw.get("outages") or {}).items()},
+            crashes={str(k): outage_windows(v) for k, v in (raw.get("crashes") or {}).items()},
+            slow={str(k): tuple(_slow(w) for w in v) for k, v in (raw.get("slow") or {}).items()},
+            jitter=float(raw.get("jitter", d.jitter)),
+            heartbeat_s=float(raw.get("heartbeat_s", d.heartbeat_s)),
+            view_refresh_s=float(raw.get("view_refresh_s", d.view_refresh_s)),
+            ttl_s=float(raw.get("ttl_s", d.ttl_s)))
+        arrivals = _arrivals(raw["arrivals"]) if "arrivals" in raw else None
+        duration = float(raw["duration_s"]) if "duration_s" in raw else None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"{where}: {exc}", hint="see `tierlink sim --help`") from None
+    if duration is not None and duration <= 0:
+        raise ConfigError(f"{where}: duration_s must be positive")
+    return ScenarioFile(scenario, arrivals, duration)
+
+
+def _slow(window: Any) -> tuple[float, float, float]:
+    start, end, factor = (float(x) for x in window)
+    if not 0 <= start < end or factor <= 0:
+        raise ValueError(f"a slow window is [start_s, end_s, factor > 0], got {window}")
+    return start, end, factor
+
+
+def _arrivals(raw: Mapping[str, Any]) -> Arrivals:
+    bursts = tuple(Burst(float(b["start_s"]), float(b["end_s"]), float(b["factor"]))
+                   for b in raw.get("bursts", ()))
+    extra = {k: float(raw[k]) for k in ("rate_per_s", "amplitude", "period_s") if k in raw}
+    return Arrivals(kind=str(raw.get("kind", "poisson")), bursts=bursts, **extra)

@@ -1,0 +1,40 @@
+"""Simulated time: sleeps and timeouts cost no wall time, and a run that can never finish
+says so instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tierlink.sim.loop import SimulationStalled, run
+
+
+def test_an_hour_of_sleeps_takes_no_time() -> None:
+    async def main() -> tuple[list[float], float]:
+        loop = asyncio.get_running_loop()
+
+        async def at(delay: float) -> float:
+            await asyncio.sleep(delay)
+            return loop.time()
+
+        times = await asyncio.gather(at(3600.0), at(0.5), at(60.0))
+        try:
+            await asyncio.wait_for(asyncio.sleep(10.0), 2.0)
+        except TimeoutError:
+            pass
+        return list(times), loop.time()
+
+    wall = time.perf_counter()
+    times, end = run(main)
+    assert times == [3600.0, 0.5, 60.0] and end == pytest.approx(3602.0)
+    assert time.perf_counter() - wall < 1.0
+
+
+def test_waiting_forever_is_an_error_not_a_hang() -> None:
+    async def main() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(SimulationStalled):
+        run(main)
