@@ -30,6 +30,11 @@ class Scenario:
     slow: Mapping[str, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
     speed: Mapping[str, float] = field(default_factory=dict)  # node -> factor on its speed
     jitter: float = 0.15  # σ of the log of a model's run time
+    # What the HTTP stacks cost beyond the wire and the model (this machine's figures come
+    # from benchmarks/routing_overhead.py): an application's request to its device node and
+    # back, and one forward to an upstream and back (both ends' work).
+    request_ms: float = 0.0
+    hop_ms: float = 0.0
     heartbeat_s: float = 1.0
     view_refresh_s: float = 0.25
     ttl_s: float = 5.0
@@ -49,7 +54,8 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
         nodes[n.node_id] = SimNode(
             n.node_id, n.tier, models, config.routing, outcomes, counters,
             seeded(seed, "node", n.node_id), workers=n.workers, max_queue=n.max_queue,
-            compute=ComputeModel(speed=speed, jitter=sc.jitter), clock=clock)
+            compute=ComputeModel(speed=speed, jitter=sc.jitter), hop_ms=sc.hop_ms,
+            clock=clock)
     for link in config.links:
         shape = LinkShape(link.rtt_ms, link.bandwidth_mbit, link.jitter_ms, link.loss,
                           sc.outages.get(link.name, ()))
@@ -57,7 +63,7 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
                                                          seeded(seed, "link", link.name)))
     registry = Registry(heartbeat_s=sc.heartbeat_s, ttl_s=sc.ttl_s)
     _schedule_faults(nodes, sc)
-    return SimFleet(nodes, registry, clock, sc.view_refresh_s), counters
+    return SimFleet(nodes, registry, clock, sc.view_refresh_s, sc.request_ms), counters
 
 
 def _schedule_faults(nodes: Mapping[str, SimNode], sc: Scenario) -> None:

@@ -22,8 +22,6 @@ from tierlink.errors import TierlinkError
 from tierlink.fleet.workload import Record, WorkItem
 from tierlink.sim.node import SimNode
 
-CLIENT_MS = 1.0  # the application's call into its device node (loopback HTTP)
-
 
 @dataclass
 class _Entry:
@@ -61,8 +59,10 @@ class Registry:
 
 class SimFleet:
     def __init__(self, nodes: Mapping[str, SimNode], registry: Registry,
-                 clock: Callable[[], float], view_refresh_s: float = 0.25) -> None:
+                 clock: Callable[[], float], view_refresh_s: float = 0.25,
+                 request_ms: float = 0.0) -> None:
         self.nodes = dict(nodes)
+        self.half_request_s = request_ms / 2000.0  # the app's call into its node, each way
         self.registry = registry
         self.view_refresh_s = view_refresh_s
         self._clock = clock
@@ -85,14 +85,14 @@ class SimFleet:
         start = self._clock()
         req = Request(f"r{item.seq}", task, item.deadline_ms, item.origin, item.privacy,
                       item.priority, input_bytes, policy=policy)
-        await asyncio.sleep(CLIENT_MS / 2000.0)
+        await asyncio.sleep(self.half_request_s)
         try:
             result = await device.handle(req, {"sample": np.asarray(item.sample)})
         except TierlinkError as exc:
-            await asyncio.sleep(CLIENT_MS / 2000.0)
+            await asyncio.sleep(self.half_request_s)
             lost = not device.alive
             return Record(item, label, False, lost, exc.code, (self._clock() - start) * 1000)
-        await asyncio.sleep(CLIENT_MS / 2000.0)
+        await asyncio.sleep(self.half_request_s)
         out = result.outcome
         return Record(item, label, True, False, "", (self._clock() - start) * 1000.0,
                       pred=int(result.outputs["label"]),

@@ -97,7 +97,7 @@ class SimNode:
                  routing: RoutingConfig, outcomes: Mapping[str, Outcomes],
                  counters: Counters, rng: random.Random, *, workers: int = 1,
                  max_queue: int = 256, compute: ComputeModel | None = None,
-                 clock: Callable[[], float]) -> None:
+                 hop_ms: float = 0.0, clock: Callable[[], float]) -> None:
         self.node_id, self.tier = node_id, tier
         self.models = dict(models)
         self.routing = routing
@@ -105,6 +105,7 @@ class SimNode:
         self.counters = counters
         self.rng = rng
         self.compute = compute or ComputeModel()
+        self.hop_s = hop_ms / 1000.0  # both ends' HTTP work for one forward
         self.alive = True
         self.incarnation = 0  # grows at each crash: answers of an older one never arrive
         self._clock = clock
@@ -253,6 +254,8 @@ class SimNode:
     async def _exchange(self, up: str, req: Request, inputs: Inputs
                         ) -> tuple[StepResult, float]:
         link, target = self.links[up], self.upstreams[up]
+        if self.hop_s:
+            await asyncio.sleep(self.hop_s / 2)  # encoding, the request's HTTP stack
         await link.send(req.input_bytes + RESPONSE_BYTES)
         if not target.alive:  # a reachable host whose process is gone: refused at once
             await link.reply(0)
@@ -267,6 +270,8 @@ class SimNode:
         _check_alive(target, life)
         server_ms = (self._clock() - began) * 1000.0
         await link.reply(RESPONSE_BYTES)
+        if self.hop_s:
+            await asyncio.sleep(self.hop_s / 2)  # the answer's way through both stacks
         return result, server_ms
 
 

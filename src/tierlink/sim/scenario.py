@@ -9,6 +9,8 @@
     crashes: {edge-2: [[300, 340]]}              # the process is down, then restarts
     slow: {edge-1: [[400, 500, 4.0]]}            # computes 4x slower
     jitter: 0.15                    # sigma of the log of a model's run time
+    request_ms: 1.7                 # HTTP work of an app's request to its node and back
+    hop_ms: 2.8                     # ... of one forward upstream and back (both ends)
 
 Every key is optional; unknown keys are refused with the list of known ones.
 """
@@ -28,7 +30,7 @@ from tierlink.sim.links import outage_windows
 from tierlink.sim.workload import Arrivals, Burst
 
 KEYS = ("duration_s", "arrivals", "outages", "crashes", "slow", "jitter", "heartbeat_s",
-        "view_refresh_s", "ttl_s")
+        "view_refresh_s", "ttl_s", "request_ms", "hop_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,9 @@ def parse_scenario(raw: Any, where: str = "scenario") -> ScenarioFile:
             jitter=float(raw.get("jitter", d.jitter)),
             heartbeat_s=float(raw.get("heartbeat_s", d.heartbeat_s)),
             view_refresh_s=float(raw.get("view_refresh_s", d.view_refresh_s)),
-            ttl_s=float(raw.get("ttl_s", d.ttl_s)))
+            ttl_s=float(raw.get("ttl_s", d.ttl_s)),
+            request_ms=float(raw.get("request_ms", d.request_ms)),
+            hop_ms=float(raw.get("hop_ms", d.hop_ms)))
         arrivals = _arrivals(raw["arrivals"]) if "arrivals" in raw else None
         duration = float(raw["duration_s"]) if "duration_s" in raw else None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
