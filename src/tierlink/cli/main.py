@@ -165,15 +165,16 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
                                  help="the runs, as the demo names them"),
         json_path: Path | None = typer.Option(None, "--json", help="write the report here"),
         png_path: Path | None = typer.Option(None, "--png",
-                                             help="plot p95, SLA and tier shares over time")
-        ) -> None:
+                                             help="plot p95, SLA and tier shares over time"),
+        scale: str | None = typer.Option(None, help="DEVICESxEDGESxCLOUDS: the file's nodes "
+                                                    "replicated to that size")) -> None:
     """Simulate a fleet on simulated time with the nodes' own policies and dispatcher."""
     from tierlink.cli.sim import run_sim
 
     try:
         run_sim(fleet_file, scenario_file=scenario, requests=requests, rate=rate,
                 arrivals=arrivals, duration_s=duration, seed=seed, runs=runs,
-                json_path=json_path, png_path=png_path)
+                json_path=json_path, png_path=png_path, scale=scale)
     except TierlinkError as exc:
         fail(exc)
 

@@ -22,11 +22,13 @@ TASK = "fmnist"
 def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | None,
             rate: float, arrivals: str | None, duration_s: float | None, seed: int | None,
             runs: str, json_path: Path | None, png_path: Path | None,
-            progress: bool = True) -> dict[str, Any]:
+            scale: str | None = None, progress: bool = True) -> dict[str, Any]:
     from tierlink.sim.outcomes import zoo_outcomes
     from tierlink.sim.run import RUNS, simulate
 
     config = load_fleet(fleet_file)
+    if scale:
+        config = _scaled(config, scale)
     chosen = _runs(runs, RUNS)
     config, tuning, views = _models(config)
     outcomes = zoo_outcomes(TASK, list(views), config.zoo_profile)
@@ -59,6 +61,18 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
         plot(records, png_path)
         console.print(f"plot written to {png_path}")
     return report
+
+
+def _scaled(config: FleetConfig, text: str) -> FleetConfig:
+    """``DEVICESxEDGESxCLOUDS``: the file's fleet replicated to that size."""
+    from tierlink.sim.generate import generate
+
+    try:
+        devices, edges, clouds = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"--scale takes DEVICESxEDGESxCLOUDS, e.g. 10000x200x10, "
+                          f"got {text!r}") from None
+    return generate(config, devices, edges, clouds)
 
 
 def _runs(text: str, known: tuple[tuple[str, str | None], ...]

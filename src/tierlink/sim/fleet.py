@@ -85,14 +85,17 @@ class SimFleet:
         start = self._clock()
         req = Request(f"r{item.seq}", task, item.deadline_ms, item.origin, item.privacy,
                       item.priority, input_bytes, policy=policy)
-        await asyncio.sleep(self.half_request_s)
+        if self.half_request_s:
+            await asyncio.sleep(self.half_request_s)
         try:
             result = await device.handle(req, {"sample": np.asarray(item.sample)})
         except TierlinkError as exc:
-            await asyncio.sleep(self.half_request_s)
+            if self.half_request_s:
+                await asyncio.sleep(self.half_request_s)
             lost = not device.alive
             return Record(item, label, False, lost, exc.code, (self._clock() - start) * 1000)
-        await asyncio.sleep(self.half_request_s)
+        if self.half_request_s:
+            await asyncio.sleep(self.half_request_s)
         out = result.outcome
         return Record(item, label, True, False, "", (self._clock() - start) * 1000.0,
                       pred=int(result.outputs["label"]),
