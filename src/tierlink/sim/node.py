@@ -131,6 +131,8 @@ class SimNode:
                                      _Observer(counters), clock,
                                      margin_ms=routing.reserve_ms,
                                      hedger=Hedger(routing.hedging))
+        self._learned: tuple[float, ...] = ()
+        self._model_views: tuple[ModelView, ...] = ()
         self.view = ClusterView.build(node_id, [self.me()], [])
         self.view_at = float("-inf")
         self.before_plan: Callable[[SimNode], None] = lambda _node: None  # view refresh
@@ -155,10 +157,15 @@ class SimNode:
 
     def me(self) -> NodeView:
         stats = self.scheduler.snapshot()
-        models = tuple(replace(m.view, latency_ms=stats.service_ms_by_key.get(
-            name, m.view.latency_ms)) for name, m in self.models.items())
-        return NodeView(self.node_id, self.tier, models, queue_depth=stats.queue_depth,
-                        inflight=stats.inflight, workers=stats.workers)
+        learned = tuple(stats.service_ms_by_key.get(name, m.view.latency_ms)
+                        for name, m in self.models.items())
+        if learned != self._learned:  # the models' views change only with what is learned
+            self._learned = learned
+            self._model_views = tuple(replace(m.view, latency_ms=ms) for m, ms
+                                      in zip(self.models.values(), learned, strict=True))
+        return NodeView(self.node_id, self.tier, self._model_views,
+                        queue_depth=stats.queue_depth, inflight=stats.inflight,
+                        workers=stats.workers)
 
     def link_views(self) -> list[LinkView]:
         return [e.view() for e in self.estimators.values()]
@@ -166,7 +173,8 @@ class SimNode:
     def refresh_view(self, others: list[NodeView], their_links: list[LinkView]) -> None:
         """Registry entries of the nodes this one can reach (as last heard), live state for
         itself, its own link estimates; breakers decide who counts as healthy."""
-        nodes = [self.me()] + [replace(n, healthy=self.breakers.healthy(n.node_id))
+        healthy = self.breakers.healthy
+        nodes = [self.me()] + [n if healthy(n.node_id) else replace(n, healthy=False)
                                for n in others if n.node_id != self.node_id]
         self.view = ClusterView.build(self.node_id, nodes, [*self.link_views(), *their_links],
                                       self.outstanding)
