@@ -112,3 +112,19 @@ def test_metrics_exposition_has_the_vocabulary(client):
                  "tierlink_queue_depth", "tierlink_inflight_requests",
                  "tierlink_escalations_total", "tierlink_fallbacks_total"):
         assert name in text
+
+
+def test_a_learning_policy_is_taught_by_each_routed_answer():
+    from tierlink.policy.bandit import BanditPolicy
+
+    info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
+    spec = NodeSpec("dev-1", Tier.DEVICE, (), routing_raw={"policy": "bandit"})
+    service = NodeService(spec, {"fmnist-small": FakeModel(info)})
+    with TestClient(create_app(service, ready=True)) as c:
+        for label in (3, None):
+            params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 100}
+            if label is not None:
+                params["tierlink.label"] = label
+            assert infer(c, "fmnist", params).status_code == 200
+        bandit = service._default_policy
+        assert isinstance(bandit, BanditPolicy) and bandit.model.updates == 2

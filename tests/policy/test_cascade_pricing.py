@@ -93,7 +93,7 @@ def test_options_beyond_the_tolerance_are_only_fallbacks():
 def test_the_cost_unit_does_not_depend_on_which_options_fit_the_deadline():
     pol = TierlinkPolicy(PolicyConfig())
     view = fleet_view()
-    assert pol._reference_cost(req(30.0), view) == pol._reference_cost(req(1000.0), view) > 0
+    assert pol.reference_cost(req(30.0), view) == pol.reference_cost(req(1000.0), view) > 0
 
 
 def test_on_an_escalated_slice_the_tolerance_widens_by_its_share():

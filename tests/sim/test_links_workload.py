@@ -64,3 +64,9 @@ def test_a_steady_workload_is_the_demos() -> None:
     assert steady == make_workload(600, 25.0, ["d1", "d2"], 100, 7)
     again = workload(Arrivals("poisson", 25.0), 24.0, ["d1", "d2"], 100, seed=7)
     assert again == workload(Arrivals("poisson", 25.0), 24.0, ["d1", "d2"], 100, seed=7)
+
+
+def test_a_degraded_window_lengthens_the_delay() -> None:
+    shape = LinkShape(10.0, slow=((1.0, 2.0, 8.0),))
+    assert _carry(shape, [100], start=1.5) == [pytest.approx(1.54)]
+    assert _carry(shape, [100], start=2.5) == [pytest.approx(2.505)]

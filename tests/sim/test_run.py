@@ -29,14 +29,15 @@ def test_the_simulator_plans_with_the_nodes_policy_code() -> None:
         fleet, _ = build(config, toy.views(), {"toy": outcomes}, clock, seed=1)
         node = fleet.nodes["dev-1"]
         fleet.view_of(node)
-        assert type(node.policies["tierlink"]) is TierlinkPolicy
+        policy = node._policy_for(Request("r", "toy", 10.0, "dev-1"))
+        assert type(policy) is TierlinkPolicy and node.policies["tierlink"] is policy
         assert type(node.dispatcher) is Dispatcher
         # a policy made as a live node makes it plans the same for the same view
         live = REGISTRY.create("tierlink", config.routing.policy_config())
         for privacy in Privacy:
             for deadline in (20.0, 150.0, 1000.0):
                 req = Request("r", "toy", deadline, "dev-1", privacy, input_bytes=3136)
-                assert node.policies["tierlink"].plan(req, node.view, random.Random(0)) == \
+                assert policy.plan(req, node.view, random.Random(0)) == \
                     live.plan(req, node.view, random.Random(0))
         assert {m.name for n in node.view.nodes.values() for m in n.models} == {
             "toy-small", "toy-medium", "toy-large"}
@@ -74,3 +75,20 @@ def test_a_crashed_edge_and_a_dead_link_are_felt_and_survived() -> None:
     during = [x for x in records["tierlink"] if 6.0 <= x.item.at_s < 19.0 and x.answered]
     assert during and not any(x.served_by == "edge-1" for x in during)  # it was down
     assert r["answered"] >= 0.95 * len(items)
+
+
+def test_the_learning_policy_runs_in_the_simulator_and_learns_there() -> None:
+    config, outcomes, items = toy.fleet(), toy.outcomes(), _items(400)
+
+    async def main() -> int:
+        from tierlink.sim.fleet import drive
+
+        fleet, _ = build(config, toy.views(), {"toy": outcomes},
+                         asyncio.get_running_loop().time, seed=1)
+        records = await drive(fleet, items, "toy", outcomes.labels.tolist(),
+                              outcomes.input_bytes, "bandit")
+        assert all(r.answered for r in records)
+        return sum(n.policies["bandit"].model.updates  # type: ignore[attr-defined]
+                   for n in fleet.nodes.values() if "bandit" in n.policies)
+
+    assert loop.run(main) >= len(items)  # every request taught the node that planned it

@@ -397,6 +397,9 @@ class Plan:
     hedge_after_ms: float | None = None
     respects_privacy: bool = True
     respects_deadline: bool = True
+    # A learning policy's context of the option it chose (``policy/bandit.py``): handed
+    # back with the outcome's reward, so the policy itself keeps no per-request state.
+    features: tuple[float, ...] = ()
 
     @property
     def empty(self) -> bool:

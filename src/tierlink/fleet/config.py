@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -21,7 +21,7 @@ from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.split import DEFAULT_CODECS
 from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
 from tierlink.node.hedging import HedgeConfig
-from tierlink.policy.base import PolicyConfig, Weights
+from tierlink.policy.base import PolicyConfig, RewardWeights, Weights
 from tierlink.providers import parse_providers
 from tierlink.tasks.spec import TaskSpec, task_from_dict
 
@@ -72,6 +72,7 @@ class RoutingConfig:
         default_factory=lambda: MappingProxyType({}))
     # Points: options further below the most accurate feasible one are not chosen.
     accuracy_tolerance: float = 0.0
+    reward: RewardWeights = field(default_factory=RewardWeights)  # the bandit's
 
     def policy_config(self) -> PolicyConfig:
         codecs = tuple(replace(c, accuracy_loss=self.split_codec_loss.get(c.spec,
@@ -82,7 +83,7 @@ class RoutingConfig:
                             reserve_ms=self.reserve_ms, cost=self.cost,
                             local_features_may_leave=self.local_features_may_leave,
                             split_codecs=codecs, cascade_records=self.cascade_records,
-                            accuracy_tolerance=self.accuracy_tolerance)
+                            accuracy_tolerance=self.accuracy_tolerance, reward=self.reward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +351,19 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
         **_cascade(_mapping(raw.get("cascade") or {}, "routing.cascade")),
         accuracy_tolerance=_float(raw.get("accuracy_tolerance", 0.0),
                                   "routing.accuracy_tolerance", 0.0, 100.0),
+        reward=_reward(_mapping(raw.get("bandit") or {}, "routing.bandit")),
     )
+
+
+def _reward(raw: Mapping[str, Any]) -> RewardWeights:
+    """``routing.bandit.reward``: what the ``bandit`` policy is rewarded for."""
+    for key in raw:
+        _known(key, ("reward",), "routing.bandit")
+    weights = _mapping(raw.get("reward") or {}, "routing.bandit.reward")
+    known = tuple(f.name for f in fields(RewardWeights))
+    return RewardWeights(**{k: _float(v, f"routing.bandit.reward.{k}", 0.0)
+                            for k, v in weights.items()
+                            if _known(k, known, "routing.bandit.reward")})
 
 
 def _cascade(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -89,6 +89,7 @@ from tierlink.node.uplink import CONTROL, Uplink
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, model_view_to_dict
 from tierlink.policy import REGISTRY, Policy
+from tierlink.policy.bandit import teach
 from tierlink.policy.placement import split_plans
 from tierlink.split.runtime import SplitSessions
 from tierlink.telemetry import tracing
@@ -533,13 +534,22 @@ class NodeService:
 
     async def _route(self, req: Request, policy: Policy, inputs: dict[str, np.ndarray],
                      t0: float, forced_split: Any = None) -> StepResult:
+        view = self.view
         plan = (self._forced_split(req, str(forced_split)) if forced_split
-                else policy.plan(req, self.view, self._rng))
+                else policy.plan(req, view, self._rng))
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
         self.metrics.placements.labels(self.spec.tier.label, plan.policy, plan.reason).inc()
-        return await self.dispatcher.execute(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+        try:
+            result = await self.dispatcher.execute(plan, req, inputs,
+                                                   t0 + req.deadline_ms / 1000.0)
+        except TierlinkError:
+            teach(policy, plan, req, view, None, 0.0, (self._clock() - t0) * 1000.0)
+            raise
+        teach(policy, plan, req, view, result.outcome, _correctness(result, _LABELS.get()),
+              (self._clock() - t0) * 1000.0)
+        return result
 
     def _forced_split(self, req: Request, text: str) -> Plan:
         """The one-placement plan a request asked for with ``tierlink.split=NODE/CUT/CODEC``
@@ -1060,3 +1070,12 @@ class _Observer:
 
 
 __all__ = ["NodeService"]
+
+
+def _correctness(result: StepResult, labels: tuple[int, ...] | None) -> float:
+    """How right an answer is, for a learning policy: the share of labels its top-1 meets
+    when the request carried them, else its calibrated confidence (expected correctness)."""
+    pred = result.outputs.get("label")
+    if labels and pred is not None and np.asarray(pred).size == len(labels):
+        return float(np.mean(np.asarray(pred).reshape(-1) == np.asarray(labels)))
+    return result.outcome.confidence

@@ -39,6 +39,27 @@ class Weights:
     cost: float = 2.0
 
 
+@dataclass(frozen=True, slots=True)
+class RewardWeights:
+    """What a learning policy is rewarded for, per request (``policy/bandit.py``)."""
+
+    accuracy: float = 1.0
+    latency: float = 0.1  # per deadline's worth of latency (capped at two)
+    miss: float = 1.0  # an answer later than its deadline (or none)
+    cost: float = 0.2  # per "the fleet's dearest node" of cost
+    energy: float = 0.0  # per second of device compute
+    privacy: float = 0.0  # an input that left its device (allowed, but exposed)
+
+    def reward(self, correct: float, latency_ms: float, deadline_ms: float, cost: float,
+               ref_cost: float, device_s: float = 0.0, left_device: bool = False) -> float:
+        late = latency_ms > deadline_ms
+        return (self.accuracy * correct
+                - self.latency * min(latency_ms / max(deadline_ms, 1e-9), 2.0)
+                - self.miss * late
+                - self.cost * (cost / ref_cost if ref_cost > 0 else 0.0)
+                - self.energy * device_s - self.privacy * left_device)
+
+
 def _no_records() -> Mapping[tuple[str, ...], CascadeRecord]:
     return MappingProxyType({})
 
@@ -74,6 +95,8 @@ class PolicyConfig:
     # every option competes on the whole weighted score. A fleet whose cascade was tuned
     # for "top stage - X points" says with X what accurate enough means.
     accuracy_tolerance: float = 0.0
+    # What a learning policy (``bandit``) is rewarded for (``routing.bandit.reward``).
+    reward: RewardWeights = field(default_factory=RewardWeights)
 
     def threshold_for(self, model: str) -> float:
         return self.thresholds.get(model, self.default_threshold)

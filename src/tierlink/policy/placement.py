@@ -113,19 +113,32 @@ class TierlinkPolicy:
         self._path_shares: dict[tuple[str, ...], float] = {}  # config-derived, kept
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
+        feasible, why = self.feasible_choices(request, view, rng)
+        if not feasible:
+            return Plan((), self.name, reason=why)
+        ranked = self.ranked(request, view, feasible)
+        return Plan(merge_placements(ranked), self.name, reason=ranked[0].label)
+
+    def feasible_choices(self, request: Request, view: ClusterView, rng: random.Random
+                         ) -> tuple[list[Choice], str]:
+        """The options the hard constraints leave (privacy, models, health, the deadline's
+        worst case); when none, why not."""
         budget = request.deadline_ms - self._cfg.reserve_ms
         choices = self._choices(view.self_id, request, view, budget, request.hops, rng, ())
         # Answering here needs no reserve beyond the deadline itself; leaving the node does.
         feasible = [c for c in choices if c.est.worst_ms <= (
             request.deadline_ms if c.kind == "local" else budget)]
-        if not feasible:
-            return Plan((), self.name, reason=self._why_none(request, view, choices))
-        ref_cost = self._reference_cost(request, view)
+        return feasible, "" if feasible else self._why_none(request, view, choices)
+
+    def ranked(self, request: Request, view: ClusterView, feasible: list[Choice]
+               ) -> list[Choice]:
+        """``feasible`` best first by the weighted score; what the tolerance or the tuned
+        cascade set aside comes last, as fallbacks only."""
+        ref_cost = self.reference_cost(request, view)
         eligible = self._tuned_first(self._accurate_enough(feasible))
         ranked = sorted(eligible, key=lambda c: -self._score(c.est, request.deadline_ms,
                                                              ref_cost))
-        ranked += [c for c in feasible if c not in ranked]  # fallbacks, never first
-        return Plan(merge_placements(ranked), self.name, reason=ranked[0].label)
+        return ranked + [c for c in feasible if c not in ranked]  # fallbacks, never first
 
     def _accurate_enough(self, feasible: list[Choice],
                          path: tuple[str, ...] = ()) -> list[Choice]:
@@ -165,7 +178,7 @@ class TierlinkPolicy:
             self._path_shares[path] = share = max(share, 1e-3)
         return share
 
-    def _reference_cost(self, req: Request, view: ClusterView) -> float:
+    def reference_cost(self, req: Request, view: ClusterView) -> float:
         """The cost term's unit: answering ``req`` at the dearest node of the fleet that
         serves its task (compute there plus moving the input into its tier). Fixed per
         view and input size, so an option's cost term does not depend on which other
@@ -340,7 +353,7 @@ class TierlinkPolicy:
             return None
         if len(feasible) == 1:
             return feasible[0].est
-        ref_cost = self._reference_cost(req, view)
+        ref_cost = self.reference_cost(req, view)
         return max(self._tuned_first(self._accurate_enough(feasible, path)),
                    key=lambda c: self._score(c.est, budget, ref_cost)).est
 

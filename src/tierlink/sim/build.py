@@ -24,6 +24,9 @@ class Scenario:
 
     # link name ("src->dst") -> (start_s, end_s) windows where it carries nothing
     outages: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # link name -> (start_s, end_s, factor) windows where its delay is ``factor`` times longer
+    link_slow: Mapping[str, tuple[tuple[float, float, float], ...]] = field(
+        default_factory=dict)
     # node -> (start_s, end_s) windows where its process is down (then restarted)
     crashes: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     # node -> (start_s, end_s, factor) windows where it computes ``factor`` times slower
@@ -58,7 +61,7 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
             clock=clock)
     for link in config.links:
         shape = LinkShape(link.rtt_ms, link.bandwidth_mbit, link.jitter_ms, link.loss,
-                          sc.outages.get(link.name, ()))
+                          sc.outages.get(link.name, ()), sc.link_slow.get(link.name, ()))
         nodes[link.src].connect(nodes[link.dst], SimLink(link.src, link.dst, shape,
                                                          seeded(seed, "link", link.name)))
     registry = Registry(heartbeat_s=sc.heartbeat_s, ttl_s=sc.ttl_s)

@@ -3,7 +3,8 @@
 Per direction: the payload waits for the bytes ahead of it (a bottleneck queue at the link's
 bandwidth), then travels for half the RTT plus jitter. A lost packet costs a retransmission
 timeout (max(200 ms, 2·RTT), as TCP pays it); an outage is a black hole: the payload waits
-until the link is back (the sender's own timeout gives up first, as it would live).
+until the link is back (the sender's own timeout gives up first, as it would live); a
+degraded window multiplies the propagation delay.
 Randomness comes from the simulation's seeded generator.
 """
 
@@ -26,6 +27,8 @@ class LinkShape:
     jitter_ms: float = 0.0
     loss: float = 0.0
     outages: tuple[tuple[float, float], ...] = ()  # (start_s, end_s) of simulated time
+    # (start_s, end_s, factor): the link's delay is ``factor`` times longer (a degraded route)
+    slow: tuple[tuple[float, float, float], ...] = ()
 
 
 @dataclass
@@ -75,7 +78,7 @@ class SimLink:
             start = max(now, way.busy_until)
             way.busy_until = start + nbytes * 8.0 / (s.bandwidth_mbit * 1e6)
             wire = way.busy_until - now
-        one_way = s.rtt_ms / 2000.0
+        one_way = s.rtt_ms / 2000.0 * next((f for a, b, f in s.slow if a <= now < b), 1.0)
         if s.jitter_ms:
             one_way = max(0.0, one_way + self.rng.gauss(0.0, s.jitter_ms / 1000.0))
         if s.loss:

@@ -45,6 +45,7 @@ from tierlink.node.dispatcher import Dispatcher, Inputs, RetryBudget, StepResult
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
 from tierlink.policy import REGISTRY, Policy
+from tierlink.policy.bandit import teach
 from tierlink.sim.compute import ComputeModel, SimScheduler, Work
 from tierlink.sim.links import SimLink
 
@@ -109,9 +110,8 @@ class SimNode:
         self.alive = True
         self.incarnation = 0  # grows at each crash: answers of an older one never arrive
         self._clock = clock
-        cfg = routing.policy_config()
-        self.policies: dict[str, Policy] = {name: REGISTRY.create(name, cfg)
-                                            for name in REGISTRY.names()}
+        self._policy_config = routing.policy_config()
+        self.policies: dict[str, Policy] = {}  # made on first use, as the node makes them
         self.scheduler = SimScheduler(SchedulerConfig(workers=workers, max_queue=max_queue),
                                       clock=clock)
         self.scheduler.start()
@@ -147,7 +147,7 @@ class SimNode:
     def connect(self, upstream: SimNode, link: SimLink) -> None:
         self.upstreams[upstream.node_id] = upstream
         self.links[upstream.node_id] = link
-        hop = self.routing.policy_config().estimates.hop_overhead_ms
+        hop = self._policy_config.estimates.hop_overhead_ms
         self.estimators[upstream.node_id] = LinkEstimator(
             LinkView(self.node_id, upstream.node_id, link.shape.rtt_ms,
                      link.shape.bandwidth_mbit or 1000.0, link.shape.loss),
@@ -190,11 +190,21 @@ class SimNode:
         policy = self._policy_for(req)
         req = self._check_receipt(req, policy)
         self.before_plan(self)
-        plan = policy.plan(req, self.view, self.rng)
+        view = self.view
+        plan = policy.plan(req, view, self.rng)
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.node_id}: {plan.reason}",
                                       request_id=req.request_id)
-        return await self.dispatcher.execute(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+        try:
+            result = await self.dispatcher.execute(plan, req, inputs,
+                                                   t0 + req.deadline_ms / 1000.0)
+        except TierlinkError:
+            teach(policy, plan, req, view, None, 0.0, (self._clock() - t0) * 1000.0)
+            raise
+        label = int(self.outcomes[req.task].labels[int(inputs["sample"])])
+        teach(policy, plan, req, view, result.outcome,
+              float(int(result.outputs["label"]) == label), (self._clock() - t0) * 1000.0)
+        return result
 
     def _policy_for(self, req: Request) -> Policy:
         name = req.policy or self.routing.policy
@@ -202,7 +212,9 @@ class SimNode:
             raise InvalidRequest(f"this fleet does not allow choosing the policy ({name})")
         found = self.policies.get(name)
         if found is None:
-            raise InvalidRequest(f"unknown policy {name!r}")
+            if name not in REGISTRY.names():
+                raise InvalidRequest(f"unknown policy {name!r}")
+            found = self.policies[name] = REGISTRY.create(name, self._policy_config)
         return found
 
     def _check_receipt(self, req: Request, policy: Policy) -> Request:

@@ -6,6 +6,7 @@
     arrivals: {kind: diurnal, rate_per_s: 40, amplitude: 0.6, period_s: 600,
                bursts: [{start_s: 100, end_s: 130, factor: 3}]}
     outages: {"edge-1->cloud-1": [[200, 260]]}   # the link carries nothing
+    link_slow: {"dev-1->edge-1": [[100, 200, 8.0]]}  # its delay 8x longer
     crashes: {edge-2: [[300, 340]]}              # the process is down, then restarts
     slow: {edge-1: [[400, 500, 4.0]]}            # computes 4x slower
     jitter: 0.15                    # sigma of the log of a model's run time
@@ -29,7 +30,8 @@ from tierlink.sim.build import Scenario
 from tierlink.sim.links import outage_windows
 from tierlink.sim.workload import Arrivals, Burst
 
-KEYS = ("duration_s", "arrivals", "outages", "crashes", "slow", "jitter", "heartbeat_s",
+KEYS = ("duration_s", "arrivals", "outages", "link_slow", "crashes", "slow", "jitter",
+        "heartbeat_s",
         "view_refresh_s", "ttl_s", "request_ms", "hop_ms")
 
 
@@ -60,6 +62,8 @@ def parse_scenario(raw: Any, where: str = "scenario") -> ScenarioFile:
             outages={str(k): outage_windows(v) for k, v in (raw.get("outages") or {}).items()},
             crashes={str(k): outage_windows(v) for k, v in (raw.get("crashes") or {}).items()},
             slow={str(k): tuple(_slow(w) for w in v) for k, v in (raw.get("slow") or {}).items()},
+            link_slow={str(k): tuple(_slow(w) for w in v)
+                       for k, v in (raw.get("link_slow") or {}).items()},
             jitter=float(raw.get("jitter", d.jitter)),
             heartbeat_s=float(raw.get("heartbeat_s", d.heartbeat_s)),
             view_refresh_s=float(raw.get("view_refresh_s", d.view_refresh_s)),

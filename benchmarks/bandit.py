@@ -1,0 +1,176 @@
+"""Learned scheduling under shifting conditions, in the simulator: the ``bandit`` policy
+against the built-in ``tierlink`` policy and the fixed baselines, on the demo's fleet.
+
+Twenty simulated minutes of Poisson requests in the demo's mix; conditions shift every five:
+0-300 s calm; 300-600 s the links from the devices to ``edge-1`` degrade (delay x8);
+600-900 s ``edge-2`` computes 20x slower; 900-1200 s the load triples. Every run sees the
+same requests and the same shifts; each request's reward is scored alike for every run
+(``routing.bandit.reward``: correct answer, latency over the deadline, a missed deadline,
+cost over the fleet's dearest answer). Reports the mean reward per minute of each run, the
+best fixed policy in hindsight (the baselines, which never learn), and the bandit's
+cumulative regret against it and against ``tierlink``::
+
+    .venv/bin/python benchmarks/bandit.py [--rate 25] [--seeds 3] [--json PATH] [--png PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEET = ROOT / "src/tierlink/examples/fleet.yaml"
+RUNS = (("bandit", "bandit"), ("tierlink", None), ("static_rules", "static_rules"),
+        ("cloud_only", "cloud_only"), ("device_only", "device_only"))
+FIXED = ("static_rules", "cloud_only", "device_only")
+SHIFTS = {"link_slow": {"dev-1->edge-1": [[300, 600, 8.0]], "dev-2->edge-1": [[300, 600, 8.0]],
+                        "dev-3->edge-1": [[300, 600, 8.0]], "dev-4->edge-1": [[300, 600, 8.0]]},
+          "slow": {"edge-2": [[600, 900, 20.0]]}}
+DURATION_S, WINDOW_S = 1200.0, 60.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rate", type=float, default=25.0)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--png", type=Path)
+    return p.parse_args(argv)
+
+
+def setup() -> tuple[Any, Any, Any]:
+    from tierlink.cli.main import zoo_models
+    from tierlink.fleet.config import load_fleet
+    from tierlink.fleet.tuning import fresh_thresholds
+    from tierlink.node.runtime import ModelInfo
+    from tierlink.sim.outcomes import zoo_outcomes
+
+    config = load_fleet(FLEET)
+    names = tuple(m for m in config.model_names() if m.startswith("fmnist-"))
+    models, _ = zoo_models(config.zoo_profile, names, progress=False)
+    config, _ = fresh_thresholds(config, models, "fmnist", lambda m: print(m, file=sys.stderr))
+    views = {n: ModelInfo.from_card(models[n][1]).view() for n in names}
+    return config, views, zoo_outcomes("fmnist", names)
+
+
+def reference_cost(config: Any, views: Any, input_bytes: int) -> float:
+    """The fleet's dearest answer (compute at the costliest node plus moving the input
+    there): the cost term's unit, as the policies use it."""
+    cost = config.routing.cost
+    return max(cost.compute(n.tier, views[m].latency_ms) + cost.transfer(n.tier, input_bytes)
+               for n in config.nodes for m in n.models if m in views)
+
+
+def rewards(records: list[Any], weights: Any, ref: float) -> np.ndarray:
+    out = np.empty(len(records))
+    for i, r in enumerate(records):
+        if r.answered:
+            out[i] = weights.reward(float(r.correct), r.latency_ms, r.item.deadline_ms, r.cost,
+                                    ref, left_device=r.served_by != r.item.origin)
+        else:
+            out[i] = weights.reward(0.0, 2 * r.item.deadline_ms, r.item.deadline_ms, 0.0, ref)
+    return out
+
+
+def per_window(records: list[Any], values: np.ndarray) -> list[float]:
+    bins = int(DURATION_S / WINDOW_S)
+    sums, counts = np.zeros(bins), np.zeros(bins)
+    for r, v in zip(records, values, strict=True):
+        k = min(int(r.item.at_s // WINDOW_S), bins - 1)
+        sums[k] += v
+        counts[k] += 1
+    return [round(float(s / c), 5) if c else 0.0 for s, c in zip(sums, counts, strict=True)]
+
+
+def one_seed(config: Any, views: Any, outcomes: Any, rate: float, seed: int) -> dict[str, Any]:
+    from tierlink.sim.run import simulate
+    from tierlink.sim.scenario import parse_scenario
+    from tierlink.sim.workload import Arrivals, Burst, workload
+
+    devices = [n.node_id for n in config.nodes if n.tier.label == "device"]
+    arrivals = Arrivals("poisson", rate, bursts=(Burst(900.0, 1200.0, 3.0),))
+    items = workload(arrivals, DURATION_S, devices, outcomes.size, seed)
+    scenario = parse_scenario(SHIFTS).scenario
+    report, records = simulate(config, views, outcomes, items, seed, RUNS, scenario)
+    weights = config.routing.policy_config().reward
+    ref = reference_cost(config, views, outcomes.input_bytes)
+    per_request = {name: rewards(records[name], weights, ref) for name, _ in RUNS}
+    return {"requests": len(items),
+            "mean_reward": {n: round(float(v.mean()), 5) for n, v in per_request.items()},
+            "per_minute": {n: per_window(records[n], v) for n, v in per_request.items()},
+            "runs": {n: {k: report["runs"][n][k] for k in ("accuracy", "p50_ms", "p95_ms",
+                                                           "sla_attainment", "tier_share")}
+                     for n, _ in RUNS}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config, views, outcomes = setup()
+    seeds = [one_seed(config, views, outcomes, args.rate, 11 + s) for s in range(args.seeds)]
+    names = [n for n, _ in RUNS]
+    mean = {n: float(np.mean([s["mean_reward"][n] for s in seeds])) for n in names}
+    minutes = {n: np.mean([s["per_minute"][n] for s in seeds], axis=0) for n in names}
+    best_fixed = max(FIXED, key=lambda n: mean[n])
+    result = {
+        "scenario": {"duration_s": DURATION_S, "rate_per_s": args.rate, "shifts": SHIFTS,
+                     "burst": [900, 1200, 3.0], "seeds": args.seeds},
+        "reward_weights": asdict(config.routing.policy_config().reward),
+        "mean_reward": {n: round(v, 5) for n, v in mean.items()},
+        "mean_reward_by_seed": {n: [s["mean_reward"][n] for s in seeds] for n in names},
+        "per_minute": {n: [round(float(x), 5) for x in v] for n, v in minutes.items()},
+        "best_fixed": best_fixed,
+        "regret_vs_best_fixed": _cumulative(minutes[best_fixed] - minutes["bandit"]),
+        "regret_vs_tierlink": _cumulative(minutes["tierlink"] - minutes["bandit"]),
+        "runs_seed0": seeds[0]["runs"],
+    }
+    print(f"mean reward per request over {args.seeds} seeds "
+          f"({seeds[0]['requests']} requests a run):")
+    for n in names:
+        print(f"  {n:<13} {mean[n]:+.4f}  by seed {result['mean_reward_by_seed'][n]}")
+    print(f"best fixed policy in hindsight: {best_fixed}; bandit's regret per request vs it "
+          f"{mean[best_fixed] - mean['bandit']:+.4f}, vs tierlink "
+          f"{mean['tierlink'] - mean['bandit']:+.4f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    if args.png:
+        plot(result, args.png)
+
+
+def _cumulative(diff: np.ndarray) -> list[float]:
+    """Per-request regret accumulated over the minutes (each minute's mean difference)."""
+    return [round(float(x), 4) for x in np.cumsum(diff)]
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    t = np.arange(len(result["per_minute"]["bandit"])) + 0.5
+    for name, values in result["per_minute"].items():
+        top.plot(t, values, label=name)
+    for start in (5, 10, 15):
+        top.axvline(start, color="grey", lw=0.8, ls="--")
+    top.set_ylabel("mean reward per request")
+    top.legend(fontsize=8)
+    bottom.plot(t, result["regret_vs_best_fixed"], label=f"vs {result['best_fixed']}")
+    bottom.plot(t, result["regret_vs_tierlink"], label="vs tierlink")
+    bottom.axhline(0, color="grey", lw=0.8)
+    bottom.set_ylabel("bandit's cumulative regret")
+    bottom.set_xlabel("simulated minute (shifts at 5, 10, 15)")
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Learned scheduling: a contextual bandit (linear Thompson sampling) choosing among the
+options the hard constraints leave.
+
+The constraints are the ``tierlink`` policy's, unchanged (privacy, models, health, the
+deadline's worst case): the learner never sees an infeasible option. Each feasible option
+is described by features of the request and of the option as the estimators price it
+(expected and worst latency over the deadline, expected accuracy, cost over the fleet's
+dearest, its kind and tier, the target's queue); a Bayesian linear model of the reward over
+those features is sampled once per decision and the option with the best sampled reward
+goes first, the ``tierlink`` ranking after it as fallbacks. The prior's mean is the
+``tierlink`` score itself, so an untrained bandit decides as ``tierlink`` does (with the
+prior's spread as exploration) and learns the corrections its reward asks for.
+
+Feedback: the node hands back the plan (its ``features``) with the request's reward,
+``w_accuracy·correct − w_latency·latency/deadline − w_miss·[late] − w_cost·cost/ref
+− w_energy·device-seconds − w_privacy·[left the device]`` (:class:`RewardWeights`, from the
+fleet file's ``routing.bandit.reward``); ``correct`` is the label's verdict when the request
+carries one, else the answer's calibrated confidence (its expected correctness). The model
+forgets geometrically (``forgetting`` per update), so it follows conditions that shift.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from tierlink.core.types import ClusterView, Outcome, Plan, Priority, Privacy, Request, Tier
+from tierlink.policy.base import PolicyConfig, RewardWeights
+from tierlink.policy.placement import Choice, TierlinkPolicy, merge_placements
+
+KINDS = ("local", "cascade", "remote", "split")
+FEATURES = ("bias", "latency", "worst", "accuracy", "cost", *(f"kind:{k}" for k in KINDS),
+            "tier:edge", "tier:cloud", *(f"privacy:{p.value}" for p in Privacy),
+            *(f"priority:{p.label}" for p in Priority), "queue")
+
+
+def features(request: Request, choice: Choice, ref_cost: float) -> np.ndarray:
+    deadline = max(request.deadline_ms, 1e-9)
+    tier = (choice.pick or choice.node).tier
+    node = choice.pick or choice.node
+    return np.array([
+        1.0, min(choice.est.latency_ms / deadline, 2.0), min(choice.est.worst_ms / deadline, 2.0),
+        choice.est.accuracy, choice.est.cost / ref_cost if ref_cost > 0 else 0.0,
+        *(float(choice.kind == k) for k in KINDS),
+        float(tier is Tier.EDGE), float(tier is Tier.CLOUD),
+        *(float(request.privacy is p) for p in Privacy),
+        *(float(request.priority is p) for p in Priority),
+        min((node.queue_depth + node.inflight) / max(node.workers, 1), 10.0) / 10.0])
+
+
+def prior_mean(w: RewardWeights) -> np.ndarray:
+    """The reward a ``tierlink``-like valuation expects: accuracy right, latency and cost
+    as they cost (the rest learned)."""
+    theta = np.zeros(len(FEATURES))
+    theta[FEATURES.index("latency")] = -w.latency
+    theta[FEATURES.index("accuracy")] = w.accuracy
+    theta[FEATURES.index("cost")] = -w.cost
+    return theta
+
+
+class LinearTS:
+    """Bayesian linear regression of the reward with geometric forgetting; Thompson samples.
+
+    Precision ``A`` = forgetting-weighted ``Σ φφᵀ`` + the prior's ``λI`` (forgotten evidence
+    falls back to the prior, never to nothing); mean = ``A⁻¹b``."""
+
+    def __init__(self, prior_mean: np.ndarray, prior_weight: float = 20.0,
+                 noise: float = 0.3, forgetting: float = 0.999) -> None:
+        d = prior_mean.shape[0]
+        self.prior = prior_weight * np.eye(d)
+        self.prior_b = self.prior @ prior_mean
+        self.A = self.prior.copy()
+        self.b = self.prior_b.copy()
+        self.noise = noise
+        self.forgetting = forgetting
+        self.updates = 0
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None
+
+    def posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, Cholesky factor of the covariance)."""
+        if self._cache is None:
+            cov = np.linalg.inv(self.A)
+            self._cache = cov @ self.b, np.linalg.cholesky(self.noise ** 2 * cov
+                                                           + 1e-12 * np.eye(len(self.b)))
+        return self._cache
+
+    def sample(self, rng: random.Random) -> np.ndarray:
+        mean, chol = self.posterior()
+        z = np.array([rng.gauss(0.0, 1.0) for _ in range(mean.shape[0])])
+        return mean + chol @ z
+
+    def update(self, phi: np.ndarray, reward: float) -> None:
+        g = self.forgetting
+        self.A = g * self.A + (1.0 - g) * self.prior + np.outer(phi, phi)
+        self.b = g * self.b + (1.0 - g) * self.prior_b + reward * phi
+        self.updates += 1
+        self._cache = None
+
+
+class BanditPolicy(TierlinkPolicy):
+    """Registered as ``"bandit"``; ``observe(plan, reward)`` teaches it."""
+
+    name = "bandit"
+
+    def __init__(self, config: PolicyConfig, weights: RewardWeights | None = None,
+                 model: LinearTS | None = None) -> None:
+        super().__init__(config)
+        self.rewards = weights or config.reward
+        self.model = model or LinearTS(prior_mean(self.rewards))
+
+    def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
+        feasible, why = self.feasible_choices(request, view, rng)
+        if not feasible:
+            return Plan((), self.name, reason=why)
+        ranked = self.ranked(request, view, feasible)
+        ref = self.reference_cost(request, view)
+        phis = [features(request, c, ref) for c in feasible]
+        theta = self.model.sample(rng)
+        best = max(range(len(feasible)), key=lambda i: float(phis[i] @ theta))
+        chosen = feasible[best]
+        order = [chosen, *(c for c in ranked if c is not chosen)]
+        return Plan(merge_placements(order), self.name, reason=f"bandit:{chosen.label}",
+                    features=tuple(float(x) for x in phis[best]))
+
+    def observe(self, plan: Plan, reward: float) -> None:
+        """The reward of a request this policy planned (``plan`` as it returned it)."""
+        if plan.features and math.isfinite(reward):
+            self.model.update(np.asarray(plan.features), reward)
+
+
+def teach(policy: object, plan: Plan, request: Request, view: ClusterView,
+          outcome: Outcome | None, correct: float, latency_ms: float) -> float | None:
+    """Hand a learning policy the reward of a request it planned (``outcome`` None: it
+    failed); nothing for any other policy. Returns the reward given, if any."""
+    if not isinstance(policy, BanditPolicy) or not plan.features:
+        return None
+    if outcome is None:
+        correct, latency_ms = 0.0, max(latency_ms, 2.0 * request.deadline_ms)
+    reward = policy.rewards.reward(
+        correct, latency_ms, request.deadline_ms, outcome.cost if outcome else 0.0,
+        policy.reference_cost(request, view),
+        left_device=outcome is not None and outcome.served_by != request.origin)
+    policy.observe(plan, reward)
+    return reward
