@@ -41,9 +41,13 @@ class OutputKind(Protocol):
     name: str
     metric: str  # what ``score`` measures, e.g. "accuracy"
     temperature_fit: bool  # a temperature is fitted on the calibration data
-    # The answer's tensors: (name, OIP datatype, rank (-1: the rank of the model's output
-    # playing ``role``), role ("" when always answered; else only when the task has it)).
-    answers: tuple[tuple[str, str, int, str], ...]
+
+    @property
+    def answers(self) -> tuple[tuple[str, str, int, str], ...]:
+        """The answer's tensors: (name, OIP datatype, rank (-1: the rank of the model's
+        output playing ``role``), role ("" when always answered; else only when the task
+        has it)). Read-only: a class attribute of each kind."""
+        ...
 
     def roles(self, task: TaskSpec) -> tuple[str, ...]:
         """The output roles this kind reads (the first is the default for a 1-output model)."""
