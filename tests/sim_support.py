@@ -3,10 +3,14 @@ joint answers (no zoo), two devices, an edge, a cloud."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
-from tierlink.core.types import CascadePoint, ModelView
+from tierlink.core.types import CascadePoint, ClusterView, ModelView, Privacy, Request
 from tierlink.fleet.config import FleetConfig, parse_fleet
+from tierlink.sim import loop
+from tierlink.sim.build import build
 from tierlink.sim.outcomes import Answers, Outcomes
 
 N = 2000
@@ -50,3 +54,17 @@ def fleet(**routing: object) -> FleetConfig:
              "bandwidth_mbit": 100},
             {"from": ["edge-1", "edge-2"], "to": "cloud-1", "delay_ms": 40,
              "bandwidth_mbit": 50}]})
+
+
+def device_view() -> ClusterView:
+    async def main() -> ClusterView:
+        sim, _ = build(fleet(), views(), {"toy": outcomes()},
+                       asyncio.get_running_loop().time, 1)
+        sim.view_of(sim.nodes["dev-1"])
+        return sim.nodes["dev-1"].view
+
+    return loop.run(main)
+
+
+def request(i: int = 0, privacy: Privacy = Privacy.ANY, deadline: float = 1000.0) -> Request:
+    return Request(f"r{i}", "toy", deadline, "dev-1", privacy, input_bytes=3136)

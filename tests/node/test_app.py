@@ -128,3 +128,25 @@ def test_a_learning_policy_is_taught_by_each_routed_answer():
             assert infer(c, "fmnist", params).status_code == 200
         bandit = service._default_policy
         assert isinstance(bandit, BanditPolicy) and bandit.model.updates == 2
+
+
+def test_shadow_mode_logs_both_choices_and_the_outcome(tmp_path):
+    from tierlink.cli.policy import evaluate_logs
+
+    info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
+    spec = NodeSpec("dev-1", Tier.DEVICE, (), state_dir=str(tmp_path),
+                    routing_raw={"shadow": {"policy": "tierlink", "weights": {"cost": 0.0},
+                                            "explore": 0.0}})
+    service = NodeService(spec, {"fmnist-small": FakeModel(info)})
+    with TestClient(create_app(service, ready=True)) as c:
+        for _ in range(3):
+            params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 100}
+            assert infer(c, "fmnist", params).status_code == 200
+        assert infer(c, "fmnist-small").status_code == 200  # a direct call: not a decision
+    log = tmp_path / "shadow.jsonl"
+    assert len(log.read_text().splitlines()) == 3
+    report = evaluate_logs([log])
+    assert report["decisions"] == 3 and report["agreement"] == 1.0
+    assert report["candidate_policy"] == {"policy": "tierlink", "explore": 0.0,
+                                          "weights": {"accuracy": 1.0, "latency": 1.0,
+                                                      "cost": 0.0}}

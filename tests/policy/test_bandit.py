@@ -3,33 +3,18 @@ rewards, and quick to follow a change."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import pytest
 
 import sim_support as toy
-from tierlink.core.types import ClusterView, Privacy, Request
+from sim_support import device_view as _view
+from sim_support import request as _req
+from tierlink.core.types import Privacy
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import parse_fleet
 from tierlink.policy import REGISTRY, BanditPolicy, RewardWeights
 from tierlink.policy.bandit import FEATURES, features
-from tierlink.sim import loop
-from tierlink.sim.build import build
-
-
-def _view() -> ClusterView:
-    async def main() -> ClusterView:
-        fleet, _ = build(toy.fleet(), toy.views(), {"toy": toy.outcomes()},
-                         asyncio.get_running_loop().time, 1)
-        fleet.view_of(fleet.nodes["dev-1"])
-        return fleet.nodes["dev-1"].view
-
-    return loop.run(main)
-
-
-def _req(i: int = 0, privacy: Privacy = Privacy.ANY, deadline: float = 1000.0) -> Request:
-    return Request(f"r{i}", "toy", deadline, "dev-1", privacy, input_bytes=3136)
 
 
 def test_it_chooses_only_what_the_constraints_leave_and_keeps_the_rest_as_fallbacks() -> None:
@@ -74,8 +59,8 @@ def test_reward_weights_come_from_the_fleet_file() -> None:
            "routing": {"bandit": {"reward": {"accuracy": 2, "miss": 3}}}}
     w = parse_fleet(raw).routing.policy_config().reward
     assert w == RewardWeights(accuracy=2.0, miss=3.0)
-    assert w.reward(1.0, 50.0, 100.0, 0.0, 1.0) == pytest.approx(2.0 - 0.05)
-    assert w.reward(1.0, 150.0, 100.0, 0.0, 1.0) == pytest.approx(2.0 - 0.15 - 3.0)
+    assert w.reward(1.0, 50.0, 100.0, 0.0, 1.0) == pytest.approx(2.0 - 0.005)
+    assert w.reward(1.0, 150.0, 100.0, 0.0, 1.0) == pytest.approx(2.0 - 0.015 - 3.0)
     raw["routing"] = {"bandit": {"reward": {"speed": 1}}}
     with pytest.raises(ConfigError, match="speed"):
         parse_fleet(raw)

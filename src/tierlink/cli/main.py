@@ -23,6 +23,7 @@ from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.llm import app as llm_app
 from tierlink.cli.model import app as model_app
 from tierlink.cli.model_import import import_cmd, imported_cmd
+from tierlink.cli.policy import policy_app
 from tierlink.cli.quantize import quantize
 from tierlink.cli.rollout import app as rollout_app
 from tierlink.cli.split import app as split_app
@@ -45,6 +46,7 @@ zoo_app.command("calibration")(calibration)
 app.command()(quantize)
 app.add_typer(split_app, name="split")
 app.add_typer(llm_app, name="llm")
+app.add_typer(policy_app, name="policy")
 split_app.command("profile")(profile_cmd)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"

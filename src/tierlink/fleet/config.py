@@ -36,6 +36,23 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowConfig:
+    """``routing.shadow``: the candidate policy (a registered name, with its own weights if
+    given) and the share of requests the acting policy explores."""
+
+    policy: str
+    weights: Weights | None = None
+    explore: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "explore": self.explore}
+        if self.weights is not None:
+            out["weights"] = {"accuracy": self.weights.accuracy, "latency": self.weights.latency,
+                              "cost": self.weights.cost}
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class RoutingConfig:
     """How every node of the fleet routes (one policy, one set of weights)."""
 
@@ -73,6 +90,9 @@ class RoutingConfig:
     # Points: options further below the most accurate feasible one are not chosen.
     accuracy_tolerance: float = 0.0
     reward: RewardWeights = field(default_factory=RewardWeights)  # the bandit's
+    # Shadow mode (policy/shadow.py): a candidate decides beside the acting policy on each
+    # node's own requests, logged for `tierlink policy evaluate`.
+    shadow: ShadowConfig | None = None
 
     def policy_config(self) -> PolicyConfig:
         codecs = tuple(replace(c, accuracy_loss=self.split_codec_loss.get(c.spec,
@@ -352,7 +372,26 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
         accuracy_tolerance=_float(raw.get("accuracy_tolerance", 0.0),
                                   "routing.accuracy_tolerance", 0.0, 100.0),
         reward=_reward(_mapping(raw.get("bandit") or {}, "routing.bandit")),
+        shadow=_shadow(raw.get("shadow")),
     )
+
+
+def _shadow(raw: Any) -> ShadowConfig | None:
+    if raw is None:
+        return None
+    raw = _mapping(raw, "routing.shadow")
+    for key in raw:
+        _known(key, ("policy", "weights", "explore"), "routing.shadow")
+    if not isinstance(raw.get("policy"), str):
+        raise ConfigError("routing.shadow.policy must name the candidate policy",
+                          hint="e.g. shadow: {policy: bandit, explore: 0.05}")
+    weights = raw.get("weights")
+    parsed = None if weights is None else Weights(**{
+        k: _float(v, f"routing.shadow.weights.{k}", 0.0)
+        for k, v in _mapping(weights, "routing.shadow.weights").items()
+        if _known(k, ("accuracy", "latency", "cost"), "routing.shadow.weights")})
+    return ShadowConfig(raw["policy"], parsed,
+                        _float(raw.get("explore", 0.0), "routing.shadow.explore", 0.0, 0.5))
 
 
 def _reward(raw: Mapping[str, Any]) -> RewardWeights:

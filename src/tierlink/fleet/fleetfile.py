@@ -71,6 +71,20 @@ def write_cascade(path: Path, thresholds: Mapping[str, float], tuned_on: Mapping
     return _dump(path, data, yaml)
 
 
+def promote_policy(path: Path, policy: str, weights: Mapping[str, float] | None,
+                   comment: str) -> str:
+    """Make ``policy`` (with ``weights``, if given) the fleet's acting policy and end its
+    shadow mode; the rest of the file as it was. Returns the new text."""
+    data, yaml = _load(path)
+    routing = _routing(data)
+    routing["policy"] = policy
+    if weights:
+        routing["weights"] = _flow({k: round(float(v), 4) for k, v in weights.items()})
+    routing.pop("shadow", None)
+    routing.yaml_add_eol_comment(comment, "policy")
+    return _dump(path, data, yaml)
+
+
 def _load(path: Path) -> tuple[Any, Any]:
     from ruamel.yaml import YAML
 

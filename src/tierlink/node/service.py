@@ -35,12 +35,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
 from tierlink import __version__
 from tierlink.core.types import (
+    ClusterView,
     LanguageModelView,
     LinkView,
     ModelView,
@@ -55,6 +56,7 @@ from tierlink.core.types import (
     Tier,
 )
 from tierlink.errors import (
+    ConfigError,
     DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
@@ -89,8 +91,10 @@ from tierlink.node.uplink import CONTROL, Uplink
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, model_view_to_dict
 from tierlink.policy import REGISTRY, Policy
-from tierlink.policy.bandit import teach
-from tierlink.policy.placement import split_plans
+from tierlink.policy.bandit import reward_of, teach
+from tierlink.policy.ope import Logged, log_line
+from tierlink.policy.placement import TierlinkPolicy, split_plans
+from tierlink.policy.shadow import Decision, Shadow
 from tierlink.split.runtime import SplitSessions
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
@@ -197,6 +201,7 @@ class NodeService:
                                      margin_ms=self.routing.reserve_ms,
                                      on_hard_example=self._hard_example,
                                      hedger=Hedger(self.routing.hedging))
+        self.shadow, self._shadow_file, self._shadow_candidate = self._shadow_mode()
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
@@ -249,6 +254,8 @@ class NodeService:
                 await asyncio.gather(task, return_exceptions=True)
         await self.scheduler.close()
         await self._client.close()
+        if self._shadow_file is not None:
+            self._shadow_file.close()
         shutil.rmtree(self._split_dir, ignore_errors=True)
 
     # -- direct model inference (OIP, no routing) ------------------------------------------
@@ -535,8 +542,11 @@ class NodeService:
     async def _route(self, req: Request, policy: Policy, inputs: dict[str, np.ndarray],
                      t0: float, forced_split: Any = None) -> StepResult:
         view = self.view
-        plan = (self._forced_split(req, str(forced_split)) if forced_split
-                else policy.plan(req, view, self._rng))
+        decision = None
+        if forced_split:
+            plan = self._forced_split(req, str(forced_split))
+        else:
+            plan, decision = self._plan(policy, req, view)
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
@@ -545,11 +555,36 @@ class NodeService:
             result = await self.dispatcher.execute(plan, req, inputs,
                                                    t0 + req.deadline_ms / 1000.0)
         except TierlinkError:
-            teach(policy, plan, req, view, None, 0.0, (self._clock() - t0) * 1000.0)
+            latency_ms = (self._clock() - t0) * 1000.0
+            teach(policy, plan, req, view, None, 0.0, latency_ms)
+            self._shadow_log(decision, policy, req, view, None, 0.0, latency_ms)
             raise
-        teach(policy, plan, req, view, result.outcome, _correctness(result, _LABELS.get()),
-              (self._clock() - t0) * 1000.0)
+        correct, latency_ms = _correctness(result, _LABELS.get()), (self._clock() - t0) * 1000
+        teach(policy, plan, req, view, result.outcome, correct, latency_ms)
+        self._shadow_log(decision, policy, req, view, result.outcome, correct, latency_ms)
         return result
+
+    def _plan(self, policy: Policy, req: Request, view: ClusterView
+              ) -> tuple[Plan, Decision | None]:
+        """The acting policy's plan; in shadow mode the candidate decides beside it on this
+        node's own requests (an application's, not a forwarded one)."""
+        if self.shadow is None or req.hops > 0 or not isinstance(policy, TierlinkPolicy):
+            return policy.plan(req, view, self._rng), None
+        return self.shadow.plan(req, view, self._rng)
+
+    def _shadow_log(self, decision: Decision | None, policy: Policy, req: Request,
+                    view: ClusterView, outcome: Outcome | None, correct: float,
+                    latency_ms: float) -> None:
+        if decision is None or self._shadow_file is None or \
+                not isinstance(policy, TierlinkPolicy):
+            return
+        cfg = self.routing.policy_config()
+        reward = reward_of(cfg.reward, req, policy.reference_cost(req, view), outcome, correct,
+                           latency_ms)
+        line = log_line(Logged(decision.acting, decision.candidate, decision.propensity,
+                               reward, decision.acting_features, decision.candidate_features),
+                        self._shadow_candidate)
+        self._shadow_file.write(line + "\n")
 
     def _forced_split(self, req: Request, text: str) -> Plan:
         """The one-placement plan a request asked for with ``tierlink.split=NODE/CUT/CODEC``
@@ -697,6 +732,28 @@ class NodeService:
         return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
 
     # -- the hard-example loop -------------------------------------------------------------
+
+    def _shadow_mode(self) -> tuple[Shadow | None, TextIO | None, dict[str, Any]]:
+        """``routing.shadow``: the candidate beside the acting policy, its decisions appended
+        to ``state_dir/shadow.jsonl`` (line-buffered: a crash loses at most a line)."""
+        cfg = self.routing.shadow
+        acting = self._default_policy
+        if cfg is None or not isinstance(acting, TierlinkPolicy):
+            return None, None, {}
+        if not self.spec.state_dir:
+            raise ConfigError("routing.shadow needs the node's state_dir for its log")
+        policy_cfg = self.routing.policy_config()
+        if cfg.weights is not None:
+            policy_cfg = replace(policy_cfg, weights=cfg.weights)
+        candidate = REGISTRY.create(cfg.policy, policy_cfg)
+        if not isinstance(candidate, TierlinkPolicy):
+            raise ConfigError(f"routing.shadow.policy {cfg.policy!r} cannot run in shadow "
+                              "mode: it does not order the tierlink policy's options")
+        path = Path(self.spec.state_dir) / "shadow.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shadow = Shadow(acting, candidate, cfg.explore,
+                        random.Random(f"shadow:{self.spec.node_id}"))
+        return shadow, path.open("a", buffering=1), cfg.to_dict()
 
     def _uploader(self, sink: ExampleSink | None) -> HardExampleUploader | None:
         """Hard examples go through the durable outbox when the node's uplink reaches the

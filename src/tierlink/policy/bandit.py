@@ -114,15 +114,21 @@ class BanditPolicy(TierlinkPolicy):
         feasible, why = self.feasible_choices(request, view, rng)
         if not feasible:
             return Plan((), self.name, reason=why)
+        return self.plan_from(request, view, self.order(request, view, feasible, rng))
+
+    def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
+        ref = self.reference_cost(request, view)
+        return Plan(merge_placements(order), self.name, reason=f"bandit:{order[0].label}",
+                    features=tuple(float(x) for x in features(request, order[0], ref)))
+
+    def order(self, request: Request, view: ClusterView, feasible: list[Choice],
+              rng: random.Random) -> list[Choice]:
+        """The option with the best sampled reward first, ``tierlink``'s order after it."""
         ranked = self.ranked(request, view, feasible)
         ref = self.reference_cost(request, view)
-        phis = [features(request, c, ref) for c in feasible]
         theta = self.model.sample(rng)
-        best = max(range(len(feasible)), key=lambda i: float(phis[i] @ theta))
-        chosen = feasible[best]
-        order = [chosen, *(c for c in ranked if c is not chosen)]
-        return Plan(merge_placements(order), self.name, reason=f"bandit:{chosen.label}",
-                    features=tuple(float(x) for x in phis[best]))
+        chosen = max(feasible, key=lambda c: float(features(request, c, ref) @ theta))
+        return [chosen, *(c for c in ranked if c is not chosen)]
 
     def observe(self, plan: Plan, reward: float) -> None:
         """The reward of a request this policy planned (``plan`` as it returned it)."""
@@ -130,17 +136,24 @@ class BanditPolicy(TierlinkPolicy):
             self.model.update(np.asarray(plan.features), reward)
 
 
-def teach(policy: object, plan: Plan, request: Request, view: ClusterView,
-          outcome: Outcome | None, correct: float, latency_ms: float) -> float | None:
-    """Hand a learning policy the reward of a request it planned (``outcome`` None: it
-    failed); nothing for any other policy. Returns the reward given, if any."""
-    if not isinstance(policy, BanditPolicy) or not plan.features:
-        return None
+def reward_of(weights: RewardWeights, request: Request, ref_cost: float,
+              outcome: Outcome | None, correct: float, latency_ms: float) -> float:
+    """One request's reward (``outcome`` None: it failed — nothing right, the deadline
+    missed by a deadline)."""
     if outcome is None:
         correct, latency_ms = 0.0, max(latency_ms, 2.0 * request.deadline_ms)
-    reward = policy.rewards.reward(
-        correct, latency_ms, request.deadline_ms, outcome.cost if outcome else 0.0,
-        policy.reference_cost(request, view),
-        left_device=outcome is not None and outcome.served_by != request.origin)
+    return weights.reward(correct, latency_ms, request.deadline_ms,
+                          outcome.cost if outcome else 0.0, ref_cost,
+                          left_device=outcome is not None and outcome.served_by != request.origin)
+
+
+def teach(policy: object, plan: Plan, request: Request, view: ClusterView,
+          outcome: Outcome | None, correct: float, latency_ms: float) -> float | None:
+    """Hand a learning policy the reward of a request it planned; nothing for any other
+    policy. Returns the reward given, if any."""
+    if not isinstance(policy, BanditPolicy) or not plan.features:
+        return None
+    reward = reward_of(policy.rewards, request, policy.reference_cost(request, view), outcome,
+                       correct, latency_ms)
     policy.observe(plan, reward)
     return reward

@@ -43,10 +43,12 @@ class Weights:
 class RewardWeights:
     """What a learning policy is rewarded for, per request (``policy/bandit.py``)."""
 
+    # Defaults in the proportions of the tierlink policy's own weights (a point of accuracy
+    # is worth a deadline's worth of latency, or half the fleet's dearest answer's cost).
     accuracy: float = 1.0
-    latency: float = 0.1  # per deadline's worth of latency (capped at two)
-    miss: float = 1.0  # an answer later than its deadline (or none)
-    cost: float = 0.2  # per "the fleet's dearest node" of cost
+    latency: float = 0.01  # per deadline's worth of latency (capped at two)
+    miss: float = 0.5  # an answer later than its deadline (or none)
+    cost: float = 0.02  # per "the fleet's dearest node" of cost
     energy: float = 0.0  # per second of device compute
     privacy: float = 0.0  # an input that left its device (allowed, but exposed)
 

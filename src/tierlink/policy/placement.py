@@ -116,8 +116,17 @@ class TierlinkPolicy:
         feasible, why = self.feasible_choices(request, view, rng)
         if not feasible:
             return Plan((), self.name, reason=why)
-        ranked = self.ranked(request, view, feasible)
-        return Plan(merge_placements(ranked), self.name, reason=ranked[0].label)
+        return self.plan_from(request, view, self.order(request, view, feasible, rng))
+
+    def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
+        """The plan that puts ``order``'s first option first (the rest as fallbacks)."""
+        return Plan(merge_placements(order), self.name, reason=order[0].label)
+
+    def order(self, request: Request, view: ClusterView, feasible: list[Choice],
+              rng: random.Random) -> list[Choice]:
+        """This policy's order of the feasible options, first = what it would do (a shadow
+        candidate is asked the same over the same options)."""
+        return self.ranked(request, view, feasible)
 
     def feasible_choices(self, request: Request, view: ClusterView, rng: random.Random
                          ) -> tuple[list[Choice], str]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from tierlink.core.types import ModelView
+from tierlink.core.types import ModelView, Tier
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import FleetConfig
+from tierlink.policy.base import Weights
 from tierlink.sim.compute import ComputeModel
 from tierlink.sim.fleet import Registry, SimFleet, seeded
 from tierlink.sim.links import LinkShape, SimLink
@@ -38,6 +39,11 @@ class Scenario:
     # back, and one forward to an upstream and back (both ends' work).
     request_ms: float = 0.0
     hop_ms: float = 0.0
+    # Shadow mode on the devices: a candidate policy (a name; with other weights, if any)
+    # decides beside the acting one, which explores this share of the time.
+    shadow: str | None = None
+    shadow_weights: Weights | None = None
+    explore: float = 0.0
     heartbeat_s: float = 1.0
     view_refresh_s: float = 0.25
     ttl_s: float = 5.0
@@ -66,6 +72,8 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
                                                          seeded(seed, "link", link.name)))
     registry = Registry(heartbeat_s=sc.heartbeat_s, ttl_s=sc.ttl_s)
     _schedule_faults(nodes, sc)
+    if sc.shadow is not None:
+        _shadow_devices(nodes, config, sc, seed)
     return SimFleet(nodes, registry, clock, sc.view_refresh_s, sc.request_ms), counters
 
 
@@ -90,3 +98,22 @@ def _schedule_faults(nodes: Mapping[str, SimNode], sc: Scenario) -> None:
 
 def _scale(compute: ComputeModel, factor: float) -> None:
     compute.speed *= factor
+
+
+def _shadow_devices(nodes: Mapping[str, SimNode], config: FleetConfig, sc: Scenario,
+                    seed: int) -> None:
+    from dataclasses import replace as with_
+
+    from tierlink.policy import REGISTRY
+    from tierlink.policy.placement import TierlinkPolicy
+
+    cfg = config.routing.policy_config()
+    if sc.shadow_weights is not None:
+        cfg = with_(cfg, weights=sc.shadow_weights)
+    for node in nodes.values():
+        if node.tier is Tier.DEVICE:
+            candidate = REGISTRY.create(str(sc.shadow), cfg)
+            if not isinstance(candidate, TierlinkPolicy):
+                raise ConfigError(f"shadow policy {sc.shadow!r} does not order the feasible "
+                                  "options (it must build on the tierlink policy)")
+            node.shadow = (candidate, sc.explore, seeded(seed, "shadow", node.node_id))

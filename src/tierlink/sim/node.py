@@ -27,6 +27,7 @@ from tierlink.core.types import (
     NodeView,
     Outcome,
     Placement,
+    Plan,
     Request,
     Tier,
 )
@@ -45,7 +46,10 @@ from tierlink.node.dispatcher import Dispatcher, Inputs, RetryBudget, StepResult
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
 from tierlink.policy import REGISTRY, Policy
-from tierlink.policy.bandit import teach
+from tierlink.policy.bandit import reward_of, teach
+from tierlink.policy.ope import Logged
+from tierlink.policy.placement import TierlinkPolicy
+from tierlink.policy.shadow import Decision, Shadow
 from tierlink.sim.compute import ComputeModel, SimScheduler, Work
 from tierlink.sim.links import SimLink
 
@@ -58,9 +62,11 @@ RESPONSE_BYTES = 200  # an answer's tensors and tierlink parameters on the wire
 
 @dataclass
 class Counters:
-    """What a run's dispatchers and receipts did (the live node's metrics, in one place)."""
+    """What a run's dispatchers and receipts did (the live node's metrics, in one place),
+    and the shadow log when a candidate policy runs in shadow mode."""
 
     violations: int = 0
+    shadow_log: list[Logged] = field(default_factory=list)
     escalated: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
     retried: int = 0
@@ -136,6 +142,8 @@ class SimNode:
         self.view = ClusterView.build(node_id, [self.me()], [])
         self.view_at = float("-inf")
         self.before_plan: Callable[[SimNode], None] = lambda _node: None  # view refresh
+        # (candidate policy, exploration share, its own generator): shadow mode, set by build
+        self.shadow: tuple[Policy, float, random.Random] | None = None
 
     def crash(self) -> None:
         self.alive = False
@@ -191,7 +199,7 @@ class SimNode:
         req = self._check_receipt(req, policy)
         self.before_plan(self)
         view = self.view
-        plan = policy.plan(req, view, self.rng)
+        plan, decision = self._plan(policy, req, view)
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.node_id}: {plan.reason}",
                                       request_id=req.request_id)
@@ -199,12 +207,36 @@ class SimNode:
             result = await self.dispatcher.execute(plan, req, inputs,
                                                    t0 + req.deadline_ms / 1000.0)
         except TierlinkError:
-            teach(policy, plan, req, view, None, 0.0, (self._clock() - t0) * 1000.0)
+            latency_ms = (self._clock() - t0) * 1000.0
+            teach(policy, plan, req, view, None, 0.0, latency_ms)
+            self._log(decision, policy, req, view, None, 0.0, latency_ms)
             raise
         label = int(self.outcomes[req.task].labels[int(inputs["sample"])])
-        teach(policy, plan, req, view, result.outcome,
-              float(int(result.outputs["label"]) == label), (self._clock() - t0) * 1000.0)
+        correct, latency_ms = float(int(result.outputs["label"]) == label), \
+            (self._clock() - t0) * 1000.0
+        teach(policy, plan, req, view, result.outcome, correct, latency_ms)
+        self._log(decision, policy, req, view, result.outcome, correct, latency_ms)
         return result
+
+    def _plan(self, policy: Policy, req: Request, view: ClusterView
+              ) -> tuple[Plan, Decision | None]:
+        """The acting policy's plan; on a device in shadow mode, the candidate decides
+        beside it (requests from this device's applications only)."""
+        if self.shadow is None or req.hops > 0 or not isinstance(policy, TierlinkPolicy):
+            return policy.plan(req, view, self.rng), None
+        candidate, explore, rng = self.shadow
+        assert isinstance(candidate, TierlinkPolicy)
+        return Shadow(policy, candidate, explore, rng).plan(req, view, self.rng)
+
+    def _log(self, decision: Decision | None, policy: Policy, req: Request, view: ClusterView,
+             outcome: Outcome | None, correct: float, latency_ms: float) -> None:
+        if decision is None or not isinstance(policy, TierlinkPolicy):
+            return
+        reward = reward_of(self._policy_config.reward, req, policy.reference_cost(req, view),
+                           outcome, correct, latency_ms)
+        self.counters.shadow_log.append(Logged(
+            decision.acting, decision.candidate, decision.propensity, reward,
+            decision.acting_features, decision.candidate_features))
 
     def _policy_for(self, req: Request) -> Policy:
         name = req.policy or self.routing.policy

@@ -13,6 +13,7 @@ from typing import Any
 from tierlink.core.types import ModelView
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.workload import Record, WorkItem, summarize
+from tierlink.policy.ope import Logged
 from tierlink.sim import loop
 from tierlink.sim.build import Scenario, build
 from tierlink.sim.fleet import drive
@@ -30,6 +31,7 @@ class RunResult:
     counters: dict[str, Any]
     simulated_s: float
     wall_s: float
+    shadow_log: list[Logged]  # decisions logged in shadow mode (empty without it)
 
 
 def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outcomes,
@@ -52,7 +54,7 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
     return RunResult(records, summarize(records, counters.violations),
                      {"escalated": counters.escalated, "fallbacks": counters.fallbacks,
                       "retried": counters.retried, "hedged": counters.hedged},
-                     simulated, time.perf_counter() - wall)
+                     simulated, time.perf_counter() - wall, counters.shadow_log)
 
 
 def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outcomes,
