@@ -153,6 +153,19 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
         fail(exc)
 
 
+@app.command("plan")
+def plan_cmd(inventory: Path = typer.Argument(..., help="use cases and a hardware catalogue"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Place each use case, size it on P95 with headroom, cost it per month; beside the
+    all-cloud and all-edge plans."""
+    from tierlink.cli.plan import plan_report, print_report
+
+    try:
+        print_report(plan_report(inventory), as_json)
+    except TierlinkError as exc:
+        fail(exc)
+
+
 @app.command()
 def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (as `up` takes)"),
         scenario: Path | None = typer.Option(None, "--scenario",
