@@ -7,6 +7,7 @@ catalogue), for ``tierlink plan``.
     energy_usd_per_kwh: 0.15
     transfer_usd_per_gb: 0.05          # into the cloud (the site's LAN is free)
     headroom: 0.3                      # planned on P95 x (1 + headroom), never on the peak
+    sla_target: 0.99                   # the share answered within its latency target
     rtt_ms: {device: 0, edge: 10, cloud: 80}   # from where requests arise
     hardware:
       - {name: phone-npu, tier: device, power_w: 4, throughput: {fmnist-small: 400}}
@@ -83,6 +84,7 @@ class Inventory:
     use_cases: tuple[UseCase, ...]
     hardware: tuple[Hardware, ...]
     headroom: float = 0.3
+    sla_target: float = 0.99  # the share of requests answered within their latency target
     hours_per_month: float = 730.0
     energy_usd_per_kwh: float = 0.15
     transfer_usd_per_gb: float = 0.05
@@ -98,8 +100,8 @@ def load_inventory(path: Path) -> Inventory:
     return parse_inventory(raw, str(path))
 
 
-TOP = ("use_cases", "hardware", "headroom", "hours_per_month", "energy_usd_per_kwh",
-       "transfer_usd_per_gb", "rtt_ms")
+TOP = ("use_cases", "hardware", "headroom", "sla_target", "hours_per_month",
+       "energy_usd_per_kwh", "transfer_usd_per_gb", "rtt_ms")
 
 
 def parse_inventory(raw: Any, where: str = "inventory") -> Inventory:
@@ -111,6 +113,7 @@ def parse_inventory(raw: Any, where: str = "inventory") -> Inventory:
                       for i, u in enumerate(m.get("use_cases") or ()))
         rtt = {Tier.parse(k): float(v) for k, v in (m.get("rtt_ms") or {}).items()}
         inv = Inventory(cases, hardware, float(m.get("headroom", 0.3)),
+                        float(m.get("sla_target", 0.99)),
                         float(m.get("hours_per_month", 730.0)),
                         float(m.get("energy_usd_per_kwh", 0.15)),
                         float(m.get("transfer_usd_per_gb", 0.05)),
