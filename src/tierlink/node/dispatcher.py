@@ -28,7 +28,8 @@ import numpy as np
 
 from tierlink.core.types import Fallback, Outcome, Placement, Plan, Request, Tier
 
-__all__ = ["Dispatcher", "HardExampleHook", "RetryBudget", "StepResult", "reason_of"]
+__all__ = ["Dispatcher", "HardExampleHook", "RetryBudget", "StepResult", "execute_observed",
+           "reason_of"]
 from tierlink.errors import (
     AdmissionRefused,
     DeadlineExceeded,
@@ -318,3 +319,17 @@ def _all_failed(req: Request, fallbacks: list[Fallback]) -> TierlinkError:
     return cls(f"request {req.request_id} for {req.task!r} failed on every placement ({tried})",
                fallbacks=[{"node": f.node_id, "reason": f.reason, "detail": f.detail}
                           for f in fallbacks])
+
+
+async def execute_observed(dispatcher: Dispatcher, plan: Plan, req: Request, inputs: Inputs,
+                           t0: float, clock: Callable[[], float],
+                           observe: Callable[[StepResult | None, float], None]) -> StepResult:
+    """``dispatcher.execute`` with the outcome (None: it failed) and the latency from ``t0``
+    handed to ``observe`` — how a learning policy and shadow mode hear of each request."""
+    try:
+        result = await dispatcher.execute(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+    except TierlinkError:
+        observe(None, (clock() - t0) * 1000.0)
+        raise
+    observe(result, (clock() - t0) * 1000.0)
+    return result

@@ -71,7 +71,7 @@ from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
-from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
+from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult, execute_observed
 from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, OutboxSink
 from tierlink.node.hedging import Hedger
@@ -551,18 +551,16 @@ class NodeService:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
         self.metrics.placements.labels(self.spec.tier.label, plan.policy, plan.reason).inc()
-        try:
-            result = await self.dispatcher.execute(plan, req, inputs,
-                                                   t0 + req.deadline_ms / 1000.0)
-        except TierlinkError:
-            latency_ms = (self._clock() - t0) * 1000.0
-            teach(policy, plan, req, view, None, 0.0, latency_ms)
-            self._shadow_log(decision, policy, req, view, None, 0.0, latency_ms)
-            raise
-        correct, latency_ms = _correctness(result, _LABELS.get()), (self._clock() - t0) * 1000
-        teach(policy, plan, req, view, result.outcome, correct, latency_ms)
-        self._shadow_log(decision, policy, req, view, result.outcome, correct, latency_ms)
-        return result
+        labels = _LABELS.get()
+
+        def observe(result: StepResult | None, latency_ms: float) -> None:
+            outcome = result.outcome if result is not None else None
+            correct = _correctness(result, labels) if result is not None else 0.0
+            teach(policy, plan, req, view, outcome, correct, latency_ms)
+            self._shadow_log(decision, policy, req, view, outcome, correct, latency_ms)
+
+        return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
+                                      observe)
 
     def _plan(self, policy: Policy, req: Request, view: ClusterView
               ) -> tuple[Plan, Decision | None]:

@@ -110,12 +110,6 @@ class BanditPolicy(TierlinkPolicy):
         self.rewards = weights or config.reward
         self.model = model or LinearTS(prior_mean(self.rewards))
 
-    def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
-        feasible, why = self.feasible_choices(request, view, rng)
-        if not feasible:
-            return Plan((), self.name, reason=why)
-        return self.plan_from(request, view, self.order(request, view, feasible, rng))
-
     def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
         ref = self.reference_cost(request, view)
         return Plan(merge_placements(order), self.name, reason=f"bandit:{order[0].label}",

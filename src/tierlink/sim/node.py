@@ -42,7 +42,13 @@ from tierlink.errors import (
 )
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
-from tierlink.node.dispatcher import Dispatcher, Inputs, RetryBudget, StepResult
+from tierlink.node.dispatcher import (
+    Dispatcher,
+    Inputs,
+    RetryBudget,
+    StepResult,
+    execute_observed,
+)
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
 from tierlink.policy import REGISTRY, Policy
@@ -203,20 +209,16 @@ class SimNode:
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.node_id}: {plan.reason}",
                                       request_id=req.request_id)
-        try:
-            result = await self.dispatcher.execute(plan, req, inputs,
-                                                   t0 + req.deadline_ms / 1000.0)
-        except TierlinkError:
-            latency_ms = (self._clock() - t0) * 1000.0
-            teach(policy, plan, req, view, None, 0.0, latency_ms)
-            self._log(decision, policy, req, view, None, 0.0, latency_ms)
-            raise
         label = int(self.outcomes[req.task].labels[int(inputs["sample"])])
-        correct, latency_ms = float(int(result.outputs["label"]) == label), \
-            (self._clock() - t0) * 1000.0
-        teach(policy, plan, req, view, result.outcome, correct, latency_ms)
-        self._log(decision, policy, req, view, result.outcome, correct, latency_ms)
-        return result
+
+        def observe(result: StepResult | None, latency_ms: float) -> None:
+            outcome = result.outcome if result is not None else None
+            correct = float(int(result.outputs["label"]) == label) if result else 0.0
+            teach(policy, plan, req, view, outcome, correct, latency_ms)
+            self._log(decision, policy, req, view, outcome, correct, latency_ms)
+
+        return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
+                                      observe)
 
     def _plan(self, policy: Policy, req: Request, view: ClusterView
               ) -> tuple[Plan, Decision | None]:
