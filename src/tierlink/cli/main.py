@@ -177,7 +177,7 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
         duration: float | None = typer.Option(None, help="simulated seconds of arrivals"),
         seed: int | None = typer.Option(None, help="default: the fleet file's seed"),
         runs: str = typer.Option("tierlink,static_rules,cloud_only,device_only",
-                                 help="the runs, as the demo names them"),
+                                 help="the runs, as the demo names them (and bandit)"),
         json_path: Path | None = typer.Option(None, "--json", help="write the report here"),
         png_path: Path | None = typer.Option(None, "--png",
                                              help="plot p95, SLA and tier shares over time"),

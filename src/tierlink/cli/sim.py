@@ -29,7 +29,7 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
     config = load_fleet(fleet_file)
     if scale:
         config = _scaled(config, scale)
-    chosen = _runs(runs, RUNS)
+    chosen = _runs(runs, (*RUNS, ("bandit", "bandit")))
     config, tuning, views = _models(config)
     outcomes = zoo_outcomes(TASK, list(views), config.zoo_profile)
     sc = _scenario(scenario_file)
