@@ -40,7 +40,7 @@ console = Console(stderr=True)
 def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
              requests: int | None = None, rate: float | None = None,
              chat: bool = False) -> dict[str, Any]:
-    from tierlink.cli.main import zoo_models
+    from tierlink.cli.models import zoo_models
     from tierlink.zoo.datasets import fashion_mnist
 
     settings = DemoSettings.quick() if quick else DemoSettings()

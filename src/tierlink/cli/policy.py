@@ -49,7 +49,7 @@ def evaluate_logs(logs: list[Path]) -> dict[str, Any]:
 def evaluate(logs: list[Path] = typer.Argument(..., help="shadow.jsonl files"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Estimate the shadow candidate's reward per request (doubly robust and IPS, 95%)."""
-    from tierlink.cli.main import fail
+    from tierlink.cli.errors import fail
     from tierlink.errors import TierlinkError
 
     try:
@@ -77,7 +77,7 @@ def promote_cmd(fleet_file: Path = typer.Argument(..., help="the fleet YAML to s
                 dry_run: bool = typer.Option(False, "--dry-run")) -> None:
     """Make the candidate the fleet's policy — only if its lower bound beats the acting
     policy's mean reward; otherwise say why and change nothing (exit 1)."""
-    from tierlink.cli.main import fail
+    from tierlink.cli.errors import fail
     from tierlink.errors import TierlinkError
     from tierlink.fleet.fleetfile import promote_policy
     from tierlink.policy.ope import Estimate, promote

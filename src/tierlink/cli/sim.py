@@ -88,7 +88,7 @@ def _runs(text: str, known: tuple[tuple[str, str | None], ...]
 def _models(config: FleetConfig) -> tuple[FleetConfig, dict[str, Any], dict[str, Any]]:
     """The zoo models of the simulated task (built, variants made, as the demo does) with
     thresholds that belong to them, and each model's view as a node builds it."""
-    from tierlink.cli.main import zoo_models
+    from tierlink.cli.models import zoo_models
     from tierlink.fleet.tuning import fresh_thresholds
     from tierlink.node.runtime import ModelInfo
 
