@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 import random
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from tierlink.core.types import ClusterView, Outcome, Plan, Priority, Privacy, Request, Tier
 from tierlink.policy.base import PolicyConfig, RewardWeights
 from tierlink.policy.placement import Choice, TierlinkPolicy, merge_placements
+
+if TYPE_CHECKING:  # numpy is imported where it computes: `import tierlink.policy` stays light
+    import numpy as np
 
 KINDS = ("local", "cascade", "remote", "split")
 FEATURES = ("bias", "latency", "worst", "accuracy", "cost", *(f"kind:{k}" for k in KINDS),
@@ -37,6 +39,8 @@ FEATURES = ("bias", "latency", "worst", "accuracy", "cost", *(f"kind:{k}" for k 
 
 
 def features(request: Request, choice: Choice, ref_cost: float) -> np.ndarray:
+    import numpy as np
+
     deadline = max(request.deadline_ms, 1e-9)
     tier = (choice.pick or choice.node).tier
     node = choice.pick or choice.node
@@ -53,6 +57,8 @@ def features(request: Request, choice: Choice, ref_cost: float) -> np.ndarray:
 def prior_mean(w: RewardWeights) -> np.ndarray:
     """The reward a ``tierlink``-like valuation expects: accuracy right, latency and cost
     as they cost (the rest learned)."""
+    import numpy as np
+
     theta = np.zeros(len(FEATURES))
     theta[FEATURES.index("latency")] = -w.latency
     theta[FEATURES.index("accuracy")] = w.accuracy
@@ -68,6 +74,8 @@ class LinearTS:
 
     def __init__(self, prior_mean: np.ndarray, prior_weight: float = 20.0,
                  noise: float = 0.3, forgetting: float = 0.999) -> None:
+        import numpy as np
+
         d = prior_mean.shape[0]
         self.prior = prior_weight * np.eye(d)
         self.prior_b = self.prior @ prior_mean
@@ -80,6 +88,8 @@ class LinearTS:
 
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """(mean, Cholesky factor of the covariance)."""
+        import numpy as np
+
         if self._cache is None:
             cov = np.linalg.inv(self.A)
             self._cache = cov @ self.b, np.linalg.cholesky(self.noise ** 2 * cov
@@ -87,11 +97,15 @@ class LinearTS:
         return self._cache
 
     def sample(self, rng: random.Random) -> np.ndarray:
+        import numpy as np
+
         mean, chol = self.posterior()
         z = np.array([rng.gauss(0.0, 1.0) for _ in range(mean.shape[0])])
         return mean + chol @ z
 
     def update(self, phi: np.ndarray, reward: float) -> None:
+        import numpy as np
+
         g = self.forgetting
         self.A = g * self.A + (1.0 - g) * self.prior + np.outer(phi, phi)
         self.b = g * self.b + (1.0 - g) * self.prior_b + reward * phi
@@ -126,6 +140,8 @@ class BanditPolicy(TierlinkPolicy):
 
     def observe(self, plan: Plan, reward: float) -> None:
         """The reward of a request this policy planned (``plan`` as it returned it)."""
+        import numpy as np
+
         if plan.features and math.isfinite(reward):
             self.model.update(np.asarray(plan.features), reward)
 
