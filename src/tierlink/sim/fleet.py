@@ -119,17 +119,28 @@ def _reachable(start: SimNode) -> list[str]:
 async def drive(fleet: SimFleet, items: Sequence[WorkItem], task: str,
                 labels: Sequence[int], input_bytes: int, policy: str | None,
                 on_done: Callable[[Record], None] = lambda r: None) -> list[Record]:
-    """Send every item at its simulated time; wait for every answer."""
+    """Send every item at its simulated time; wait for every answer. Requests are started
+    as their time comes (not all at once: an hour of a large fleet is millions of them)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
+    records: list[Record | None] = [None] * len(items)
+    running: set[asyncio.Future[None]] = set()
 
-    async def one(item: WorkItem) -> Record:
-        await asyncio.sleep(max(0.0, start + item.at_s - loop.time()))
+    async def one(i: int, item: WorkItem) -> None:
         record = await fleet.request(item, task, int(labels[item.sample]), input_bytes, policy)
+        records[i] = record
         on_done(record)
-        return record
 
-    return list(await asyncio.gather(*(one(i) for i in items)))
+    for i in sorted(range(len(items)), key=lambda k: items[k].at_s):
+        delay = start + items[i].at_s - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task_ = asyncio.ensure_future(one(i, items[i]))
+        running.add(task_)
+        task_.add_done_callback(running.discard)
+    while running:
+        await asyncio.gather(*list(running))
+    return [r for r in records if r is not None]
 
 
 def seeded(seed: int, *names: str) -> random.Random:
