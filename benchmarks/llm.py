@@ -40,18 +40,11 @@ from typing import Any
 
 import httpx
 
+from tierlink.llm.prompts import QUESTIONS
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("device_only", "cloud_only", "speculative")
-PROMPTS = [
-    "What is the capital of France?", "Write a haiku about the sea.",
-    "List three fruits and their colours.", "How do I boil an egg?",
-    "Explain photosynthesis in two sentences.", "What is a prime number?",
-    "Give me a tip for learning to code.", "Why is the sky blue?",
-    "Describe a cat to someone who has never seen one.", "What does a compiler do?",
-    "Name three planets of the solar system.", "How can I sleep better?",
-    "What is the difference between weather and climate?", "Suggest a name for a dog.",
-    "Summarise the plot of Cinderella.", "What is machine learning?",
-]
+PROMPTS = QUESTIONS[:16]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 

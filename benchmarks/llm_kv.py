@@ -22,16 +22,9 @@ from typing import Any
 
 import httpx
 
-QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the sea.",
-    "List three fruits and their colours.", "How do I boil an egg?",
-    "Explain photosynthesis in two sentences.", "What is a prime number?",
-    "Give me a tip for learning to code.", "Why is the sky blue?",
-    "Describe a cat to someone who has never seen one.", "What does a compiler do?",
-    "Name three planets of the solar system.", "How can I sleep better?",
-    "What is the difference between weather and climate?", "Suggest a name for a dog.",
-    "Summarise the plot of Cinderella.", "What is machine learning?",
-]
+from tierlink.llm.prompts import QUESTIONS as EVERYDAY
+
+QUESTIONS = EVERYDAY[:16]  # the turns of the one conversation, in this order
 
 
 def rss_mib(pid: int) -> float:
