@@ -576,9 +576,8 @@ class NodeService:
         if decision is None or self._shadow_file is None or \
                 not isinstance(policy, TierlinkPolicy):
             return
-        cfg = self.routing.policy_config()
-        reward = reward_of(cfg.reward, req, policy.reference_cost(req, view), outcome, correct,
-                           latency_ms)
+        reward = reward_of(self.routing.reward, req, policy.reference_cost(req, view),
+                           outcome, correct, latency_ms)
         line = log_line(Logged(decision.acting, decision.candidate, decision.propensity,
                                reward, decision.acting_features, decision.candidate_features),
                         self._shadow_candidate)

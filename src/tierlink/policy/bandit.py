@@ -42,8 +42,8 @@ def features(request: Request, choice: Choice, ref_cost: float) -> np.ndarray:
     import numpy as np
 
     deadline = max(request.deadline_ms, 1e-9)
-    tier = (choice.pick or choice.node).tier
-    node = choice.pick or choice.node
+    node = choice.pick or choice.node  # the node that answers first
+    tier = node.tier
     return np.array([
         1.0, min(choice.est.latency_ms / deadline, 2.0), min(choice.est.worst_ms / deadline, 2.0),
         choice.est.accuracy, choice.est.cost / ref_cost if ref_cost > 0 else 0.0,

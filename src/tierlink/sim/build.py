@@ -15,7 +15,7 @@ from tierlink.policy.base import Weights
 from tierlink.sim.compute import ComputeModel
 from tierlink.sim.fleet import Registry, SimFleet, seeded
 from tierlink.sim.links import LinkShape, SimLink
-from tierlink.sim.node import Counters, SimModel, SimNode
+from tierlink.sim.node import Counters, SimNode
 from tierlink.sim.outcomes import Outcomes
 
 
@@ -57,7 +57,7 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
     counters = Counters()
     nodes: dict[str, SimNode] = {}
     for n in config.nodes:
-        models = {name: SimModel(views[name], views[name].latency_ms)
+        models = {name: views[name]  # their cards: latency as measured, before the speed
                   for name in n.models if name in views and views[name].task in outcomes}
         speed = (n.cpu_quota or 1.0) * sc.speed.get(n.node_id, 1.0)
         nodes[n.node_id] = SimNode(

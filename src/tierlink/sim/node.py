@@ -99,14 +99,8 @@ class _Observer:
         self.hedged = counters.hedged_
 
 
-@dataclass(frozen=True, slots=True)
-class SimModel:
-    view: ModelView  # what the card says (latency: on the machine that measured it)
-    base_ms: float  # the card's batch-1 latency, scaled by the node's speed when run
-
-
 class SimNode:
-    def __init__(self, node_id: str, tier: Tier, models: Mapping[str, SimModel],
+    def __init__(self, node_id: str, tier: Tier, models: Mapping[str, ModelView],
                  routing: RoutingConfig, outcomes: Mapping[str, Outcomes],
                  counters: Counters, rng: random.Random, *, workers: int = 1,
                  max_queue: int = 256, compute: ComputeModel | None = None,
@@ -128,7 +122,7 @@ class SimNode:
                                       clock=clock)
         self.scheduler.start()
         for name, m in self.models.items():
-            self.scheduler.seed_service_ms(name, m.base_ms / max(self.compute.speed, 1e-6))
+            self.scheduler.seed_service_ms(name, m.latency_ms / max(self.compute.speed, 1e-6))
         self.breakers = BreakerBoard(BreakerSettings(
             failure_threshold=routing.breaker.failure_threshold,
             cooldown_s=routing.breaker.cooldown_s,
@@ -171,11 +165,11 @@ class SimNode:
 
     def me(self) -> NodeView:
         stats = self.scheduler.snapshot()
-        learned = tuple(stats.service_ms_by_key.get(name, m.view.latency_ms)
+        learned = tuple(stats.service_ms_by_key.get(name, m.latency_ms)
                         for name, m in self.models.items())
         if learned != self._learned:  # the models' views change only with what is learned
             self._learned = learned
-            self._model_views = tuple(replace(m.view, latency_ms=ms) for m, ms
+            self._model_views = tuple(replace(m, latency_ms=ms) for m, ms
                                       in zip(self.models.values(), learned, strict=True))
         return NodeView(self.node_id, self.tier, self._model_views,
                         queue_depth=stats.queue_depth, inflight=stats.inflight,
@@ -267,9 +261,9 @@ class SimNode:
                          remaining_ms: float) -> StepResult:
         name = placement.model or ""
         model = self.models[name]
-        task_outcomes = self.outcomes[model.view.task]
+        task_outcomes = self.outcomes[model.task]
         pred, confidence = task_outcomes.answer(name, int(inputs["sample"]))
-        seconds = self.compute.seconds(model.base_ms, self.rng)
+        seconds = self.compute.seconds(model.latency_ms, self.rng)
         await self.scheduler.submit(Work(seconds), priority=req.priority,
                                     deadline_s=self._clock() + remaining_ms / 1000.0,
                                     key=name, inline=False)
@@ -277,7 +271,7 @@ class SimNode:
         cost = self.routing.cost.compute(self.tier, compute_ms)
         outcome = Outcome(self.node_id, self.tier, name, (self.node_id,), confidence,
                           cost=cost, timings_ms={"compute_ms": compute_ms},
-                          model_version=model.view.version)
+                          model_version=model.version)
         return StepResult({"label": np.asarray(pred)}, outcome)
 
     async def _run_remote(self, placement: Placement, req: Request, inputs: Inputs,
