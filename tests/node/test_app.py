@@ -150,3 +150,26 @@ def test_shadow_mode_logs_both_choices_and_the_outcome(tmp_path):
     assert report["candidate_policy"] == {"policy": "tierlink", "explore": 0.0,
                                           "weights": {"accuracy": 1.0, "latency": 1.0,
                                                       "cost": 0.0}}
+
+
+def test_a_shadow_log_that_cannot_be_written_never_costs_the_answer(tmp_path):
+    info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
+    spec = NodeSpec("dev-1", Tier.DEVICE, (), state_dir=str(tmp_path),
+                    routing_raw={"shadow": {"policy": "tierlink"}})
+    service = NodeService(spec, {"fmnist-small": FakeModel(info)})
+    with TestClient(create_app(service, ready=True)) as c:
+        import errno
+
+        class Full:
+            def write(self, _text):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            def close(self):
+                return None
+
+        service._shadow_file.close()
+        service._shadow_file = Full()  # writes fail as on a full disk
+        params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 100}
+        assert infer(c, "fmnist", params).status_code == 200
+        metrics = c.get("/metrics").text
+    assert 'tierlink_shadow_decisions_dropped_total{tier="device"} 1.0' in metrics

@@ -581,7 +581,11 @@ class NodeService:
         line = log_line(Logged(decision.acting, decision.candidate, decision.propensity,
                                reward, decision.acting_features, decision.candidate_features),
                         self._shadow_candidate)
-        self._shadow_file.write(line + "\n")
+        try:
+            self._shadow_file.write(line + "\n")
+        except OSError as exc:  # a full disk costs the log a line, never the answer
+            self.metrics.shadow_dropped.labels(self.spec.tier.label).inc()
+            log.warning("shadow log: a decision was not written: %s", exc)
 
     def _forced_split(self, req: Request, text: str) -> Plan:
         """The one-placement plan a request asked for with ``tierlink.split=NODE/CUT/CODEC``
@@ -750,7 +754,11 @@ class NodeService:
         path.parent.mkdir(parents=True, exist_ok=True)
         shadow = Shadow(acting, candidate, cfg.explore,
                         random.Random(f"shadow:{self.spec.node_id}"))
-        return shadow, path.open("a", buffering=1), cfg.to_dict()
+        try:
+            return shadow, path.open("a", buffering=1), cfg.to_dict()
+        except OSError as exc:
+            raise ConfigError(f"routing.shadow: cannot open the shadow log {path}: {exc}",
+                              hint="give the node a writable state_dir") from None
 
     def _uploader(self, sink: ExampleSink | None) -> HardExampleUploader | None:
         """Hard examples go through the durable outbox when the node's uplink reaches the

@@ -54,6 +54,10 @@ class NodeMetrics:
                                       "Requests answered by a split plan started here "
                                       "(head here, tail upstream)",
                                       ["tier", "model", "codec"], registry=r)
+        self.shadow_dropped = Counter("tierlink_shadow_decisions_dropped_total",
+                                      "Shadow-mode decisions that could not be written to "
+                                      "the log (the request was answered all the same)",
+                                      ["tier"], registry=r)
         self.early_exits = Counter("tierlink_early_exits_total",
                                    "Answers of a multi-exit model, by the exit that gave them",
                                    ["tier", "model", "exit"], registry=r)
