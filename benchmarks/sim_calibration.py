@@ -2,15 +2,17 @@
 side by side, with issue 16's bounds (p50 and p95 within 15% per run, tier shares within 3
 points, SLA attainment within 2 points).
 
-The live side is a ``tierlink demo --quick`` report (run now, or ``--live PATH`` to read
-one). The simulator is not fitted to it: its only inputs beyond the fleet file and the
-models' cards are the HTTP costs this machine measured on its own
-(``benchmarks/routing_overhead.py``'s hop part: ``request_ms`` = a routed request answered
-on the node minus the model's in-process time; ``hop_ms`` = a forwarded request minus the
-same request sent straight to the edge)::
+Two live ``tierlink demo --quick`` runs, each with its request log: the demo itself (seed 7)
+and one with another workload (seed 11). The simulator is not fitted to the run it is
+compared with: its inputs beyond the fleet file and the models' cards are the HTTP costs
+of a request and of a hop on this machine's fleet, measured (``sim/http.py``) from the
+*other* run's log — calibrated on one run, checked on the other, both ways. The headline
+(``live``, ``sim``, ``compare``) is the demo's run; ``cross`` is the other::
 
-    .venv/bin/python benchmarks/sim_calibration.py [--live docs/results/demo-quick.json]
-        [--overheads docs/results/routing-overhead.json] [--json PATH]
+    .venv/bin/python benchmarks/sim_calibration.py [--runs-dir DIR] [--json PATH]
+
+``--runs-dir`` keeps (or reuses) the live runs: ``demo-7.json``/``.jsonl``,
+``demo-11.json``/``.jsonl``.
 """
 
 from __future__ import annotations
@@ -27,45 +29,50 @@ ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "src/tierlink/examples/fleet.yaml"
 BOUNDS = {"latency_rel": 0.15, "tier_share_pts": 3.0, "sla_pts": 2.0}
 RUNS = ("tierlink", "static_rules", "cloud_only", "device_only")
+SEEDS = (7, 11)  # the demo's workload, and the other one
+KEYS = ("requests", "accuracy", "p50_ms", "p95_ms", "p99_ms", "sla_attainment", "tier_share",
+        "cost_per_1k", "privacy_violations", "lost", "refused")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--live", type=Path, help="a demo --quick JSON (default: run one now)")
-    p.add_argument("--overheads", type=Path,
-                   default=ROOT / "docs/results/routing-overhead.json")
+    p.add_argument("--runs-dir", type=Path, help="where the live runs are kept (default: a "
+                                                 "temporary folder; runs missing are made)")
     p.add_argument("--json", type=Path)
     return p.parse_args(argv)
 
 
-def overheads(path: Path) -> dict[str, float]:
-    hop = json.loads(path.read_text())["hop"]
-    p50 = {k: hop[f"{k}_ms"]["p50"] for k in ("inprocess", "routed_local", "forwarded",
-                                             "edge_routed")}
-    return {"request_ms": round(p50["routed_local"] - p50["inprocess"], 3),
-            "hop_ms": round(p50["forwarded"] - p50["edge_routed"], 3), "source": str(path)}
+def live_run(folder: Path, seed: int) -> tuple[dict[str, Any], Path]:
+    """The demo's report and request log with workload ``seed`` (run now if missing)."""
+    report, log = folder / f"demo-{seed}.json", folder / f"demo-{seed}.jsonl"
+    if not (report.exists() and log.exists()):
+        tierlink = Path(sys.executable).parent / "tierlink"
+        subprocess.run([str(tierlink), "demo", "--quick", "--seed", str(seed), "--json",
+                        str(report), "--log", str(log)], check=True)
+    return dict(json.loads(report.read_text())), log
 
 
-def live_report(path: Path | None) -> dict[str, Any]:
-    if path is not None:
-        return dict(json.loads(path.read_text()))
-    out = Path(tempfile.mkdtemp()) / "live.json"
-    tierlink = Path(sys.executable).parent / "tierlink"
-    subprocess.run([str(tierlink), "demo", "--quick", "--json", str(out)], check=True)
-    return dict(json.loads(out.read_text()))
-
-
-def simulated(costs: dict[str, float]) -> dict[str, Any]:
+def simulated(seed: int, log: Path) -> dict[str, Any]:
     from tierlink.cli.sim import run_sim
     from tierlink.fleet.demo import DemoSettings
 
     settings = DemoSettings.quick()
-    scenario = Path(tempfile.mkdtemp()) / "calibration.yaml"
-    scenario.write_text(f"request_ms: {costs['request_ms']}\nhop_ms: {costs['hop_ms']}\n")
-    return run_sim(FLEET, scenario_file=scenario, requests=settings.requests,
-                   rate=settings.rate_per_s, arrivals=None, duration_s=None,
-                   seed=settings.seed, runs=",".join(RUNS), json_path=None, png_path=None,
-                   progress=sys.stderr.isatty())
+    return run_sim(FLEET, scenario_file=None, requests=settings.requests,
+                   rate=settings.rate_per_s, arrivals=None, duration_s=None, seed=seed,
+                   runs=",".join(RUNS), json_path=None, png_path=None,
+                   progress=sys.stderr.isatty(), http_from=log)
+
+
+def side_by_side(live: dict[str, Any], sim: dict[str, Any], seed: int, fit: Path
+                 ) -> dict[str, Any]:
+    out = {"seed": seed, "http": {"fit_log": fit.name, **sim["http"]},
+           "live": {"runs": {r: {k: live["runs"][r][k] for k in KEYS} for r in RUNS},
+                    "thresholds": live.get("thresholds")},
+           "sim": {"runs": {r: {k: sim["runs"][r][k] for k in KEYS} for r in RUNS},
+                   "speed": sim["sim"], "tuning": sim.get("tuning")}}
+    out["compare"] = compare(out["live"]["runs"], out["sim"]["runs"])
+    out["all_within"] = all(r["within"] for r in out["compare"].values())
+    return out
 
 
 def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
@@ -87,27 +94,26 @@ def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    costs = overheads(args.overheads)
-    live = live_report(args.live)
-    sim = simulated(costs)
-    keys = ("requests", "accuracy", "p50_ms", "p95_ms", "p99_ms", "sla_attainment",
-            "tier_share", "cost_per_1k", "privacy_violations", "lost", "refused")
-    result = {"bounds": BOUNDS, "overheads": costs,
-              "live": {"runs": {r: {k: live["runs"][r][k] for k in keys} for r in RUNS},
-                       "thresholds": live.get("thresholds")},
-              "sim": {"runs": {r: {k: sim["runs"][r][k] for k in keys} for r in RUNS},
-                      "speed": sim["sim"], "tuning": sim.get("tuning")},
-              }
-    result["compare"] = compare(result["live"]["runs"], result["sim"]["runs"])
-    result["all_within"] = all(r["within"] for r in result["compare"].values())
+    folder = args.runs_dir or Path(tempfile.mkdtemp())
+    folder.mkdir(parents=True, exist_ok=True)
+    (demo, demo_log), (other, other_log) = (live_run(folder, s) for s in SEEDS)
+    result: dict[str, Any] = {"bounds": BOUNDS}
+    result |= side_by_side(demo, simulated(SEEDS[0], other_log), SEEDS[0], other_log)
+    result["cross"] = side_by_side(other, simulated(SEEDS[1], demo_log), SEEDS[1], demo_log)
+    result["live_to_live"] = {r: {f"{k}_rel": round(other["runs"][r][k] / demo["runs"][r][k]
+                                                   - 1.0, 4) for k in ("p50_ms", "p95_ms")}
+                              for r in RUNS}
     print_table(result)
+    print_table(result["cross"])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"HTTP costs: request {result['overheads']['request_ms']} ms, hop "
-          f"{result['overheads']['hop_ms']} ms ({result['overheads']['source']})")
+    http = result["http"]
+    print(f"workload seed {result['seed']}; HTTP costs from {http['fit_log']}: request p50/p95 "
+          f"{http['request_ms']['p50']}/{http['request_ms']['p95']} ms, hop "
+          f"{http['hop_ms']['p50']}/{http['hop_ms']['p95']} ms")
     print(f"{'run':<13}{'p50 live/sim':>16}{'p95 live/sim':>16}{'SLA live/sim':>16}"
           f"{'tiers Δpts':>12}{'within':>8}")
     for run in RUNS:

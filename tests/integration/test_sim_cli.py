@@ -34,3 +34,37 @@ def test_sim_reports_the_demo_runs_side_by_side(tmp_path: Path) -> None:
     bad = subprocess.run([str(tierlink), "sim", "--runs", "best_policy"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode != 0 and "best_policy" in bad.stderr
+
+
+def test_sim_replays_a_live_log_with_its_measured_http_costs(tmp_path: Path) -> None:
+    from tierlink.core.types import Priority, Privacy
+    from tierlink.fleet.requestlog import append_log
+    from tierlink.fleet.workload import Record, WorkItem
+
+    records = []
+    for i in range(60):  # as `demo --log` writes them: half answered on the device
+        item = WorkItem(i, i, f"dev-{1 + i % 4}", 150.0, Priority.INTERACTIVE, Privacy.ANY,
+                        0.1 * i)
+        local = i % 2 == 0
+        records.append(Record(item, 0, True, False, "", 2.5 if local else 16.0,
+                              tier="device" if local else "edge",
+                              served_by=item.origin if local else "edge-1",
+                              timings={"compute_ms": 0.2} if local else {"server_ms": 1.0}))
+    log, out = tmp_path / "live.jsonl", tmp_path / "sim.json"
+    append_log(log, "tierlink", records)
+    tierlink = Path(sys.executable).parent / "tierlink"
+    done = subprocess.run(
+        [str(tierlink), "sim", str(ROOT / "src/tierlink/examples/fleet.yaml"), "--replay",
+         str(log), "--http-from", str(log), "--runs", "device_only", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["requests"] == 60 and report["replay"] == str(log)
+    assert report["http"]["request_ms"] == {"n": 30, "p50": 2.3, "p95": 2.3, "p99": 2.3}
+    assert report["runs"]["device_only"]["p50_ms"] > 2.3  # the request's cost + compute
+    stranger = tmp_path / "other.jsonl"
+    append_log(stranger, "x", [Record(WorkItem(0, 0, "phone-9", 30.0, Priority.REALTIME,
+                                               Privacy.ANY, 0.0), 0, True, False, "", 1.0)])
+    bad = subprocess.run([str(tierlink), "sim", "--replay", str(stranger)],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert bad.returncode != 0 and "phone-9" in bad.stderr

@@ -16,6 +16,7 @@ from rich.table import Table
 from tierlink.fleet.config import load_fleet
 from tierlink.fleet.demo import (
     RUNS,
+    WARM_UP_S,
     DemoSettings,
     PhotoPhase,
     Prediction,
@@ -28,6 +29,7 @@ from tierlink.fleet.demo import (
     run_photos,
     run_workload,
     threshold_prediction,
+    warm_up,
     workload_for,
 )
 from tierlink.fleet.launcher import launch
@@ -39,13 +41,15 @@ console = Console(stderr=True)
 
 def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
              requests: int | None = None, rate: float | None = None,
-             chat: bool = False) -> dict[str, Any]:
+             chat: bool = False, log_path: Path | None = None,
+             seed: int | None = None) -> dict[str, Any]:
     from tierlink.cli.models import zoo_models
     from tierlink.zoo.datasets import fashion_mnist
 
     settings = DemoSettings.quick() if quick else DemoSettings()
     settings = replace(settings, requests=requests or settings.requests,
-                       rate_per_s=rate or settings.rate_per_s)
+                       rate_per_s=rate or settings.rate_per_s,
+                       seed=settings.seed if seed is None else seed)
     config = load_fleet(fleet_file)
     models, zoo_summary = zoo_models(config.zoo_profile, config.model_names())
     # MobileNetV2 (and its split profile), which the Fashion-MNIST zoo does not make.
@@ -59,9 +63,14 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     photos = photo_phase(config, settings, models)
     prediction = threshold_prediction(config, models, settings.task)
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-demo-"))
+    if log_path is not None:
+        log_path.write_text("")  # this run's requests only
     with launch(config, models, run_dir, say=_say) as fleet:
+        _say(f"warming up: {WARM_UP_S:g} s of traffic per policy, not counted")
+        warm_up(fleet, items, test.images, test.labels, settings.task,
+                [policy for _name, policy in RUNS])
         runs = {name: _one_run(fleet, name, policy, items, test, settings, photos,
-                               prediction)
+                               prediction, log_path)
                 for name, policy in RUNS}
         report = {"runs": runs, "fleet": fleet_summary(fleet),
                   "thresholds": dict(config.routing.thresholds), "tuning": tuning,
@@ -94,7 +103,8 @@ def _card_summary(card_path: Path) -> dict[str, Any]:
 
 def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
              settings: DemoSettings, photos: PhotoPhase | None,
-             prediction: Prediction | None) -> dict[str, Any]:
+             prediction: Prediction | None, log_path: Path | None = None) -> dict[str, Any]:
+    from tierlink.fleet.requestlog import append_log
     from tierlink.fleet.workload import summarize, summarize_split
 
     def fmnist(on_done: Any) -> tuple[list, int]:
@@ -102,6 +112,8 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
                             on_done)
 
     records, violations = _with_progress(name, len(items), fmnist, _fmnist_live)
+    if log_path is not None:
+        append_log(log_path, name, records)
     run = summarize(records, violations) | breakdown(records, fleet.config, prediction)
     if photos is not None:
 

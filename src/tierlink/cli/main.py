@@ -100,13 +100,17 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
          requests: int | None = typer.Option(None, help="requests per run"),
          rate: float | None = typer.Option(None, help="requests per second"),
          chat: bool = typer.Option(False, "--chat", help="then a chat phase on its own fleet "
-                                                         "(examples/chat-fleet.yaml)")) -> None:
+                                                         "(examples/chat-fleet.yaml)"),
+         log: Path | None = typer.Option(None, "--log", help="write every request and its "
+                                         "answer here (JSON lines; `sim --replay` reads it)"),
+         seed: int | None = typer.Option(None, help="the workload's seed (default: 7)")
+         ) -> None:
     """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
     from tierlink.cli.demo import run_demo
 
     try:
         run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate,
-                 chat=chat)
+                 chat=chat, log_path=log, seed=seed)
     except TierlinkError as exc:
         fail(exc)
 
@@ -140,14 +144,22 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
         png_path: Path | None = typer.Option(None, "--png",
                                              help="plot p95, SLA and tier shares over time"),
         scale: str | None = typer.Option(None, help="DEVICESxEDGESxCLOUDS: the file's nodes "
-                                                    "replicated to that size")) -> None:
+                                                    "replicated to that size"),
+        replay: Path | None = typer.Option(None, help="send the requests of a live run's log "
+                                                      "(`demo --log`) at their times"),
+        replay_run: str | None = typer.Option(None, help="which run of the log (default: "
+                                                         "its first)"),
+        http_from: Path | None = typer.Option(None, help="measure the HTTP costs of a request "
+                                                         "and a hop from a live run's log")
+        ) -> None:
     """Simulate a fleet on simulated time with the nodes' own policies and dispatcher."""
     from tierlink.cli.sim import run_sim
 
     try:
         run_sim(fleet_file, scenario_file=scenario, requests=requests, rate=rate,
                 arrivals=arrivals, duration_s=duration, seed=seed, runs=runs,
-                json_path=json_path, png_path=png_path, scale=scale)
+                json_path=json_path, png_path=png_path, scale=scale, replay=replay,
+                replay_run=replay_run, http_from=http_from)
     except TierlinkError as exc:
         fail(exc)
 

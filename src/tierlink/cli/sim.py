@@ -22,7 +22,8 @@ TASK = "fmnist"
 def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | None,
             rate: float, arrivals: str | None, duration_s: float | None, seed: int | None,
             runs: str, json_path: Path | None, png_path: Path | None,
-            scale: str | None = None, progress: bool = True) -> dict[str, Any]:
+            scale: str | None = None, progress: bool = True, replay: Path | None = None,
+            replay_run: str | None = None, http_from: Path | None = None) -> dict[str, Any]:
     from tierlink.sim.outcomes import zoo_outcomes
     from tierlink.sim.run import RUNS, simulate
 
@@ -33,8 +34,14 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
     config, tuning, views = _models(config)
     outcomes = zoo_outcomes(TASK, list(views), config.zoo_profile)
     sc = _scenario(scenario_file)
+    http_by_run: dict[str, Any] = {}
+    if http_from is not None:
+        sc, http_by_run = _measured_http(sc, http_from, config, outcomes.input_bytes)
     seed = config.seed if seed is None else seed
-    items = _items(config, sc, outcomes.size, requests, rate, arrivals, duration_s, seed)
+    if replay is not None:
+        items = _replayed(replay, replay_run, config, outcomes.size)
+    else:
+        items = _items(config, sc, outcomes.size, requests, rate, arrivals, duration_s, seed)
     with Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, disable=not progress) as bar:
         tasks = {name: bar.add_task(name, total=len(items)) for name, _ in chosen}
@@ -43,9 +50,15 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
             bar.advance(tasks[name])
 
         report, records = simulate(config, views, outcomes, items, seed, chosen,
-                                   sc.scenario, on_done=done)
+                                   sc.scenario, on_done=done, http_by_run=http_by_run)
     report["tuning"] = tuning
     report["models"] = sorted(views)
+    report["http"] = sc.scenario.http.summary()
+    if http_by_run:
+        report["http"]["by_run"] = {name: http_by_run[name].summary()
+                                    for name, _ in chosen if name in http_by_run}
+    if replay is not None:
+        report["replay"] = str(replay)
     left_out = [m for m in config.model_names() if m not in views]
     if left_out:
         report["left_out"] = {"models": left_out,
@@ -126,6 +139,34 @@ def _items(config: FleetConfig, sc: Any, n_samples: int, requests: int | None, r
     shape = shape or Arrivals(kind="constant", rate_per_s=rate)
     duration = duration or (requests or 600) / shape.rate_per_s
     return workload(shape, duration, devices, n_samples, seed, limit=requests)
+
+
+def _replayed(path: Path, run: str | None, config: FleetConfig, n_samples: int) -> list[Any]:
+    """The requests of a live run's log, at their times, from their devices."""
+    from tierlink.fleet.requestlog import read_log
+
+    items = [e.item for e in read_log(path, run)]
+    devices = {n.node_id for n in config.nodes if n.tier.label == "device"}
+    strangers = sorted({i.origin for i in items} - devices)
+    if strangers:
+        raise ConfigError(f"the log's requests come from {strangers}, which are not devices "
+                          f"of fleet {config.name!r}", hint="replay it on the fleet it ran on")
+    if any(not 0 <= i.sample < n_samples for i in items):
+        raise ConfigError(f"the log names inputs beyond the test split's {n_samples}")
+    return items
+
+
+def _measured_http(sc: Any, path: Path, config: FleetConfig, input_bytes: int
+                   ) -> tuple[Any, dict[str, Any]]:
+    """The scenario with the HTTP costs measured from every run of a live request log, and
+    those of each logged run on its own (a run of the same name uses its run's)."""
+    from dataclasses import replace
+
+    from tierlink.fleet.requestlog import read_runs
+    from tierlink.sim.http import costs_by_run
+
+    pooled, own = costs_by_run(read_runs(path), config, input_bytes)
+    return replace(sc, scenario=replace(sc.scenario, http=pooled)), own
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -14,9 +14,11 @@ from tierlink.fleet.config import FleetConfig
 from tierlink.policy.base import Weights
 from tierlink.sim.compute import ComputeModel
 from tierlink.sim.fleet import Registry, SimFleet, seeded
+from tierlink.sim.http import HttpCosts
 from tierlink.sim.links import LinkShape, SimLink
 from tierlink.sim.node import Counters, SimNode
 from tierlink.sim.outcomes import Outcomes
+from tierlink.sim.power import DevicePower
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +36,10 @@ class Scenario:
     slow: Mapping[str, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
     speed: Mapping[str, float] = field(default_factory=dict)  # node -> factor on its speed
     jitter: float = 0.15  # σ of the log of a model's run time
-    # What the HTTP stacks cost beyond the wire and the model (this machine's figures come
-    # from benchmarks/routing_overhead.py): an application's request to its device node and
-    # back, and one forward to an upstream and back (both ends' work).
-    request_ms: float = 0.0
-    hop_ms: float = 0.0
+    # What the HTTP stacks cost beyond the wire and the model (sim/http.py: measured on
+    # this machine by benchmarks/routing_overhead.py, or from a live run's request log).
+    http: HttpCosts = field(default_factory=HttpCosts)
+    power: DevicePower | None = None  # devices' batteries and heat (sim/power.py)
     # Shadow mode on the devices: a candidate policy (a name; with other weights, if any)
     # decides beside the acting one, which explores this share of the time.
     shadow: str | None = None
@@ -63,7 +64,7 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
         nodes[n.node_id] = SimNode(
             n.node_id, n.tier, models, config.routing, outcomes, counters,
             seeded(seed, "node", n.node_id), workers=n.workers, max_queue=n.max_queue,
-            compute=ComputeModel(speed=speed, jitter=sc.jitter), hop_ms=sc.hop_ms,
+            compute=ComputeModel(speed=speed, jitter=sc.jitter), http=sc.http,
             clock=clock)
     for link in config.links:
         shape = LinkShape(link.rtt_ms, link.bandwidth_mbit, link.jitter_ms, link.loss,
@@ -72,9 +73,12 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
                                                          seeded(seed, "link", link.name)))
     registry = Registry(heartbeat_s=sc.heartbeat_s, ttl_s=sc.ttl_s)
     _schedule_faults(nodes, sc)
+    if sc.power is not None:
+        _power_devices(nodes, sc.power)
     if sc.shadow is not None:
         _shadow_devices(nodes, config, sc, seed)
-    return SimFleet(nodes, registry, clock, sc.view_refresh_s, sc.request_ms), counters
+    return SimFleet(nodes, registry, clock, sc.view_refresh_s, sc.http,
+                    seeded(seed, "http")), counters
 
 
 def _schedule_faults(nodes: Mapping[str, SimNode], sc: Scenario) -> None:
@@ -94,6 +98,15 @@ def _schedule_faults(nodes: Mapping[str, SimNode], sc: Scenario) -> None:
         for start, end, factor in slow:
             loop.call_at(start, _scale, compute, 1.0 / factor)
             loop.call_at(end, _scale, compute, factor)
+
+
+def _power_devices(nodes: Mapping[str, SimNode], power: DevicePower) -> None:
+    unknown = sorted(set(power.devices or ()) - set(nodes))
+    if unknown:
+        raise ConfigError(f"the scenario's power block names {unknown}, which the fleet lacks")
+    for node in nodes.values():
+        if node.tier is Tier.DEVICE and power.applies_to(node.node_id):
+            node.with_power(power)
 
 
 def _scale(compute: ComputeModel, factor: float) -> None:

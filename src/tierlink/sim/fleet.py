@@ -20,6 +20,7 @@ import numpy as np
 from tierlink.core.types import LinkView, NodeView, Request
 from tierlink.errors import TierlinkError
 from tierlink.fleet.workload import Record, WorkItem
+from tierlink.sim.http import HttpCosts
 from tierlink.sim.node import SimNode
 
 
@@ -60,9 +61,10 @@ class Registry:
 class SimFleet:
     def __init__(self, nodes: Mapping[str, SimNode], registry: Registry,
                  clock: Callable[[], float], view_refresh_s: float = 0.25,
-                 request_ms: float = 0.0) -> None:
+                 http: HttpCosts | None = None, rng: random.Random | None = None) -> None:
         self.nodes = dict(nodes)
-        self.half_request_s = request_ms / 2000.0  # the app's call into its node, each way
+        self.http = http or HttpCosts()  # the app's call into its node, drawn per request
+        self.rng = rng or random.Random(0)
         self.registry = registry
         self.view_refresh_s = view_refresh_s
         self._clock = clock
@@ -85,17 +87,18 @@ class SimFleet:
         start = self._clock()
         req = Request(f"r{item.seq}", task, item.deadline_ms, item.origin, item.privacy,
                       item.priority, input_bytes, policy=policy)
-        if self.half_request_s:
-            await asyncio.sleep(self.half_request_s)
+        half_s = self.http.request_s(self.rng) / 2 if not self.http.free else 0.0
+        if half_s:
+            await asyncio.sleep(half_s)
         try:
             result = await device.handle(req, {"sample": np.asarray(item.sample)})
         except TierlinkError as exc:
-            if self.half_request_s:
-                await asyncio.sleep(self.half_request_s)
+            if half_s:
+                await asyncio.sleep(half_s)
             lost = not device.alive
             return Record(item, label, False, lost, exc.code, (self._clock() - start) * 1000)
-        if self.half_request_s:
-            await asyncio.sleep(self.half_request_s)
+        if half_s:
+            await asyncio.sleep(half_s)
         out = result.outcome
         return Record(item, label, True, False, "", (self._clock() - start) * 1000.0,
                       pred=int(result.outputs["label"]),

@@ -12,11 +12,13 @@ hour passes in however long its callbacks take to run.
 from __future__ import annotations
 
 import asyncio
+import gc
 import selectors
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+GC_EVERY = 100_000  # allocations between young-generation collections while a run lasts
 
 
 class _VirtualSelector(selectors.BaseSelector):
@@ -70,9 +72,20 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:
-    """Run ``main()`` to completion on a fresh virtual-time loop; return its result."""
+    """Run ``main()`` to completion on a fresh virtual-time loop; return its result.
+
+    While it runs, the cyclic garbage collector leaves alone what existed before (the
+    models' recorded answers, the zoo's data: frozen) and runs rarely (every 100,000
+    allocations instead of 700): a long simulation allocates millions of short-lived
+    futures and handles, and scanning the whole heap again and again was a fifth of its
+    time. Both are undone when it ends."""
     loop = VirtualLoop()
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(thresholds[0], GC_EVERY), thresholds[1], thresholds[2])
     try:
         return loop.run_until_complete(main())
     finally:
         loop.close()
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()

@@ -57,7 +57,9 @@ from tierlink.policy.ope import Logged
 from tierlink.policy.placement import TierlinkPolicy
 from tierlink.policy.shadow import Decision, Shadow
 from tierlink.sim.compute import ComputeModel, SimScheduler, Work
+from tierlink.sim.http import HttpCosts
 from tierlink.sim.links import SimLink
+from tierlink.sim.power import DevicePower, PowerState
 
 if TYPE_CHECKING:
     from tierlink.fleet.config import RoutingConfig
@@ -104,7 +106,7 @@ class SimNode:
                  routing: RoutingConfig, outcomes: Mapping[str, Outcomes],
                  counters: Counters, rng: random.Random, *, workers: int = 1,
                  max_queue: int = 256, compute: ComputeModel | None = None,
-                 hop_ms: float = 0.0, clock: Callable[[], float]) -> None:
+                 http: HttpCosts | None = None, clock: Callable[[], float]) -> None:
         self.node_id, self.tier = node_id, tier
         self.models = dict(models)
         self.routing = routing
@@ -112,7 +114,7 @@ class SimNode:
         self.counters = counters
         self.rng = rng
         self.compute = compute or ComputeModel()
-        self.hop_s = hop_ms / 1000.0  # both ends' HTTP work for one forward
+        self.http = http or HttpCosts()  # a forward's HTTP work (both ends), drawn per hop
         self.alive = True
         self.incarnation = 0  # grows at each crash: answers of an older one never arrive
         self._clock = clock
@@ -144,13 +146,18 @@ class SimNode:
         self.before_plan: Callable[[SimNode], None] = lambda _node: None  # view refresh
         # (candidate policy, exploration share, its own generator): shadow mode, set by build
         self.shadow: tuple[Policy, float, random.Random] | None = None
+        self.power: PowerState | None = None  # a device's battery and heat (sim/power.py)
 
     def crash(self) -> None:
         self.alive = False
         self.incarnation += 1
 
     def restart(self) -> None:
-        self.alive = True
+        if self.power is None or not self.power.empty:  # a flat battery stays flat
+            self.alive = True
+
+    def with_power(self, power: DevicePower) -> None:
+        self.power = PowerState(power, at=self._clock(), on_empty=self.crash)
 
     def connect(self, upstream: SimNode, link: SimLink) -> None:
         self.upstreams[upstream.node_id] = upstream
@@ -192,6 +199,8 @@ class SimNode:
 
     async def handle(self, req: Request, inputs: Inputs) -> StepResult:
         """What ``NodeService.infer_task`` does with a routed request."""
+        if self.power is not None:
+            self.power.advance(self._clock())
         if not self.alive:
             raise UpstreamUnavailable(f"{self.node_id} is down")
         t0 = self._clock()
@@ -264,9 +273,14 @@ class SimNode:
         task_outcomes = self.outcomes[model.task]
         pred, confidence = task_outcomes.answer(name, int(inputs["sample"]))
         seconds = self.compute.seconds(model.latency_ms, self.rng)
+        if self.power is not None:
+            self.power.advance(self._clock())
+            seconds /= self.power.factor()
         await self.scheduler.submit(Work(seconds), priority=req.priority,
                                     deadline_s=self._clock() + remaining_ms / 1000.0,
                                     key=name, inline=False)
+        if self.power is not None:
+            self.power.advance(self._clock(), busy_s=seconds)
         compute_ms = seconds * 1000.0
         cost = self.routing.cost.compute(self.tier, compute_ms)
         outcome = Outcome(self.node_id, self.tier, name, (self.node_id,), confidence,
@@ -302,8 +316,9 @@ class SimNode:
     async def _exchange(self, up: str, req: Request, inputs: Inputs
                         ) -> tuple[StepResult, float]:
         link, target = self.links[up], self.upstreams[up]
-        if self.hop_s:
-            await asyncio.sleep(self.hop_s / 2)  # encoding, the request's HTTP stack
+        hop_s = self.http.hop_s(self.rng) if not self.http.free else 0.0
+        if hop_s:
+            await asyncio.sleep(hop_s / 2)  # encoding, the request's HTTP stack
         await link.send(req.input_bytes + RESPONSE_BYTES)
         if not target.alive:  # a reachable host whose process is gone: refused at once
             await link.reply(0)
@@ -318,8 +333,8 @@ class SimNode:
         _check_alive(target, life)
         server_ms = (self._clock() - began) * 1000.0
         await link.reply(RESPONSE_BYTES)
-        if self.hop_s:
-            await asyncio.sleep(self.hop_s / 2)  # the answer's way through both stacks
+        if hop_s:
+            await asyncio.sleep(hop_s / 2)  # the answer's way through both stacks
         return result, server_ms
 
 

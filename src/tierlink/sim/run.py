@@ -6,8 +6,8 @@ reported in the demo's schema (``fleet/workload.summarize``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tierlink.core.types import ModelView
@@ -17,6 +17,8 @@ from tierlink.policy.ope import Logged
 from tierlink.sim import loop
 from tierlink.sim.build import Scenario, build
 from tierlink.sim.fleet import drive
+from tierlink.sim.http import HttpCosts
+from tierlink.sim.node import SimNode
 from tierlink.sim.outcomes import Outcomes
 
 # The demo's runs: (name, the policy a request names; None = the fleet's own).
@@ -40,7 +42,7 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
              on_done: Callable[[Record], None] = lambda r: None) -> RunResult:
     wall = time.perf_counter()
 
-    async def main() -> tuple[list[Record], Any, float]:
+    async def main() -> tuple[list[Record], Any, float, dict[str, Any]]:
         import asyncio
 
         clock = asyncio.get_running_loop().time
@@ -48,23 +50,42 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
                                 scenario)
         records = await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
                               outcomes.input_bytes, policy, on_done)
-        return records, counters, clock()
+        return records, counters, clock(), power_summary(fleet.nodes.values(), clock())
 
-    records, counters, simulated = loop.run(main)
+    records, counters, simulated, power = loop.run(main)
+    extra = {"power": power} if power else {}
     return RunResult(records, summarize(records, counters.violations),
                      {"escalated": counters.escalated, "fallbacks": counters.fallbacks,
-                      "retried": counters.retried, "hedged": counters.hedged},
+                      "retried": counters.retried, "hedged": counters.hedged, **extra},
                      simulated, time.perf_counter() - wall, counters.shadow_log)
+
+
+def power_summary(nodes: Iterable[SimNode], now: float) -> dict[str, Any]:
+    """What the devices' batteries and heat did by ``now`` (empty without them)."""
+    states = {n.node_id: n.power for n in nodes if n.power is not None}
+    for state in states.values():
+        state.advance(now)
+    if not states:
+        return {}
+    return {"devices": len(states),
+            "energy_j": round(sum(s.energy_j for s in states.values()), 3),
+            "throttled_s": round(sum(s.throttled_s for s in states.values()), 3),
+            "empty": sorted(n for n, s in states.items() if s.empty),
+            "min_charge_share": round(min(
+                (s.charge_j / s.power.battery.capacity_j for s in states.values()
+                 if s.power.battery is not None), default=1.0), 4)}
 
 
 def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outcomes,
              items: Sequence[WorkItem], seed: int, runs: Sequence[tuple[str, str | None]] = RUNS,
              scenario: Scenario | None = None, bins: int = 30,
-             on_done: Callable[[str, Record], None] = lambda _n, _r: None
+             on_done: Callable[[str, Record], None] = lambda _n, _r: None,
+             http_by_run: Mapping[str, HttpCosts] | None = None
              ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
     """Every run of ``runs`` over the same items: the report (``runs`` as the demo's, the
     simulator's own counters and speed under ``sim``, per-window ``series``) and each
-    run's records."""
+    run's records. ``http_by_run``: HTTP costs of a run's own (measured for its policy),
+    instead of the scenario's."""
     from tierlink.fleet.demo import breakdown
     from tierlink.sim.plots import series
 
@@ -75,7 +96,9 @@ def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
         def done(r: Record, n: str = name) -> None:
             on_done(n, r)
 
-        result = run_once(config, views, outcomes, items, policy, seed, scenario, done)
+        own = (http_by_run or {}).get(name)
+        sc = scenario if own is None else replace(scenario or Scenario(), http=own)
+        result = run_once(config, views, outcomes, items, policy, seed, sc, done)
         records[name] = result.records
         report["runs"][name] = result.summary | breakdown(result.records, config, None)
         report["sim"][name] = {**result.counters, "simulated_s": round(result.simulated_s, 3),

@@ -11,7 +11,13 @@
     slow: {edge-1: [[400, 500, 4.0]]}            # computes 4x slower
     jitter: 0.15                    # sigma of the log of a model's run time
     request_ms: 1.7                 # HTTP work of an app's request to its node and back
-    hop_ms: 2.8                     # ... of one forward upstream and back (both ends)
+    hop_ms: [2.6, 2.8, 3.1, 5.0]    # ... of one forward upstream and back (both ends);
+                                    # a list: measured values, one drawn per request
+    power:                          # devices' batteries and heat (sim/power.py)
+      devices: [dev-1, dev-2]       # default: every device
+      battery: {capacity_j: 2000, idle_w: 0.3, active_w: 3.0, saver_below: 0.2,
+                saver_speed: 0.5}
+      thermal: {cool_per_s: 0.2, hot_at: 5.0, cool_at: 2.0, throttled_speed: 0.4}
 
 Every key is optional; unknown keys are refused with the list of known ones.
 """
@@ -27,12 +33,14 @@ import yaml
 
 from tierlink.errors import ConfigError
 from tierlink.sim.build import Scenario
+from tierlink.sim.http import HttpCosts
 from tierlink.sim.links import outage_windows
+from tierlink.sim.power import Battery, DevicePower, Thermal
 from tierlink.sim.workload import Arrivals, Burst
 
 KEYS = ("duration_s", "arrivals", "outages", "link_slow", "crashes", "slow", "jitter",
         "heartbeat_s",
-        "view_refresh_s", "ttl_s", "request_ms", "hop_ms")
+        "view_refresh_s", "ttl_s", "request_ms", "hop_ms", "power")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +76,9 @@ def parse_scenario(raw: Any, where: str = "scenario") -> ScenarioFile:
             heartbeat_s=float(raw.get("heartbeat_s", d.heartbeat_s)),
             view_refresh_s=float(raw.get("view_refresh_s", d.view_refresh_s)),
             ttl_s=float(raw.get("ttl_s", d.ttl_s)),
-            request_ms=float(raw.get("request_ms", d.request_ms)),
-            hop_ms=float(raw.get("hop_ms", d.hop_ms)))
+            http=HttpCosts.of(raw.get("request_ms", d.http.request_ms),
+                              raw.get("hop_ms", d.http.hop_ms)),
+            power=_power(raw["power"]) if raw.get("power") else None)
         arrivals = _arrivals(raw["arrivals"]) if "arrivals" in raw else None
         duration = float(raw["duration_s"]) if "duration_s" in raw else None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -84,6 +93,19 @@ def _slow(window: Any) -> tuple[float, float, float]:
     if not 0 <= start < end or factor <= 0:
         raise ValueError(f"a slow window is [start_s, end_s, factor > 0], got {window}")
     return start, end, factor
+
+
+def _power(raw: Mapping[str, Any]) -> DevicePower:
+    unknown = sorted(set(raw) - {"devices", "battery", "thermal"})
+    if unknown:
+        raise ValueError(f"power: unknown key(s) {unknown} (known: devices, battery, thermal)")
+    devices = raw.get("devices")
+    return DevicePower(
+        battery=Battery(**{k: float(v) for k, v in raw["battery"].items()})
+        if raw.get("battery") else None,
+        thermal=Thermal(**{k: float(v) for k, v in raw["thermal"].items()})
+        if raw.get("thermal") else None,
+        devices=None if devices is None else tuple(str(d) for d in devices))
 
 
 def _arrivals(raw: Mapping[str, Any]) -> Arrivals:

@@ -1,0 +1,133 @@
+"""What the HTTP stacks cost beyond the wire and the model: an application's request to its
+device node and back (``request``), and one forward to an upstream and back (``hop``: the
+caller's and the callee's work, and the link emulator's relays on a fleet of one machine).
+
+Each cost is a set of measured values (ms), one drawn at random for each request or hop,
+so a simulated fleet has the spread of the real one, not only its median. One value is a
+constant. :func:`costs_from_log` measures both from a live run's request log
+(``tierlink demo --log``): ``request`` from the requests a device answered itself (the
+application's latency minus the model's compute), ``hop`` from those one upstream answered
+(the latency minus the link's round trip and transfer, the upstream's own time and the
+median request cost).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tierlink.errors import ConfigError
+from tierlink.fleet.config import FleetConfig
+from tierlink.fleet.requestlog import LoggedRequest
+
+__all__ = ["HttpCosts", "costs_by_run", "costs_from_log"]
+
+MIN_SAMPLES = 20  # fewer measured requests than this say too little about a spread
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCosts:
+    request_ms: tuple[float, ...] = (0.0,)
+    hop_ms: tuple[float, ...] = (0.0,)
+
+    def __post_init__(self) -> None:
+        for name, values in (("request_ms", self.request_ms), ("hop_ms", self.hop_ms)):
+            if not values or any(not v >= 0 for v in values):
+                raise ConfigError(f"{name} takes one or more costs >= 0 (ms), got {values}")
+
+    @classmethod
+    def of(cls, request_ms: float | Sequence[float], hop_ms: float | Sequence[float]
+           ) -> HttpCosts:
+        return cls(_values(request_ms), _values(hop_ms))
+
+    @property
+    def free(self) -> bool:
+        return self.request_ms == (0.0,) and self.hop_ms == (0.0,)
+
+    def request_s(self, rng: random.Random) -> float:
+        return _draw(self.request_ms, rng) / 1000.0
+
+    def hop_s(self, rng: random.Random) -> float:
+        return _draw(self.hop_ms, rng) / 1000.0
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {name: _quantiles(values) for name, values
+                in (("request_ms", self.request_ms), ("hop_ms", self.hop_ms))}
+
+
+def costs_from_log(entries: Sequence[LoggedRequest], config: FleetConfig,
+                   input_bytes: int) -> HttpCosts:
+    """Both costs as a live run of ``config`` paid them (see the module's docstring)."""
+    local = _request_samples(entries)
+    if len(local) < MIN_SAMPLES:
+        raise ConfigError(f"the log holds {len(local)} requests a device answered itself; "
+                          f"measuring the request cost needs {MIN_SAMPLES}",
+                          hint="log a run where devices answer (e.g. the demo's tierlink run)")
+    hops = _hop_samples(entries, statistics.median(local), config, input_bytes)
+    if len(hops) < MIN_SAMPLES:
+        raise ConfigError(f"the log holds {len(hops)} requests answered one hop up; "
+                          f"measuring the hop cost needs {MIN_SAMPLES}",
+                          hint="log runs that forward (e.g. the demo's static_rules run)")
+    return HttpCosts(local, hops)
+
+
+def costs_by_run(runs: Mapping[str, Sequence[LoggedRequest]], config: FleetConfig,
+                 input_bytes: int) -> tuple[HttpCosts, dict[str, HttpCosts]]:
+    """The costs of all the log's runs together, and of each run on its own: a request's
+    cost includes its node's planning, which differs by policy. A run with too few
+    measurements of a cost takes the pooled one."""
+    pooled = costs_from_log([e for run in runs.values() for e in run], config, input_bytes)
+    own: dict[str, HttpCosts] = {}
+    for name, entries in runs.items():
+        local = _request_samples(entries)
+        request = local if len(local) >= MIN_SAMPLES else pooled.request_ms
+        hops = _hop_samples(entries, statistics.median(request), config, input_bytes)
+        own[name] = HttpCosts(request, hops if len(hops) >= MIN_SAMPLES else pooled.hop_ms)
+    return pooled, own
+
+
+def _request_samples(entries: Sequence[LoggedRequest]) -> tuple[float, ...]:
+    """Requests a device answered itself: the application's latency minus the compute."""
+    return tuple(round(e.latency_ms - e.timings["compute_ms"], 3) for e in entries
+                 if e.answered and e.served_by == e.item.origin and "compute_ms" in e.timings)
+
+
+def _hop_samples(entries: Sequence[LoggedRequest], request_ms: float, config: FleetConfig,
+                 input_bytes: int) -> tuple[float, ...]:
+    """Requests one upstream answered: the latency minus the request's cost, the link's
+    round trip and transfer both ways, and the upstream's own time."""
+    links = {(link.src, link.dst): link for link in config.links}
+    hops = []
+    for e in entries:
+        link = links.get((e.item.origin, e.served_by))
+        if e.answered and link is not None and "server_ms" in e.timings:
+            wire = link.rtt_ms + 2 * _transfer_ms(input_bytes, link.bandwidth_mbit)
+            hops.append(round(max(0.0, e.latency_ms - request_ms - wire
+                                  - e.timings["server_ms"]), 3))
+    return tuple(hops)
+
+
+def _transfer_ms(nbytes: int, mbit: float | None) -> float:
+    return 0.0 if not mbit else nbytes * 8 / (mbit * 1000.0)
+
+
+def _values(raw: float | Sequence[float]) -> tuple[float, ...]:
+    if isinstance(raw, (int, float)):
+        return (float(raw),)
+    return tuple(float(v) for v in raw)
+
+
+def _draw(values: tuple[float, ...], rng: random.Random) -> float:
+    return values[0] if len(values) == 1 else values[rng.randrange(len(values))]
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "p99": at(0.99)}
+
