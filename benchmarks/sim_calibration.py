@@ -72,7 +72,17 @@ def side_by_side(live: dict[str, Any], sim: dict[str, Any], seed: int, fit: Path
                    "speed": sim["sim"], "tuning": sim.get("tuning")}}
     out["compare"] = compare(out["live"]["runs"], out["sim"]["runs"])
     out["all_within"] = all(r["within"] for r in out["compare"].values())
+    out["photos"] = photos(live, sim)  # split plans: reported, not bounded by the issue
     return out
+
+
+def photos(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
+    """The photo workload (split plans) of each run that served some, live and simulated."""
+    keys = ("served", "split_plans", "p50_ms", "p95_ms", "sla_attainment")
+    return {r: {side: {k: src["runs"][r]["imagenet"].get(k) for k in keys}
+                for side, src in (("live", live), ("sim", sim))}
+            for r in RUNS if "imagenet" in live["runs"][r] and "imagenet" in sim["runs"][r]
+            and live["runs"][r]["imagenet"].get("p50_ms") is not None}
 
 
 def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
@@ -123,6 +133,11 @@ def print_table(result: dict[str, Any]) -> None:
               f"{b['p95_ms']:<7.1f}{100 * a['sla_attainment']:>8.1f}/"
               f"{100 * b['sla_attainment']:<7.1f}{c['tier_share_pts']:>12.1f}"
               f"{'yes' if c['within'] else 'no':>8}")
+    for run, p in result.get("photos", {}).items():
+        a, b = p["live"], p["sim"]
+        print(f"  photos {run:<13} p50 {a['p50_ms']:.0f}/{b['p50_ms']:.0f} ms, p95 "
+              f"{a['p95_ms']:.0f}/{b['p95_ms']:.0f} ms, split {a['served']['split']}/"
+              f"{b['served']['split']} of 40")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,12 @@ def test_sim_reports_the_demo_runs_side_by_side(tmp_path: Path) -> None:
     assert cloud["privacy_violations"] > 0
     assert routed["sla_attainment"] > cloud["sla_attainment"]
     assert abs(routed["accuracy"] - cloud["accuracy"]) < 0.02
-    assert "imagenet-mobilenetv2" in report["left_out"]["models"]
+    # the demo's photo workload follows, with split plans from the head holder (dev-1)
+    photos = routed["imagenet"]
+    assert photos["requests"] == 40 and photos["lost"] == 0
+    assert photos["served"]["split"] > 0 and set(photos["by_origin"]["dev-1"]) == {"split"}
+    assert cloud["imagenet"]["served"]["split"] == 0
+    assert "left_out" not in report
     assert png.stat().st_size > 10_000
     bad = subprocess.run([str(tierlink), "sim", "--runs", "best_policy"], capture_output=True,
                          text=True, timeout=120, check=False)

@@ -150,7 +150,9 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
         replay_run: str | None = typer.Option(None, help="which run of the log (default: "
                                                          "its first)"),
         http_from: Path | None = typer.Option(None, help="measure the HTTP costs of a request "
-                                                         "and a hop from a live run's log")
+                                                         "and a hop from a live run's log"),
+        photos: bool = typer.Option(True, help="with the demo's workload, then its photo "
+                                               "workload (split plans), as the demo runs it")
         ) -> None:
     """Simulate a fleet on simulated time with the nodes' own policies and dispatcher."""
     from tierlink.cli.sim import run_sim
@@ -159,7 +161,7 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
         run_sim(fleet_file, scenario_file=scenario, requests=requests, rate=rate,
                 arrivals=arrivals, duration_s=duration, seed=seed, runs=runs,
                 json_path=json_path, png_path=png_path, scale=scale, replay=replay,
-                replay_run=replay_run, http_from=http_from)
+                replay_run=replay_run, http_from=http_from, photos=photos)
     except TierlinkError as exc:
         fail(exc)
 

@@ -23,7 +23,8 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
             rate: float, arrivals: str | None, duration_s: float | None, seed: int | None,
             runs: str, json_path: Path | None, png_path: Path | None,
             scale: str | None = None, progress: bool = True, replay: Path | None = None,
-            replay_run: str | None = None, http_from: Path | None = None) -> dict[str, Any]:
+            replay_run: str | None = None, http_from: Path | None = None,
+            photos: bool = True) -> dict[str, Any]:
     from tierlink.sim.outcomes import zoo_outcomes
     from tierlink.sim.run import RUNS, simulate
 
@@ -49,8 +50,17 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
         def done(name: str, _record: Any) -> None:
             bar.advance(tasks[name])
 
-        report, records = simulate(config, views, outcomes, items, seed, chosen,
-                                   sc.scenario, on_done=done, http_by_run=http_by_run)
+        demo_workload = not (replay or scale or arrivals or duration_s or sc.arrivals
+                             or sc.duration_s)
+        phase = _photo_phase(config, seed) if photos and demo_workload else None
+        also = {phase[0].task: phase[0]} if phase else {}
+        all_views = {**views, **(phase[1] if phase else {})}
+        report, records = simulate(config, all_views, outcomes, items, seed, chosen,
+                                   sc.scenario, on_done=done, http_by_run=http_by_run,
+                                   also=also)
+        if phase is not None:
+            _simulate_photos(report, phase, config, all_views, outcomes, seed, chosen,
+                             sc.scenario, http_by_run)
     report["tuning"] = tuning
     report["models"] = sorted(views)
     report["http"] = sc.scenario.http.summary()
@@ -59,7 +69,7 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
                                     for name, _ in chosen if name in http_by_run}
     if replay is not None:
         report["replay"] = str(replay)
-    left_out = [m for m in config.model_names() if m not in views]
+    left_out = [m for m in config.model_names() if m not in all_views]
     if left_out:
         report["left_out"] = {"models": left_out,
                               "why": "the simulator answers tasks it holds recorded answers "
@@ -139,6 +149,47 @@ def _items(config: FleetConfig, sc: Any, n_samples: int, requests: int | None, r
     shape = shape or Arrivals(kind="constant", rate_per_s=rate)
     duration = duration or (requests or 600) / shape.rate_per_s
     return workload(shape, duration, devices, n_samples, seed, limit=requests)
+
+
+def _photo_phase(config: FleetConfig, seed: int) -> tuple[Any, dict[str, Any], Any] | None:
+    """The demo's photo workload for this fleet (None: it has no photo model with a
+    device head): the model's answers on the photos, its view (split profile included),
+    and the requests."""
+    from dataclasses import replace
+
+    from tierlink.fleet.demo import DemoSettings, photo_model, photo_phase
+    from tierlink.node.runtime import ModelInfo
+    from tierlink.sim.outcomes import photo_outcomes
+    from tierlink.zoo.photo_models import photo_models
+
+    model = photo_model(config)
+    if model is None:
+        return None
+    models = photo_models([model], say=lambda m: console.print(f"[dim]{m}[/dim]"))
+    phase = photo_phase(config, replace(DemoSettings.quick(), seed=seed), models)
+    if phase is None:
+        return None
+    outcomes = photo_outcomes(model, phase.reference, phase.confidence,
+                              int(phase.images[0].nbytes))
+    return outcomes, {model: ModelInfo.from_card(models[model][1]).view()}, phase.items
+
+
+def _simulate_photos(report: dict[str, Any], phase: tuple[Any, dict[str, Any], Any],
+                     config: FleetConfig, views: dict[str, Any], fmnist: Any, seed: int,
+                     chosen: list[tuple[str, str | None]], scenario: Any,
+                     http_by_run: dict[str, Any]) -> None:
+    """The photo workload through every run, reported as the demo reports it."""
+    from tierlink.fleet.workload import summarize_split
+    from tierlink.sim.run import simulate
+
+    outcomes, _views, items = phase
+    photos, records = simulate(config, views, outcomes, list(items), seed, chosen, scenario,
+                               http_by_run=http_by_run, also={TASK: fmnist})
+    for name, _policy in chosen:
+        run = photos["runs"][name]
+        report["runs"][name]["imagenet"] = {
+            "model": next(iter(outcomes.models)),
+            **summarize_split(records[name], int(run["privacy_violations"]))}
 
 
 def _replayed(path: Path, run: str | None, config: FleetConfig, n_samples: int) -> list[Any]:

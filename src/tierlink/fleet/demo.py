@@ -71,6 +71,7 @@ class PhotoPhase:
     items: tuple[WorkItem, ...]
     images: np.ndarray  # (N, 3, 224, 224) float32 in [0, 1]
     reference: np.ndarray  # (N,) the unsplit model's top-1, computed here once
+    confidence: np.ndarray  # (N,) its top-1 probability (what the simulator answers with)
 
 
 def violations(fleet: RunningFleet) -> int:
@@ -186,7 +187,7 @@ def photo_phase(fleet: FleetConfig, settings: DemoSettings,
     """The photo workload for ``fleet``, or None when it names no photo model with a
     device head (or the settings ask for none). Loads the photos (10 views each) and runs
     the unsplit model on them once, here, for the reference answers."""
-    from tierlink.zoo.evaluate import onnx_logits
+    from tierlink.zoo.evaluate import onnx_logits, softmax
     from tierlink.zoo.photos import imagenet_photos
 
     model = photo_model(fleet)
@@ -197,7 +198,8 @@ def photo_phase(fleet: FleetConfig, settings: DemoSettings,
     items = make_photo_workload(settings.photo_requests, settings.photo_rate_per_s,
                                 photo_origins(fleet, model), len(images), settings.seed,
                                 deadline_ms=settings.photo_deadline_ms)
-    return PhotoPhase(model, tuple(items), images, logits.argmax(axis=1))
+    probs = softmax(logits, 1.0)
+    return PhotoPhase(model, tuple(items), images, probs.argmax(axis=1), probs.max(axis=1))
 
 
 def workload_for(fleet: FleetConfig, settings: DemoSettings, n_samples: int) -> list[WorkItem]:

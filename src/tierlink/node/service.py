@@ -28,7 +28,6 @@ import logging
 import math
 import random
 import shutil
-import statistics
 import tempfile
 import time
 import uuid
@@ -50,10 +49,7 @@ from tierlink.core.types import (
     Placement,
     Plan,
     Priority,
-    Privacy,
     Request,
-    SplitPoint,
-    Tier,
 )
 from tierlink.errors import (
     ConfigError,
@@ -74,6 +70,7 @@ from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreaker
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult, execute_observed
 from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, OutboxSink
+from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.models import ModelManager
@@ -374,7 +371,8 @@ class NodeService:
         if sessions is None:
             raise ModelNotFound(f"{self.spec.node_id} holds no head of {model!r}",
                                 hint="list the model under the node's `heads:`")
-        self._check_features_may_leave(req, placement.tier)
+        check_features_may_leave(req, placement.tier, self.spec.node_id,
+                                 self.routing.local_features_may_leave)
         up = self._upstreams[placement.node_id]
         x = next(iter(inputs.values()))
         started = self._clock()
@@ -468,21 +466,6 @@ class NodeService:
             return self._head_temperature[model]
         rt = self.runtimes.get(model)
         return rt.info.temperature if rt else 1.0
-
-    def _check_features_may_leave(self, req: Request, tier: Tier) -> None:
-        """Features of a ``local`` request leave only when the fleet allows it; otherwise
-        they follow the request's privacy level like the raw input would."""
-        privacy = req.privacy
-        if privacy is Privacy.LOCAL:
-            if not self.routing.local_features_may_leave:
-                raise PrivacyViolation(
-                    f"features of a 'local' request may not leave {self.spec.node_id}",
-                    hint="set routing.local_features_may_leave: true to allow split plans "
-                         "for local requests")
-            privacy = Privacy.ANY
-        if not privacy.allows(tier, at_origin=False):
-            raise PrivacyViolation(f"a {req.privacy.value!r} request's features may not go to "
-                                   f"the {tier.label} tier")
 
     # -- routed inference -----------------------------------------------------------------
 
@@ -605,7 +588,8 @@ class NodeService:
         if not models:
             raise InvalidRequest(f"{node} serves no model of {req.task!r} whose head "
                                  f"{self.spec.node_id} holds")
-        self._check_features_may_leave(req, target.tier)  # 403 now, not a failed hop later
+        check_features_may_leave(req, target.tier, self.spec.node_id,  # 403 now, not later
+                                 self.routing.local_features_may_leave)
         # What the policy expects of this plan (0 when it would not consider it), so a
         # benchmark can compare every plan's estimate with what it really took.
         plans = split_plans(self.view.nodes[self.spec.node_id], target, models[0], self.view,
@@ -833,7 +817,7 @@ class NodeService:
                    for name, rt in self.runtimes.items()}
         factor = head_factor(self._heads, card_ms, service_ms)
         if self._scaled_memo is None or self._scaled_memo[0] != factor:
-            self._scaled_memo = (factor, _scaled(self._heads, factor))
+            self._scaled_memo = (factor, scaled(self._heads, factor))
         return self._scaled_memo[1]
 
     def _open_heads(self, heads: tuple[ModelView, ...]) -> tuple[ModelView, ...]:
@@ -1038,54 +1022,6 @@ class NodeService:
 
     def _initial_ms(self) -> float:
         return max((rt.info.latency_ms for rt in self.runtimes.values()), default=5.0)
-
-
-def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
-                service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
-    """Head profiles priced at this node's real speed: :func:`head_factor` applied to
-    every head latency and codec encode time (the profile as is when it is within 5%)."""
-    return _scaled(heads, head_factor(heads, card_ms, service_ms))
-
-
-def _scaled(heads: tuple[ModelView, ...], factor: float) -> tuple[ModelView, ...]:
-    if not heads or abs(factor - 1.0) < 0.05:
-        return heads
-    return tuple(replace(h, splits=tuple(_slower(p, factor) for p in h.splits))
-                 for h in heads)
-
-
-def head_factor(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
-                service_ms: Mapping[str, float]) -> float:
-    """This node's slowdown against the profiles (a CPU quota, a busy machine), on a 2%
-    grid so that a view's heads stay the same objects while it holds (the policy caches
-    its pricing per profile). Profiles are timed on an unthrottled core; the median ratio
-    of what this node really takes (the scheduler's service times, learned from every
-    call) to what was profiled. The ratios come from the whole models run here against
-    their cards; a node that runs none (a camera holding only heads) uses the head cuts it
-    has run against the profile's time for each. Whole models first because they keep
-    being run whatever the policy picks: a head's figure is only renewed while the policy
-    keeps picking that cut, so one measured in a bad moment would otherwise keep every
-    split looking slow for good."""
-    ratios = [service_ms[name] / ms for name, ms in card_ms.items()
-              if name in service_ms and ms > 0]
-    ratios = ratios or [service_ms[key] / p.head_ms for h in heads for p in h.splits
-                        if (key := head_key(h.name, p.cut)) in service_ms and p.head_ms > 0]
-    median = statistics.median(ratios) if ratios else 0.0
-    return _FACTOR_GRID ** round(math.log(median, _FACTOR_GRID)) if median > 0 else 1.0
-
-
-_FACTOR_GRID = 1.02
-
-
-def head_key(model: str, cut: str) -> str:
-    """The scheduler key a split's head runs under (its learned service time)."""
-    return f"{model}@head:{cut}"
-
-
-def _slower(point: SplitPoint, factor: float) -> SplitPoint:
-    return replace(point, head_ms=point.head_ms * factor,
-                   codecs=tuple(replace(c, encode_ms=c.encode_ms * factor)
-                                for c in point.codecs))
 
 
 def _batch_size(inputs: dict[str, np.ndarray]) -> int:

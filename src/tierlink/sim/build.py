@@ -65,7 +65,8 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
             n.node_id, n.tier, models, config.routing, outcomes, counters,
             seeded(seed, "node", n.node_id), workers=n.workers, max_queue=n.max_queue,
             compute=ComputeModel(speed=speed, jitter=sc.jitter), http=sc.http,
-            clock=clock)
+            clock=clock, heads={name: views[name] for name in n.heads
+                                if name in views and views[name].task in outcomes})
     for link in config.links:
         shape = LinkShape(link.rtt_ms, link.bandwidth_mbit, link.jitter_ms, link.loss,
                           sc.outages.get(link.name, ()), sc.link_slow.get(link.name, ()))

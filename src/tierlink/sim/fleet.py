@@ -104,7 +104,8 @@ class SimFleet:
                       pred=int(result.outputs["label"]),
                       tier=out.tier.label, served_by=out.served_by, cost=out.cost,
                       fallbacks=len(out.fallbacks), escalations=out.escalations,
-                      degraded=out.degraded, model_version=out.model_version)
+                      degraded=out.degraded, model_version=out.model_version,
+                      split=out.split, timings=dict(out.timings_ms))
 
 
 def _reachable(start: SimNode) -> list[str]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from tierlink.core.types import (
     ClusterView,
+    CodecPoint,
     LinkView,
     ModelView,
     NodeView,
@@ -29,6 +30,7 @@ from tierlink.core.types import (
     Placement,
     Plan,
     Request,
+    SplitPoint,
     Tier,
 )
 from tierlink.errors import (
@@ -36,6 +38,7 @@ from tierlink.errors import (
     InvalidRequest,
     NoFeasiblePlacement,
     PrivacyViolation,
+    Refused,
     TierlinkError,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -49,6 +52,7 @@ from tierlink.node.dispatcher import (
     StepResult,
     execute_observed,
 )
+from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
 from tierlink.policy import REGISTRY, Policy
@@ -106,9 +110,14 @@ class SimNode:
                  routing: RoutingConfig, outcomes: Mapping[str, Outcomes],
                  counters: Counters, rng: random.Random, *, workers: int = 1,
                  max_queue: int = 256, compute: ComputeModel | None = None,
-                 http: HttpCosts | None = None, clock: Callable[[], float]) -> None:
+                 http: HttpCosts | None = None, clock: Callable[[], float],
+                 heads: Mapping[str, ModelView] | None = None) -> None:
         self.node_id, self.tier = node_id, tier
         self.models = dict(models)
+        # models whose head this node runs for a split plan, with their split profiles
+        # (every profiled cut open: the live node's warmer opens them as traffic comes)
+        self.heads = dict(heads or {})
+        self._heads_memo: tuple[float, tuple[ModelView, ...]] | None = None
         self.routing = routing
         self.outcomes = outcomes
         self.counters = counters
@@ -178,9 +187,17 @@ class SimNode:
             self._learned = learned
             self._model_views = tuple(replace(m, latency_ms=ms) for m, ms
                                       in zip(self.models.values(), learned, strict=True))
+        heads: tuple[ModelView, ...] = ()
+        if self.heads:  # priced at this node's real speed, as the live node does
+            card_ms = {name: m.latency_ms for name, m in self.models.items()}
+            profiles = tuple(self.heads.values())
+            factor = head_factor(profiles, card_ms, stats.service_ms_by_key)
+            if self._heads_memo is None or self._heads_memo[0] != factor:
+                self._heads_memo = (factor, scaled(profiles, factor))  # same objects while
+            heads = self._heads_memo[1]  # the factor holds: the policy caches per profile
         return NodeView(self.node_id, self.tier, self._model_views,
                         queue_depth=stats.queue_depth, inflight=stats.inflight,
-                        workers=stats.workers)
+                        workers=stats.workers, heads=heads)
 
     def link_views(self) -> list[LinkView]:
         return [e.view() for e in self.estimators.values()]
@@ -292,6 +309,8 @@ class SimNode:
                           remaining_ms: float, budget_ms: float) -> StepResult:
         """What ``NodeService._run_remote`` does: forward with what is left of the deadline,
         learn the link from the exchange, add the transfer's cost."""
+        if placement.cut:
+            return await self._run_split(placement, req, inputs, budget_ms)
         up = placement.node_id
         link = self.estimators[up].view()
         send_ms = budget_ms - link.rtt_ms - self.routing.reserve_ms
@@ -312,6 +331,86 @@ class SimNode:
         transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
         out = result.outcome
         return StepResult(result.outputs, replace(out, cost=out.cost + transfer))
+
+    async def _run_split(self, placement: Placement, req: Request, inputs: Inputs,
+                         budget_ms: float) -> StepResult:
+        """What ``NodeService._run_split`` does: the head here (this node's scheduler, the
+        profile's head time at this node's speed), encode, send the codec's payload, the
+        tail upstream; the answer is the whole model's on that input."""
+        model, up = placement.model or "", placement.node_id
+        point = next(p for p in self.heads[model].splits if p.cut == placement.cut)
+        codec = point.codec(placement.codec) or self._codec_estimate(point, placement.codec)
+        check_features_may_leave(req, placement.tier, self.node_id,
+                                 self.routing.local_features_may_leave)
+        started = self._clock()
+        head_s = self.compute.seconds(point.head_ms, self.rng)
+        try:
+            await self.scheduler.submit(Work(head_s), priority=req.priority,
+                                        deadline_s=started + budget_ms / 1000.0,
+                                        key=head_key(model, placement.cut), inline=False)
+        except Refused as exc:  # refused by this node's own scheduler: not the upstream
+            exc.details["before_hop"] = True
+            raise
+        encode_s = codec.encode_ms / 1000.0 / max(self.compute.speed, 1e-6)
+        if encode_s:
+            await asyncio.sleep(encode_s)
+        wire = codec.wire_bytes
+        left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
+        if left_ms <= self.estimators[up].view().rtt_ms:
+            raise DeadlineExceeded(f"no time left to send features to {up}", before_hop=True)
+        sent = self._clock()
+        try:
+            tail_ms = await asyncio.wait_for(self._tail_exchange(up, model, point, codec, req,
+                                                                 wire), left_ms / 1000.0)
+        except TimeoutError:
+            raise UpstreamTimeout(f"{up} did not answer in {left_ms:.1f} ms") from None
+        total_ms = (self._clock() - sent) * 1000.0
+        self.estimators[up].observe(total_ms, tail_ms, wire)
+        pred, confidence = self.outcomes[req.task].answer(model, int(inputs["sample"]))
+        head_ms = head_s * 1000.0
+        cost = (self.routing.cost.compute(self.tier, head_ms)
+                + self.routing.cost.transfer(placement.tier, wire))
+        outcome = Outcome(up, placement.tier, model, (self.node_id, up), confidence,
+                          cost=cost, timings_ms={
+                              "head_ms": head_ms, "encode_ms": encode_s * 1000.0,
+                              "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
+                              "split_bytes": float(wire), "est_ms": placement.est_ms},
+                          split=f"{placement.cut}/{placement.codec}")
+        return StepResult({"label": np.asarray(pred)}, outcome)
+
+    def _codec_estimate(self, point: SplitPoint, spec: str) -> CodecPoint:
+        """A codec the profile did not measure at this cut, as the policy prices it (the
+        fleet's codec profile: size ratio, cost per FP32 kilobyte)."""
+        found = next((c for c in self._policy_config.split_codecs if c.spec == spec), None)
+        kb = point.feature_bytes / 1000.0
+        if found is None:
+            return CodecPoint(spec, point.feature_bytes, 0.0, 0.0)
+        return CodecPoint(spec, int(point.feature_bytes / found.ratio),
+                          found.encode_ms_per_kb * kb, found.decode_ms_per_kb * kb)
+
+    async def _tail_exchange(self, up: str, model: str, point: SplitPoint,
+                             codec: CodecPoint, req: Request, wire: int) -> float:
+        """Features there, the tail on ``up``'s scheduler, the answer back: its time (ms)."""
+        link, target = self.links[up], self.upstreams[up]
+        hop_s = self.http.hop_s(self.rng) if not self.http.free else 0.0
+        if hop_s:
+            await asyncio.sleep(hop_s / 2)
+        await link.send(wire + RESPONSE_BYTES)
+        if not target.alive:
+            await link.reply(0)
+            raise UpstreamUnavailable(f"{up}: connection refused")
+        began, life = self._clock(), target.incarnation
+        tail = next((p for p in target.models[model].splits if p.cut == point.cut), point)
+        seconds = target.compute.seconds(tail.tail_ms + codec.decode_ms, target.rng)
+        await target.scheduler.submit(Work(seconds), priority=req.priority,
+                                      deadline_s=self._clock() + req.deadline_ms / 1000.0,
+                                      key=f"{model}@tail:{point.cut}", inline=False)
+        _check_alive(target, life)
+        tail_ms = (self._clock() - began) * 1000.0
+        await link.reply(RESPONSE_BYTES)
+        if hop_s:
+            await asyncio.sleep(hop_s / 2)
+        return tail_ms
 
     async def _exchange(self, up: str, req: Request, inputs: Inputs
                         ) -> tuple[StepResult, float]:

@@ -100,3 +100,15 @@ def _load(path: Path, task: str, names: list[str], input_bytes: int) -> Outcomes
     with np.load(path) as data:
         models = {n: Answers(data[f"pred:{n}"], data[f"conf:{n}"]) for n in names}
         return Outcomes(task, data["labels"], models, input_bytes)
+
+
+def photo_outcomes(model: str, reference: np.ndarray, confidence: np.ndarray,
+                   input_bytes: int) -> Outcomes:
+    """The demo's photo task (its ``PhotoPhase``): the large model's answers on its photos.
+    The labels are those answers (the demo scores a split plan by its agreement with the
+    unsplit model); a split plan answers as the whole model does (the policy only picks
+    codecs that lose at most ``split_max_accuracy_loss``)."""
+    from tierlink.zoo.photo_models import PHOTO_TASK
+
+    answers = Answers(reference.astype(np.int16), confidence.astype(np.float32))
+    return Outcomes(PHOTO_TASK, reference.astype(np.int16), {model: answers}, input_bytes)

@@ -39,15 +39,18 @@ class RunResult:
 def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outcomes,
              items: Sequence[WorkItem], policy: str | None, seed: int,
              scenario: Scenario | None = None,
-             on_done: Callable[[Record], None] = lambda r: None) -> RunResult:
+             on_done: Callable[[Record], None] = lambda r: None,
+             also: Mapping[str, Outcomes] | None = None) -> RunResult:
+    """One run of ``items`` (requests of ``outcomes.task``) on a fresh fleet; ``also``:
+    the answers of the fleet's other tasks (their models are on the nodes, idle)."""
     wall = time.perf_counter()
 
     async def main() -> tuple[list[Record], Any, float, dict[str, Any]]:
         import asyncio
 
         clock = asyncio.get_running_loop().time
-        fleet, counters = build(config, views, {outcomes.task: outcomes}, clock, seed,
-                                scenario)
+        fleet, counters = build(config, views, {**(also or {}), outcomes.task: outcomes},
+                                clock, seed, scenario)
         records = await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
                               outcomes.input_bytes, policy, on_done)
         return records, counters, clock(), power_summary(fleet.nodes.values(), clock())
@@ -80,7 +83,8 @@ def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
              items: Sequence[WorkItem], seed: int, runs: Sequence[tuple[str, str | None]] = RUNS,
              scenario: Scenario | None = None, bins: int = 30,
              on_done: Callable[[str, Record], None] = lambda _n, _r: None,
-             http_by_run: Mapping[str, HttpCosts] | None = None
+             http_by_run: Mapping[str, HttpCosts] | None = None,
+             also: Mapping[str, Outcomes] | None = None
              ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
     """Every run of ``runs`` over the same items: the report (``runs`` as the demo's, the
     simulator's own counters and speed under ``sim``, per-window ``series``) and each
@@ -98,7 +102,7 @@ def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
 
         own = (http_by_run or {}).get(name)
         sc = scenario if own is None else replace(scenario or Scenario(), http=own)
-        result = run_once(config, views, outcomes, items, policy, seed, sc, done)
+        result = run_once(config, views, outcomes, items, policy, seed, sc, done, also)
         records[name] = result.records
         report["runs"][name] = result.summary | breakdown(result.records, config, None)
         report["sim"][name] = {**result.counters, "simulated_s": round(result.simulated_s, 3),
