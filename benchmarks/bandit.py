@@ -16,6 +16,11 @@ decides in shadow mode on the devices; IPS and doubly robust estimate the candid
 per request from that log, and the candidate then acts alone over the same requests for its
 true value (``ope``: estimate, 95% interval, true value, whether promotion would go ahead)::
 
+When the estimates are wrong (``drift``): the edges' model has gone bad in production (a new
+input pipeline, say) — it answers a wrong class on a third of the inputs, as sure of itself
+as before — while its card still claims its test accuracy. ``tierlink`` trusts the card;
+the bandit learns from the rewards (requests carry labels). Same runs, no other shift::
+
     .venv/bin/python benchmarks/bandit.py [--rate 25] [--seeds 3] [--json PATH] [--png PATH]
 """
 
@@ -94,15 +99,49 @@ def per_window(records: list[Any], values: np.ndarray) -> list[float]:
     return [round(float(s / c), 5) if c else 0.0 for s, c in zip(sums, counts, strict=True)]
 
 
-def one_seed(config: Any, views: Any, outcomes: Any, rate: float, seed: int) -> dict[str, Any]:
+def drifted(outcomes: Any, edge: str = "fmnist-medium", share: float = 1 / 3,
+            seed: int = 0) -> Any:
+    """``outcomes`` where the edge model answers a wrong class on ``share`` of the inputs,
+    as sure of itself as before (a model gone bad is wrong with confidence)."""
+    from dataclasses import replace
+
+    from tierlink.sim.outcomes import Answers
+
+    was = outcomes.models[edge]
+    broken = np.random.default_rng(seed).random(was.pred.shape[0]) < share
+    pred = np.where(broken, (outcomes.labels + 1) % 10, was.pred).astype(was.pred.dtype)
+    return replace(outcomes, models={**outcomes.models, edge: Answers(pred, was.confidence)})
+
+
+def drift_check(config: Any, views: Any, outcomes: Any, rate: float, seeds: int
+                ) -> dict[str, Any]:
+    runs = [one_seed(config, views, drifted(outcomes), rate, 11 + s, shifts=False)
+            for s in range(seeds)]
+    names = [n for n, _ in RUNS]
+    mean = {n: float(np.mean([r["mean_reward"][n] for r in runs])) for n in names}
+    minutes = {n: np.mean([r["per_minute"][n] for r in runs], axis=0) for n in names}
+    best_fixed = max(FIXED, key=lambda n: mean[n])
+    return {"edge_model": "fmnist-medium answers a wrong class on 1/3 of the inputs "
+                          "(card unchanged)",
+            "mean_reward": {n: round(v, 5) for n, v in mean.items()},
+            "mean_reward_by_seed": {n: [r["mean_reward"][n] for r in runs] for n in names},
+            "per_minute": {n: [round(float(x), 5) for x in v] for n, v in minutes.items()},
+            "best_fixed": best_fixed,
+            "regret_vs_best_fixed": _cumulative(minutes[best_fixed] - minutes["bandit"]),
+            "regret_vs_tierlink": _cumulative(minutes["tierlink"] - minutes["bandit"]),
+            "runs_seed0": runs[0]["runs"]}
+
+
+def one_seed(config: Any, views: Any, outcomes: Any, rate: float, seed: int,
+             shifts: bool = True) -> dict[str, Any]:
     from tierlink.sim.run import simulate
     from tierlink.sim.scenario import parse_scenario
     from tierlink.sim.workload import Arrivals, Burst, workload
 
     devices = [n.node_id for n in config.nodes if n.tier.label == "device"]
-    arrivals = Arrivals("poisson", rate, bursts=(Burst(900.0, 1200.0, 3.0),))
+    arrivals = Arrivals("poisson", rate, bursts=(Burst(900.0, 1200.0, 3.0),) if shifts else ())
     items = workload(arrivals, DURATION_S, devices, outcomes.size, seed)
-    scenario = parse_scenario(SHIFTS).scenario
+    scenario = parse_scenario(SHIFTS if shifts else {}).scenario
     report, records = simulate(config, views, outcomes, items, seed, RUNS, scenario)
     weights = config.routing.policy_config().reward
     ref = reference_cost(config, views, outcomes.input_bytes)
@@ -174,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         "regret_vs_tierlink": _cumulative(minutes["tierlink"] - minutes["bandit"]),
         "runs_seed0": seeds[0]["runs"],
         "ope": ope_check(config, views, outcomes, args.rate, 11),
+        "drift": drift_check(config, views, outcomes, args.rate, args.seeds),
     }
     print(f"mean reward per request over {args.seeds} seeds "
           f"({seeds[0]['requests']} requests a run):")
@@ -187,6 +227,13 @@ def main(argv: list[str] | None = None) -> None:
           f"{o['ci_high']:+.4f}] (IPS {o['ips']['estimate']:+.4f}), true "
           f"{o['true_value']:+.4f}: {'inside' if o['inside_ci'] else 'OUTSIDE'} the interval; "
           f"acting {o['acting_value']['estimate']:+.4f}; promote: {o['promote']}")
+    d = result["drift"]
+    print("when the edges' model has gone bad (its card unchanged), mean reward per request:")
+    for n in names:
+        print(f"  {n:<13} {d['mean_reward'][n]:+.4f}  by seed {d['mean_reward_by_seed'][n]}")
+    print(f"  bandit vs tierlink {d['mean_reward']['bandit'] - d['mean_reward']['tierlink']:+.4f}"
+          f", vs the best fixed ({d['best_fixed']}) "
+          f"{d['mean_reward']['bandit'] - d['mean_reward'][d['best_fixed']]:+.4f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if args.png:

@@ -66,8 +66,19 @@ def items_for(config: Any, n_samples: int, seconds: float, rate: float, seed: in
                     devices, n_samples, seed)
 
 
+# Where a request's time goes, by the function that holds it (cumulative time, so the
+# parts overlap where one calls another: the policy's plan runs inside the node's handle).
+STAGES = {"node.handle (all of a device's work)": ("sim/node.py", "handle"),
+          "policy plan": ("policy/placement.py", "plan"),
+          "view rebuild (registry, ClusterView)": ("sim/fleet.py", "view_of"),
+          "dispatcher execute": ("node/dispatcher.py", "execute"),
+          "scheduler submit": ("node/scheduler.py", "submit"),
+          "links (queue, delay)": ("sim/links.py", "_carry"),
+          "arrivals (drive loop)": ("sim/fleet.py", "drive")}
+
+
 def profile(config: Any, views: Any, outcomes: Any, items: list, seed: int,
-            top: int = 15) -> list[dict[str, Any]]:
+            top: int = 15) -> dict[str, Any]:
     from tierlink.sim.run import run_once
 
     prof = cProfile.Profile()
@@ -75,11 +86,18 @@ def profile(config: Any, views: Any, outcomes: Any, items: list, seed: int,
     run_once(config, views, outcomes, items, None, seed)
     prof.disable()
     stats = pstats.Stats(prof)
-    total = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
-    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
-    return [{"function": f"{Path(f).name}:{line}({name})", "own_s": round(v[2], 3),
-             "own_share": round(v[2] / total, 4), "cumulative_s": round(v[3], 3)}
-            for (f, line, name), v in rows]
+    table = stats.stats  # type: ignore[attr-defined]
+    total = sum(row[2] for row in table.values())
+    rows = sorted(table.items(), key=lambda kv: -kv[1][2])[:top]
+    stages = {label: round(sum(v[3] for (f, _l, name), v in table.items()
+                               if f.endswith(path) and name == fn) / total, 4)
+              for label, (path, fn) in STAGES.items()}
+    return {"requests": len(items), "total_s": round(total, 2),
+            "per_request_us": round(1e6 * total / max(1, len(items)), 1),
+            "stage_share": stages,
+            "top": [{"function": f"{Path(f).name}:{line}({name})", "own_s": round(v[2], 3),
+                     "own_share": round(v[2] / total, 4), "cumulative_s": round(v[3], 3)}
+                    for (f, line, name), v in rows]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,8 +129,14 @@ def main(argv: list[str] | None = None) -> None:
         sample = items_for(config, outcomes.size, args.profile_s, rate, args.seed + 1)
         out["profile"] = profile(config, views, outcomes, sample, args.seed)
     print(json.dumps({k: v for k, v in out.items() if k != "profile"}, indent=2))
-    for row in out.get("profile", []):
-        print(f"{100 * row['own_share']:5.1f}%  {row['function']}")
+    if "profile" in out:
+        prof = out["profile"]
+        print(f"profiled: {prof['requests']} requests, {prof['per_request_us']} us each "
+              "(under the profiler); share of the time inside:")
+        for label, share in prof["stage_share"].items():
+            print(f"{100 * share:5.1f}%  {label}")
+        for row in prof["top"]:
+            print(f"{100 * row['own_share']:5.1f}%  {row['function']}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

@@ -38,3 +38,23 @@ def test_waiting_forever_is_an_error_not_a_hang() -> None:
 
     with pytest.raises(SimulationStalled):
         run(main)
+
+
+def test_the_collector_is_held_back_during_a_run_and_restored_after() -> None:
+    import gc
+
+    before = gc.get_threshold()
+
+    async def main() -> tuple[int, int]:
+        return gc.get_threshold()[0], gc.get_freeze_count()
+
+    during, frozen = run(main)
+    assert during >= 100_000 and frozen > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+    async def never() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(SimulationStalled):
+        run(never)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
