@@ -117,19 +117,24 @@ def drift_check(config: Any, views: Any, outcomes: Any, rate: float, seeds: int
                 ) -> dict[str, Any]:
     runs = [one_seed(config, views, drifted(outcomes), rate, 11 + s, shifts=False)
             for s in range(seeds)]
-    names = [n for n, _ in RUNS]
-    mean = {n: float(np.mean([r["mean_reward"][n] for r in runs])) for n in names}
-    minutes = {n: np.mean([r["per_minute"][n] for r in runs], axis=0) for n in names}
-    best_fixed = max(FIXED, key=lambda n: mean[n])
     return {"edge_model": "fmnist-medium answers a wrong class on 1/3 of the inputs "
-                          "(card unchanged)",
-            "mean_reward": {n: round(v, 5) for n, v in mean.items()},
-            "mean_reward_by_seed": {n: [r["mean_reward"][n] for r in runs] for n in names},
+                          "(card unchanged)", **over_seeds(runs)}
+
+
+def over_seeds(seeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each run's mean reward over the seeds, per minute, the best fixed policy in
+    hindsight and the bandit's cumulative regret against it and against ``tierlink``."""
+    names = [n for n, _ in RUNS]
+    mean = {n: float(np.mean([s["mean_reward"][n] for s in seeds])) for n in names}
+    minutes = {n: np.mean([s["per_minute"][n] for s in seeds], axis=0) for n in names}
+    best_fixed = max(FIXED, key=lambda n: mean[n])
+    return {"mean_reward": {n: round(v, 5) for n, v in mean.items()},
+            "mean_reward_by_seed": {n: [s["mean_reward"][n] for s in seeds] for n in names},
             "per_minute": {n: [round(float(x), 5) for x in v] for n, v in minutes.items()},
             "best_fixed": best_fixed,
             "regret_vs_best_fixed": _cumulative(minutes[best_fixed] - minutes["bandit"]),
             "regret_vs_tierlink": _cumulative(minutes["tierlink"] - minutes["bandit"]),
-            "runs_seed0": runs[0]["runs"]}
+            "runs_seed0": seeds[0]["runs"]}
 
 
 def one_seed(config: Any, views: Any, outcomes: Any, rate: float, seed: int,
@@ -198,25 +203,17 @@ def main(argv: list[str] | None = None) -> None:
     config, views, outcomes = setup()
     seeds = [one_seed(config, views, outcomes, args.rate, 11 + s) for s in range(args.seeds)]
     names = [n for n, _ in RUNS]
-    mean = {n: float(np.mean([s["mean_reward"][n] for s in seeds])) for n in names}
-    minutes = {n: np.mean([s["per_minute"][n] for s in seeds], axis=0) for n in names}
-    best_fixed = max(FIXED, key=lambda n: mean[n])
     result = {
         "scenario": {"duration_s": DURATION_S, "rate_per_s": args.rate, "shifts": SHIFTS,
                      "burst": [900, 1200, 3.0], "seeds": args.seeds},
         "reward_weights": asdict(config.routing.policy_config().reward),
-        "mean_reward": {n: round(v, 5) for n, v in mean.items()},
-        "mean_reward_by_seed": {n: [s["mean_reward"][n] for s in seeds] for n in names},
-        "per_minute": {n: [round(float(x), 5) for x in v] for n, v in minutes.items()},
-        "best_fixed": best_fixed,
-        "regret_vs_best_fixed": _cumulative(minutes[best_fixed] - minutes["bandit"]),
-        "regret_vs_tierlink": _cumulative(minutes["tierlink"] - minutes["bandit"]),
-        "runs_seed0": seeds[0]["runs"],
+        **over_seeds(seeds),
         "ope": ope_check(config, views, outcomes, args.rate, 11),
         "drift": drift_check(config, views, outcomes, args.rate, args.seeds),
     }
     print(f"mean reward per request over {args.seeds} seeds "
           f"({seeds[0]['requests']} requests a run):")
+    mean, best_fixed = result["mean_reward"], result["best_fixed"]
     for n in names:
         print(f"  {n:<13} {mean[n]:+.4f}  by seed {result['mean_reward_by_seed'][n]}")
     print(f"best fixed policy in hindsight: {best_fixed}; bandit's regret per request vs it "

@@ -1,0 +1,52 @@
+"""Small validators for configuration sections: each error names the field and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tierlink.core.types import Tier
+from tierlink.errors import ConfigError
+
+__all__ = ["as_bool", "as_float", "as_int", "as_mapping", "as_tier", "known"]
+
+
+def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def known(key: str, allowed: tuple[str, ...], where: str) -> bool:
+    if key not in allowed:
+        raise ConfigError(f"{where}.{key} is not a known field", hint=f"use {', '.join(allowed)}")
+    return True
+
+
+def as_float(value: Any, where: str, lo: float | None = None, hi: float | None = None) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if (lo is not None and out < lo) or (hi is not None and out > hi):
+        raise ConfigError(f"{where} = {out} is out of range [{lo}, {hi}]")
+    return out
+
+
+def as_int(value: Any, where: str, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"{where} must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+def as_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def as_tier(value: Any, where: str) -> Tier:
+    try:
+        return Tier.parse(value)
+    except (ValueError, AttributeError) as exc:
+        raise ConfigError(f"{where}: {exc}", hint="use device, edge or cloud") from None

@@ -1,0 +1,235 @@
+"""How every node of a fleet routes (fleet YAML ``routing:`` and ``cost:``): the policy and
+its weights, cascade thresholds and their provenance, retries, breakers, hedging, split
+codec losses, the bandit's reward, shadow mode — validated once here and frozen."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any
+
+from tierlink.core.types import CascadeRecord
+from tierlink.errors import ConfigError
+from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.estimate.split import DEFAULT_CODECS
+from tierlink.policy.base import PolicyConfig, RewardWeights, Weights
+from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, known
+
+__all__ = ["BreakerConfig", "HedgeConfig", "RoutingConfig", "ShadowConfig", "parse_cost",
+           "parse_routing"]
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeConfig:
+    """Fleet YAML ``routing.hedging``."""
+
+    enabled: bool = True
+    quantile: float = 0.95
+    budget: float = 0.05  # extra upstream calls, as a share of requests
+    min_samples: int = 20  # per upstream, before its quantile is trusted
+    window: int = 200  # recent samples kept per (task, upstream)
+    min_delay_ms: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    failure_threshold: int = 3
+    cooldown_s: float = 2.0
+    max_cooldown_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowConfig:
+    """``routing.shadow``: the candidate policy (a registered name, with its own weights if
+    given) and the share of requests the acting policy explores."""
+
+    policy: str
+    weights: Weights | None = None
+    explore: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "explore": self.explore}
+        if self.weights is not None:
+            out["weights"] = {"accuracy": self.weights.accuracy, "latency": self.weights.latency,
+                              "cost": self.weights.cost}
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """How every node of the fleet routes (one policy, one set of weights)."""
+
+    policy: str = "tierlink"
+    weights: Weights = field(default_factory=Weights)
+    thresholds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    default_threshold: float = 0.9
+    max_hops: int = 3
+    reserve_ms: float = 5.0  # kept back from deadlines for the way back to the caller
+    allow_policy_override: bool = False  # let a request name a baseline policy (benchmarks)
+    retry_budget: float = 0.2  # retries may add at most this share of requests
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    cost: CostModel = DEFAULT_COST_MODEL
+    # May the intermediate features of a `local`-privacy request leave the device in a split
+    # plan? Off by default: features can leak the input. On, they travel as an `any` input.
+    local_features_may_leave: bool = False
+    # Probe a link that carried no traffic for this long (s; 0 = never) — only nodes that
+    # can start split plans probe, since only split plans depend on the bandwidth.
+    probe_idle_s: float = 2.0
+    # Hedged calls upstream (node/hedging.py): after the learned delay, a copy to the plan's
+    # next upstream, within a duplicate budget.
+    hedging: HedgeConfig = field(default_factory=HedgeConfig)
+    # Measured accuracy loss (points) of feature codecs, by codec (e.g. from `tierlink split
+    # codecs`): replaces the default table's conservative figure in split pricing.
+    split_codec_loss: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}))
+    # Written by `cascade tune` (routing.cascade): the sha256 of each model the thresholds
+    # were tuned on, and each model's calibration figures on the inputs reaching it by path.
+    cascade_tuned_on: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # The target the thresholds were tuned for (routing.cascade.target: `accuracy_drop` in
+    # points and `confidence`): what a re-tune for new models aims at again.
+    cascade_target: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    cascade_records: Mapping[tuple[str, ...], CascadeRecord] = field(
+        default_factory=lambda: MappingProxyType({}))
+    # Points: options further below the most accurate feasible one are not chosen.
+    accuracy_tolerance: float = 0.0
+    reward: RewardWeights = field(default_factory=RewardWeights)  # the bandit's
+    # Shadow mode (policy/shadow.py): a candidate decides beside the acting policy on each
+    # node's own requests, logged for `tierlink policy evaluate`.
+    shadow: ShadowConfig | None = None
+
+    def policy_config(self) -> PolicyConfig:
+        codecs = tuple(replace(c, accuracy_loss=self.split_codec_loss.get(c.spec,
+                                                                          c.accuracy_loss))
+                       for c in DEFAULT_CODECS)
+        return PolicyConfig(weights=self.weights, thresholds=self.thresholds,
+                            default_threshold=self.default_threshold, max_hops=self.max_hops,
+                            reserve_ms=self.reserve_ms, cost=self.cost,
+                            local_features_may_leave=self.local_features_may_leave,
+                            split_codecs=codecs, cascade_records=self.cascade_records,
+                            accuracy_tolerance=self.accuracy_tolerance, reward=self.reward)
+
+
+def parse_routing(raw: Mapping[str, Any], cost: Mapping[str, Any] | None = None) -> RoutingConfig:
+    """The ``routing:`` (and ``cost:``) sections alone, e.g. from a node spec file."""
+    return _routing(as_mapping(raw, "routing"), as_mapping(cost or {}, "cost"))
+
+
+def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
+    weights = as_mapping(raw.get("weights") or {}, "routing.weights")
+    thresholds = as_mapping(raw.get("thresholds") or {}, "routing.thresholds")
+    breaker = as_mapping(raw.get("breaker") or {}, "routing.breaker")
+    return RoutingConfig(
+        policy=str(raw.get("policy", "tierlink")),
+        weights=Weights(**{k: as_float(v, f"routing.weights.{k}", 0.0) for k, v in weights.items()
+                           if known(k, ("accuracy", "latency", "cost"), "routing.weights")}),
+        thresholds=MappingProxyType({str(k): as_float(v, f"routing.thresholds.{k}", 0.0, 1.0)
+                                     for k, v in thresholds.items()}),
+        default_threshold=as_float(raw.get("default_threshold", 0.9),
+                                 "routing.default_threshold", 0.0, 1.0),
+        max_hops=as_int(raw.get("max_hops", 3), "routing.max_hops", 0),
+        reserve_ms=as_float(raw.get("reserve_ms", 5.0), "routing.reserve_ms", 0.0),
+        allow_policy_override=bool(raw.get("allow_policy_override", False)),
+        retry_budget=as_float(raw.get("retry_budget", 0.2), "routing.retry_budget", 0.0, 1.0),
+        breaker=BreakerConfig(
+            failure_threshold=as_int(breaker.get("failure_threshold", 3),
+                                   "routing.breaker.failure_threshold", 1),
+            cooldown_s=as_float(breaker.get("cooldown_s", 2.0), "routing.breaker.cooldown_s", 0.0),
+            max_cooldown_s=as_float(breaker.get("max_cooldown_s", 30.0),
+                                  "routing.breaker.max_cooldown_s", 0.0),
+        ),
+        cost=parse_cost(cost),
+        local_features_may_leave=as_bool(raw.get("local_features_may_leave", False),
+                                       "routing.local_features_may_leave"),
+        probe_idle_s=as_float(raw.get("probe_idle_s", 2.0), "routing.probe_idle_s", 0.0),
+        hedging=_hedging(as_mapping(raw.get("hedging") or {}, "routing.hedging")),
+        split_codec_loss=_codec_loss(as_mapping(raw.get("split_codec_loss") or {},
+                                              "routing.split_codec_loss")),
+        **_cascade(as_mapping(raw.get("cascade") or {}, "routing.cascade")),
+        accuracy_tolerance=as_float(raw.get("accuracy_tolerance", 0.0),
+                                  "routing.accuracy_tolerance", 0.0, 100.0),
+        reward=_reward(as_mapping(raw.get("bandit") or {}, "routing.bandit")),
+        shadow=_shadow(raw.get("shadow")),
+    )
+
+
+def _shadow(raw: Any) -> ShadowConfig | None:
+    if raw is None:
+        return None
+    raw = as_mapping(raw, "routing.shadow")
+    for key in raw:
+        known(key, ("policy", "weights", "explore"), "routing.shadow")
+    if not isinstance(raw.get("policy"), str):
+        raise ConfigError("routing.shadow.policy must name the candidate policy",
+                          hint="e.g. shadow: {policy: bandit, explore: 0.05}")
+    weights = raw.get("weights")
+    parsed = None if weights is None else Weights(**{
+        k: as_float(v, f"routing.shadow.weights.{k}", 0.0)
+        for k, v in as_mapping(weights, "routing.shadow.weights").items()
+        if known(k, ("accuracy", "latency", "cost"), "routing.shadow.weights")})
+    return ShadowConfig(raw["policy"], parsed,
+                        as_float(raw.get("explore", 0.0), "routing.shadow.explore", 0.0, 0.5))
+
+
+def _reward(raw: Mapping[str, Any]) -> RewardWeights:
+    """``routing.bandit.reward``: what the ``bandit`` policy is rewarded for."""
+    for key in raw:
+        known(key, ("reward",), "routing.bandit")
+    weights = as_mapping(raw.get("reward") or {}, "routing.bandit.reward")
+    names = tuple(f.name for f in fields(RewardWeights))
+    return RewardWeights(**{k: as_float(v, f"routing.bandit.reward.{k}", 0.0)
+                            for k, v in weights.items()
+                            if known(k, names, "routing.bandit.reward")})
+
+
+def _cascade(raw: Mapping[str, Any]) -> dict[str, Any]:
+    from tierlink.cascade.records import RETUNE, parse_records
+
+    for key in raw:
+        known(key, ("tuned_on", "records", "target"), "routing.cascade")
+    tuned_on = as_mapping(raw.get("tuned_on") or {}, "routing.cascade.tuned_on")
+    for model, digest in tuned_on.items():
+        if not isinstance(digest, str) or len(digest) < 16:
+            raise ConfigError(f"routing.cascade.tuned_on.{model} must be the model file's "
+                              f"sha256, got {digest!r}", hint=RETUNE)
+    records = parse_records(as_mapping(raw.get("records") or {}, "routing.cascade.records"),
+                            "routing.cascade.records")
+    target = as_mapping(raw.get("target") or {}, "routing.cascade.target")
+    ranges = {"accuracy_drop": 100.0, "confidence": 0.9999}  # upper bounds; 0 is the floor
+    for key in target:
+        known(key, tuple(ranges), "routing.cascade.target")
+    return {"cascade_tuned_on": MappingProxyType({str(k): str(v) for k, v in tuned_on.items()}),
+            "cascade_records": MappingProxyType(records),
+            "cascade_target": MappingProxyType({
+                k: as_float(v, f"routing.cascade.target.{k}", 0.0, ranges[k])
+                for k, v in target.items()})}
+
+
+def _codec_loss(raw: Mapping[str, Any]) -> Mapping[str, float]:
+    codecs = tuple(c.spec for c in DEFAULT_CODECS)
+    return MappingProxyType({str(k): as_float(v, f"routing.split_codec_loss.{k}", 0.0, 100.0)
+                             for k, v in raw.items()
+                             if known(str(k), codecs, "routing.split_codec_loss")})
+
+
+def _hedging(raw: Mapping[str, Any]) -> HedgeConfig:
+    names = ("enabled", "quantile", "budget", "min_samples", "window", "min_delay_ms")
+    for key in raw:
+        known(key, names, "routing.hedging")
+    d = HedgeConfig()
+    return HedgeConfig(
+        enabled=as_bool(raw.get("enabled", d.enabled), "routing.hedging.enabled"),
+        quantile=as_float(raw.get("quantile", d.quantile), "routing.hedging.quantile", 0.5, 1.0),
+        budget=as_float(raw.get("budget", d.budget), "routing.hedging.budget", 0.0, 1.0),
+        min_samples=as_int(raw.get("min_samples", d.min_samples), "routing.hedging.min_samples", 1),
+        window=as_int(raw.get("window", d.window), "routing.hedging.window", 1),
+        min_delay_ms=as_float(raw.get("min_delay_ms", d.min_delay_ms),
+                            "routing.hedging.min_delay_ms", 0.0),
+    )
+
+
+def parse_cost(raw: Mapping[str, Any]) -> CostModel:
+    try:
+        return CostModel.from_mapping(raw) if raw else DEFAULT_COST_MODEL
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"cost: {exc}", hint="see docs/cost-model.md for the format") from exc
