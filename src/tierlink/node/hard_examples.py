@@ -53,8 +53,8 @@ import numpy as np
 
 from tierlink.core.types import Placement, Privacy, Request, Tier
 from tierlink.errors import TierlinkError
-from tierlink.fleet.config import HardExampleConfig
 from tierlink.node.uplink import CONTROL, Uplink
+from tierlink.settings.hard_examples import HardExampleConfig
 from tierlink.transport.oip import datatype_of, numpy_dtype
 
 log = logging.getLogger("tierlink.node.hard_examples")

@@ -16,19 +16,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
-class HedgeConfig:
-    """Fleet YAML ``routing.hedging``."""
-
-    enabled: bool = True
-    quantile: float = 0.95
-    budget: float = 0.05  # extra upstream calls, as a share of requests
-    min_samples: int = 20  # per upstream, before its quantile is trusted
-    window: int = 200  # recent samples kept per (task, upstream)
-    min_delay_ms: float = 2.0
+from tierlink.settings.routing import HedgeConfig
 
 
 class Hedger:

@@ -13,13 +13,9 @@ from typing import Any
 
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
-from tierlink.fleet.config import (
-    HardExampleConfig,
-    RoutingConfig,
-    parse_hard_examples,
-    parse_routing,
-)
 from tierlink.llm.source import LMSource
+from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
+from tierlink.settings.routing import RoutingConfig, parse_routing
 
 
 @dataclass(frozen=True, slots=True)

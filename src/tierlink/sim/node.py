@@ -66,7 +66,7 @@ from tierlink.sim.links import SimLink
 from tierlink.sim.power import DevicePower, PowerState
 
 if TYPE_CHECKING:
-    from tierlink.fleet.config import RoutingConfig
+    from tierlink.settings.routing import RoutingConfig
     from tierlink.sim.outcomes import Outcomes
 
 RESPONSE_BYTES = 200  # an answer's tensors and tierlink parameters on the wire
