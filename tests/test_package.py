@@ -11,3 +11,45 @@ def test_import_tierlink_is_cheap_and_side_effect_free():
             f"if m.split('.')[0] in {HEAVY!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """Package -> the other tierlink packages it imports (at module level or inside a
+    function: a lazy import is still a dependency)."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "tierlink"
+    edges: dict[str, set[str]] = {}
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src)
+        pkg = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                    and node.level == 0 else [])
+            for m in mods:
+                parts = m.split(".")
+                if parts[0] == "tierlink" and len(parts) > 1 and parts[1] != pkg:
+                    edges.setdefault(pkg, set()).add(parts[1])
+    return edges
+
+
+def test_no_import_cycle_between_packages():
+    edges = _package_imports()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            here = todo.pop()
+            if here == goal:
+                return True
+            if here not in seen:
+                seen.add(here)
+                todo.extend(edges.get(here, ()))
+        return False
+
+    loops = sorted(f"{a} -> {b} -> ... -> {a}" for a, outs in edges.items() for b in outs
+                   if reaches(b, a))
+    assert loops == []
+    assert "fleet" in edges["cli"] and "settings" in edges["node"]  # the graph is real

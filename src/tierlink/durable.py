@@ -7,8 +7,12 @@ same two rules: data is fsynced before it is named, and a name is switched with
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
+
+from tierlink.errors import ZooError
 
 
 def fsync_file(path: Path) -> None:
@@ -43,3 +47,16 @@ def replace_synced(path: Path, data: bytes) -> None:
     write_synced(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_json(path: Path, data: Any, what: str) -> None:
+    """Write ``data`` as indented JSON to ``path`` atomically (temp file, then rename; not
+    fsynced: cards and profiles can be made again); ``ZooError`` naming ``what`` when the
+    disk refuses."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ZooError(f"cannot write {what} {path}: {exc}") from exc

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from tierlink.core.types import CodecPoint, SplitPoint
+from tierlink.durable import write_json
 from tierlink.errors import ZooError
-from tierlink.zoo.cards import write_json
 
 PROFILE_VERSION = 2
 READS_VERSIONS = (1, 2)
@@ -88,9 +88,9 @@ def profile_model(name: str, model_path: Path, sample: np.ndarray, sha256: str, 
     """Time the whole model and every (head, tail) pair on ``sample`` (one input, batch 1),
     and each of ``codecs`` on every cut's features; ``only`` keeps the cuts whose tensor
     name it accepts (e.g. block boundaries)."""
+    from tierlink.onnxrt import ort_session
     from tierlink.split.cache import cached_split
     from tierlink.split.partition import cut_points
-    from tierlink.zoo.evaluate import ort_session
 
     x = np.ascontiguousarray(sample[:1], dtype=np.float32 if sample.dtype.kind == "f"
                              else sample.dtype)  # token ids stay integers

@@ -77,8 +77,8 @@ class SplitSessions:
         return self._sessions[key]
 
     def _make(self, part: str, cut: str) -> Any:
+        from tierlink.onnxrt import ort_session
         from tierlink.split.cache import cached_split
-        from tierlink.zoo.evaluate import ort_session
 
         tag = hashlib.sha1(f"{self.model_path}".encode()).hexdigest()[:12]
         head, tail = cached_split(self.model_path, cut, fallback_dir=self.workdir / tag)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.core.types import CascadePoint, ModelView
+from tierlink.durable import write_json  # re-exported: card writers use it from here
 from tierlink.errors import ZooError
 
 LATENCY_KEYS = ("batch1_p50", "batch1_p95", "batch32_per_sample")
@@ -276,18 +276,6 @@ def load_card(path: Path) -> ModelCard:
 def save_card(card: ModelCard, path: Path) -> None:
     """Write ``card`` as JSON atomically (a reader never sees a half-written card)."""
     write_json(Path(path), card.to_dict(), "model card")
-
-
-def write_json(path: Path, data: Any, what: str) -> None:
-    """Write ``data`` as indented JSON to ``path`` atomically (temp file, then rename);
-    ``ZooError`` naming ``what`` when the disk refuses."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ZooError(f"cannot write {what} {path}: {exc}") from exc
 
 
 def file_sha256(path: Path) -> str:

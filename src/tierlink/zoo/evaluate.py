@@ -13,26 +13,11 @@ import numpy as np
 
 from tierlink.core.types import CascadePoint
 from tierlink.errors import ZooError
+from tierlink.onnxrt import ort_session  # re-exported: zoo code opens sessions from here
 
 CASCADE_THRESHOLDS: tuple[float, ...] = (
     0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.95, 0.97, 0.98, 0.99,
 )
-
-
-def ort_session(path: Path | str, threads: int = 1) -> Any:
-    """An ONNX Runtime CPU session with ``threads`` intra-op threads and no spinning
-    (spinning threads of several sessions starve each other on a small machine)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise ZooError(f"cannot load ONNX model {path}: {exc}") from exc
 
 
 def onnx_logits(model: Path | Any, images: np.ndarray, *, batch_size: int = 500,
