@@ -143,7 +143,7 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
     async def open_split(name: str, cut: str) -> Response:
         """Open the tail of ``name`` at ``cut`` now (a device's split warmer asks, right
         after opening the matching head), so no request pays for it."""
-        await service.open_tail(name, cut)
+        await service.split.open_tail(name, cut)
         return Response(status_code=204)
 
     @app.post("/v2/repository/index")

@@ -25,14 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import math
 import random
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -58,7 +55,6 @@ from tierlink.errors import (
     ModelNotFound,
     NoFeasiblePlacement,
     PrivacyViolation,
-    Refused,
     RuntimeFailure,
     TensorError,
     TierlinkError,
@@ -68,22 +64,19 @@ from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult, execute_observed
-from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, OutboxSink
-from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
+from tierlink.node.heads import check_features_may_leave
 from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.models import ModelManager
 from tierlink.node.runtime import (
-    ModelInfo,
     ModelRuntime,
-    OnnxModel,
     read_answer,
-    softmax_confidence,
     validate_inputs,
 )
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
-from tierlink.node.spec import NodeSpec, UpstreamSpec
+from tierlink.node.spec import NodeSpec
+from tierlink.node.splits import SplitPlans, Upstream
 from tierlink.node.uplink import CONTROL, Uplink
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, model_view_to_dict
@@ -92,7 +85,6 @@ from tierlink.policy.bandit import reward_of, teach
 from tierlink.policy.ope import Logged, log_line
 from tierlink.policy.placement import TierlinkPolicy, split_plans
 from tierlink.policy.shadow import Decision, Shadow
-from tierlink.split.runtime import SplitSessions
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
 from tierlink.transport.client import OipClient
@@ -107,21 +99,7 @@ _LABELS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar
     "tierlink_labels", default=None)
 
 
-@dataclass(slots=True)
-class _Upstream:
-    spec: UpstreamSpec
-    estimator: LinkEstimator
-    last_seen: float = float("-inf")  # when traffic last measured this link (node clock)
-    last_used: float = float("-inf")  # when its connection last carried anything (KeepWarm)
-
-    @property
-    def url(self) -> str:
-        return self.spec.url
-
 PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwidth
-WARM_CUTS = 1  # cuts of the best split plans toward each upstream whose heads are opened
-WARM_EVERY_S = 1.0  # how often the split warmer looks at what the policy would pick
-WARM_DEMAND_S = 120.0  # the warmer opens cuts of a task routed here within this long
 
 
 class NodeService:
@@ -170,7 +148,7 @@ class NodeService:
         for name, rt in runtimes.items():
             self.scheduler.seed_service_ms(name, rt.info.latency_ms)
             self._export_model_info(name, rt)
-        self._upstreams = {u.node_id: _Upstream(u, LinkEstimator(
+        self._upstreams = {u.node_id: Upstream(u, LinkEstimator(
             LinkView(spec.node_id, u.node_id, u.rtt_ms, u.bandwidth_mbit, u.loss),
             hop_overhead_ms=self.routing.policy_config().estimates.hop_overhead_ms))
             for u in spec.upstreams}
@@ -182,16 +160,11 @@ class NodeService:
         self._outstanding: dict[str, int] = {}
         self._inflight = 0
         self.hard_examples = self._uploader(hard_example_sink)
-        self._split_dir = Path(tempfile.mkdtemp(prefix=f"tierlink-{spec.node_id}-split-"))
-        self.splits = self._split_sessions()
-        # Head models with this machine's split profile (`tierlink split profile`): what
-        # the policy prices the first half of a split plan with.
-        head_infos = [self._head_info(h.name, Path(h.card)) for h in spec.heads]  # read once
-        self._heads = tuple(info.view() for info in head_infos)
-        self._scaled_memo: tuple[float, tuple[ModelView, ...]] | None = None
-        self._open_memo: tuple[tuple[ModelView, ...], tuple[frozenset[str], ...],
-                               tuple[ModelView, ...]] | None = None
-        self._head_temperature = {info.name: info.temperature for info in head_infos}
+        self.split = SplitPlans(spec.node_id, spec.tier, self.runtimes, spec.heads,
+                                scheduler=self.scheduler, client=self._client,
+                                routing=self.routing, metrics=self.metrics, clock=clock,
+                                upstreams=self._upstreams, view=lambda: self.view,
+                                refresh_view=self.refresh_view, count_exits=self._count_exits)
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
                                      DispatchBreakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      _Observer(self.metrics), clock,
@@ -203,9 +176,6 @@ class NodeService:
         self._refresher: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
         self._keepwarm: asyncio.Task[None] | None = None
-        self._warmer: asyncio.Task[None] | None = None
-        self._unwarmable: set[tuple[str, str]] = set()  # (model, cut) that failed to open
-        self._routed_at: dict[str, float] = {}  # task -> when a request for it was last routed
         self.started_at = time.time()
         self.slowdown = 1.0  # > 1: an injected fault (spec.fault_injection), see set_faults
 
@@ -229,8 +199,7 @@ class NodeService:
         self._prober = (asyncio.create_task(self._probe_loop(), name="link-probe")
                         if self.routing.probe_idle_s > 0 and self.spec.heads and self._upstreams
                         else None)
-        self._warmer = (asyncio.create_task(self._warm_loop(), name="split-warmer")
-                        if self._heads and self._upstreams else None)
+        self.split.start()
         self._keepwarm = (asyncio.create_task(KeepWarm(
             self._client, self._upstreams.values, self._clock).run(), name="keep-warm")
             if self._upstreams else None)
@@ -245,7 +214,8 @@ class NodeService:
             await self.hard_examples.stop()
         if self.uplink is not None:
             await self.uplink.stop()  # undelivered items stay on disk
-        for task in (self._refresher, self._prober, self._warmer, self._keepwarm):
+        await self.split.stop()
+        for task in (self._refresher, self._prober, self._keepwarm):
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -253,7 +223,6 @@ class NodeService:
         await self._client.close()
         if self._shadow_file is not None:
             self._shadow_file.close()
-        shutil.rmtree(self._split_dir, ignore_errors=True)
 
     # -- direct model inference (OIP, no routing) ------------------------------------------
 
@@ -294,7 +263,7 @@ class NodeService:
         deadline_ms = params.get(protocol.DEADLINE)
         deadline_s = None if deadline_ms is None else self._clock() + float(deadline_ms) / 1000
         if protocol.CUT in params:
-            out = await self._run_tail(name, inputs, params, priority, deadline_s)
+            out = await self.split.run_tail(name, inputs, params, priority, deadline_s)
         else:
             out, _ = await self._submit(rt, inputs, priority, deadline_s)
         self._count_exits(name, out)
@@ -306,166 +275,6 @@ class NodeService:
             self.metrics.early_exits.labels(self.spec.tier.label, model, str(k)).inc()
 
     # -- split plans: tails served here, heads run here ------------------------------------
-
-    def _split_sessions(self) -> dict[str, SplitSessions | ExitsModel]:
-        """Segments of every model served here (tails) and of every head model; a
-        multi-exit model is split at its exit boundaries by its own runtime."""
-        sessions: dict[str, SplitSessions | ExitsModel] = {
-            name: SplitSessions(name, rt.path, self._split_dir / name)
-            for name, rt in self.runtimes.items() if isinstance(rt, OnnxModel)}
-        for name, rt in self.runtimes.items():
-            if isinstance(rt, ExitsModel):
-                sessions[name] = rt
-        for head in self.spec.heads:
-            if head.name in sessions:
-                continue
-            sessions[head.name] = (ExitsModel(Path(head.card)) if is_exit_card(Path(head.card))
-                                   else SplitSessions(head.name, Path(head.onnx),
-                                                      self._split_dir / head.name))
-        return sessions
-
-    def _head_info(self, name: str, card: Path) -> ModelInfo:
-        executor = self.splits.get(name)
-        if isinstance(executor, ExitsModel):
-            return executor.info
-        return ModelInfo.from_card(card)
-
-    async def open_tail(self, name: str, cut: str) -> None:
-        """Open the segments of ``name`` at ``cut`` (cut the model, open its sessions) in a
-        thread; nothing to do when they are open. Unknown model or cut: a clear error."""
-        sessions = self.splits.get(name)
-        if sessions is None:
-            raise ModelNotFound(f"{self.spec.node_id} serves no model {name!r} to split",
-                                hint="GET /v2/repository/index lists the models served here")
-        if not sessions.ready(cut, "tail"):
-            await asyncio.to_thread(sessions.prepare, cut, "tail")
-
-    async def _run_tail(self, name: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
-                        priority: Priority, deadline_s: float | None) -> dict[str, np.ndarray]:
-        """A split plan's second half: decode the features, run the tail of ``name``."""
-        from tierlink.split.codecs import decode_any
-
-        sessions = self.splits.get(name)
-        if sessions is None:
-            raise ModelNotFound(f"{self.spec.node_id} cannot run a tail of {name!r}")
-        if len(inputs) != 1 or next(iter(inputs.values())).dtype != np.uint8:
-            raise TensorError("a split request carries one UINT8 tensor: the encoded features",
-                              hint="encode them with tierlink.split.codecs")
-        features = decode_any(next(iter(inputs.values())).tobytes())
-        cut = str(params[protocol.CUT])
-        if not sessions.ready(cut, "tail"):  # first use: not learned as the tail's time
-            await asyncio.to_thread(sessions.prepare, cut, "tail")
-
-        def call() -> dict[str, np.ndarray]:
-            return sessions.tail(cut, features)
-
-        out: dict[str, np.ndarray] = await self.scheduler.submit(
-            call, priority=priority, deadline_s=deadline_s, key=f"{name}@tail:{cut}")
-        return out
-
-    async def _run_split(self, placement: Placement, req: Request,
-                         inputs: dict[str, np.ndarray], budget_ms: float) -> StepResult:
-        """A split plan's first half here: head, encode, send; the tail runs upstream."""
-        model = placement.model or ""
-        sessions = self.splits.get(model)
-        if sessions is None:
-            raise ModelNotFound(f"{self.spec.node_id} holds no head of {model!r}",
-                                hint="list the model under the node's `heads:`")
-        check_features_may_leave(req, placement.tier, self.spec.node_id,
-                                 self.routing.local_features_may_leave)
-        up = self._upstreams[placement.node_id]
-        x = next(iter(inputs.values()))
-        started = self._clock()
-        cold = not sessions.ready(placement.cut)
-        if cold:  # first use: not learned as the head's time
-            await asyncio.to_thread(sessions.prepare, placement.cut)
-        head_from = self._clock()
-
-        def head() -> Any:
-            return sessions.head(placement.cut, x)
-
-        try:
-            head_out = await self.scheduler.submit(head, priority=req.priority,
-                                                   deadline_s=started + budget_ms / 1000.0,
-                                                   key=head_key(model, placement.cut))
-        except Refused as exc:  # refused by this node's own scheduler: not the upstream
-            exc.details["before_hop"] = True
-            raise
-        head_ms = (self._clock() - head_from) * 1000.0
-        # A multi-exit model's head answers what its exits before the cut can; only the
-        # rest of the batch is sent on.
-        exited = head_out if isinstance(head_out, ExitHead) else None
-        features: np.ndarray | None = exited.features if exited is not None else head_out
-        if exited is not None:
-            self._count_exits(model, {"exit": np.array(exited.exits, dtype=np.int64)})
-        if features is None:
-            assert exited is not None  # only an early-exit head sends nothing
-            return self._exited_here(model, exited, head_ms)
-        logits, timings, wire = await self._send_features(placement, req, up, features,
-                                                          started, budget_ms, learn=not cold)
-        probs, conf = softmax_confidence(logits, self._temperature_of(model))
-        if exited is not None:
-            probs = exited.merge(probs)
-            conf = probs.max(axis=1)
-        cost = (self.routing.cost.compute(self.spec.tier, head_ms)
-                + self.routing.cost.transfer(placement.tier, wire))
-        outcome = Outcome(placement.node_id, placement.tier, model,
-                          (self.spec.node_id, placement.node_id), float(conf.min()), cost=cost,
-                          timings_ms={"head_ms": head_ms, **timings,
-                                      "est_ms": placement.est_ms},
-                          split=f"{placement.cut}/{placement.codec}")
-        self.metrics.split_requests.labels(self.spec.tier.label, model,
-                                           placement.codec).inc()
-        return StepResult({"probabilities": probs,
-                           "label": probs.argmax(axis=1).astype(np.int64)}, outcome)
-
-    async def _send_features(self, placement: Placement, req: Request, up: _Upstream,
-                             features: np.ndarray, started: float, budget_ms: float,
-                             *, learn: bool = True) -> tuple[np.ndarray, dict[str, float], int]:
-        """Encode the cut tensor, send it to the tail's node: (its logits, timings, bytes).
-        ``learn`` False: the exchange does not teach the link estimate (it followed this
-        node opening the cut: on a CPU quota, that burst stalls the send for most of a
-        period, and a link priced at such a figure would not be tried again)."""
-        from tierlink.split.codecs import get_codec
-
-        encoding = self._clock()
-        payload = np.frombuffer(get_codec(placement.codec).encode(features), dtype=np.uint8)
-        encode_ms = (self._clock() - encoding) * 1000.0
-        left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
-        if left_ms <= up.estimator.view().rtt_ms:
-            raise DeadlineExceeded(f"no time left to send features to {placement.node_id}",
-                                   before_hop=True)
-        params = {**protocol.forward_params(req, left_ms, tracing.current_traceparent()),
-                  protocol.CUT: placement.cut, protocol.CODEC: placement.codec}
-        sent = self._clock()
-        resp = await self._client.infer(up.spec.url, placement.model or "",
-                                        {"features": payload}, params,
-                                        timeout_s=left_ms / 1000.0)
-        total_ms = (self._clock() - sent) * 1000.0
-        tail_ms = float(resp.parameters.get(protocol.SERVER_MS, 0.0))
-        if learn:
-            up.estimator.observe(total_ms, tail_ms, payload.nbytes)
-        up.last_seen = up.last_used = self._clock()
-        timings = {"encode_ms": encode_ms, "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
-                   "split_bytes": float(payload.nbytes)}
-        return next(iter(resp.outputs.values())), timings, int(payload.nbytes)
-
-    def _exited_here(self, model: str, head: ExitHead, head_ms: float) -> StepResult:
-        """A split plan of a multi-exit model whose exits before the cut answered every
-        sample: nothing is sent; the answer is this node's."""
-        probs = np.stack([a.probs for a in head.answers]).astype(np.float32)
-        outcome = Outcome(self.spec.node_id, self.spec.tier, model, (self.spec.node_id,),
-                          float(probs.max(axis=1).min()),
-                          cost=self.routing.cost.compute(self.spec.tier, head_ms),
-                          timings_ms={"head_ms": head_ms, "exit": float(max(head.exits))})
-        return StepResult({"probabilities": probs,
-                           "label": probs.argmax(axis=1).astype(np.int64)}, outcome)
-
-    def _temperature_of(self, model: str) -> float:
-        if model in self._head_temperature:
-            return self._head_temperature[model]
-        rt = self.runtimes.get(model)
-        return rt.info.temperature if rt else 1.0
 
     # -- routed inference -----------------------------------------------------------------
 
@@ -496,7 +305,7 @@ class NodeService:
                                      input_bytes=sum(a.nbytes for a in inputs.values()))
         labels = protocol.parse_labels(params, _batch_size(inputs))
         self._check_task_inputs(task, inputs)
-        self._routed_at[task] = t0  # demand: the split warmer opens cuts of tasks in use
+        self.split.routed(task, t0)  # demand: the split warmer opens cuts of tasks in use
         policy = self._policy_for(req)
         req = self._check_receipt(req, policy)
         self._inflight += 1
@@ -584,7 +393,7 @@ class NodeService:
         if up is None or target is None or not cut or not codec:
             raise InvalidRequest(f"{protocol.SPLIT}={text!r}: expected NODE/CUT/CODEC with "
                                  f"NODE one of this node's upstreams {sorted(self._upstreams)}")
-        models = [m for m in target.models if m.task == req.task and m.name in self.splits]
+        models = [m for m in target.models if m.task == req.task and m.name in self.split.sessions]
         if not models:
             raise InvalidRequest(f"{node} serves no model of {req.task!r} whose head "
                                  f"{self.spec.node_id} holds")
@@ -692,7 +501,7 @@ class NodeService:
                           inputs: dict[str, np.ndarray], remaining_ms: float,
                           budget_ms: float) -> StepResult:
         if placement.cut:
-            return await self._run_split(placement, req, inputs, budget_ms)
+            return await self.split.run_split(placement, req, inputs, budget_ms)
         up = self._upstreams[placement.node_id]
         link = up.estimator.view()
         send_ms = budget_ms - link.rtt_ms - self.routing.reserve_ms
@@ -778,7 +587,7 @@ class NodeService:
                 if self._clock() - up.last_seen >= idle:
                     await self._probe(up)
 
-    async def _probe(self, up: _Upstream) -> None:
+    async def _probe(self, up: Upstream) -> None:
         for nbytes in (PROBE_SMALL, PROBE_LARGE):
             start = self._clock()
             try:
@@ -796,7 +605,7 @@ class NodeService:
                        for name, rt in self.runtimes.items())
         return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
                         inflight=stats.inflight, workers=stats.workers,
-                        heads=self._open_heads(self._scaled_heads(stats.service_ms_by_key)),
+                        heads=self.split.view_heads(stats.service_ms_by_key),
                         language_models=self.language_models())
 
     def link_views(self) -> list[LinkView]:
@@ -809,36 +618,6 @@ class NodeService:
         view = rt.info.view(service_ms.get(name, rt.info.latency_ms))
         versions = self.models.versions(name)
         return view if versions == (view.version,) else replace(view, versions=versions)
-
-    def _scaled_heads(self, service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
-        # The split profile's own whole-model time is the fairest yardstick (same machine,
-        # same timing run as the head latencies); the card's latency otherwise.
-        card_ms = {name: rt.info.profile_ms or rt.info.latency_ms
-                   for name, rt in self.runtimes.items()}
-        factor = head_factor(self._heads, card_ms, service_ms)
-        if self._scaled_memo is None or self._scaled_memo[0] != factor:
-            self._scaled_memo = (factor, scaled(self._heads, factor))
-        return self._scaled_memo[1]
-
-    def _open_heads(self, heads: tuple[ModelView, ...]) -> tuple[ModelView, ...]:
-        """``heads`` with only the cuts whose segments are open here: a cold cut's first
-        call would pay for cutting the model and opening its sessions (a second or more
-        under a CPU quota). The split warmer opens the cuts the policy would pick. The same
-        objects while neither the heads nor the open cuts change (the policy caches its
-        pricing per profile)."""
-        opened = tuple(frozenset(p.cut for p in h.splits if self._is_open(h.name, p.cut))
-                       for h in heads)
-        memo = self._open_memo
-        if memo is not None and memo[0] is heads and memo[1] == opened:
-            return memo[2]
-        out = tuple(replace(h, splits=tuple(p for p in h.splits if p.cut in cuts))
-                    for h, cuts in zip(heads, opened, strict=True))
-        self._open_memo = (heads, opened, out)
-        return out
-
-    def _is_open(self, model: str, cut: str) -> bool:
-        sessions = self.splits.get(model)
-        return sessions is not None and sessions.ready(cut)
 
     def refresh_view(self) -> None:
         """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""
@@ -853,69 +632,6 @@ class NodeService:
                 self.refresh_view()
             except Exception:  # never let the refresher die; the old view stays
                 log.exception("view refresh failed; keeping the previous view")
-
-    # -- split warmer ----------------------------------------------------------------------
-
-    async def _warm_loop(self) -> None:
-        """Keep the heads of the cuts the policy would pick open, so no request pays for
-        opening one: every ``WARM_EVERY_S``, open (in a thread, one at a time) the first
-        cold cut among the best ``WARM_CUTS`` toward each upstream, priced as if every
-        profiled cut were open. Until a cut is open the policy does not consider it.
-        Only for tasks routed here within ``WARM_DEMAND_S``: opening a cut is a burst of
-        CPU (and GIL) that a throttled device's other work would feel, so it is spent when
-        the task is in use, not at start for a task that may never come."""
-        while True:
-            await asyncio.sleep(WARM_EVERY_S)
-            cold = [mc for mc in self._cuts_wanted()
-                    if not self._is_open(*mc) and mc not in self._unwarmable]
-            if not cold:
-                continue
-            model, cut = cold[0]
-            try:
-                await asyncio.to_thread(self.splits[model].prepare, cut)
-                await self._open_tails(model, cut)
-            except Exception:  # a cut that cannot be opened is not retried
-                self._unwarmable.add((model, cut))
-                log.exception("cannot open the split of %s at %s", model, cut)
-                continue
-            log.info("opened the split segments of %s at %s", model, cut)
-            self.refresh_view()
-
-    async def _open_tails(self, model: str, cut: str) -> None:
-        """Ask every upstream that serves ``model`` to open its tail at ``cut`` too. One
-        that cannot be reached opens it on first use instead (its breaker's business)."""
-        for up_id, up in self._upstreams.items():
-            node = self.view.nodes.get(up_id)
-            if node is None or not any(m.name == model for m in node.models):
-                continue
-            try:
-                await self._client.open_split(up.spec.url, model, cut, timeout_s=30.0)
-            except TierlinkError as exc:
-                log.warning("could not ask %s to open %s at %s: %s", up_id, model, cut, exc)
-
-    def _cuts_wanted(self) -> list[tuple[str, str]]:
-        """(model, cut) of the best ``WARM_CUTS`` split plans toward each upstream over the
-        live view, as if every profiled cut were open; best first."""
-        me = self.view.nodes.get(self.spec.node_id)
-        if me is None:
-            return []
-        service_ms = self.scheduler.snapshot().service_ms_by_key
-        now = self._clock()
-        heads = tuple(h for h in self._scaled_heads(service_ms)
-                      if now - self._routed_at.get(h.task, -math.inf) <= WARM_DEMAND_S)
-        if not heads:
-            return []
-        every = replace(me, heads=heads)
-        cfg = self.routing.policy_config()
-        wanted: list[tuple[str, str]] = []
-        ups = [self.view.nodes[u] for u in self._upstreams if u in self.view.nodes]
-        for up in ups:
-            for head in heads:
-                model = next((m for m in up.models if m.name == head.name), None)
-                plans = split_plans(every, up, model, self.view, cfg) if model else []
-                cuts = list(dict.fromkeys(p.cut for p in plans))[:WARM_CUTS]
-                wanted += [(head.name, cut) for cut in cuts]
-        return list(dict.fromkeys(wanted))
 
     def heartbeat_body(self, address: str) -> dict[str, Any]:
         """The node's state for the control plane: one ``models`` entry per version
@@ -954,9 +670,7 @@ class NodeService:
 
     def _on_switch(self, name: str, rt: ModelRuntime) -> None:
         """A new active version: split tails are cut from its graph from now on."""
-        if isinstance(rt, OnnxModel):
-            self.splits[name] = SplitSessions(
-                name, rt.path, self._split_dir / f"{name}@{rt.info.version}")
+        self.split.switched(name, rt)
         self._export_model_info(name, rt)
         self.refresh_view()
 
@@ -984,9 +698,7 @@ class NodeService:
                 "queue_depth": stats.queue_depth, "inflight": stats.inflight + self._inflight,
                 "breakers": self.breakers.states(), "outstanding": dict(self._outstanding),
                 "view_nodes": sorted(self.view.nodes),
-                "split_open": {h.name: sorted(p.cut for p in h.splits
-                                              if self._is_open(h.name, p.cut))
-                               for h in self._heads},
+                "split_open": self.split.open_cuts(),
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
                               "bandwidth_mbit": round(u.estimator.view().bandwidth_mbit, 3),
                               "request_ms": round(u.estimator.request_ms, 3),
