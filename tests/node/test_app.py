@@ -126,7 +126,7 @@ def test_a_learning_policy_is_taught_by_each_routed_answer():
             if label is not None:
                 params["tierlink.label"] = label
             assert infer(c, "fmnist", params).status_code == 200
-        bandit = service._default_policy
+        bandit = service.policies.default
         assert isinstance(bandit, BanditPolicy) and bandit.model.updates == 2
 
 
@@ -167,8 +167,8 @@ def test_a_shadow_log_that_cannot_be_written_never_costs_the_answer(tmp_path):
             def close(self):
                 return None
 
-        service._shadow_file.close()
-        service._shadow_file = Full()  # writes fail as on a full disk
+        service.shadow_mode.file.close()
+        service.shadow_mode.file = Full()  # writes fail as on a full disk
         params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 100}
         assert infer(c, "fmnist", params).status_code == 200
         metrics = c.get("/metrics").text

@@ -186,7 +186,7 @@ def _model_routes(app: FastAPI, service: NodeService) -> None:
             raise
         finally:
             known = name in service.runtimes or name in service.tasks()
-            service.record_request(kind, name if known else "unknown", outcome,
+            service.exports.request(kind, name if known else "unknown", outcome,
                                    time.perf_counter() - start)
 
 
@@ -237,9 +237,8 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
     outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params, data.id)
     selected = _select(outputs, data)
     answer = protocol.outcome_params(outcome, server_ms)
-    uplink = service.uplink_state()
-    if uplink is not None:
-        answer[UPLINK] = uplink
+    if service.uplink is not None:  # "up" / "down" toward the parent (store-and-forward)
+        answer[UPLINK] = "down" if service.uplink.is_down() else "up"
     body, headers = oip.encode_infer_response(task, None, data.id, selected, answer,
                                               data.binary_outputs(selected))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))

@@ -327,3 +327,17 @@ class HardExampleUploader:
         except Exception:  # a bug here must not end the loop
             log.exception("hard-example flush failed unexpectedly")
             return False
+
+
+def uploader_for(config: HardExampleConfig, node_id: str, seed: int, uplink: Uplink | None,
+                 sink: ExampleSink | None, count: Callable[[str, int], None]
+                 ) -> HardExampleUploader | None:
+    """A node's uploader: through its durable outbox when its uplink reaches the control
+    plane (``sink`` is then unused), else straight to ``sink``; None: nowhere to send, or
+    the loop is off."""
+    if uplink is not None and CONTROL in uplink.destinations:
+        sink = OutboxSink(uplink)
+    if sink is None or not config.enabled:
+        return None
+    return HardExampleUploader(sink, config, node_id, count=count,
+                               rng=random.Random(seed + 1), eager=isinstance(sink, OutboxSink))

@@ -11,6 +11,7 @@ import functools
 import json
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -227,3 +228,16 @@ def read_answer(rt: ModelRuntime, raw: dict[str, np.ndarray]) -> Any:
         return kind_of(spec.kind).answer(raw, spec, rt.info.temperature)
     except TensorError as exc:  # the model's outputs do not fit its declared task
         raise RuntimeFailure(f"{rt.info.name}: {exc.message}") from exc
+
+
+def check_task_inputs(runtimes: Iterable[ModelRuntime], task: str,
+                      inputs: dict[str, np.ndarray]) -> None:
+    """A malformed input is refused where it arrives, never sent up the fleet: checked
+    against the signature of this node's model of ``task`` (every model of a task takes the
+    same inputs), when it has one."""
+    rt = next((rt for rt in runtimes if rt.info.task == task), None)
+    if rt is not None:
+        try:
+            validate_inputs(rt.info.name, rt.inputs, inputs)
+        except TensorError as exc:
+            raise TensorError(f"task {task!r}: {exc.message}", hint=exc.hint) from None

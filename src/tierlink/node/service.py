@@ -23,19 +23,16 @@ answers (:meth:`NodeService.apply_answer`) tell the manager which versions to se
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
-from tierlink import __version__
 from tierlink.core.types import (
     ClusterView,
     LanguageModelView,
@@ -49,14 +46,10 @@ from tierlink.core.types import (
     Request,
 )
 from tierlink.errors import (
-    ConfigError,
-    DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
     NoFeasiblePlacement,
-    PrivacyViolation,
     RuntimeFailure,
-    TensorError,
     TierlinkError,
 )
 from tierlink.estimate.latency import LinkEstimator
@@ -64,42 +57,37 @@ from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult, execute_observed
-from tierlink.node.hard_examples import ExampleSink, HardExampleUploader, OutboxSink
-from tierlink.node.heads import check_features_may_leave
+from tierlink.node.exporting import DispatchObserver, NodeExports
+from tierlink.node.forwarding import LABELS, Forwarder
+from tierlink.node.hard_examples import ExampleSink, uploader_for
 from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.models import ModelManager
+from tierlink.node.policies import PolicyDesk
 from tierlink.node.runtime import (
     ModelRuntime,
+    check_task_inputs,
     read_answer,
-    validate_inputs,
 )
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
+from tierlink.node.shadowing import ShadowMode
 from tierlink.node.spec import NodeSpec
 from tierlink.node.splits import SplitPlans, Upstream
-from tierlink.node.uplink import CONTROL, Uplink
+from tierlink.node.uplink import Uplink
 from tierlink.node.version_stats import VersionStatsBook
-from tierlink.node.view import ParsedRecords, build_view, model_view_to_dict
-from tierlink.policy import REGISTRY, Policy
-from tierlink.policy.bandit import reward_of, teach
-from tierlink.policy.ope import Logged, log_line
-from tierlink.policy.placement import TierlinkPolicy, split_plans
-from tierlink.policy.shadow import Decision, Shadow
+from tierlink.node.view import ParsedRecords, build_view, heartbeat
+from tierlink.policy import Policy
+from tierlink.policy.bandit import teach
+from tierlink.policy.placement import TierlinkPolicy
+from tierlink.policy.shadow import Decision
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
 from tierlink.transport.client import OipClient
 
 log = logging.getLogger("tierlink.node")
 
-# The client's labels (``tierlink.label``) of the request being routed. They are not part of
-# the core ``Request`` (nothing in routing reads them); like the trace context, they ride the
-# request's async context from ``infer_task`` to the hop that forwards them and to the
-# hard-example hook, both called from within that same task.
-_LABELS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
-    "tierlink_labels", default=None)
 
 
-PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwidth
 
 
 class NodeService:
@@ -130,24 +118,21 @@ class NodeService:
         self.version_stats = VersionStatsBook()
         self.routing = spec.routing()
         self.metrics = metrics or NodeMetrics(spec.tier.label)
-        self.metrics.registry.register(_InstallsCollector(self.models, spec.tier.label))
+        self.exports = NodeExports(self.metrics, spec.tier.label, self.models)
         self._clock = clock
         self._rng = random.Random(spec.seed)
         self._records = records  # the registry cache's last view (never raises)
         self._parsed_records = ParsedRecords()  # parsed once per fetched list
         self._client = client or OipClient()
-        self._policies = {name: REGISTRY.create(name, self.routing.policy_config())
-                          for name in REGISTRY.names()}
-        self._default_policy = self._policy_named(self.routing.policy)
+        self.policies = PolicyDesk(spec.node_id, spec.tier, self.routing, self.metrics)
         self.scheduler = Scheduler(SchedulerConfig(workers=spec.workers, max_queue=spec.max_queue,
                                                    initial_service_ms=self._initial_ms()),
                                    clock=clock, observer=self.metrics)
-        self._model_info: dict[str, tuple[str, ...]] = {}  # model -> its info labels
         # The node's language models as chat placement sees them (set by its chat service).
         self.language_models: Callable[[], tuple[LanguageModelView, ...]] = tuple
         for name, rt in runtimes.items():
             self.scheduler.seed_service_ms(name, rt.info.latency_ms)
-            self._export_model_info(name, rt)
+            self.exports.model_info(name, rt)
         self._upstreams = {u.node_id: Upstream(u, LinkEstimator(
             LinkView(spec.node_id, u.node_id, u.rtt_ms, u.bandwidth_mbit, u.loss),
             hop_overhead_ms=self.routing.policy_config().estimates.hop_overhead_ms))
@@ -157,24 +142,28 @@ class NodeService:
                             cooldown_s=self.routing.breaker.cooldown_s,
                             max_cooldown_s=self.routing.breaker.max_cooldown_s),
             clock=clock, on_transition=self._on_breaker)
-        self._outstanding: dict[str, int] = {}
         self._inflight = 0
-        self.hard_examples = self._uploader(hard_example_sink)
+        self.hard_examples = uploader_for(spec.hard_examples(), spec.node_id, spec.seed,
+                                          uplink, hard_example_sink,
+                                          self.metrics.count_hard_examples)
         self.split = SplitPlans(spec.node_id, spec.tier, self.runtimes, spec.heads,
                                 scheduler=self.scheduler, client=self._client,
                                 routing=self.routing, metrics=self.metrics, clock=clock,
                                 upstreams=self._upstreams, view=lambda: self.view,
                                 refresh_view=self.refresh_view, count_exits=self._count_exits)
-        self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local, self._run_remote,
+        self.forward = Forwarder(self._upstreams, self._client, self.routing, clock, self.split)
+        self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local,
+                                     self.forward.run_remote,
                                      DispatchBreakers(self.breakers), RetryBudget(self.routing.retry_budget),
-                                     _Observer(self.metrics), clock,
+                                     DispatchObserver(self.metrics), clock,
                                      margin_ms=self.routing.reserve_ms,
                                      on_hard_example=self._hard_example,
                                      hedger=Hedger(self.routing.hedging))
-        self.shadow, self._shadow_file, self._shadow_candidate = self._shadow_mode()
+        self.shadow_mode = ShadowMode.open(
+            self.routing, self.policies.default, spec.node_id, spec.state_dir,
+            on_dropped=self.metrics.shadow_dropped.labels(spec.tier.label).inc)
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
-        self._prober: asyncio.Task[None] | None = None
         self._keepwarm: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self.slowdown = 1.0  # > 1: an injected fault (spec.fault_injection), see set_faults
@@ -194,11 +183,8 @@ class NodeService:
 
     async def start(self) -> None:
         self.scheduler.start()
-        self._register_gauges()
+        self.exports.gauges(self.scheduler, lambda: self._inflight, self.hard_examples)
         self._refresher = asyncio.create_task(self._refresh_loop(), name="view-refresh")
-        self._prober = (asyncio.create_task(self._probe_loop(), name="link-probe")
-                        if self.routing.probe_idle_s > 0 and self.spec.heads and self._upstreams
-                        else None)
         self.split.start()
         self._keepwarm = (asyncio.create_task(KeepWarm(
             self._client, self._upstreams.values, self._clock).run(), name="keep-warm")
@@ -215,14 +201,14 @@ class NodeService:
         if self.uplink is not None:
             await self.uplink.stop()  # undelivered items stay on disk
         await self.split.stop()
-        for task in (self._refresher, self._prober, self._keepwarm):
+        for task in (self._refresher, self._keepwarm):
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self.scheduler.close()
         await self._client.close()
-        if self._shadow_file is not None:
-            self._shadow_file.close()
+        if self.shadow_mode is not None:
+            self.shadow_mode.close()
 
     # -- direct model inference (OIP, no routing) ------------------------------------------
 
@@ -304,52 +290,44 @@ class NodeService:
                                      receiver=self.spec.node_id,
                                      input_bytes=sum(a.nbytes for a in inputs.values()))
         labels = protocol.parse_labels(params, _batch_size(inputs))
-        self._check_task_inputs(task, inputs)
+        check_task_inputs(self.runtimes.values(), task, inputs)
         self.split.routed(task, t0)  # demand: the split warmer opens cuts of tasks in use
-        policy = self._policy_for(req)
-        req = self._check_receipt(req, policy)
+        policy = self.policies.for_request(req)
+        req = self.policies.receive(req, policy)
         self._inflight += 1
-        token = _LABELS.set(labels)
+        token = LABELS.set(labels)
         try:
             with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
                               {"tierlink.node": self.spec.node_id, "tierlink.task": task}):
                 result = await self._route(req, policy, inputs, t0,
                                            params.get(protocol.SPLIT))
         finally:
-            _LABELS.reset(token)
+            LABELS.reset(token)
             self._inflight -= 1
         return result.outputs, result.outcome, (self._clock() - t0) * 1000.0
-
-    def _check_task_inputs(self, task: str, inputs: dict[str, np.ndarray]) -> None:
-        """A malformed input is refused here, where it arrives, never sent up the fleet:
-        checked against the signature of this node's model of the task (every model of a
-        task takes the same inputs), when it has one."""
-        rt = next((rt for rt in self.runtimes.values() if rt.info.task == task), None)
-        if rt is not None:
-            try:
-                validate_inputs(rt.info.name, rt.inputs, inputs)
-            except TensorError as exc:
-                raise TensorError(f"task {task!r}: {exc.message}", hint=exc.hint) from None
 
     async def _route(self, req: Request, policy: Policy, inputs: dict[str, np.ndarray],
                      t0: float, forced_split: Any = None) -> StepResult:
         view = self.view
         decision = None
         if forced_split:
-            plan = self._forced_split(req, str(forced_split))
+            plan = self.split.forced_plan(req, str(forced_split), view,
+                                          self.routing.allow_policy_override)
         else:
             plan, decision = self._plan(policy, req, view)
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
         self.metrics.placements.labels(self.spec.tier.label, plan.policy, plan.reason).inc()
-        labels = _LABELS.get()
+        labels = LABELS.get()
 
         def observe(result: StepResult | None, latency_ms: float) -> None:
             outcome = result.outcome if result is not None else None
             correct = _correctness(result, labels) if result is not None else 0.0
             teach(policy, plan, req, view, outcome, correct, latency_ms)
-            self._shadow_log(decision, policy, req, view, outcome, correct, latency_ms)
+            if decision is not None and self.shadow_mode is not None \
+                    and isinstance(policy, TierlinkPolicy):
+                self.shadow_mode.log(decision, policy, req, view, outcome, correct, latency_ms)
 
         return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
                                       observe)
@@ -358,86 +336,9 @@ class NodeService:
               ) -> tuple[Plan, Decision | None]:
         """The acting policy's plan; in shadow mode the candidate decides beside it on this
         node's own requests (an application's, not a forwarded one)."""
-        if self.shadow is None or req.hops > 0 or not isinstance(policy, TierlinkPolicy):
+        if self.shadow_mode is None or req.hops > 0 or not isinstance(policy, TierlinkPolicy):
             return policy.plan(req, view, self._rng), None
-        return self.shadow.plan(req, view, self._rng)
-
-    def _shadow_log(self, decision: Decision | None, policy: Policy, req: Request,
-                    view: ClusterView, outcome: Outcome | None, correct: float,
-                    latency_ms: float) -> None:
-        if decision is None or self._shadow_file is None or \
-                not isinstance(policy, TierlinkPolicy):
-            return
-        reward = reward_of(self.routing.reward, req, policy.reference_cost(req, view),
-                           outcome, correct, latency_ms)
-        line = log_line(Logged(decision.acting, decision.candidate, decision.propensity,
-                               reward, decision.acting_features, decision.candidate_features),
-                        self._shadow_candidate)
-        try:
-            self._shadow_file.write(line + "\n")
-        except OSError as exc:  # a full disk costs the log a line, never the answer
-            self.metrics.shadow_dropped.labels(self.spec.tier.label).inc()
-            log.warning("shadow log: a decision was not written: %s", exc)
-
-    def _forced_split(self, req: Request, text: str) -> Plan:
-        """The one-placement plan a request asked for with ``tierlink.split=NODE/CUT/CODEC``
-        (benchmarks measure every cut this way); allowed where policy overrides are."""
-        if not self.routing.allow_policy_override:
-            raise InvalidRequest(f"this fleet does not allow choosing a split per request "
-                                 f"({protocol.SPLIT})",
-                                 hint="set routing.allow_policy_override in the fleet file")
-        node, _, rest = text.partition("/")
-        cut, _, codec = rest.rpartition("/")
-        up = self._upstreams.get(node)
-        target = self.view.nodes.get(node)
-        if up is None or target is None or not cut or not codec:
-            raise InvalidRequest(f"{protocol.SPLIT}={text!r}: expected NODE/CUT/CODEC with "
-                                 f"NODE one of this node's upstreams {sorted(self._upstreams)}")
-        models = [m for m in target.models if m.task == req.task and m.name in self.split.sessions]
-        if not models:
-            raise InvalidRequest(f"{node} serves no model of {req.task!r} whose head "
-                                 f"{self.spec.node_id} holds")
-        check_features_may_leave(req, target.tier, self.spec.node_id,  # 403 now, not later
-                                 self.routing.local_features_may_leave)
-        # What the policy expects of this plan (0 when it would not consider it), so a
-        # benchmark can compare every plan's estimate with what it really took.
-        plans = split_plans(self.view.nodes[self.spec.node_id], target, models[0], self.view,
-                            self.routing.policy_config())
-        est = next((p.total_ms - p.head_ms for p in plans if p.cut == cut and p.codec == codec),
-                   0.0)  # like a policy's split placement: the part after the head
-        return Plan((Placement("remote", node, target.tier, models[0].name, est_ms=est,
-                               cut=cut, codec=codec),), "forced_split", "forced by the request")
-
-    def _policy_for(self, req: Request) -> Policy:
-        if req.policy is None or req.policy == self._default_policy.name:
-            return self._default_policy
-        if not self.routing.allow_policy_override:
-            raise InvalidRequest(f"this fleet does not allow choosing the policy per request "
-                                 f"({protocol.POLICY}={req.policy!r})",
-                                 hint="set routing.allow_policy_override in the fleet file")
-        return self._policy_named(req.policy)
-
-    def _policy_named(self, name: str) -> Policy:
-        if name not in self._policies:
-            raise InvalidRequest(f"unknown policy {name!r}", hint=f"one of {sorted(self._policies)}")
-        return self._policies[name]
-
-    def _check_receipt(self, req: Request, policy: Policy) -> Request:
-        """Count what this node actually received; refuse what it may not hold.
-
-        Verdicts: ``allowed``; ``violation`` — this node is the first to hold the input
-        against its privacy level (so summing violations counts *requests*); ``beyond`` —
-        an earlier hop already had, and said so in the request."""
-        allowed = req.privacy.allows(self.spec.tier, at_origin=req.origin == self.spec.node_id)
-        verdict = "allowed" if allowed else ("beyond" if req.privacy_breached else "violation")
-        self.metrics.inputs_received.labels(self.spec.tier.label, req.privacy.value, verdict).inc()
-        if not allowed and policy.respects_privacy:
-            raise PrivacyViolation(f"{self.spec.node_id} ({self.spec.tier.label}) may not hold "
-                                   f"a {req.privacy.value!r} input from {req.origin}")
-        if req.deadline_ms <= 0 and policy.respects_deadline:
-            raise DeadlineExceeded(f"request {req.request_id} arrived with its deadline spent "
-                                   f"({req.deadline_ms:.1f} ms left)")
-        return req if allowed else replace(req, privacy_breached=True)
+        return self.shadow_mode.plan(req, view, self._rng)
 
     # -- the dispatcher's steps ------------------------------------------------------------
 
@@ -458,7 +359,7 @@ class NodeService:
         self.version_stats.answered(rt.info.name, rt.info.version, compute_ms,
                                     conf.tolist() if conf is not None else (),
                                     label.tolist() if label is not None else (),
-                                    _LABELS.get())
+                                    LABELS.get())
         # No confidence (a regression without uncertainty, ...): never escalated for it.
         confidence = float(conf.min()) if conf is not None else 1.0
         if conf is not None:
@@ -497,74 +398,7 @@ class NodeService:
         self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(timing[0] / 1000)
         return out, timing[0]
 
-    async def _run_remote(self, placement: Placement, req: Request,
-                          inputs: dict[str, np.ndarray], remaining_ms: float,
-                          budget_ms: float) -> StepResult:
-        if placement.cut:
-            return await self.split.run_split(placement, req, inputs, budget_ms)
-        up = self._upstreams[placement.node_id]
-        link = up.estimator.view()
-        send_ms = budget_ms - link.rtt_ms - self.routing.reserve_ms
-        if send_ms <= 0:
-            raise DeadlineExceeded(f"no time left for the hop to {placement.node_id} "
-                                   f"({budget_ms:.1f} ms left, link RTT {link.rtt_ms:.1f} ms)")
-        params = protocol.forward_params(req, send_ms, tracing.current_traceparent(),
-                                         _LABELS.get())
-        node = placement.node_id
-        self._outstanding[node] = self._outstanding.get(node, 0) + 1
-        start = self._clock()
-        try:
-            resp = await self._client.infer(up.spec.url, req.task, inputs, params,
-                                            timeout_s=budget_ms / 1000.0)
-        finally:
-            self._outstanding[node] -= 1
-        total_ms = (self._clock() - start) * 1000.0
-        outcome = protocol.parse_outcome(resp.parameters)
-        up.estimator.observe(total_ms, outcome.timings_ms.get("server_ms", 0.0), req.input_bytes)
-        up.last_seen = up.last_used = self._clock()
-        transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
-        return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
-
     # -- the hard-example loop -------------------------------------------------------------
-
-    def _shadow_mode(self) -> tuple[Shadow | None, TextIO | None, dict[str, Any]]:
-        """``routing.shadow``: the candidate beside the acting policy, its decisions appended
-        to ``state_dir/shadow.jsonl`` (line-buffered: a crash loses at most a line)."""
-        cfg = self.routing.shadow
-        acting = self._default_policy
-        if cfg is None or not isinstance(acting, TierlinkPolicy):
-            return None, None, {}
-        if not self.spec.state_dir:
-            raise ConfigError("routing.shadow needs the node's state_dir for its log")
-        policy_cfg = self.routing.policy_config()
-        if cfg.weights is not None:
-            policy_cfg = replace(policy_cfg, weights=cfg.weights)
-        candidate = REGISTRY.create(cfg.policy, policy_cfg)
-        if not isinstance(candidate, TierlinkPolicy):
-            raise ConfigError(f"routing.shadow.policy {cfg.policy!r} cannot run in shadow "
-                              "mode: it does not order the tierlink policy's options")
-        path = Path(self.spec.state_dir) / "shadow.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shadow = Shadow(acting, candidate, cfg.explore,
-                        random.Random(f"shadow:{self.spec.node_id}"))
-        try:
-            return shadow, path.open("a", buffering=1), cfg.to_dict()
-        except OSError as exc:
-            raise ConfigError(f"routing.shadow: cannot open the shadow log {path}: {exc}",
-                              hint="give the node a writable state_dir") from None
-
-    def _uploader(self, sink: ExampleSink | None) -> HardExampleUploader | None:
-        """Hard examples go through the durable outbox when the node's uplink reaches the
-        control plane (``sink`` is then unused), else straight to ``sink``; None: nowhere."""
-        config = self.spec.hard_examples()
-        if self.uplink is not None and CONTROL in self.uplink.destinations:
-            sink = OutboxSink(self.uplink)
-        if sink is None or not config.enabled:
-            return None
-        return HardExampleUploader(sink, config, self.spec.node_id,
-                                   count=self.metrics.count_hard_examples,
-                                   rng=random.Random(self.spec.seed + 1),
-                                   eager=isinstance(sink, OutboxSink))
 
     def _hard_example(self, placement: Placement, req: Request,
                       inputs: dict[str, np.ndarray], result: StepResult) -> None:
@@ -572,30 +406,7 @@ class NodeService:
         self.version_stats.escalated(result.outcome.model, result.outcome.model_version)
         if self.hard_examples is not None:
             self.hard_examples.offer(placement, req, inputs, result.outputs.get("probabilities"),
-                                     _LABELS.get())
-
-    # -- link probes -----------------------------------------------------------------------
-
-    async def _probe_loop(self) -> None:
-        """Keep idle links measured: a link that carried no traffic for ``probe_idle_s``
-        gets a small and a large probe, so its bandwidth estimate (what split plans are
-        priced with) follows the link even while no request uses it."""
-        idle = self.routing.probe_idle_s
-        while True:
-            await asyncio.sleep(idle / 2)
-            for up in list(self._upstreams.values()):
-                if self._clock() - up.last_seen >= idle:
-                    await self._probe(up)
-
-    async def _probe(self, up: Upstream) -> None:
-        for nbytes in (PROBE_SMALL, PROBE_LARGE):
-            start = self._clock()
-            try:
-                await self._client.probe(up.spec.url, nbytes, timeout_s=5.0)
-            except TierlinkError:
-                return  # an unreachable upstream is the breakers' business, not the probe's
-            up.estimator.observe((self._clock() - start) * 1000.0, 0.0, nbytes, probe=True)
-        up.last_seen = up.last_used = self._clock()
+                                     LABELS.get())
 
     # -- view, heartbeat, metrics ----------------------------------------------------------
 
@@ -623,7 +434,7 @@ class NodeService:
         """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""
         self.view = build_view(self.me(), self._records(),
                           [u.estimator.view() for u in self._upstreams.values()],
-                          self.breakers.healthy, self._outstanding, self._parsed_records)
+                          self.breakers.healthy, self.forward.outstanding, self._parsed_records)
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -634,34 +445,10 @@ class NodeService:
                 log.exception("view refresh failed; keeping the previous view")
 
     def heartbeat_body(self, address: str) -> dict[str, Any]:
-        """The node's state for the control plane: one ``models`` entry per version
-        served (``role`` active / standby, its ``weight``, its ``stats``), and the
-        versions it could not install (``install_failures``)."""
-        me = self.me()
-        return {
-            "node_id": me.node_id, "tier": me.tier.label, "address": address,
-            "models": self._model_entries(me),
-            "language_models": [lm.to_dict() for lm in me.language_models],
-            "install_failures": self.models.failures(),
-            "queue_depth": me.queue_depth, "inflight": me.inflight,  # compute, not routing
-            "workers": me.workers, "upstream": sorted(self._upstreams),
-            "links": [{"dst": l.dst, "rtt_ms": round(l.rtt_ms, 3),
-                       "bandwidth_mbit": l.bandwidth_mbit, "loss": l.loss}
-                      for l in (u.estimator.view() for u in self._upstreams.values())],
-            "started_at": self.started_at, "software": __version__,
-        }
-
-    def _model_entries(self, me: NodeView) -> list[dict[str, Any]]:
-        views = {m.name: m for m in me.models}
-        entries = []
-        for served in self.models.served():
-            info = served.runtime.info  # views and stats go by the card's name
-            view = views.get(info.name) if served.role == "active" else None
-            entry = model_view_to_dict(view or info.view())
-            entry.update(role=served.role, weight=round(served.weight, 6),
-                         stats=self.version_stats.get(info.name, info.version))
-            entries.append(entry)
-        return entries
+        """The node's state for the control plane (``node/view.heartbeat``)."""
+        return heartbeat(self.me(), address, self.models, self.version_stats,
+                         [u.estimator.view() for u in self._upstreams.values()],
+                         self.started_at)
 
     async def apply_answer(self, answer: Mapping[str, Any]) -> None:
         """A heartbeat answer: serve the model versions its ``desired`` asks for (the
@@ -671,23 +458,8 @@ class NodeService:
     def _on_switch(self, name: str, rt: ModelRuntime) -> None:
         """A new active version: split tails are cut from its graph from now on."""
         self.split.switched(name, rt)
-        self._export_model_info(name, rt)
+        self.exports.model_info(name, rt)
         self.refresh_view()
-
-    def _export_model_info(self, name: str, rt: ModelRuntime) -> None:
-        """``tierlink_model_info`` = 1 for the version served now (its kind and provider)."""
-        labels = (self.spec.tier.label, name, rt.info.version,
-                  rt.info.spec_for(rt.outputs).kind, getattr(rt, "provider", rt.platform))
-        previous = self._model_info.get(name)
-        if previous is not None and previous != labels:  # the version it replaces
-            self.metrics.model_info.remove(*previous)
-        self._model_info[name] = labels
-        self.metrics.model_info.labels(*labels).set(1)
-
-    def record_request(self, kind: str, name: str, outcome: str, seconds: float) -> None:
-        tier = self.spec.tier.label
-        self.metrics.requests.labels(tier, kind, name, outcome).inc()
-        self.metrics.latency.labels(tier, kind, name, outcome).observe(seconds)
 
     def status(self) -> dict[str, Any]:
         stats = self.scheduler.snapshot()
@@ -696,7 +468,7 @@ class NodeService:
                 "providers": {name: getattr(rt, "provider", rt.platform)
                               for name, rt in sorted(self.runtimes.items())},
                 "queue_depth": stats.queue_depth, "inflight": stats.inflight + self._inflight,
-                "breakers": self.breakers.states(), "outstanding": dict(self._outstanding),
+                "breakers": self.breakers.states(), "outstanding": dict(self.forward.outstanding),
                 "view_nodes": sorted(self.view.nodes),
                 "split_open": self.split.open_cuts(),
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
@@ -706,29 +478,8 @@ class NodeService:
                           for k, u in self._upstreams.items()},
                 "uplink": self.uplink.status() if self.uplink is not None else None}
 
-    def uplink_state(self) -> str | None:
-        """``"up"`` / ``"down"`` toward this node's upstream (store-and-forward); None when
-        the node keeps no outbox. Every routed answer says it (``tierlink.uplink``)."""
-        if self.uplink is None:
-            return None
-        return "down" if self.uplink.is_down() else "up"
-
-    def _register_gauges(self) -> None:
-        tier = self.spec.tier.label
-        for p in Priority:
-            self.metrics.queue_depth.labels(tier, p.label).set_function(self._depth_of(p))
-        self.metrics.inflight.labels(tier).set_function(lambda: self._inflight)
-        if self.hard_examples is not None:
-            uploader = self.hard_examples
-            self.metrics.hard_examples_pending.labels(tier).set_function(
-                lambda: uploader.pending)
-
-    def _depth_of(self, priority: Priority) -> Callable[[], float]:
-        return lambda: float(self.scheduler.snapshot().queue_depth_by_priority.get(priority, 0))
-
     def _on_breaker(self, node_id: str, old: str, new: str) -> None:
-        self.metrics.breaker_state.labels(self.spec.tier.label, node_id).set(
-            1.0 if new == "open" else 0.0)
+        self.exports.breaker(node_id, new)
         log.warning("breaker to %s: %s -> %s", node_id, old, new)
         self.refresh_view()
 
@@ -739,44 +490,6 @@ class NodeService:
 def _batch_size(inputs: dict[str, np.ndarray]) -> int:
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1
-
-
-class _InstallsCollector:
-    """Exports the manager's install counts (the core never calls the exporter)."""
-
-    def __init__(self, models: ModelManager, tier: str) -> None:
-        self._models = models
-        self._tier = tier
-
-    def collect(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily
-
-        family = CounterMetricFamily(
-            "tierlink_model_installs",
-            "Model versions brought onto this node, by outcome: ok (verified, loaded, warmed "
-            "up), rejected (failed verification), failed (unknown version, failed to load), "
-            "crashed (the process died loading it), unreachable (repository; retried)",
-            labels=["tier", "model", "outcome"])
-        for (model, outcome), n in sorted(self._models.installs.items()):
-            family.add_metric([self._tier, model, outcome], n)
-        yield family
-
-
-class _Observer:
-    def __init__(self, metrics: NodeMetrics) -> None:
-        self._m = metrics
-
-    def escalated(self, model: str) -> None:
-        self._m.escalations.labels(self._m.tier, model).inc()
-
-    def fell_back(self, node_id: str, reason: str) -> None:
-        self._m.fallbacks.labels(self._m.tier, node_id, reason).inc()
-
-    def retried(self, node_id: str) -> None:
-        self._m.retries.labels(self._m.tier, node_id).inc()
-
-    def hedged(self, node_id: str, outcome: str) -> None:
-        self._m.hedges.labels(self._m.tier, node_id, outcome).inc()
 
 
 __all__ = ["NodeService"]

@@ -21,8 +21,24 @@ from typing import Any
 
 import numpy as np
 
-from tierlink.core.types import ClusterView, ModelView, Outcome, Placement, Priority, Request, Tier
-from tierlink.errors import DeadlineExceeded, ModelNotFound, Refused, TensorError, TierlinkError
+from tierlink.core.types import (
+    ClusterView,
+    ModelView,
+    Outcome,
+    Placement,
+    Plan,
+    Priority,
+    Request,
+    Tier,
+)
+from tierlink.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    Refused,
+    TensorError,
+    TierlinkError,
+)
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
 from tierlink.node.dispatcher import StepResult
@@ -42,6 +58,7 @@ __all__ = ["SplitPlans", "Upstream"]
 
 log = logging.getLogger("tierlink.node")
 
+PROBE_SMALL, PROBE_LARGE = 64, 64 * 1024  # bytes: two sizes give RTT and bandwidth
 WARM_CUTS = 1  # cuts of the best split plans toward each upstream whose heads are opened
 WARM_EVERY_S = 1.0  # how often the split warmer looks at what the policy would pick
 WARM_DEMAND_S = 120.0  # the warmer opens cuts of a task routed here within this long
@@ -86,18 +103,22 @@ class SplitPlans:
                                tuple[ModelView, ...]] | None = None
         self._unwarmable: set[tuple[str, str]] = set()  # (model, cut) that failed to open
         self._demand: dict[str, float] = {}  # task -> when a request for it was last routed
-        self._warmer: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # the warmer, the link prober
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        """The warmer (a node with heads and upstreams) and the link prober (the same, when
+        ``routing.probe_idle_s`` > 0): split plans are priced with the links' bandwidth."""
         if self.heads and self._upstreams:
-            self._warmer = asyncio.create_task(self._warm_loop(), name="split-warmer")
+            self._tasks.append(asyncio.create_task(self._warm_loop(), name="split-warmer"))
+        if self._routing.probe_idle_s > 0 and self._spec_heads and self._upstreams:
+            self._tasks.append(asyncio.create_task(self._probe_loop(), name="link-probe"))
 
     async def stop(self) -> None:
-        if self._warmer is not None:
-            self._warmer.cancel()
-            await asyncio.gather(self._warmer, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         shutil.rmtree(self._split_dir, ignore_errors=True)
 
     def routed(self, task: str, at: float) -> None:
@@ -117,6 +138,58 @@ class SplitPlans:
     def open_cuts(self) -> dict[str, list[str]]:
         return {h.name: sorted(p.cut for p in h.splits if self.is_open(h.name, p.cut))
                 for h in self.heads}
+
+    def forced_plan(self, req: Request, text: str, view: ClusterView, allowed: bool) -> Plan:
+        """The one-placement plan a request asked for with ``tierlink.split=NODE/CUT/CODEC``
+        (benchmarks measure every cut this way); allowed where policy overrides are."""
+        if not allowed:
+            raise InvalidRequest(f"this fleet does not allow choosing a split per request "
+                                 f"({protocol.SPLIT})",
+                                 hint="set routing.allow_policy_override in the fleet file")
+        node, _, rest = text.partition("/")
+        cut, _, codec = rest.rpartition("/")
+        up = self._upstreams.get(node)
+        target = view.nodes.get(node)
+        if up is None or target is None or not cut or not codec:
+            raise InvalidRequest(f"{protocol.SPLIT}={text!r}: expected NODE/CUT/CODEC with "
+                                 f"NODE one of this node's upstreams {sorted(self._upstreams)}")
+        models = [m for m in target.models if m.task == req.task and m.name in self.sessions]
+        if not models:
+            raise InvalidRequest(f"{node} serves no model of {req.task!r} whose head "
+                                 f"{self._node_id} holds")
+        check_features_may_leave(req, target.tier, self._node_id,  # 403 now, not later
+                                 self._routing.local_features_may_leave)
+        # What the policy expects of this plan (0 when it would not consider it), so a
+        # benchmark can compare every plan's estimate with what it really took.
+        plans = split_plans(view.nodes[self._node_id], target, models[0], view,
+                            self._routing.policy_config())
+        est = next((p.total_ms - p.head_ms for p in plans if p.cut == cut and p.codec == codec),
+                   0.0)  # like a policy's split placement: the part after the head
+        return Plan((Placement("remote", node, target.tier, models[0].name, est_ms=est,
+                               cut=cut, codec=codec),), "forced_split", "forced by the request")
+
+    # -- link probes -----------------------------------------------------------------------
+
+    async def _probe_loop(self) -> None:
+        """Keep idle links measured: a link that carried no traffic for ``probe_idle_s``
+        gets a small and a large probe, so its bandwidth estimate (what split plans are
+        priced with) follows the link even while no request uses it."""
+        idle = self._routing.probe_idle_s
+        while True:
+            await asyncio.sleep(idle / 2)
+            for up in list(self._upstreams.values()):
+                if self._clock() - up.last_seen >= idle:
+                    await self._probe(up)
+
+    async def _probe(self, up: Upstream) -> None:
+        for nbytes in (PROBE_SMALL, PROBE_LARGE):
+            start = self._clock()
+            try:
+                await self._client.probe(up.spec.url, nbytes, timeout_s=5.0)
+            except TierlinkError:
+                return  # an unreachable upstream is the breakers' business, not the probe's
+            up.estimator.observe((self._clock() - start) * 1000.0, 0.0, nbytes, probe=True)
+        up.last_seen = up.last_used = self._clock()
 
     # -- segments, tails and heads -----------------------------------------------------------
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tierlink import __version__
 from tierlink.core.types import ClusterView, LinkView, ModelView, NodeView
+
+if TYPE_CHECKING:
+    from tierlink.node.models import ModelManager
+    from tierlink.node.version_stats import VersionStatsBook
 
 
 def model_view_to_dict(m: ModelView) -> dict[str, Any]:
@@ -66,3 +71,36 @@ def build_view(
         nodes.append(replace(node, healthy=healthy(node.node_id)))
         links.extend(node_links)
     return ClusterView.build(me.node_id, nodes, links, outstanding)
+
+
+def heartbeat(me: NodeView, address: str, models: ModelManager, stats: VersionStatsBook,
+              links: Iterable[LinkView], started_at: float) -> dict[str, Any]:
+    """A node's state for the control plane: one ``models`` entry per version served
+    (``role`` active / standby, its ``weight``, its ``stats``), the versions it could not
+    install (``install_failures``), its links as it measures them."""
+    links = list(links)
+    return {
+        "node_id": me.node_id, "tier": me.tier.label, "address": address,
+        "models": _model_entries(me, models, stats),
+        "language_models": [lm.to_dict() for lm in me.language_models],
+        "install_failures": models.failures(),
+        "queue_depth": me.queue_depth, "inflight": me.inflight,  # compute, not routing
+        "workers": me.workers, "upstream": sorted(link.dst for link in links),
+        "links": [{"dst": l.dst, "rtt_ms": round(l.rtt_ms, 3),
+                   "bandwidth_mbit": l.bandwidth_mbit, "loss": l.loss} for l in links],
+        "started_at": started_at, "software": __version__,
+    }
+
+
+def _model_entries(me: NodeView, models: ModelManager, stats: VersionStatsBook
+                   ) -> list[dict[str, Any]]:
+    views = {m.name: m for m in me.models}
+    entries = []
+    for served in models.served():
+        info = served.runtime.info  # views and stats go by the card's name
+        view = views.get(info.name) if served.role == "active" else None
+        entry = model_view_to_dict(view or info.view())
+        entry.update(role=served.role, weight=round(served.weight, 6),
+                     stats=stats.get(info.name, info.version))
+        entries.append(entry)
+    return entries
