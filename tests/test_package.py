@@ -53,3 +53,16 @@ def test_no_import_cycle_between_packages():
                    if reaches(b, a))
     assert loops == []
     assert "fleet" in edges["cli"] and "settings" in edges["node"]  # the graph is real
+
+
+def test_no_class_over_400_lines():
+    """Every part has a room of its own: a class that outgrows 400 lines is split."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "tierlink"
+    big = sorted(f"{path.relative_to(src)}: {node.name} ({node.end_lineno - node.lineno + 1})"
+                 for path in src.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ClassDef) and node.end_lineno
+                 and node.end_lineno - node.lineno + 1 > 400)
+    assert big == []

@@ -616,7 +616,8 @@ class ModelManager:
         """``version`` loaded and warmed up: from a slot that holds it, else installed
         into the inactive slot (held locked until the caller is done: it may switch)."""
         slots = self._disk(name, version)[0]
-        files = await asyncio.to_thread(self._slot_holding, name, version)
+        files = await asyncio.to_thread(verified_slot, self._disk(name, version)[0], name,
+                                        version, self._verify)
         if files is not None:
             yield await self._load(name, files)
             return
@@ -653,37 +654,13 @@ class ModelManager:
         await asyncio.to_thread(state.mark_attempt, name, attempt or Attempt(files.version))
         self._hook("loading")
         try:
-            rt = await asyncio.to_thread(self._prepare, name, base, files)
+            rt = await asyncio.to_thread(prepared, self._load_fn, name, base, files)
         except BaseException:  # it failed without killing the process: not a crash
             state.clear_attempt(name)
             raise
         await asyncio.to_thread(state.clear_attempt, name)
         self._hook("loaded")
         return _Loaded(rt, files.slot)
-
-    def _prepare(self, name: str, base: ModelRuntime, files: SlotFiles) -> ModelRuntime:
-        rt = self._load_fn(files.onnx, files.card)
-        if rt.info.version != files.version:
-            raise ArtifactRejected(f"{name}: the card in slot {files.slot} says version "
-                                   f"{rt.info.version}, the slot holds {files.version}")
-        check_fits(name, base, rt)
-        warm_up(rt)
-        return rt
-
-    def _slot_holding(self, name: str, version: str) -> SlotFiles | None:
-        """A complete slot of ``name`` that holds ``version`` and verifies (blocking)."""
-        slots = self._disk(name, version)[0]
-        for files in (slots.active(name), slots.inactive(name)):
-            if files is None or files.version != version:
-                continue
-            try:
-                self._verify(files)
-            except (RepositoryError, OSError) as exc:
-                log.warning("%s: slot %s holds version %s but does not verify (%s); "
-                            "installing it again", name, files.slot, version, exc)
-                continue
-            return files
-        return None
 
     def _disk(self, name: str, version: str) -> tuple[SlotManager, _StateFiles]:
         """The slots and state files, or :class:`RepositoryError` when the node has none."""
@@ -769,3 +746,32 @@ class ModelManager:
         record = self._slots.active_record(name)
         if record is not None:
             self._files.pin_base(name, self._models[name].base.info.version, record)
+
+
+def prepared(load: Callable[[Path, Path], ModelRuntime], name: str, base: ModelRuntime,
+             files: SlotFiles) -> ModelRuntime:
+    """The runtime of the version in ``files``: loaded, its card's version checked against
+    the slot's, its signature against the base's, warmed up (blocking)."""
+    rt = load(files.onnx, files.card)
+    if rt.info.version != files.version:
+        raise ArtifactRejected(f"{name}: the card in slot {files.slot} says version "
+                               f"{rt.info.version}, the slot holds {files.version}")
+    check_fits(name, base, rt)
+    warm_up(rt)
+    return rt
+
+
+def verified_slot(slots: SlotManager, name: str, version: str,
+                  verify: Callable[[SlotFiles], Any]) -> SlotFiles | None:
+    """A complete slot of ``name`` that holds ``version`` and verifies (blocking)."""
+    for files in (slots.active(name), slots.inactive(name)):
+        if files is None or files.version != version:
+            continue
+        try:
+            verify(files)
+        except (RepositoryError, OSError) as exc:
+            log.warning("%s: slot %s holds version %s but does not verify (%s); "
+                        "installing it again", name, files.slot, version, exc)
+            continue
+        return files
+    return None
