@@ -31,7 +31,8 @@ trusted_keys: [%s]
 routing: {policy: tierlink}
 nodes:
   - {id: edge-1, tier: edge,   models: [fmnist-medium]}
-  - {id: edge-2, tier: edge,   models: [fmnist-medium]}
+  - {id: edge-2, tier: edge,   models: [fmnist-medium],
+     advertise_url: "http://edge-2.site-b.example:8000"}
   - {id: dev-1,  tier: device, models: [fmnist-small]}
 links:
   - {from: dev-1, to: [edge-1, edge-2], delay_ms: 2}
@@ -65,6 +66,11 @@ def test_publish_and_roll_out_with_the_cli(start_fleet: Callable[[str], RunningF
     public = tierlink("model", "keygen", "--out", str(key)).strip().splitlines()[-1]
     fleet = start_fleet(FLEET % public)
     token, url = fleet.admin_token, fleet.control_url
+    # a node registers the address it advertises, not the one it binds
+    listed_nodes = http.get(f"{url}/v1/nodes", headers=fleet.admin_headers).json()["nodes"]
+    address = {n["node_id"]: n["address"] for n in listed_nodes}
+    assert address["edge-2"] == "http://edge-2.site-b.example:8000"
+    assert address["edge-1"].startswith("http://127.0.0.1:")
     onnx, card = zoo_models[MODEL]
     for version in ("2", "3"):
         tierlink("model", "publish", MODEL, str(onnx), "--card", str(card), "--version", version,

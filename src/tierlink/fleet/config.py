@@ -19,7 +19,7 @@ from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
 from tierlink.providers import parse_providers
-from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, as_tier
+from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, as_tier, as_url
 from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
 from tierlink.settings.routing import (
     BreakerConfig,
@@ -51,6 +51,9 @@ class NodeConfig:
     # ONNX Runtime execution providers in order of preference (CPU is always the fallback)
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     chat: ChatConfig | None = None  # language models served over the OpenAI API
+    # The address peers and the control plane should use (a NAT, a proxy, a DNS name), when
+    # it is not the one the node binds; it is what the node registers.
+    advertise_url: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,8 @@ def _node(raw: Any, where: str) -> NodeConfig:
         cpu_quota=None if quota is None else as_float(quota, f"{where}.cpu_quota", 0.01, 64.0),
         providers=parse_providers(raw.get("providers"), f"{where}.providers"),
         chat=parse_chat(raw.get("chat"), f"{where}.chat"),
+        advertise_url=(None if raw.get("advertise_url") is None
+                       else as_url(raw["advertise_url"], f"{where}.advertise_url")),
     )
 
 

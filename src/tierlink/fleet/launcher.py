@@ -234,7 +234,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
     sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.models)
     heads = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.heads)
     return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, heads=heads,
-                    host=HOST, port=port,
+                    host=HOST, port=port, advertise_url=node.advertise_url,
                     control_url=fleet.control_url, upstreams=upstreams,
                     routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),
                     workers=node.workers, max_queue=node.max_queue,

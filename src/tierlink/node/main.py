@@ -70,6 +70,7 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     from tierlink.control.client import ControlClient, HeartbeatLoop, RegistryCache
     from tierlink.node.app import create_app
 
+    spec.advertised(spec.port or 1)  # an address no peer could use is refused before binding
     control = ControlClient(spec.control_url) if spec.control_url else None
     if control is not None:
         await _identify(spec, control)
@@ -92,7 +93,7 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
     beat = HeartbeatLoop(control, cache, on_answer=service.apply_answer) if control else None
     try:
         port = await _wait_started(server, serving)
-        address = f"http://{spec.host}:{port}"
+        address = spec.advertised(port)
         if beat:
             # Register and learn the fleet before saying "ready"; then beat on a fixed rate.
             await beat.beat(lambda: service.heartbeat_body(address))
@@ -100,7 +101,8 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
             beat.start(lambda: service.heartbeat_body(address), spec.heartbeat_s)
         app.state.ready = True
         _write_ready(spec, port)
-        log.info("node %s (%s) serving on %s", spec.node_id, spec.tier.label, address)
+        log.info("node %s (%s) serving on http://%s:%s, registered as %s", spec.node_id,
+                 spec.tier.label, spec.host, port, address)
         await serving
     finally:
         if beat:

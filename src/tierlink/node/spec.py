@@ -14,6 +14,7 @@ from typing import Any
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.llm.source import LMSource
+from tierlink.settings.fields import as_url
 from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
 from tierlink.settings.routing import RoutingConfig, parse_routing
 
@@ -44,6 +45,9 @@ class NodeSpec:
     models: tuple[ModelSource, ...]
     host: str = "127.0.0.1"
     port: int = 0
+    # What the node registers as its address (peers and the control plane use it), when it
+    # is not the bind address: a NAT, a proxy, a DNS name.
+    advertise_url: str | None = None
     control_url: str | None = None
     upstreams: tuple[UpstreamSpec, ...] = ()
     routing_raw: dict[str, Any] = field(default_factory=dict)
@@ -68,6 +72,17 @@ class NodeSpec:
     # Language models served over the OpenAI API (``/v1/chat/completions``), by name
     llms: tuple[LMSource, ...] = ()
     chat_tasks: dict[str, str] = field(default_factory=dict)  # task -> one of ``llms``
+
+    def advertised(self, port: int) -> str:
+        """The address to register: ``advertise_url``, else the bound one — refused when
+        the node binds every interface, whose address no peer can use."""
+        if self.advertise_url:
+            return as_url(self.advertise_url, "advertise_url")
+        if self.host in ("0.0.0.0", "::", ""):
+            raise ConfigError(f"node {self.node_id} binds every interface ({self.host!r}): "
+                              "peers cannot reach it at that address",
+                              hint="set advertise_url to the address they should use")
+        return f"http://{self.host}:{port}"
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)

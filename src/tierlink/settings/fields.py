@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 
-__all__ = ["as_bool", "as_float", "as_int", "as_mapping", "as_tier", "known"]
+__all__ = ["as_bool", "as_float", "as_int", "as_mapping", "as_tier", "as_url", "known"]
 
 
 def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -50,3 +51,20 @@ def as_tier(value: Any, where: str) -> Tier:
         return Tier.parse(value)
     except (ValueError, AttributeError) as exc:
         raise ConfigError(f"{where}: {exc}", hint="use device, edge or cloud") from None
+
+
+def as_url(value: Any, where: str) -> str:
+    """An ``http(s)://host[:port]`` base URL (no path, query or credentials), without a
+    trailing slash."""
+    text = str(value).strip() if isinstance(value, str) else ""
+    try:
+        parts = urlsplit(text)
+        ok = (parts.scheme in ("http", "https") and bool(parts.hostname)
+              and not (parts.path.strip("/") or parts.query or parts.fragment
+                       or parts.username) and (parts.port is None or parts.port > 0))
+    except ValueError:  # a port that is not a number, a malformed address
+        ok = False
+    if not ok:
+        raise ConfigError(f"{where} must be a base URL such as http://edge-1.example:8000, "
+                          f"got {value!r}")
+    return text.rstrip("/")
