@@ -87,7 +87,7 @@ class SimFleet:
         start = self._clock()
         req = Request(f"r{item.seq}", task, item.deadline_ms, item.origin, item.privacy,
                       item.priority, input_bytes, policy=policy)
-        half_s = self.http.request_s(self.rng) / 2 if not self.http.free else 0.0
+        half_s = self.http.request_s(self.rng) / 2  # 0 when the scenario prices none
         if half_s:
             await asyncio.sleep(half_s)
         try:

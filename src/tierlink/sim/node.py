@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from tierlink.settings.routing import RoutingConfig
     from tierlink.sim.outcomes import Outcomes
 
+T = TypeVar("T")
 RESPONSE_BYTES = 200  # an answer's tensors and tierlink parameters on the wire
 
 
@@ -320,8 +321,9 @@ class SimNode:
         self.outstanding[up] = self.outstanding.get(up, 0) + 1
         start = self._clock()
         try:
-            result, server_ms = await asyncio.wait_for(self._exchange(up, forwarded, inputs),
-                                                       budget_ms / 1000.0)
+            result, server_ms = await asyncio.wait_for(
+                self._exchange(up, req.input_bytes, lambda t: t.handle(forwarded, inputs)),
+                budget_ms / 1000.0)
         except TimeoutError:
             raise UpstreamTimeout(f"{up} did not answer in {budget_ms:.1f} ms") from None
         finally:
@@ -360,8 +362,9 @@ class SimNode:
             raise DeadlineExceeded(f"no time left to send features to {up}", before_hop=True)
         sent = self._clock()
         try:
-            tail_ms = await asyncio.wait_for(self._tail_exchange(up, model, point, codec, req,
-                                                                 wire), left_ms / 1000.0)
+            _, tail_ms = await asyncio.wait_for(
+                self._exchange(up, wire, lambda t: t._run_tail(model, point, codec, req)),
+                left_ms / 1000.0)
         except TimeoutError:
             raise UpstreamTimeout(f"{up} did not answer in {left_ms:.1f} ms") from None
         total_ms = (self._clock() - sent) * 1000.0
@@ -388,43 +391,30 @@ class SimNode:
         return CodecPoint(spec, int(point.feature_bytes / found.ratio),
                           found.encode_ms_per_kb * kb, found.decode_ms_per_kb * kb)
 
-    async def _tail_exchange(self, up: str, model: str, point: SplitPoint,
-                             codec: CodecPoint, req: Request, wire: int) -> float:
-        """Features there, the tail on ``up``'s scheduler, the answer back: its time (ms)."""
-        link, target = self.links[up], self.upstreams[up]
-        hop_s = self.http.hop_s(self.rng) if not self.http.free else 0.0
-        if hop_s:
-            await asyncio.sleep(hop_s / 2)
-        await link.send(wire + RESPONSE_BYTES)
-        if not target.alive:
-            await link.reply(0)
-            raise UpstreamUnavailable(f"{up}: connection refused")
-        began, life = self._clock(), target.incarnation
-        tail = next((p for p in target.models[model].splits if p.cut == point.cut), point)
-        seconds = target.compute.seconds(tail.tail_ms + codec.decode_ms, target.rng)
-        await target.scheduler.submit(Work(seconds), priority=req.priority,
-                                      deadline_s=self._clock() + req.deadline_ms / 1000.0,
-                                      key=f"{model}@tail:{point.cut}", inline=False)
-        _check_alive(target, life)
-        tail_ms = (self._clock() - began) * 1000.0
-        await link.reply(RESPONSE_BYTES)
-        if hop_s:
-            await asyncio.sleep(hop_s / 2)
-        return tail_ms
+    async def _run_tail(self, model: str, point: SplitPoint, codec: CodecPoint,
+                        req: Request) -> None:
+        """A split plan's second half on this node: decode, then the tail, on its scheduler."""
+        tail = next((p for p in self.models[model].splits if p.cut == point.cut), point)
+        seconds = self.compute.seconds(tail.tail_ms + codec.decode_ms, self.rng)
+        await self.scheduler.submit(Work(seconds), priority=req.priority,
+                                    deadline_s=self._clock() + req.deadline_ms / 1000.0,
+                                    key=f"{model}@tail:{point.cut}", inline=False)
 
-    async def _exchange(self, up: str, req: Request, inputs: Inputs
-                        ) -> tuple[StepResult, float]:
+    async def _exchange(self, up: str, nbytes: int,
+                        work: Callable[[SimNode], Awaitable[T]]) -> tuple[T, float]:
+        """``nbytes`` to ``up``, ``work`` done there, the answer back: its result and the
+        time ``up`` spent (ms). Both ends' HTTP work is drawn once per hop."""
         link, target = self.links[up], self.upstreams[up]
-        hop_s = self.http.hop_s(self.rng) if not self.http.free else 0.0
+        hop_s = self.http.hop_s(self.rng)
         if hop_s:
             await asyncio.sleep(hop_s / 2)  # encoding, the request's HTTP stack
-        await link.send(req.input_bytes + RESPONSE_BYTES)
+        await link.send(nbytes + RESPONSE_BYTES)
         if not target.alive:  # a reachable host whose process is gone: refused at once
             await link.reply(0)
             raise UpstreamUnavailable(f"{up}: connection refused")
         began, life = self._clock(), target.incarnation
         try:
-            result = await target.handle(req, inputs)
+            result = await work(target)
         except TierlinkError:
             _check_alive(target, life)
             await link.reply(RESPONSE_BYTES)
