@@ -6,6 +6,9 @@ level by module name: ``byo_support`` (small real ONNX models and their data).
 
 * ``model_store``: an empty local model store under ``tmp_path``, with ``TIERLINK_HOME``
   pointing there, so nothing touches the real store (``ModelStore.default()`` is it).
+* ``etcd_cluster``: a real three-member etcd cluster on loopback for the whole session
+  (tests keep to a key prefix of their own: ``etcd_prefix``); tests that kill members start
+  their own.
 """
 
 from __future__ import annotations
@@ -23,3 +26,18 @@ def model_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # -> ModelSto
     store = ModelStore.default()
     assert store.root == tmp_path / "home" / "models"
     return store
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory):  # -> EtcdCluster
+    from tierlink.etcd.cluster import EtcdCluster
+
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), size=3).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_prefix(request: pytest.FixtureRequest) -> str:
+    """A key prefix no other test uses: ``/test/<test name>/``."""
+    return f"/test/{request.node.name}/".replace("[", "-").replace("]", "")

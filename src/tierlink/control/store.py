@@ -82,7 +82,8 @@ _COLUMNS = "node_id, heartbeat, registered_at, last_seen, generation"
 
 class RegistryStore(Protocol):
     """The registry's storage. Implementations: :class:`SqliteRegistryStore` (embedded
-    default); an etcd store later, for a control plane that spans machines."""
+    default); :class:`~tierlink.control.etcd_store.EtcdRegistryStore`, for control-plane
+    replicas that share one view."""
 
     def upsert(self, heartbeat: Heartbeat, now: float, ttl_s: float | None = None) -> NodeRecord:
         """Record a heartbeat. Starts a new generation when the node is new, was expired
@@ -143,7 +144,7 @@ class SqliteRegistryStore:
         self.tombstone_retention_s = tombstone_retention_s
         self._lock = threading.Lock()
         self._conn = _connect(self.path)
-        self._decoded: dict[str, _Decoded] = {}  # node id -> its last heartbeat
+        self._decoded: dict[str, Decoded] = {}  # node id -> its last heartbeat
         self._profiles: dict[str, str] = {}  # digest -> a split profile's JSON text
 
     # -- RegistryStore ---------------------------------------------------------------------
@@ -168,7 +169,7 @@ class SqliteRegistryStore:
                  registered_at, now, generation),
             )
             self._remember(heartbeat.node_id, body, heartbeat)
-        return _record(heartbeat, registered_at, now, generation, now)
+        return record(heartbeat, registered_at, now, generation, now)
 
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         with self._lock, self._guard("list nodes"):
@@ -180,7 +181,7 @@ class SqliteRegistryStore:
         with self._lock, self._guard("list nodes"):
             texts = [(self._decode(node_id, body).lite if digests else body, *rest)
                      for node_id, body, *rest in self._alive_rows(now, ttl_s)]
-        return [_record_json(text, registered_at, last_seen, generation, now)
+        return [record_json(text, registered_at, last_seen, generation, now)
                 for text, registered_at, last_seen, generation in texts]
 
     def split_profile(self, digest: str) -> str | None:
@@ -205,21 +206,21 @@ class SqliteRegistryStore:
                          now: float) -> NodeRecord:
         """Under the lock: the row's record, its heartbeat decoded once per stored text."""
         node_id, body, registered_at, last_seen, generation = row
-        return _record(self._decode(node_id, body).heartbeat, registered_at, last_seen,
+        return record(self._decode(node_id, body).heartbeat, registered_at, last_seen,
                        generation, now)
 
-    def _decode(self, node_id: str, body: str) -> _Decoded:
+    def _decode(self, node_id: str, body: str) -> Decoded:
         """Under the lock: the node's heartbeat as stored in ``body``, decoded once."""
         cached = self._decoded.get(node_id)
         if cached is None or cached.body != body:
             cached = self._remember(node_id, body, Heartbeat.model_validate_json(body))
         return cached
 
-    def _remember(self, node_id: str, body: str, heartbeat: Heartbeat) -> _Decoded:
+    def _remember(self, node_id: str, body: str, heartbeat: Heartbeat) -> Decoded:
         """Under the lock (or the write transaction): keep the decoded heartbeat, its text
         with profiles by digest, and the profiles (those no node reports any more go)."""
-        lite, profiles = _by_digest(heartbeat)
-        decoded = _Decoded(body, heartbeat, lite, frozenset(profiles))
+        lite, profiles = by_digest(heartbeat)
+        decoded = Decoded(body, heartbeat, lite, frozenset(profiles), profiles)
         old = self._decoded.get(node_id)
         self._decoded[node_id] = decoded
         self._profiles.update(profiles)
@@ -324,14 +325,15 @@ def _next_generation(
 
 
 @dataclass(frozen=True, slots=True)
-class _Decoded:
+class Decoded:
     body: str  # the stored text
     heartbeat: Heartbeat
     lite: str  # the text with each model's splits replaced by splits_digest
     digests: frozenset[str]
+    profiles: dict[str, str]  # digest -> the profile's JSON text
 
 
-def _by_digest(heartbeat: Heartbeat) -> tuple[str, dict[str, str]]:
+def by_digest(heartbeat: Heartbeat) -> tuple[str, dict[str, str]]:
     """The heartbeat's JSON with each model's non-empty ``splits`` replaced by
     ``splits_digest`` (sha256 of the profile's JSON text, 32 hex digits), and the profiles
     by digest."""
@@ -347,7 +349,7 @@ def _by_digest(heartbeat: Heartbeat) -> tuple[str, dict[str, str]]:
     return json.dumps(doc, separators=(",", ":")), profiles
 
 
-def _record(
+def record(
     heartbeat: Heartbeat, registered_at: float, last_seen: float, generation: int, now: float
 ) -> NodeRecord:
     """The registry entry of a validated heartbeat (not validated again: it is read every
@@ -359,7 +361,7 @@ def _record(
         generation=generation)
 
 
-def _record_json(body: str, registered_at: float, last_seen: float, generation: int,
+def record_json(body: str, registered_at: float, last_seen: float, generation: int,
                  now: float) -> str:
     """The JSON of :func:`_record` from the stored heartbeat text (a JSON object)."""
     fields = json.dumps({"registered_at": registered_at, "last_seen": last_seen,

@@ -1,0 +1,296 @@
+"""The registry on etcd: :class:`~tierlink.control.store.RegistryStore` for control-plane
+replicas that share one fleet view, and survive losing a machine.
+
+Keys (under ``prefix``, default ``/tierlink/registry/``):
+
+    nodes/<id>        the node's last heartbeat and the registry's fields, attached to the
+                      node's **lease**: when the node goes silent the lease runs out and etcd
+                      deletes the key itself -- no sweeper, no replica has to be alive for it
+    generation/<id>   the node's last generation (no lease: a node that comes back gets a
+                      higher one, whichever replica it reaches)
+
+Every replica keeps the whole view in memory, fed by a **watch** on the prefix (its own
+writes go in at once, so a node reads what it just wrote), and answers reads from it:
+``GET /v1/nodes`` never touches etcd. A heartbeat that carries nothing new costs no write:
+the replica renews the node's lease at most every ``ttl/3`` and otherwise only notes the
+time. A changed heartbeat is one put on the node's lease; a new generation (new node,
+restart, came back after expiry) is a lease grant and a transaction.
+
+The lease outlives the ttl by ``ttl/3`` (renewals come at most that often), so a silent
+node leaves the view between ``ttl`` and ``4/3 ttl`` after its last heartbeat. ``age_s`` is
+how long ago the key was written or this replica heard the node, whichever is later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import zlib
+from dataclasses import dataclass, replace
+
+from tierlink.control.schemas import Heartbeat, NodeRecord
+from tierlink.control.store import Decoded, by_digest, record, record_json
+from tierlink.errors import ControlPlaneError
+from tierlink.etcd.client import Compare, Etcd, Event, KeyValue, Op
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/tierlink/registry/"
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    decoded: Decoded
+    registered_at: float
+    last_seen: float  # when the key was last written
+    generation: int
+    lease: int
+    mod_revision: int
+    heard_at: float = 0.0  # when this replica last heard the node (0: only from the watch)
+    renewed_at: float = 0.0  # when this replica last renewed its lease
+
+    @property
+    def started_at(self) -> float:
+        return self.decoded.heartbeat.started_at
+
+    def seen(self) -> float:
+        return max(self.last_seen, self.heard_at)
+
+
+class EtcdRegistryStore:
+    """:class:`~tierlink.control.store.RegistryStore` on an etcd cluster (see the module).
+
+    ``start()`` loads the view and starts the watch; ``close()`` stops the watch (the
+    client is the caller's). Thread-safe: one lock for the view, one of 64 per node id for
+    a node's writes.
+    """
+
+    def __init__(self, etcd: Etcd, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self.etcd = etcd
+        self.prefix = prefix
+        self._nodes = prefix + "nodes/"
+        self._generations = prefix + "generation/"
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._node_locks = [threading.Lock() for _ in range(64)]
+        self._entries: dict[str, _Entry] = {}
+        self._profiles: dict[str, str] = {}
+        self._gone: list[tuple[str, float]] = []  # (id, last seen) deleted by the watch
+        self._revision = 0
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> EtcdRegistryStore:
+        revision = self._load()
+        self._watcher = threading.Thread(
+            target=self.etcd.watch, name="registry-watch", daemon=True,
+            args=(self._nodes, revision + 1, self._apply, self._stop, self._load))
+        self._watcher.start()
+        return self
+
+    # -- RegistryStore ---------------------------------------------------------------------
+
+    def upsert(self, heartbeat: Heartbeat, now: float, ttl_s: float | None = None) -> NodeRecord:
+        ttl = 5.0 if ttl_s is None else ttl_s
+        body = heartbeat.model_dump_json()
+        with self._node_lock(heartbeat.node_id):
+            with self._lock:
+                entry = self._entries.get(heartbeat.node_id)
+            if entry is None or entry.started_at != heartbeat.started_at \
+                    or now - entry.seen() > ttl:
+                entry = self._register(heartbeat, body, now, ttl, entry)
+            else:
+                entry = self._refresh(entry, heartbeat, body, now, ttl)
+        return record(heartbeat, entry.registered_at, entry.seen(), entry.generation, now)
+
+    def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
+        with self._lock:
+            entries = sorted(self._entries.items())
+        return [record(e.decoded.heartbeat, e.registered_at, e.seen(), e.generation, now)
+                for _, e in entries]
+
+    def alive_json(self, now: float, ttl_s: float, *, digests: bool = False) -> list[str]:
+        with self._lock:
+            entries = sorted(self._entries.items())
+        return [record_json(e.decoded.lite if digests else e.decoded.body, e.registered_at,
+                            e.seen(), e.generation, now) for _, e in entries]
+
+    def split_profile(self, digest: str) -> str | None:
+        with self._lock:
+            return self._profiles.get(digest)
+
+    def get(self, node_id: str, now: float) -> NodeRecord | None:
+        with self._lock:
+            e = self._entries.get(node_id)
+        if e is None:
+            return None
+        return record(e.decoded.heartbeat, e.registered_at, e.seen(), e.generation, now)
+
+    def remove(self, node_id: str) -> bool:
+        with self._node_lock(node_id):
+            with self._lock:
+                entry = self._entries.pop(node_id, None)
+                self._changed.notify_all()
+            deleted = self.etcd.delete(self._nodes + node_id)
+            if entry is not None and entry.lease:
+                self.etcd.revoke(entry.lease)
+        return deleted > 0 or entry is not None
+
+    def expire(self, now: float, ttl_s: float) -> list[str]:
+        """The nodes whose lease ran out since the last call (etcd expires them itself)."""
+        with self._lock:
+            gone, self._gone = self._gone, []
+        # A key deleted soon after its last write was a deregistration, not an expiry.
+        return sorted(node_id for node_id, seen in gone if now - seen >= ttl_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+
+    # -- watching --------------------------------------------------------------------------
+
+    @property
+    def revision(self) -> int:
+        """The etcd revision this replica's view has caught up with."""
+        with self._lock:
+            return self._revision
+
+    def wait_for_change(self, after: int, timeout_s: float) -> int:
+        """Block until the view is past revision ``after`` (or ``timeout_s``); the revision."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._revision > after, timeout=timeout_s)
+            return self._revision
+
+    def _load(self) -> int:
+        """(Re)read every node; the revision read at."""
+        kvs, revision = self.etcd.prefix(self._nodes)
+        entries = {}
+        for kv in kvs:
+            entry = self._entry_of(kv)
+            if entry is not None:
+                entries[kv.key[len(self._nodes):]] = entry
+        with self._lock:
+            self._entries = entries
+            self._profiles = {}
+            for e in entries.values():
+                self._profiles.update(e.decoded.profiles)
+            self._revision = revision
+            self._changed.notify_all()
+        return revision
+
+    def _apply(self, events: list[Event], revision: int) -> None:
+        """Bring the view up to ``revision`` with the watch's events (ours included)."""
+        decoded = [(e, self._entry_of(e.kv) if e.kind == "put" else None) for e in events]
+        with self._lock:
+            for event, entry in decoded:
+                node_id = event.kv.key[len(self._nodes):]
+                current = self._entries.get(node_id)
+                if current is not None and current.mod_revision >= event.kv.mod_revision:
+                    continue  # our own write, already in the view
+                if event.kind == "delete":
+                    if current is not None:
+                        del self._entries[node_id]
+                        self._gone.append((node_id, current.seen()))
+                    continue
+                if entry is not None:
+                    if current is not None and current.generation == entry.generation:
+                        entry = replace(entry, heard_at=current.heard_at,
+                                        renewed_at=current.renewed_at)
+                    self._keep(node_id, entry)
+            self._revision = max(self._revision, revision)
+            self._changed.notify_all()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _register(self, heartbeat: Heartbeat, body: str, now: float, ttl: float,
+                  old: _Entry | None) -> _Entry:
+        """A new generation: a fresh lease, the generation counter moved in one transaction."""
+        key = self._generations + heartbeat.node_id
+        decoded = _decode(body, heartbeat)
+        for _ in range(5):
+            counter = self.etcd.get(key)
+            generation = 1 + (int(counter.value) if counter else 0)
+            lease = self.etcd.grant(ttl + ttl / 3)
+            value = _value(decoded.body, now, now, generation)
+            guard = Compare(key, "mod", counter.mod_revision) if counter \
+                else Compare(key, "version", 0)
+            held, revision = self.etcd.txn(
+                [guard], [Op("put", key, str(generation).encode()),
+                          Op("put", self._nodes + heartbeat.node_id, value, lease)])
+            if held:
+                break
+            self.etcd.revoke(lease)  # another replica registered it first: read again
+        else:
+            raise ControlPlaneError(f"could not register {heartbeat.node_id}: the generation "
+                                    "kept changing under us", hint="retry the heartbeat")
+        if old is not None and old.lease and old.lease != lease:
+            self.etcd.revoke(old.lease)
+        entry = _Entry(decoded, now, now, generation, lease, revision, heard_at=now,
+                       renewed_at=now)
+        self._keep_locked(heartbeat.node_id, entry)
+        log.info("node %s registered in etcd, generation %d", heartbeat.node_id, generation)
+        return entry
+
+    def _refresh(self, entry: _Entry, heartbeat: Heartbeat, body: str, now: float,
+                 ttl: float) -> _Entry:
+        """The same generation: write only what changed, renew the lease when due."""
+        if now - entry.renewed_at >= ttl / 3:
+            if self.etcd.keepalive(entry.lease) <= 0:  # it ran out between two heartbeats
+                return self._register(heartbeat, body, now, ttl, None)
+            entry = replace(entry, renewed_at=now)
+        if body != entry.decoded.body:
+            decoded = _decode(body, heartbeat)
+            revision = self.etcd.put(self._nodes + heartbeat.node_id,
+                                     _value(body, entry.registered_at, now, entry.generation),
+                                     lease=entry.lease)
+            entry = replace(entry, decoded=decoded, last_seen=now, mod_revision=revision)
+        entry = replace(entry, heard_at=now)
+        self._keep_locked(heartbeat.node_id, entry)
+        return entry
+
+    def _keep_locked(self, node_id: str, entry: _Entry) -> None:
+        with self._lock:
+            current = self._entries.get(node_id)
+            if current is None or current.mod_revision <= entry.mod_revision:
+                self._keep(node_id, entry)
+                self._changed.notify_all()
+
+    def _keep(self, node_id: str, entry: _Entry) -> None:
+        """Under the lock: the node's entry, and the split profiles nodes report."""
+        old = self._entries.get(node_id)
+        self._entries[node_id] = entry
+        self._profiles.update(entry.decoded.profiles)
+        if old is not None and old.decoded.digests - entry.decoded.digests:
+            held = set().union(*(e.decoded.digests for e in self._entries.values()))
+            for digest in old.decoded.digests - held:
+                self._profiles.pop(digest, None)
+
+    def _entry_of(self, kv: KeyValue) -> _Entry | None:
+        """A stored key as an entry; None (and a log line) when it cannot be read."""
+        try:
+            stored = json.loads(zlib.decompress(kv.value))
+            body = stored["heartbeat"]
+            decoded = _decode(body, Heartbeat.model_validate_json(body))
+            return _Entry(decoded, float(stored["registered_at"]), float(stored["last_seen"]),
+                          int(stored["generation"]), kv.lease, kv.mod_revision)
+        except (ValueError, KeyError, TypeError, zlib.error) as exc:
+            log.warning("registry key %s in etcd is unreadable (%s); ignored", kv.key, exc)
+            return None
+
+    def _node_lock(self, node_id: str) -> threading.Lock:
+        return self._node_locks[hash(node_id) % len(self._node_locks)]
+
+
+def _decode(body: str, heartbeat: Heartbeat) -> Decoded:
+    lite, profiles = by_digest(heartbeat)
+    return Decoded(body, heartbeat, lite, frozenset(profiles), profiles)
+
+
+def _value(body: str, registered_at: float, last_seen: float, generation: int) -> bytes:
+    """A node key's value: the heartbeat and the registry's fields, compressed (a view of
+    many nodes with split profiles is megabytes of JSON)."""
+    return zlib.compress(json.dumps({"heartbeat": body, "registered_at": registered_at,
+                                     "last_seen": last_seen, "generation": generation},
+                                    separators=(",", ":")).encode(), 1)
