@@ -43,7 +43,7 @@ deliver them through their outbox instead (``POST /v1/results``, kind ``hard_exa
 example per item): each is validated alone (a bad one is answered ``rejected``), must come
 from the node it names, and is stored once by idempotency key and by the store's own key.
 
-With an :class:`~tierlink.control.identity.IdentityStore` (``tierlink control`` always has
+With an :class:`~tierlink.control.identity.Identity` (``tierlink control`` always has
 one; tests may leave it out) every call but ``/healthz``, ``/metrics`` and ``/v1/enroll``
 needs ``Authorization: Bearer node:<id>:<secret>`` or ``Bearer admin:<token>``; who may call
 what is :func:`tierlink.control.identity.access_rule`. Unknown or revoked nodes get a 401.
@@ -77,7 +77,7 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
-from tierlink.control.identity import NODE, AdminRequired, IdentityStore, authorize
+from tierlink.control.identity import NODE, AdminRequired, Identity, authorize
 from tierlink.control.results import DEFAULT_MAX_ROWS as DEFAULT_RESULT_ROWS
 from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
 from tierlink.control.rollout_routes import install_rollout_routes
@@ -317,19 +317,22 @@ def create_app(
     hard_examples: HardExampleStore | None = None,
     hard_example_max_rows: int = 50_000,
     result_max_rows: int = DEFAULT_RESULT_ROWS,
-    identity: IdentityStore | None = None,
+    identity: Identity | None = None,
     repository: RepositoryService | None = None,
     rollouts: bool = True,
     rollout_interval_s: float = 1.0,
+    local_db: str | None = None,
 ) -> FastAPI:
     """The registry app over ``store``. The caller owns ``store`` and closes it after the
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
     every ``sweep_interval_s`` of real time while the app's lifespan is running.
 
     ``hard_examples``: where hard examples go (owned by the caller). When None and ``store``
-    is SQLite, the app opens a :class:`SqliteHardExampleStore` on the same file, capped at
-    ``hard_example_max_rows``, and closes it when its lifespan ends; likewise the result
-    store of store-and-forward (:class:`ResultStore`), capped at ``result_max_rows``.
+    is SQLite (or ``local_db`` names a SQLite file), the app opens a
+    :class:`SqliteHardExampleStore` on that file, capped at ``hard_example_max_rows``, and
+    closes it when its lifespan ends; likewise the result store of store-and-forward
+    (:class:`ResultStore`), capped at ``result_max_rows``. A replica over etcd keeps these
+    two in its ``local_db``: each replica holds what was delivered to it.
 
     ``identity``: when given, calls are authenticated (see the module docstring); the caller
     owns it. None: an open registry (unit tests, a trusted loopback).
@@ -351,8 +354,10 @@ def create_app(
     metrics = ControlMetrics.create()
     service = RegistryService(store, clock, float(ttl_s), metrics)
     owned: list[Callable[[], None]] = []  # closed when the lifespan ends
-    if hard_examples is None and isinstance(store, SqliteRegistryStore):
-        hard_examples = SqliteHardExampleStore(store.path, max_rows=hard_example_max_rows)
+    if local_db is None and isinstance(store, SqliteRegistryStore):
+        local_db = store.path
+    if hard_examples is None and local_db is not None:
+        hard_examples = SqliteHardExampleStore(local_db, max_rows=hard_example_max_rows)
         owned.append(hard_examples.close)
     examples = None if hard_examples is None else HardExampleService(hard_examples, clock,
                                                                       metrics)
@@ -362,8 +367,8 @@ def create_app(
                                        metrics.registry, repository)
         owned.append(controller.store.close)
     results = None
-    if isinstance(store, SqliteRegistryStore):  # store-and-forward results (control/results.py)
-        results = ResultStore(store.path, max_rows=result_max_rows, clock=clock)
+    if local_db is not None:  # store-and-forward results (control/results.py)
+        results = ResultStore(local_db, max_rows=result_max_rows, clock=clock)
         owned.append(results.close)
     lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned)
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)
@@ -416,7 +421,7 @@ def _lifespan(service: RegistryService, sweep_interval_s: float,
     return lifespan
 
 
-def _install_auth(app: FastAPI, identity: IdentityStore) -> None:
+def _install_auth(app: FastAPI, identity: Identity) -> None:
     @app.middleware("http")
     async def authenticated(request: Request, call_next: Callable[[Request], Awaitable[Response]]
                             ) -> Response:
@@ -429,7 +434,7 @@ def _install_auth(app: FastAPI, identity: IdentityStore) -> None:
         return await call_next(request)
 
 
-def _install_identity_routes(app: FastAPI, identity: IdentityStore,
+def _install_identity_routes(app: FastAPI, identity: Identity,
                              service: RegistryService) -> None:
     @app.post("/v1/enroll")
     def enroll(body: EnrollIn) -> dict[str, Any]:

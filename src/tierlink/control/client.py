@@ -52,6 +52,10 @@ AnswerHook = Callable[[dict[str, Any]], Awaitable[None]]
 class ControlClient:
     """Async client of the control plane's ``/v1/nodes`` API at ``base_url``.
 
+    ``base_url`` may list several replicas, comma-separated (a control plane over etcd): a
+    call that cannot reach one (refused, reset, timed out) is sent to the next, which is
+    then asked first; every call the replicas answer is idempotent or refused as a repeat.
+
     ``timeout_s`` bounds each call as a whole (connect, send, answer). Proxy variables in
     the environment are ignored: fleet traffic stays on the fleet's own network.
     ``transport`` lets tests plug in ``httpx.MockTransport`` or ``httpx.ASGITransport``.
@@ -62,13 +66,17 @@ class ControlClient:
     def __init__(self, base_url: str, timeout_s: float = 1.0, *,
                  transport: httpx.AsyncBaseTransport | None = None,
                  authorization: str | None = None, download_timeout_s: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.replicas = tuple(u.strip().rstrip("/") for u in base_url.split(",") if u.strip())
+        if not self.replicas:
+            raise ControlPlaneError("no control plane URL given",
+                                    hint="pass --control http://HOST:PORT[,http://HOST:PORT]")
+        self.base_url = self.replicas[0]
         self.timeout_s = timeout_s
         self.download_timeout_s = download_timeout_s
         self._transport = transport
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
-                                       transport=transport, trust_env=False)
+        self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport, trust_env=False)
         self._downloads: httpx.AsyncClient | None = None  # made at the first download
+        self.failovers = 0  # calls moved to another replica
         if authorization:
             self.authorize(authorization)
 
@@ -178,7 +186,7 @@ class ControlClient:
     def _download_client(self) -> httpx.AsyncClient:
         if self._downloads is None:
             self._downloads = httpx.AsyncClient(
-                base_url=self.base_url, timeout=self.download_timeout_s,
+                timeout=self.download_timeout_s,
                 transport=self._transport, trust_env=False, headers=self._http.headers)
         return self._downloads
 
@@ -200,22 +208,37 @@ class ControlClient:
                     json: Mapping[str, Any] | None = None,
                     params: Mapping[str, str | int] | None = None,
                     allow: frozenset[int] | set[int] = frozenset()) -> httpx.Response:
-        """One request, with every httpx failure and error status mapped here, once."""
-        url = self._url(path)
-        try:
-            response = await self._http.request(method, path, json=json, params=params)
-        except httpx.TimeoutException as exc:
-            raise ControlPlaneError(
-                f"control plane at {url} did not answer {what} within {self.timeout_s:g} s"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise ControlPlaneError(
-                f"cannot reach the control plane at {url} for {what}: "
-                f"{type(exc).__name__}: {exc or 'no detail'}"
-            ) from exc
-        if response.status_code >= 400 and response.status_code not in allow:
-            raise _refused(response, url, what)
-        return response
+        """One request, with every httpx failure and error status mapped here, once; a
+        replica that cannot be reached hands the call to the next."""
+        for attempt in range(len(self.replicas)):
+            url = self._url(path)
+            try:
+                response = await self._http.request(method, url, json=json, params=params)
+            except httpx.HTTPError as exc:
+                if attempt + 1 < len(self.replicas):
+                    self._next_replica(url, exc)
+                    continue
+                raise _unreachable(exc, url, what, self.timeout_s) from exc
+            if response.status_code >= 400 and response.status_code not in allow:
+                raise _refused(response, url, what)
+            return response
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _next_replica(self, url: str, exc: Exception) -> None:
+        i = self.replicas.index(self.base_url)
+        self.base_url = self.replicas[(i + 1) % len(self.replicas)]
+        self.failovers += 1
+        log.warning("control plane replica at %s failed (%s); using %s", url,
+                    type(exc).__name__, self.base_url)
+
+
+def _unreachable(exc: httpx.HTTPError, url: str, what: str,
+                 timeout_s: float) -> ControlPlaneError:
+    if isinstance(exc, httpx.TimeoutException):
+        return ControlPlaneError(
+            f"control plane at {url} did not answer {what} within {timeout_s:g} s")
+    return ControlPlaneError(f"cannot reach the control plane at {url} for {what}: "
+                             f"{type(exc).__name__}: {exc or 'no detail'}")
 
 
 def _refused(response: httpx.Response, url: str, what: str) -> ControlPlaneError:

@@ -28,6 +28,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tierlink.errors import ConfigError, NotEnrolled, TierlinkError
 
@@ -93,7 +94,7 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-def _sha(text: str) -> str:
+def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -120,6 +121,24 @@ def parse_bearer(header: str | None) -> tuple[str, str | None, str]:
                       "or 'Bearer admin:<token>'")
 
 
+class Identity(Protocol):
+    """Where tokens and credentials live: :class:`IdentityStore` (SQLite) or
+    :class:`~tierlink.control.etcd_identity.EtcdIdentityStore` (shared by replicas)."""
+
+    def create_token(self, now: float, *, ttl_s: float | None = None, uses: int | None = None,
+                     note: str = "") -> str: ...
+
+    def revoke(self, node_id: str, now: float) -> bool: ...
+
+    def credentials(self) -> list[Credential]: ...
+
+    def enroll(self, token: str, node_id: str, tier: str, now: float) -> str: ...
+
+    def authenticate(self, header: str | None) -> Caller: ...
+
+    def close(self) -> None: ...
+
+
 class IdentityStore:
     """Tokens and credentials in SQLite (WAL), thread-safe. ``admin_token`` (plain text,
     compared in constant time) authorises operators."""
@@ -129,7 +148,7 @@ class IdentityStore:
             raise ConfigError("the admin token must be at least 16 characters",
                               hint="let `tierlink control` create one (--admin-token-file)")
         self.path = str(path)
-        self._admin_sha = _sha(admin_token)
+        self._admin_sha = sha(admin_token)
         self._lock = threading.Lock()
         try:
             self._conn = sqlite3.connect(self.path, check_same_thread=False)
@@ -154,7 +173,7 @@ class IdentityStore:
         with self._lock, self._conn:
             self._conn.execute(
                 "INSERT INTO enrollment_tokens (token_sha, created_at, expires_at, uses_left,"
-                " note) VALUES (?, ?, ?, ?, ?)", (_sha(token), now, expires, uses, note))
+                " note) VALUES (?, ?, ?, ?, ?)", (sha(token), now, expires, uses, note))
         return token
 
     def revoke(self, node_id: str, now: float) -> bool:
@@ -192,13 +211,13 @@ class IdentityStore:
             self._conn.execute(
                 "INSERT INTO node_credentials (node_id, secret_sha, tier, enrolled_at,"
                 " token_sha) VALUES (?, ?, ?, ?, ?)",
-                (node_id, _sha(secret), tier, now, _sha(token)))
+                (node_id, sha(secret), tier, now, sha(token)))
         return secret
 
     def _spend(self, token: str, now: float) -> None:
         row = self._conn.execute(
             "SELECT expires_at, uses_left, revoked FROM enrollment_tokens WHERE token_sha = ?",
-            (_sha(token),)).fetchone()
+            (sha(token),)).fetchone()
         if row is None or row[2]:
             raise NotEnrolled("unknown or revoked enrollment token")
         expires_at, uses_left, _ = row
@@ -210,7 +229,7 @@ class IdentityStore:
                 raise NotEnrolled("the enrollment token has been used up",
                                   hint="create a new one with `tierlink enroll token`")
             self._conn.execute("UPDATE enrollment_tokens SET uses_left = uses_left - 1"
-                               " WHERE token_sha = ?", (_sha(token),))
+                               " WHERE token_sha = ?", (sha(token),))
 
     # -- every call ------------------------------------------------------------------------
 
@@ -218,14 +237,14 @@ class IdentityStore:
         """Who sent this ``Authorization`` header; NotEnrolled (401) otherwise."""
         kind, node_id, secret = parse_bearer(header)
         if kind == ADMIN:
-            if not hmac.compare_digest(_sha(secret), self._admin_sha):
+            if not hmac.compare_digest(sha(secret), self._admin_sha):
                 raise NotEnrolled("wrong admin token")
             return Caller(ADMIN)
         assert node_id is not None
         with self._lock:
             row = self._conn.execute("SELECT secret_sha, revoked_at FROM node_credentials"
                                      " WHERE node_id = ?", (node_id,)).fetchone()
-        if row is None or not hmac.compare_digest(row[0], _sha(secret)):
+        if row is None or not hmac.compare_digest(row[0], sha(secret)):
             raise NotEnrolled(f"node {node_id!r} is not enrolled (unknown id or wrong secret)")
         if row[1] is not None:
             raise NotEnrolled(f"node {node_id!r} has been revoked",
@@ -297,7 +316,7 @@ def access_rule(method: str, path: str) -> tuple[str, str | None]:
     return ANY, None
 
 
-def authorize(store: IdentityStore, method: str, path: str, header: str | None) -> Caller | None:
+def authorize(store: Identity, method: str, path: str, header: str | None) -> Caller | None:
     """Check one call against :func:`access_rule`; None for open paths. Raises NotEnrolled
     (401) or AdminRequired (403)."""
     rule, node_id = access_rule(method, path)

@@ -12,6 +12,7 @@ port; the file is removed again on a clean exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -22,8 +23,22 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tierlink.errors import ConfigError, TierlinkError
+
+if TYPE_CHECKING:
+    from tierlink.control.identity import Identity
+    from tierlink.control.store import RegistryStore
+    from tierlink.repo.service import RepositoryService
+    from tierlink.repo.store import VersionStore
+
+
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Closeable)
 
 # Named, not __name__: run with -m, this module is "__main__".
 log = logging.getLogger("tierlink.control.server")
@@ -41,6 +56,7 @@ def run_control(
     repo_dir: Path | None = None,
     trusted_publishers: tuple[str, ...] = (),
     result_rows: int = 200_000,
+    etcd_endpoints: tuple[str, ...] = (),
 ) -> None:
     """Serve the registry on ``host:port`` (0: any free port) until SIGTERM/SIGINT.
 
@@ -52,43 +68,80 @@ def run_control(
     versions in the same SQLite file; with ``trusted_publishers`` (ed25519 public keys) only
     versions signed by one of them are accepted.
 
+    With ``etcd_endpoints`` this is one **replica** of a control plane whose registry,
+    credentials and published versions live in etcd (any number of replicas serve the same
+    fleet; they share ``repo_dir`` and the admin token). Hard examples and delivered results
+    stay in the replica's own ``db_path``; rollouts need the SQLite control plane for now.
+
     Raises :class:`~tierlink.errors.ConfigError` when the port cannot be bound and
     :class:`~tierlink.errors.ControlPlaneError` when the database cannot be opened.
     """
     from tierlink.control.app import create_app
+
+    sock = _bind(host, port)
+    actual_port = sock.getsockname()[1]
+    try:
+        token_file = None if open_registry else \
+            (admin_token_file or Path(f"{db_path}.admin-token"))
+        with _stores(db_path, etcd_endpoints, token_file, repo_dir,
+                     tuple(trusted_publishers)) as (store, identity, repository):
+            app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
+                             result_max_rows=result_rows, identity=identity,
+                             repository=repository, rollouts=not etcd_endpoints,
+                             local_db=str(db_path))
+            _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
+    finally:
+        sock.close()
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
+
+
+@contextmanager
+def _stores(db_path: str | Path, etcd_endpoints: tuple[str, ...], token_file: Path | None,
+            repo_dir: Path | None, trusted: tuple[str, ...]
+            ) -> Iterator[tuple[RegistryStore, Identity | None, RepositoryService]]:
+    """The registry, identity and repository stores, on SQLite or etcd; closed after."""
     from tierlink.control.identity import IdentityStore, load_or_create_admin_token
     from tierlink.control.store import SqliteRegistryStore
     from tierlink.repo.blobs import BlobStore
     from tierlink.repo.service import RepositoryService
     from tierlink.repo.store import SqliteVersionStore
 
-    sock = _bind(host, port)
-    actual_port = sock.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        admin = None if token_file is None else load_or_create_admin_token(token_file)
+        if token_file is not None:
+            log.info("admin token in %s; nodes must enroll", token_file)
+        store: RegistryStore
+        identity: Identity | None = None
+        versions: VersionStore
+        if etcd_endpoints:
+            from tierlink.control.etcd_identity import EtcdIdentityStore
+            from tierlink.control.etcd_store import EtcdRegistryStore
+            from tierlink.etcd.client import Etcd
+            from tierlink.repo.etcd_store import EtcdVersionStore
+
+            etcd = stack.enter_context(Etcd(etcd_endpoints))
+            store = stack.enter_context(_closing(EtcdRegistryStore(etcd).start()))
+            versions = EtcdVersionStore(etcd)
+            if admin is not None:
+                identity = stack.enter_context(_closing(EtcdIdentityStore(etcd, admin).start()))
+            log.info("registry, credentials and versions in etcd at %s", ",".join(etcd_endpoints))
+        else:
+            store = stack.enter_context(_closing(SqliteRegistryStore(db_path)))
+            versions = stack.enter_context(_closing(SqliteVersionStore(db_path)))
+            if admin is not None:
+                identity = stack.enter_context(_closing(IdentityStore(db_path, admin)))
+        repository = RepositoryService(versions, BlobStore(repo_dir or Path(f"{db_path}.blobs")),
+                                       trusted_publishers=trusted)
+        yield store, identity, repository
+
+
+@contextmanager
+def _closing(thing: _C) -> Iterator[_C]:
     try:
-        store = SqliteRegistryStore(db_path)
-        versions = SqliteVersionStore(db_path)
-        identity = None
-        try:
-            repository = RepositoryService(
-                versions, BlobStore(repo_dir or Path(f"{db_path}.blobs")),
-                trusted_publishers=tuple(trusted_publishers))
-            if not open_registry:
-                token_file = admin_token_file or Path(f"{db_path}.admin-token")
-                identity = IdentityStore(db_path, load_or_create_admin_token(token_file))
-                log.info("admin token in %s; nodes must enroll", token_file)
-            app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
-                             result_max_rows=result_rows, identity=identity,
-                             repository=repository)
-            _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
-        finally:
-            if identity is not None:
-                identity.close()
-            versions.close()
-            store.close()
+        yield thing
     finally:
-        sock.close()
-        if ready_file is not None:
-            ready_file.unlink(missing_ok=True)
+        thing.close()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -173,6 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(a trusted loopback only)")
     parser.add_argument("--repo-dir", type=Path, default=None,
                         help="where the model repository keeps its blobs (default <db>.blobs)")
+    parser.add_argument("--etcd", default="", metavar="URL[,URL...]",
+                        help="keep the registry, credentials and published versions in the "
+                             "etcd cluster at these client URLs: this process is then one "
+                             "replica of the control plane")
     parser.add_argument("--trusted-key", action="append", default=[], metavar="PUBLIC_KEY",
                         help="accept model versions signed by this ed25519 key only "
                              "(repeatable; default: any key whose signature verifies)")
@@ -184,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_control(args.host, args.port, args.db, args.ttl, args.ready_file,
                     args.hard_example_rows, args.admin_token_file, args.open,
-                    args.repo_dir, tuple(args.trusted_key), args.result_rows)
+                    args.repo_dir, tuple(args.trusted_key), args.result_rows,
+                    tuple(u for u in args.etcd.split(",") if u))
     except TierlinkError as exc:
         log.error("%s", exc)
         return 2

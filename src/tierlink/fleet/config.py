@@ -19,7 +19,15 @@ from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
 from tierlink.providers import parse_providers
-from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, as_tier, as_url
+from tierlink.settings.fields import (
+    as_bool,
+    as_float,
+    as_int,
+    as_mapping,
+    as_tier,
+    as_url,
+    known,
+)
 from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
 from tierlink.settings.routing import (
     BreakerConfig,
@@ -86,6 +94,11 @@ class FleetConfig:
     control_port: int = 0
     control_ttl_s: float = 5.0
     control_tier: Tier = Tier.CLOUD  # where the control plane runs (hard-example privacy)
+    # sqlite: one control-plane process; etcd: `control_replicas` stateless replicas over
+    # an etcd cluster of `etcd_members` that `tierlink up` starts (and stops) too.
+    control_store: str = "sqlite"
+    control_replicas: int = 1
+    etcd_members: int = 3
     hard_examples: HardExampleConfig = field(default_factory=HardExampleConfig)
     raw_hard_examples: Mapping[str, Any] = field(default_factory=dict)  # for node specs
     seed: int = 0
@@ -135,6 +148,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     _unique([l.name for l in links], "links (from -> to pairs)")
     nodes = _checked_chat(nodes, links)
     control = as_mapping(data.get("control") or {}, "control")
+    store, replicas, members = _control_store(control)
     zoo = as_mapping(data.get("zoo") or {}, "zoo")
     return FleetConfig(
         name=str(data.get("name", Path(source).stem)),
@@ -147,6 +161,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         control_port=as_int(control.get("port", 0), "control.port", 0),
         control_ttl_s=as_float(control.get("ttl_s", 5.0), "control.ttl_s", 0.5),
         control_tier=as_tier(control.get("tier", "cloud"), "control.tier"),
+        control_store=store, control_replicas=replicas, etcd_members=members,
         hard_examples=parse_hard_examples(data.get("hard_examples") or {},
                                           control.get("tier", "cloud")),
         raw_hard_examples=dict(data.get("hard_examples") or {}),
@@ -155,6 +170,27 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         fault_injection=as_bool(data.get("fault_injection", False), "fault_injection"),
         tasks=_tasks(data.get("tasks") or {}),
     )
+
+
+_CONTROL_KEYS = ("port", "ttl_s", "tier", "store", "replicas", "etcd_members")
+
+
+def _control_store(control: Mapping[str, Any]) -> tuple[str, int, int]:
+    """``(store, replicas, etcd members)`` of the fleet's ``control`` section."""
+    for key in control:
+        known(str(key), _CONTROL_KEYS, "control")
+    store = str(control.get("store", "sqlite"))
+    if store not in ("sqlite", "etcd"):
+        raise ConfigError(f"control.store must be sqlite or etcd, got {store!r}")
+    replicas = as_int(control.get("replicas", 1), "control.replicas", 1)
+    members = as_int(control.get("etcd_members", 3), "control.etcd_members", 1)
+    if replicas > 1 and store != "etcd":
+        raise ConfigError(f"control.replicas is {replicas}, but replicas share their state "
+                          "through etcd", hint="add `store: etcd` to the control section")
+    if members % 2 == 0:
+        raise ConfigError(f"control.etcd_members must be odd (a majority survives a loss), "
+                          f"got {members}", hint="use 1, 3 or 5")
+    return store, replicas, members
 
 
 def _checked_chat(nodes: tuple[NodeConfig, ...],

@@ -1,5 +1,9 @@
 """Start a fleet on one machine as real processes: control plane, link emulator, nodes.
 
+A fleet whose control section says ``store: etcd`` gets an etcd cluster of
+``etcd_members`` first and ``replicas`` control-plane processes over it (``control``,
+``control-1``, ...); nodes are given every replica's URL.
+
 ``launch(config, zoo_models, run_dir)`` returns a ``RunningFleet``; ``stop()`` (or leaving the
 ``with`` block, or Ctrl-C) ends every process it started, by pid, and removes its cgroups.
 Device nodes run under a real CPU quota (cgroup) when the fleet gives them ``cpu_quota``.
@@ -39,7 +43,8 @@ class LaunchError(TierlinkError):
 class RunningFleet:
     config: FleetConfig
     run_dir: Path
-    control_url: str = ""
+    control_url: str = ""  # the first replica: where operators' calls go
+    control_urls: list[str] = field(default_factory=list)  # every replica, for the nodes
     links_url: str = ""
     node_urls: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -47,6 +52,7 @@ class RunningFleet:
     cpu_mode: str = "none"
     admin_token: str = ""  # operators' credential (also in run_dir/admin.token)
     enroll_token: str = ""  # the token this fleet's nodes enroll with
+    etcd: Any = None  # the EtcdCluster this fleet started, if its control plane uses one
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -54,8 +60,11 @@ class RunningFleet:
         return {"authorization": f"Bearer admin:{self.admin_token}"}
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Terminate every process this fleet started (nodes first), then clean cgroups."""
-        order = [n for n in self.procs if n not in ("control", "links")] + ["links", "control"]
+        """Terminate every process this fleet started (nodes first, then the links, the
+        control plane, etcd), then clean cgroups."""
+        controls = [n for n in self.procs if _is_control(n)]
+        order = [n for n in self.procs if n != "links" and not _is_control(n)] + ["links",
+                                                                                  *controls]
         for name in order:
             proc = self.procs.get(name)
             if proc and proc.poll() is None:
@@ -73,6 +82,8 @@ class RunningFleet:
         for throttle in self.throttles:
             throttle.close()
         self.throttles.clear()
+        if self.etcd is not None:
+            self.etcd.stop()
 
     def kill(self, node_id: str) -> None:
         """kill -9 one node (fault injection)."""
@@ -101,18 +112,27 @@ class RunningFleet:
             self.throttles.append(throttle)
         _wait_file(ready, proc, f"node {node_id}", timeout_s)
 
-    def restart_control(self, down_s: float = 0.0, timeout_s: float = 30.0) -> None:
-        """Stop the control plane (SIGTERM), wait ``down_s``, start it again on the same
-        port and database (nodes keep their address and credentials)."""
-        proc = self.procs["control"]
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    def restart_control(self, down_s: float = 0.0, timeout_s: float = 30.0,
+                        replica: int = 0) -> None:
+        """Stop a control-plane replica (SIGTERM), wait ``down_s``, start it again on the
+        same port and database (nodes keep their address and credentials)."""
+        proc = self.procs[_control_name(replica)]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
         time.sleep(down_s)
-        _start_control(self, timeout_s, port=int(self.control_url.rsplit(":", 1)[1]))
+        port = int(self.control_urls[replica].rsplit(":", 1)[1])
+        _start_replica(self, replica, timeout_s, port=port)
+
+    def kill_control(self, replica: int = 0) -> None:
+        """kill -9 one control-plane replica (fault injection)."""
+        proc = self.procs[_control_name(replica)]
+        proc.kill()
+        proc.wait(5)
 
     def __enter__(self) -> Self:
         return self
@@ -132,7 +152,8 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
     fleet = RunningFleet(config, run_dir)
     try:
         _start_control(fleet, ready_timeout_s)
-        say(f"control plane at {fleet.control_url}")
+        say(f"control plane at {', '.join(fleet.control_urls)}"
+            + (f" (etcd: {len(fleet.etcd.members)} members)" if fleet.etcd else ""))
         ports = {n.node_id: pick_port(HOST) for n in config.nodes}
         link_ports = _start_links(fleet, ports, ready_timeout_s)
         say(f"{len(link_ports)} emulated links up")
@@ -177,19 +198,45 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: 
     raise LaunchError(f"{what} was not ready after {timeout_s:.0f} s")
 
 
-def _start_control(fleet: RunningFleet, timeout_s: float, port: int | None = None) -> None:
-    ready = fleet.run_dir / "control.ready"
-    token_file = fleet.run_dir / "admin.token"
-    port = fleet.config.control_port if port is None else port
-    proc = _spawn(fleet, "control", [
-        "-m", "tierlink.control.server", "--host", HOST, "--port", str(port),
-        "--db", str(fleet.run_dir / "registry.db"), "--ttl", str(fleet.config.control_ttl_s),
-        "--ready-file", str(ready), "--admin-token-file", str(token_file),
-        *(arg for key in fleet.config.trusted_keys for arg in ("--trusted-key", key))])
-    info = _wait_file(ready, proc, "control plane", timeout_s)
-    fleet.control_url = f"http://{HOST}:{info['port']}"
-    fleet.admin_token = token_file.read_text().strip()
+def _start_control(fleet: RunningFleet, timeout_s: float) -> None:
+    """The control plane: one SQLite process, or an etcd cluster and its replicas."""
+    cfg = fleet.config
+    if cfg.control_store == "etcd":
+        from tierlink.etcd.cluster import EtcdCluster
+
+        fleet.etcd = EtcdCluster(fleet.run_dir / "etcd", size=cfg.etcd_members).start()
+    fleet.control_urls = [""] * cfg.control_replicas
+    for replica in range(cfg.control_replicas):
+        port = cfg.control_port + replica if cfg.control_port else 0
+        _start_replica(fleet, replica, timeout_s, port=port)
     fleet.enroll_token = _enrollment_token(fleet)
+
+
+def _start_replica(fleet: RunningFleet, replica: int, timeout_s: float, port: int) -> None:
+    name = _control_name(replica)
+    ready = fleet.run_dir / f"{name}.ready"
+    token_file = fleet.run_dir / "admin.token"
+    db = fleet.run_dir / ("registry.db" if replica == 0 else f"registry-{replica}.db")
+    shared = [] if fleet.etcd is None else [
+        "--etcd", ",".join(fleet.etcd.endpoints),
+        "--repo-dir", str(fleet.run_dir / "registry.db.blobs")]
+    proc = _spawn(fleet, name, [
+        "-m", "tierlink.control.server", "--host", HOST, "--port", str(port),
+        "--db", str(db), "--ttl", str(fleet.config.control_ttl_s),
+        "--ready-file", str(ready), "--admin-token-file", str(token_file), *shared,
+        *(arg for key in fleet.config.trusted_keys for arg in ("--trusted-key", key))])
+    info = _wait_file(ready, proc, f"control plane {name}", timeout_s)
+    fleet.control_urls[replica] = f"http://{HOST}:{info['port']}"
+    fleet.control_url = fleet.control_urls[0]
+    fleet.admin_token = token_file.read_text().strip()
+
+
+def _control_name(replica: int) -> str:
+    return "control" if replica == 0 else f"control-{replica}"
+
+
+def _is_control(name: str) -> bool:
+    return name == "control" or name.startswith("control-")
 
 
 def _enrollment_token(fleet: RunningFleet) -> str:
@@ -235,7 +282,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
     heads = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.heads)
     return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, heads=heads,
                     host=HOST, port=port, advertise_url=node.advertise_url,
-                    control_url=fleet.control_url, upstreams=upstreams,
+                    control_url=",".join(fleet.control_urls), upstreams=upstreams,
                     routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),
                     workers=node.workers, max_queue=node.max_queue,
                     seed=cfg.seed + zlib.crc32(node.node_id.encode()) % 1000,

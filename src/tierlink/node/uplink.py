@@ -223,6 +223,9 @@ class Uplink:
         self._parents = [self._urls[PARENT], *(u.rstrip("/") + INBOX_PATH
                                                for u in fallback_urls)] \
             if PARENT in self._urls else []
+        # The control line's receivers: every control-plane replica, in turn.
+        self._controls = [u.strip().rstrip("/") + RESULTS_PATH
+                          for u in (control_url or "").split(",") if u.strip()]
         if not self._urls:
             raise ConfigError(f"node {node_id} has no upstream and no control plane: its "
                               "outbox could deliver nowhere",
@@ -339,14 +342,15 @@ class Uplink:
                            "by_kind": {k: c.items for k, c in stats.by_kind.items()},
                            "oldest_age_s": stats.oldest_age_s, "dropped": stats.dropped}}
 
-    def _next_parent(self) -> None:
-        if len(self._parents) < 2:
+    def _next_receiver(self, destination: str) -> None:
+        """A failed parent (or control-plane replica) hands its line to the next one."""
+        line = self._parents if destination == PARENT else self._controls
+        if len(line) < 2:
             return
-        failed = self._urls[PARENT]
-        self._urls[PARENT] = self._parents[(self._parents.index(failed) + 1)
-                                           % len(self._parents)]
-        log.info("%s: parent %s failed; the next attempt goes to %s", self.node_id, failed,
-                 self._urls[PARENT])
+        failed = self._urls[destination]
+        self._urls[destination] = line[(line.index(failed) + 1) % len(line)]
+        log.info("%s: %s %s failed; the next attempt goes to %s", self.node_id, destination,
+                 failed, self._urls[destination])
 
     def _resume_health(self) -> None:
         """After a restart, a head item that already failed means the outage goes on."""
@@ -372,8 +376,7 @@ class Uplink:
             acks = await self._post(destination, items)
         except Exception as exc:  # every failure is transient to the deliverer
             self._note(destination, ok=False, error=f"{type(exc).__name__}: {exc}")
-            if destination == PARENT:
-                self._next_parent()
+            self._next_receiver(destination)
             raise
         head = next((a for a in acks if a.key == items[0].key), None)
         if head is None or head.status is AckStatus.RETRY:
@@ -414,8 +417,8 @@ def _urls(parent_url: str | None, control_url: str | None) -> dict[str, str]:
     urls = {}
     if parent_url:
         urls[PARENT] = parent_url.rstrip("/") + INBOX_PATH
-    if control_url:
-        urls[CONTROL] = control_url.rstrip("/") + RESULTS_PATH
+    if control_url:  # the first of the control plane's replicas
+        urls[CONTROL] = control_url.split(",")[0].strip().rstrip("/") + RESULTS_PATH
     return urls
 
 

@@ -26,7 +26,7 @@ from tierlink.errors import ArtifactRejected, InvalidRequest, RepositoryError
 from tierlink.repo.blobs import BlobStore
 from tierlink.repo.manifest import PublishedVersion, SignedManifest
 from tierlink.repo.signing import key_id
-from tierlink.repo.store import SqliteVersionStore
+from tierlink.repo.store import VersionStore
 from tierlink.repo.verify import verify_artifact
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class RepositoryService:
     raise :class:`~tierlink.errors.ConfigError` here, at start-up, not at the first publish.
     """
 
-    def __init__(self, versions: SqliteVersionStore, blobs: BlobStore,
+    def __init__(self, versions: VersionStore, blobs: BlobStore,
                  trusted_publishers: tuple[str, ...] = (), clock: Clock = time.time) -> None:
         self.versions = versions
         self.blobs = blobs

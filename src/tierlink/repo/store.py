@@ -19,7 +19,7 @@ import sqlite3
 import threading
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tierlink.errors import RepositoryError, VersionConflict
 from tierlink.repo.manifest import PublishedVersion, SignedManifest, VersionManifest
@@ -43,6 +43,23 @@ CREATE TABLE IF NOT EXISTS model_versions (
 )
 _COLUMNS = "manifest, key_id, signature, public_key, published_at"
 _ORDER = "ORDER BY name, published_at, rowid"
+
+
+class VersionStore(Protocol):
+    """Published versions: :class:`SqliteVersionStore`, or
+    :class:`~tierlink.repo.etcd_store.EtcdVersionStore` for replicas that share them."""
+
+    def add(self, signed: SignedManifest, now: float) -> bool: ...
+
+    def get(self, name: str, version: str) -> PublishedVersion: ...
+
+    def entries(self, name: str | None = None) -> list[PublishedVersion]: ...
+
+    def list(self, name: str | None = None) -> list[SignedManifest]: ...
+
+    def latest(self, name: str) -> SignedManifest | None: ...
+
+    def close(self) -> None: ...
 
 
 class SqliteVersionStore:
