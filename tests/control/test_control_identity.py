@@ -34,11 +34,22 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = IdentityStore(tmp_path / "r.db", ADMIN)
-    yield s
-    s.close()
+@pytest.fixture(params=["sqlite", "etcd"])
+def store(request: pytest.FixtureRequest, tmp_path: Path):
+    """Each store test runs on SQLite and on a real etcd cluster (a prefix of its own)."""
+    if request.param == "sqlite":
+        s = IdentityStore(tmp_path / "r.db", ADMIN)
+        yield s
+        s.close()
+        return
+    from tierlink.control.etcd_identity import EtcdIdentityStore
+    from tierlink.etcd.client import Etcd
+
+    cluster = request.getfixturevalue("etcd_cluster")
+    with Etcd(cluster.endpoints) as etcd:
+        s = EtcdIdentityStore(etcd, ADMIN, prefix=request.getfixturevalue("etcd_prefix")).start()
+        yield s
+        s.close()
 
 
 def test_a_token_enrolls_a_node_that_then_authenticates(store):

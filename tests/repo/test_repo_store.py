@@ -16,9 +16,24 @@ from tierlink.repo.signing import sign_manifest
 from tierlink.repo.store import SqliteVersionStore
 
 
+@pytest.fixture(params=["sqlite", "etcd"])
+def versions(request: pytest.FixtureRequest):
+    """A version store on SQLite and on a real etcd cluster (a prefix of its own)."""
+    if request.param == "sqlite":
+        s = SqliteVersionStore(":memory:")
+        yield s
+        s.close()
+        return
+    from tierlink.etcd.client import Etcd
+    from tierlink.repo.etcd_store import EtcdVersionStore
+
+    with Etcd(request.getfixturevalue("etcd_cluster").endpoints) as etcd:
+        yield EtcdVersionStore(etcd, prefix=request.getfixturevalue("etcd_prefix"))
+
+
 def test_add_is_idempotent_and_a_different_artifact_conflicts(
-        artifact: Artifact, other_key: Ed25519PrivateKey) -> None:
-    store = SqliteVersionStore(":memory:")
+        artifact: Artifact, other_key: Ed25519PrivateKey, versions) -> None:
+    store = versions
     assert store.add(artifact.signed, NOW) is True
     assert store.add(artifact.signed, NOW + 5) is False  # a retried publish
     assert store.get("fmnist-small", "2").published_at == NOW
@@ -31,15 +46,16 @@ def test_add_is_idempotent_and_a_different_artifact_conflicts(
     assert store.get("fmnist-small", "2").signed == artifact.signed
 
 
-def test_get_unknown_is_a_404() -> None:
+def test_get_unknown_is_a_404(versions) -> None:
     with pytest.raises(RepositoryError, match="not published") as info:
-        SqliteVersionStore(":memory:").get("fmnist-small", "9")
+        versions.get("fmnist-small", "9")
     assert info.value.http_status == 404
 
 
 def test_list_orders_by_name_then_publication_and_latest(tmp_path: Path,
-                                                         key: Ed25519PrivateKey) -> None:
-    store = SqliteVersionStore(":memory:")
+                                                         key: Ed25519PrivateKey,
+                                                         versions) -> None:
+    store = versions
     published = [("fmnist-small", "10", NOW + 1), ("fmnist-large", "1", NOW + 2),
                  ("fmnist-small", "9", NOW + 3)]
     for i, (name, version, when) in enumerate(published):
