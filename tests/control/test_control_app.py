@@ -52,7 +52,8 @@ def test_heartbeat_registers_and_acknowledges(http, make_body, clock):
     response = beat(http, make_body())
     assert response.status_code == 200
     assert response.json() == {"node_id": "edge-1", "generation": 1,
-                               "registered_at": clock.now, "ttl_s": TTL, "desired": {}}
+                               "registered_at": clock.now, "ttl_s": TTL, "desired": {},
+                               "draining": False}
 
 
 def test_list_returns_records_with_registry_fields(http, make_body, clock):
@@ -231,3 +232,14 @@ def test_lifespan_sweeps_and_survives_errors_then_stops_cleanly(clock, make_body
 def test_bad_settings_are_config_errors(store):
     with pytest.raises(ConfigError, match="ttl_s"):
         create_app(store, ttl_s=0)
+
+
+def test_drain_marks_the_node_for_its_peers_and_its_heartbeat_answer(http, make_body):
+    beat(http, make_body())
+    assert http.post("/v1/nodes/edge-9/drain").status_code == 404
+    answer = http.post("/v1/nodes/edge-1/drain").json()
+    assert answer == {"node_id": "edge-1", "draining": True, "changed": True}
+    assert http.get("/v1/nodes").json()["nodes"][0]["draining"] is True
+    assert beat(http, make_body()).json()["draining"] is True
+    assert http.delete("/v1/nodes/edge-1/drain").json()["changed"] is True
+    assert http.get("/v1/nodes/edge-1").json()["draining"] is False

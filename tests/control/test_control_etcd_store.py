@@ -138,3 +138,14 @@ def test_a_new_replica_starts_from_the_stored_view(replicas, hb):
     a.upsert(hb(node_id="edge-2"), time.time(), TTL)
     late = replicas()
     assert [r.node_id for r in late.alive(time.time(), TTL)] == ["edge-1", "edge-2"]
+
+
+def test_a_drain_at_one_replica_shows_at_the_other(replicas, hb):
+    a, b = replicas(), replicas()
+    a.upsert(hb(), time.time(), TTL)
+    assert a.drain("edge-1", True) is True
+    assert a.get("edge-1", time.time()).draining is True
+    assert eventually(lambda: (b.get("edge-1", time.time()) or hb()).draining is True)
+    assert '"draining": true' in b.alive_json(time.time(), TTL)[0]
+    assert b.drain("edge-1", False) is True
+    assert eventually(lambda: not a.get("edge-1", time.time()).draining)

@@ -94,7 +94,7 @@ def test_a_schema_1_database_is_upgraded_in_place(tmp_path: Path) -> None:
     finally:
         examples.close()
         registry.close()
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
 
 
 # -- the HTTP API ---------------------------------------------------------------------------

@@ -163,3 +163,8 @@ def test_the_app_refuses_unknown_and_revoked_nodes(tmp_path):
     finally:
         identity.close()
         registry.close()
+
+
+def test_draining_a_node_is_for_operators():
+    assert access_rule("POST", "/v1/nodes/edge-1/drain") == (ADMIN_ONLY, None)
+    assert access_rule("DELETE", "/v1/nodes/edge-1/drain") == (ADMIN_ONLY, None)

@@ -223,3 +223,18 @@ def test_the_listed_json_is_the_records(store, hb, clock):
     records = store.alive(clock(), TTL)
     assert [json.loads(t) for t in texts] == [r.model_dump(mode="json") for r in records]
     assert json.loads(texts[0])["age_s"] == pytest.approx(1.75)
+
+
+def test_a_drain_shows_in_records_and_outlives_a_restart(tmp_path, hb, clock):
+    path = tmp_path / "r.db"
+    store = SqliteRegistryStore(path)
+    store.upsert(hb(), clock())
+    assert store.drain("edge-1", True) is True and store.drain("edge-1", True) is False
+    assert store.get("edge-1", clock()).draining is True
+    assert '"draining": true' in store.alive_json(clock(), TTL)[0]
+    store.close()
+    again = SqliteRegistryStore(path)
+    assert again.upsert(hb(started_at=9.0), clock()).draining is True  # a restart stays drained
+    assert again.drain("edge-1", False) is True
+    assert again.get("edge-1", clock()).draining is False
+    again.close()

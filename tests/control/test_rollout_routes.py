@@ -82,7 +82,8 @@ def test_start_and_the_heartbeat_answer_carries_desired(http: TestClient) -> Non
     assert canary["weight"] == pytest.approx(0.2)
     answer = beat(http, canary["node_id"])
     assert answer["desired"] == {MODEL: {"version": "2", "weight": 0.2}}
-    assert set(answer) == {"node_id", "generation", "registered_at", "ttl_s", "desired"}
+    assert set(answer) == {"node_id", "generation", "registered_at", "ttl_s", "desired",
+                           "draining"}
 
     # The background tick sees the node hold the version and starts the soak.
     beat(http, canary["node_id"], standby="2", weight=0.2)

@@ -9,6 +9,9 @@
                                            no alive node reports it)
     GET    /v1/nodes/{node_id}             one alive node (404 when unknown or expired)
     DELETE /v1/nodes/{node_id}             graceful deregistration on node shutdown (204)
+    POST   /v1/nodes/{node_id}/drain       (operator) peers send it no new work; it finishes
+                                           what it holds (DELETE: undo). Records say
+                                           ``draining``; kept across the node's restarts
     POST   /v1/hard-examples               a node's batch of hard examples (HardExampleBatch)
     GET    /v1/hard-examples               their metadata: ?model=&node=&after_id=&limit=
     GET    /v1/hard-examples/export        an .npz of them with their inputs: ?model=&node=&limit=
@@ -476,7 +479,23 @@ def _install_routes(app: FastAPI, service: RegistryService,
         desired = rollouts.desired_for(node_id) if rollouts is not None else {}
         return {"node_id": record.node_id, "generation": record.generation,
                 "registered_at": record.registered_at, "ttl_s": service.ttl_s,
-                "desired": desired}
+                "desired": desired, "draining": record.draining}
+
+    @app.post("/v1/nodes/{node_id}/drain")
+    def drain(node_id: str) -> Any:
+        return _drained(node_id, True)
+
+    @app.delete("/v1/nodes/{node_id}/drain")
+    def undrain(node_id: str) -> Any:
+        return _drained(node_id, False)
+
+    def _drained(node_id: str, draining: bool) -> Any:
+        if draining and service.get(node_id) is None:
+            return _unknown(node_id)
+        changed = service.store.drain(node_id, draining)
+        if changed:
+            log.warning("node %s %s", node_id, "drained" if draining else "undrained")
+        return {"node_id": node_id, "draining": draining, "changed": changed}
 
     @app.get("/v1/nodes")
     def nodes(splits: Literal["full", "digest"] = "full") -> Response:

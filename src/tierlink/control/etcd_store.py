@@ -8,6 +8,7 @@ Keys (under ``prefix``, default ``/tierlink/registry/``):
                       deletes the key itself -- no sweeper, no replica has to be alive for it
     generation/<id>   the node's last generation (no lease: a node that comes back gets a
                       higher one, whichever replica it reaches)
+    drain/<id>        present while an operator has the node drained (mirrored by a watch)
 
 Every replica keeps the whole view in memory, fed by a **watch** on the prefix (its own
 writes go in at once, so a node reads what it just wrote), and answers reads from it:
@@ -33,6 +34,7 @@ from tierlink.control.schemas import Heartbeat, NodeRecord
 from tierlink.control.store import Decoded, by_digest, record, record_json
 from tierlink.errors import ControlPlaneError
 from tierlink.etcd.client import Compare, Etcd, Event, KeyValue, Op
+from tierlink.etcd.mirror import Mirror
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class EtcdRegistryStore:
         self.prefix = prefix
         self._nodes = prefix + "nodes/"
         self._generations = prefix + "generation/"
+        self._drains = Mirror(etcd, prefix + "drain/")
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._node_locks = [threading.Lock() for _ in range(64)]
@@ -82,6 +85,7 @@ class EtcdRegistryStore:
         self._watcher: threading.Thread | None = None
 
     def start(self) -> EtcdRegistryStore:
+        self._drains.start()
         revision = self._load()
         self._watcher = threading.Thread(
             target=self.etcd.watch, name="registry-watch", daemon=True,
@@ -102,19 +106,21 @@ class EtcdRegistryStore:
                 entry = self._register(heartbeat, body, now, ttl, entry)
             else:
                 entry = self._refresh(entry, heartbeat, body, now, ttl)
-        return record(heartbeat, entry.registered_at, entry.seen(), entry.generation, now)
+        return record(heartbeat, entry.registered_at, entry.seen(), entry.generation, now,
+                      self._drained(heartbeat.node_id))
 
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         with self._lock:
             entries = sorted(self._entries.items())
-        return [record(e.decoded.heartbeat, e.registered_at, e.seen(), e.generation, now)
-                for _, e in entries]
+        return [record(e.decoded.heartbeat, e.registered_at, e.seen(), e.generation, now,
+                       self._drained(node_id)) for node_id, e in entries]
 
     def alive_json(self, now: float, ttl_s: float, *, digests: bool = False) -> list[str]:
         with self._lock:
             entries = sorted(self._entries.items())
         return [record_json(e.decoded.lite if digests else e.decoded.body, e.registered_at,
-                            e.seen(), e.generation, now) for _, e in entries]
+                            e.seen(), e.generation, now, self._drained(node_id))
+                for node_id, e in entries]
 
     def split_profile(self, digest: str) -> str | None:
         with self._lock:
@@ -125,7 +131,8 @@ class EtcdRegistryStore:
             e = self._entries.get(node_id)
         if e is None:
             return None
-        return record(e.decoded.heartbeat, e.registered_at, e.seen(), e.generation, now)
+        return record(e.decoded.heartbeat, e.registered_at, e.seen(), e.generation, now,
+                      self._drained(node_id))
 
     def remove(self, node_id: str) -> bool:
         with self._node_lock(node_id):
@@ -144,8 +151,26 @@ class EtcdRegistryStore:
         # A key deleted soon after its last write was a deregistration, not an expiry.
         return sorted(node_id for node_id, seen in gone if now - seen >= ttl_s)
 
+    def drain(self, node_id: str, draining: bool) -> bool:
+        key = self._drains.prefix + node_id
+        if draining == self._drained(node_id):
+            return False
+        if draining:
+            revision = self.etcd.put(key, b"1")
+            self._drains.note(KeyValue(key, b"1", revision))
+        else:
+            self.etcd.delete(key)
+            self._drains.note(None, node_id)
+        with self._lock:
+            self._changed.notify_all()
+        return True
+
+    def _drained(self, node_id: str) -> bool:
+        return self._drains.get(node_id) is not None
+
     def close(self) -> None:
         self._stop.set()
+        self._drains.close()
         if self._watcher is not None:
             self._watcher.join(timeout=5)
 

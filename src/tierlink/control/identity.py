@@ -310,6 +310,8 @@ def access_rule(method: str, path: str) -> tuple[str, str | None]:
     if path.startswith(("/v1/hard-examples", "/v1/results")) and method == "GET":
         return ADMIN_ONLY, None  # user inputs and answers: for operators, not other nodes
     parts = path.strip("/").split("/")
+    if parts[:2] == ["v1", "nodes"] and parts[3:] == ["drain"]:
+        return ADMIN_ONLY, None
     if len(parts) >= 3 and parts[:2] == ["v1", "nodes"] and (
             method == "DELETE" or parts[3:] == ["heartbeat"]):
         return SELF, parts[2]

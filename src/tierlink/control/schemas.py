@@ -35,6 +35,8 @@ NODE_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 NodeId = Annotated[str, StringConstraints(pattern=NODE_ID_PATTERN)]
 TierName = Literal["device", "edge", "cloud"]
+LabelKey = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9._-]{0,62}$")]
+LabelValue = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{0,63}$")]
 
 
 class _Open(BaseModel):
@@ -156,6 +158,8 @@ class Heartbeat(_Open):
     links: list[LinkSpec] = Field(default_factory=list)
     started_at: float = Field(ge=0.0)
     software: str = Field(default="", max_length=64)
+    # Where the node is (site, region, ...): peers pick their upstreams by these.
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=16)
     # {model name: {version: error}}: versions a rollout asked for that failed to install
     # (refused verification, failed or crashed on load); listed until no longer asked for.
     install_failures: dict[str, dict[str, str]] = Field(default_factory=dict)
@@ -181,12 +185,15 @@ class NodeRecord(Heartbeat):
     expired or was deregistered, or restarts (a heartbeat with a new ``started_at``).
     Readers reset what they learnt about a node (breakers, link estimates) when it changes.
     ``age_s`` is how long before the response was made the registry last heard from it.
+    ``draining``: an operator drained it; peers send it no new work (it finishes what it
+    holds and keeps heartbeating).
     """
 
     registered_at: float
     last_seen: float
     age_s: float = Field(ge=0.0)
     generation: int = Field(ge=1)
+    draining: bool = False
 
 
 # Bytes per element of the numeric OIP datatypes a hard example's input may have.

@@ -35,8 +35,9 @@ from typing import Any, Protocol
 from tierlink.control.schemas import HardExampleIn, HardExampleRecord, Heartbeat, NodeRecord
 from tierlink.errors import ControlPlaneError
 
-# 1: nodes. 2: + hard_examples (created on open; a version-1 file is upgraded in place).
-SCHEMA_VERSION = 2
+# 1: nodes. 2: + hard_examples. 3: + drains. (Tables are created on open: an older file
+# is upgraded in place.)
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -76,6 +77,8 @@ CREATE TABLE IF NOT EXISTS hard_examples (
 """,
     "CREATE INDEX IF NOT EXISTS hard_examples_by_model ON hard_examples (model, id)",
 )
+
+_DRAINS_SCHEMA = "CREATE TABLE IF NOT EXISTS drains (node_id TEXT PRIMARY KEY, since REAL)"
 
 _COLUMNS = "node_id, heartbeat, registered_at, last_seen, generation"
 
@@ -119,6 +122,11 @@ class RegistryStore(Protocol):
         """Mark nodes silent for longer than ``ttl_s`` as expired; returns their ids, sorted."""
         ...
 
+    def drain(self, node_id: str, draining: bool) -> bool:
+        """Mark a node drained (peers send it no new work) or undo it; kept across the
+        node's restarts. False when nothing changed."""
+        ...
+
     def close(self) -> None:
         """Release the store; it must not be used afterwards."""
         ...
@@ -146,6 +154,7 @@ class SqliteRegistryStore:
         self._conn = _connect(self.path)
         self._decoded: dict[str, Decoded] = {}  # node id -> its last heartbeat
         self._profiles: dict[str, str] = {}  # digest -> a split profile's JSON text
+        self._drained = {row[0] for row in self._conn.execute("SELECT node_id FROM drains")}
 
     # -- RegistryStore ---------------------------------------------------------------------
 
@@ -169,7 +178,8 @@ class SqliteRegistryStore:
                  registered_at, now, generation),
             )
             self._remember(heartbeat.node_id, body, heartbeat)
-        return record(heartbeat, registered_at, now, generation, now)
+        return record(heartbeat, registered_at, now, generation, now,
+                      heartbeat.node_id in self._drained)
 
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         with self._lock, self._guard("list nodes"):
@@ -179,10 +189,12 @@ class SqliteRegistryStore:
         """The stored heartbeat texts with the registry's fields spliced in: no decoding,
         no validation (they were validated when they arrived)."""
         with self._lock, self._guard("list nodes"):
-            texts = [(self._decode(node_id, body).lite if digests else body, *rest)
+            texts = [(node_id, self._decode(node_id, body).lite if digests else body, *rest)
                      for node_id, body, *rest in self._alive_rows(now, ttl_s)]
-        return [record_json(text, registered_at, last_seen, generation, now)
-                for text, registered_at, last_seen, generation in texts]
+            drained = set(self._drained)
+        return [record_json(text, registered_at, last_seen, generation, now,
+                            node_id in drained)
+                for node_id, text, registered_at, last_seen, generation in texts]
 
     def split_profile(self, digest: str) -> str | None:
         with self._lock:
@@ -207,7 +219,7 @@ class SqliteRegistryStore:
         """Under the lock: the row's record, its heartbeat decoded once per stored text."""
         node_id, body, registered_at, last_seen, generation = row
         return record(self._decode(node_id, body).heartbeat, registered_at, last_seen,
-                       generation, now)
+                      generation, now, node_id in self._drained)
 
     def _decode(self, node_id: str, body: str) -> Decoded:
         """Under the lock: the node's heartbeat as stored in ``body``, decoded once."""
@@ -255,6 +267,19 @@ class SqliteRegistryStore:
             )
         return sorted(ids)
 
+    def drain(self, node_id: str, draining: bool) -> bool:
+        with self._lock, self._guard("drain a node"), self._conn:
+            if draining == (node_id in self._drained):
+                return False
+            if draining:
+                self._conn.execute("INSERT INTO drains VALUES (?, strftime('%s','now'))",
+                                   (node_id,))
+                self._drained.add(node_id)
+            else:
+                self._conn.execute("DELETE FROM drains WHERE node_id = ?", (node_id,))
+                self._drained.discard(node_id)
+        return True
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
@@ -296,7 +321,7 @@ def _prepare(conn: sqlite3.Connection, path: str) -> None:
         )
     with conn:
         conn.execute(_SCHEMA)
-        for statement in _HARD_EXAMPLES_SCHEMA:
+        for statement in (*_HARD_EXAMPLES_SCHEMA, _DRAINS_SCHEMA):
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -350,7 +375,8 @@ def by_digest(heartbeat: Heartbeat) -> tuple[str, dict[str, str]]:
 
 
 def record(
-    heartbeat: Heartbeat, registered_at: float, last_seen: float, generation: int, now: float
+    heartbeat: Heartbeat, registered_at: float, last_seen: float, generation: int, now: float,
+    draining: bool = False,
 ) -> NodeRecord:
     """The registry entry of a validated heartbeat (not validated again: it is read every
     second by every node)."""
@@ -358,15 +384,15 @@ def record(
     age_s = max(0.0, now - last_seen)
     return NodeRecord.model_construct(
         **dict(heartbeat), registered_at=registered_at, last_seen=last_seen, age_s=age_s,
-        generation=generation)
+        generation=generation, draining=draining)
 
 
 def record_json(body: str, registered_at: float, last_seen: float, generation: int,
-                 now: float) -> str:
-    """The JSON of :func:`_record` from the stored heartbeat text (a JSON object)."""
-    fields = json.dumps({"registered_at": registered_at, "last_seen": last_seen,
-                         "age_s": max(0.0, now - last_seen), "generation": generation})
-    return fields[:-1] + "," + body[1:]
+                 now: float, draining: bool = False) -> str:
+    """The JSON of :func:`record` from the stored heartbeat text (a JSON object)."""
+    fields = {"registered_at": registered_at, "last_seen": last_seen,
+              "age_s": max(0.0, now - last_seen), "generation": generation, "draining": draining}
+    return json.dumps(fields)[:-1] + "," + body[1:]
 
 
 @contextmanager

@@ -62,6 +62,7 @@ class NodeConfig:
     # The address peers and the control plane should use (a NAT, a proxy, a DNS name), when
     # it is not the one the node binds; it is what the node registers.
     advertise_url: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)  # site, region: picks upstreams
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,9 @@ class FleetConfig:
     # Tasks the zoo does not have, declared here (input, output kind, roles, labels); their
     # models come from the model store (`tierlink model import`).
     tasks: Mapping[str, TaskSpec] = field(default_factory=dict)
+    # registry: nodes take their upstreams from the registry by tier and labels (a new
+    # edge is used without restarts; node/topology.py); static: the declared links only.
+    topology: str = "registry"
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
@@ -169,7 +173,16 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         trusted_keys=_strings(data.get("trusted_keys") or [], "trusted_keys"),
         fault_injection=as_bool(data.get("fault_injection", False), "fault_injection"),
         tasks=_tasks(data.get("tasks") or {}),
+        topology=_topology(data.get("topology", "registry")),
     )
+
+
+def _topology(raw: Any) -> str:
+    if raw not in ("registry", "static"):
+        raise ConfigError(f"topology must be registry or static, got {raw!r}",
+                          hint="registry: upstreams follow the registry by tier and labels; "
+                               "static: only the declared links")
+    return str(raw)
 
 
 _CONTROL_KEYS = ("port", "ttl_s", "tier", "store", "replicas", "etcd_members")
@@ -244,7 +257,24 @@ def _node(raw: Any, where: str) -> NodeConfig:
         chat=parse_chat(raw.get("chat"), f"{where}.chat"),
         advertise_url=(None if raw.get("advertise_url") is None
                        else as_url(raw["advertise_url"], f"{where}.advertise_url")),
+        labels=_labels(raw.get("labels") or {}, f"{where}.labels"),
     )
+
+
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9._-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9._-]{0,63}$")
+
+
+def _labels(raw: Any, where: str) -> Mapping[str, str]:
+    labels = {str(k): str(v) for k, v in as_mapping(raw, where).items()}
+    for key, value in labels.items():
+        if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            raise ConfigError(f"{where}.{key}: {value!r} is not a valid label",
+                              hint="keys: lowercase letters, digits, '.', '_', '-'; values: "
+                                   "letters, digits, '.', '_', '-' (at most 63 each)")
+    if len(labels) > 16:
+        raise ConfigError(f"{where} has {len(labels)} labels; at most 16")
+    return MappingProxyType(labels)
 
 
 def _links(raw: Any, where: str, nodes: Mapping[str, NodeConfig]) -> list[LinkConfig]:

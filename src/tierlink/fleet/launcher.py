@@ -19,7 +19,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -27,6 +27,7 @@ import httpx
 
 from tierlink.errors import TierlinkError
 from tierlink.fleet.config import FleetConfig, LinkConfig, NodeConfig
+from tierlink.fleet.topology import fleet_labels, upstream_rule
 from tierlink.netports import pick_port
 from tierlink.node.spec import ModelSource, NodeSpec, UpstreamSpec
 
@@ -53,6 +54,7 @@ class RunningFleet:
     admin_token: str = ""  # operators' credential (also in run_dir/admin.token)
     enroll_token: str = ""  # the token this fleet's nodes enroll with
     etcd: Any = None  # the EtcdCluster this fleet started, if its control plane uses one
+    models: dict[str, tuple[Path, Path]] = field(default_factory=dict)  # name: (onnx, card)
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -128,6 +130,20 @@ class RunningFleet:
         port = int(self.control_urls[replica].rsplit(":", 1)[1])
         _start_replica(self, replica, timeout_s, port=port)
 
+    def add_node(self, node: NodeConfig, timeout_s: float = 60.0) -> str:
+        """Start one more node while the fleet runs (it enrolls with the fleet's token and
+        registers; peers whose rule it matches take it up from the registry, no link
+        emulated to it). Returns its URL once it is ready."""
+        if any(n.node_id == node.node_id for n in self.config.nodes):
+            raise LaunchError(f"the fleet already has a node {node.node_id}")
+        _check_models(replace(self.config, nodes=(node,)), self.models)
+        self.config = replace(self.config, nodes=(*self.config.nodes, node))
+        port = pick_port(HOST)
+        _start_nodes(self, {node.node_id: port}, {}, self.models, only=(node,))
+        _wait_file(self.run_dir / f"{node.node_id}.ready", self.procs[node.node_id],
+                   f"node {node.node_id}", timeout_s)
+        return self.node_urls[node.node_id]
+
     def kill_control(self, replica: int = 0) -> None:
         """kill -9 one control-plane replica (fault injection)."""
         proc = self.procs[_control_name(replica)]
@@ -149,7 +165,7 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
     (run_dir / "logs").mkdir(exist_ok=True)
     for stale in run_dir.glob("*.ready"):  # a reused run directory must not fool the waits
         stale.unlink()
-    fleet = RunningFleet(config, run_dir)
+    fleet = RunningFleet(config, run_dir, models=dict(models))
     try:
         _start_control(fleet, ready_timeout_s)
         say(f"control plane at {', '.join(fleet.control_urls)}"
@@ -280,7 +296,10 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
         for l in cfg.links_from(node.node_id))
     sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.models)
     heads = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.heads)
+    tier, match = upstream_rule(cfg, node)
+    labels = fleet_labels(cfg).get(node.node_id, dict(node.labels))
     return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, heads=heads,
+                    labels=labels, upstream_tier=tier, upstream_match=match,
                     host=HOST, port=port, advertise_url=node.advertise_url,
                     control_url=",".join(fleet.control_urls), upstreams=upstreams,
                     routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),
@@ -297,10 +316,11 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
 
 
 def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],
-                 models: dict[str, tuple[Path, Path]]) -> None:
+                 models: dict[str, tuple[Path, Path]],
+                 only: tuple[NodeConfig, ...] | None = None) -> None:
     from tierlink.netem.cgroup import CpuThrottle
 
-    for node in fleet.config.nodes:
+    for node in fleet.config.nodes if only is None else only:
         spec = _node_spec(fleet, node, ports[node.node_id], link_ports, models)
         spec_file = fleet.run_dir / f"{node.node_id}.json"
         spec_file.write_text(spec.to_json())
@@ -331,7 +351,7 @@ def _wait_views(fleet: RunningFleet, timeout_s: float) -> None:
                     status = client.get(f"{fleet.node_urls[node_id]}/tierlink/v1/status").json()
                 except httpx.HTTPError:
                     continue
-                if pending[node_id] <= set(status["view_nodes"]):
+                if pending[node_id] <= set(status["view_nodes"]) & set(status["links"]):
                     del pending[node_id]
             time.sleep(0.1)
     if pending:

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from tierlink.core.types import Placement, Request
-from tierlink.errors import DeadlineExceeded
+from tierlink.errors import DeadlineExceeded, UpstreamUnavailable
 from tierlink.node import protocol
 from tierlink.node.dispatcher import StepResult
 from tierlink.node.splits import SplitPlans, Upstream
@@ -41,7 +41,10 @@ class Forwarder:
                           budget_ms: float) -> StepResult:
         if placement.cut:
             return await self._split.run_split(placement, req, inputs, budget_ms)
-        up = self._upstreams[placement.node_id]
+        up = self._upstreams.get(placement.node_id)
+        if up is None:  # dropped (drained, expired) since the plan was made
+            raise UpstreamUnavailable(f"{placement.node_id} is no longer an upstream of this "
+                                      "node", hint="the fleet changed; send the request again")
         link = up.estimator.view()
         send_ms = budget_ms - link.rtt_ms - self._routing.reserve_ms
         if send_ms <= 0:

@@ -52,7 +52,6 @@ from tierlink.errors import (
     RuntimeFailure,
     TierlinkError,
 )
-from tierlink.estimate.latency import LinkEstimator
 from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
@@ -73,6 +72,7 @@ from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.shadowing import ShadowMode
 from tierlink.node.spec import NodeSpec
 from tierlink.node.splits import SplitPlans, Upstream
+from tierlink.node.topology import Topology, rule_of
 from tierlink.node.uplink import Uplink
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, heartbeat
@@ -133,10 +133,9 @@ class NodeService:
         for name, rt in runtimes.items():
             self.scheduler.seed_service_ms(name, rt.info.latency_ms)
             self.exports.model_info(name, rt)
-        self._upstreams = {u.node_id: Upstream(u, LinkEstimator(
-            LinkView(spec.node_id, u.node_id, u.rtt_ms, u.bandwidth_mbit, u.loss),
-            hop_overhead_ms=self.routing.policy_config().estimates.hop_overhead_ms))
-            for u in spec.upstreams}
+        self.topology = Topology(spec.node_id, spec.labels, rule_of(spec), spec.upstreams,
+                                 Upstream.maker(spec.node_id, self.routing))
+        self._upstreams = self.topology.upstreams  # changed in place as the registry says
         self.breakers = BreakerBoard(
             BreakerSettings(failure_threshold=self.routing.breaker.failure_threshold,
                             cooldown_s=self.routing.breaker.cooldown_s,
@@ -431,8 +430,11 @@ class NodeService:
         return view if versions == (view.version,) else replace(view, versions=versions)
 
     def refresh_view(self) -> None:
-        """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat)."""
-        self.view = build_view(self.me(), self._records(),
+        """Rebuild the snapshot the policy decides over (timer, breaker change, heartbeat);
+        the upstreams follow the registry first (node/topology.py)."""
+        records = self._records()
+        self.topology.sync(records)
+        self.view = build_view(self.me(), records,
                           [u.estimator.view() for u in self._upstreams.values()],
                           self.breakers.healthy, self.forward.outstanding, self._parsed_records)
 
@@ -448,11 +450,12 @@ class NodeService:
         """The node's state for the control plane (``node/view.heartbeat``)."""
         return heartbeat(self.me(), address, self.models, self.version_stats,
                          [u.estimator.view() for u in self._upstreams.values()],
-                         self.started_at)
+                         self.started_at, self.spec.labels)
 
     async def apply_answer(self, answer: Mapping[str, Any]) -> None:
         """A heartbeat answer: serve the model versions its ``desired`` asks for (the
         heartbeat loop's ``on_answer``; returns at once, installs run in the background)."""
+        self.topology.draining = bool(answer.get("draining"))
         await self.models.apply_desired(answer.get("desired"))
 
     def _on_switch(self, name: str, rt: ModelRuntime) -> None:
@@ -469,7 +472,7 @@ class NodeService:
                               for name, rt in sorted(self.runtimes.items())},
                 "queue_depth": stats.queue_depth, "inflight": stats.inflight + self._inflight,
                 "breakers": self.breakers.states(), "outstanding": dict(self.forward.outstanding),
-                "view_nodes": sorted(self.view.nodes),
+                "view_nodes": sorted(self.view.nodes), "draining": self.topology.draining,
                 "split_open": self.split.open_cuts(),
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
                               "bandwidth_mbit": round(u.estimator.view().bandwidth_mbit, 3),

@@ -72,6 +72,11 @@ class NodeSpec:
     # Language models served over the OpenAI API (``/v1/chat/completions``), by name
     llms: tuple[LMSource, ...] = ()
     chat_tasks: dict[str, str] = field(default_factory=dict)  # task -> one of ``llms``
+    labels: dict[str, str] = field(default_factory=dict)  # site, region, ...: in heartbeats
+    # Upstreams from the registry (node/topology.py): alive nodes of this tier whose labels
+    # named in upstream_match equal this node's. None: `upstreams` as listed (static).
+    upstream_tier: str | None = None
+    upstream_match: tuple[str, ...] = ()
 
     def advertised(self, port: int) -> str:
         """The address to register: ``advertise_url``, else the bound one — refused when
@@ -106,6 +111,7 @@ class NodeSpec:
             data["trusted_keys"] = tuple(data.get("trusted_keys", ()))
             data["providers"] = tuple(data.get("providers", ("CPUExecutionProvider",)))
             data["llms"] = tuple(LMSource(**m) for m in data.get("llms", []))
+            data["upstream_match"] = tuple(data.get("upstream_match", ()))
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid node spec: {exc}") from exc

@@ -23,6 +23,7 @@ import numpy as np
 
 from tierlink.core.types import (
     ClusterView,
+    LinkView,
     ModelView,
     Outcome,
     Placement,
@@ -76,6 +77,18 @@ class Upstream:
     @property
     def url(self) -> str:
         return self.spec.url
+
+    @staticmethod
+    def maker(node_id: str, routing: RoutingConfig) -> Callable[[UpstreamSpec], Upstream]:
+        """What makes ``node_id``'s upstream toward a chosen node: a fresh link estimator
+        seeded with the spec's RTT and bandwidth."""
+        hop_ms = routing.policy_config().estimates.hop_overhead_ms
+
+        def make(u: UpstreamSpec) -> Upstream:
+            return Upstream(u, LinkEstimator(
+                LinkView(node_id, u.node_id, u.rtt_ms, u.bandwidth_mbit, u.loss),
+                hop_overhead_ms=hop_ms))
+        return make
 
 
 class SplitPlans:

@@ -74,7 +74,8 @@ def build_view(
 
 
 def heartbeat(me: NodeView, address: str, models: ModelManager, stats: VersionStatsBook,
-              links: Iterable[LinkView], started_at: float) -> dict[str, Any]:
+              links: Iterable[LinkView], started_at: float,
+              labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A node's state for the control plane: one ``models`` entry per version served
     (``role`` active / standby, its ``weight``, its ``stats``), the versions it could not
     install (``install_failures``), its links as it measures them."""
@@ -88,7 +89,7 @@ def heartbeat(me: NodeView, address: str, models: ModelManager, stats: VersionSt
         "workers": me.workers, "upstream": sorted(link.dst for link in links),
         "links": [{"dst": l.dst, "rtt_ms": round(l.rtt_ms, 3),
                    "bandwidth_mbit": l.bandwidth_mbit, "loss": l.loss} for l in links],
-        "started_at": started_at, "software": __version__,
+        "started_at": started_at, "software": __version__, "labels": dict(labels or {}),
     }
 
 
