@@ -187,7 +187,7 @@ class NodeService:
         self.split.start()
         self._keepwarm = (asyncio.create_task(KeepWarm(
             self._client, self._upstreams.values, self._clock).run(), name="keep-warm")
-            if self._upstreams else None)
+            if self._upstreams or self.topology.rule else None)
         if self.hard_examples is not None:
             self.hard_examples.start()
         if self.uplink is not None:

@@ -121,11 +121,12 @@ class SplitPlans:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The warmer (a node with heads and upstreams) and the link prober (the same, when
-        ``routing.probe_idle_s`` > 0): split plans are priced with the links' bandwidth."""
-        if self.heads and self._upstreams:
+        """The warmer (a node with heads) and the link prober (the same, when
+        ``routing.probe_idle_s`` > 0): split plans are priced with the links' bandwidth.
+        Both look at the upstreams of the moment (they come and go with the registry)."""
+        if self.heads:
             self._tasks.append(asyncio.create_task(self._warm_loop(), name="split-warmer"))
-        if self._routing.probe_idle_s > 0 and self._spec_heads and self._upstreams:
+        if self._routing.probe_idle_s > 0 and self._spec_heads:
             self._tasks.append(asyncio.create_task(self._probe_loop(), name="link-probe"))
 
     async def stop(self) -> None:
