@@ -37,7 +37,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ class Bench:
     control_down_s: float
     profile: str
     scale: float = 1.0  # multiplies the long cases' durations (the integration tests use < 1)
+    control: str = "sqlite"  # etcd: two control-plane replicas over a three-member etcd
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10.0,
                                                                      trust_env=False))
 
@@ -78,6 +79,8 @@ class Bench:
 @contextmanager
 def fleet_of(bench: Bench, yaml_text: str, name: str) -> Iterator[RunningFleet]:
     config = parse_fleet(yaml.safe_load(yaml_text), source=f"<{name}>")
+    if bench.control == "etcd":
+        config = replace(config, control_store="etcd", control_replicas=2, etcd_members=3)
     fleet = launch(config, bench.models, bench.work / name)
     try:
         yield fleet
@@ -654,6 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo-profile", default="test", choices=("test", "full"))
     parser.add_argument("--rate", type=float, default=40.0, help="requests/s (both devices)")
     parser.add_argument("--control-down-s", type=float, default=3.0)
+    parser.add_argument("--control", choices=("sqlite", "etcd"), default="sqlite",
+                        help="etcd: every fleet's control plane is two replicas over etcd")
     args = parser.parse_args(argv)
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [n for n in names if n not in CASES]
@@ -661,13 +666,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
     with tempfile.TemporaryDirectory(prefix="tierlink-faults-") as tmp:
         bench = load_bench(args.zoo_profile, Path(tmp), args.rate, args.control_down_s)
+        bench.control = args.control
         results = run(names, bench)
         bench.http.close()
     print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"cases": results, "zoo_profile": args.zoo_profile,
-                                         "rate_per_s": args.rate}, indent=2))
+                                         "rate_per_s": args.rate, "control": args.control},
+                                        indent=2))
         print(f"wrote {args.json}")
     return 0 if all("error" not in r for r in results.values()) else 1
 

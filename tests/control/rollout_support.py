@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tierlink.control.app import RegistryService
+from tierlink.control.registry import RegistryService
 from tierlink.control.rollouts import RolloutController
 from tierlink.control.schemas import Heartbeat
 from tierlink.rollout import CONFIDENCE_BINS, LATENCY_BUCKETS_MS

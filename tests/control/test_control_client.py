@@ -164,8 +164,9 @@ def test_cache_keeps_the_last_view_through_an_outage(switch, make_body, clock):
         assert cache.stale_s(clock()) == pytest.approx(3.0)
 
         switch.down = False
-        assert await cache.refresh() is True
-        assert (cache.failures, cache.consecutive_failures, cache.revision) == (2, 0, 2)
+        assert await cache.refresh() is True  # back: the view it holds is still current
+        assert (cache.failures, cache.consecutive_failures, cache.revision) == (2, 0, 1)
+        assert cache.stale_s(clock()) == 0.0
 
     run(scenario, switch)
 

@@ -149,3 +149,15 @@ def test_a_drain_at_one_replica_shows_at_the_other(replicas, hb):
     assert '"draining": true' in b.alive_json(time.time(), TTL)[0]
     assert b.drain("edge-1", False) is True
     assert eventually(lambda: not a.get("edge-1", time.time()).draining)
+
+
+def test_a_quiet_node_moving_replica_keeps_its_generation(replicas, hb):
+    a, b = replicas(), replicas()
+    for _ in range(8):  # 2 s of unchanged heartbeats at a (ttl 1 s): renewals, few writes
+        record = a.upsert(hb(), time.time(), 1.0)
+        time.sleep(0.25)
+    assert record.generation == 1
+    assert eventually(lambda: b.get("edge-1", time.time()) is not None)
+    assert b.upsert(hb(), time.time(), 1.0).generation == 1
+    got = b.get("edge-1", time.time())
+    assert got is not None and got.age_s < 1.0

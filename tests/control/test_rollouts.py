@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from rollout_support import MODEL, Behaviour, Sim, SimNode
 
-from tierlink.control.app import ControlMetrics, RegistryService
+from tierlink.control.metrics import ControlMetrics
+from tierlink.control.registry import RegistryService
 from tierlink.control.rollouts import RolloutController, RolloutStore
 from tierlink.control.store import SqliteRegistryStore
 from tierlink.errors import ConfigError, RepositoryError, RolloutError, RolloutNotFound

@@ -38,11 +38,13 @@ def faults() -> ModuleType:
     return module
 
 
-@pytest.fixture
-def bench(faults: ModuleType, zoo_models: Models, fmnist_test: Split, hard_samples: np.ndarray,
-          tmp_path: Path) -> Any:
+@pytest.fixture(params=["sqlite", "etcd"])
+def bench(request: pytest.FixtureRequest, faults: ModuleType, zoo_models: Models,
+          fmnist_test: Split, hard_samples: np.ndarray, tmp_path: Path) -> Any:
+    """Every case on a SQLite control plane, and on two replicas over etcd."""
     b = faults.Bench(zoo_models, fmnist_test.images, fmnist_test.labels, hard_samples,
-                     tmp_path, rate=20.0, control_down_s=2.0, profile="test", scale=0.4)
+                     tmp_path, rate=20.0, control_down_s=2.0, profile="test", scale=0.4,
+                     control=request.param)
     yield b
     b.http.close()
 

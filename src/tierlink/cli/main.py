@@ -103,14 +103,17 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
                                                          "(examples/chat-fleet.yaml)"),
          log: Path | None = typer.Option(None, "--log", help="write every request and its "
                                          "answer here (JSON lines; `sim --replay` reads it)"),
-         seed: int | None = typer.Option(None, help="the workload's seed (default: 7)")
+         seed: int | None = typer.Option(None, help="the workload's seed (default: 7)"),
+         etcd_replicas: int | None = typer.Option(
+             None, "--etcd-replicas", min=1, help="run the control plane as this many "
+             "replicas over a three-member etcd cluster (default: as the fleet file says)")
          ) -> None:
     """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
     from tierlink.cli.demo import run_demo
 
     try:
         run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate,
-                 chat=chat, log_path=log, seed=seed)
+                 chat=chat, log_path=log, seed=seed, etcd_replicas=etcd_replicas)
     except TierlinkError as exc:
         fail(exc)
 
@@ -169,14 +172,17 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
 @app.command()
 def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
        run_dir: Path | None = typer.Option(None, help="logs and state (default: temp dir)"),
-       as_json: bool = typer.Option(False, "--json", help="print the endpoints as JSON")) -> None:
+       as_json: bool = typer.Option(False, "--json", help="print the endpoints as JSON"),
+       etcd_replicas: int | None = typer.Option(
+           None, "--etcd-replicas", min=1, help="run the control plane as this many replicas "
+           "over a three-member etcd cluster (default: as the fleet file says)")) -> None:
     """Run a fleet declared in FLEET_FILE until Ctrl-C."""
-    from tierlink.fleet.config import load_fleet
+    from tierlink.fleet.config import load_fleet, on_etcd
     from tierlink.fleet.launcher import launch
     from tierlink.fleet.tuning import require_fresh
 
     try:
-        config = load_fleet(fleet_file)
+        config = on_etcd(load_fleet(fleet_file), etcd_replicas)
         models, _ = zoo_models(config.zoo_profile, config.model_names())
         require_fresh(config, models, fleet_file)
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
@@ -184,7 +190,8 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
     except TierlinkError as exc:
         fail(exc)
     with fleet:
-        info = {"control": fleet.control_url, "links": fleet.links_url, "nodes": fleet.node_urls,
+        info = {"control": fleet.control_url, "control_replicas": fleet.control_urls,
+                "links": fleet.links_url, "nodes": fleet.node_urls,
                 "run_dir": str(rd), "device_cpu_throttle": fleet.cpu_mode}
         print(json.dumps(info, indent=2)) if as_json else _print_endpoints(info)
         _wait_for_signal(fleet)

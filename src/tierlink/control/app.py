@@ -1,10 +1,12 @@
 """The control plane's HTTP API: the fleet registry.
 
     POST   /v1/nodes/{node_id}/heartbeat   a node's full state, about once a second
-    GET    /v1/nodes                       alive nodes: {"nodes": [NodeRecord...], "ttl_s", "now"};
-                                           ?splits=digest: each model's "splits" replaced by
-                                           "splits_digest" (the nodes' own view: profiles are
-                                           most of the bytes and rarely change)
+    GET    /v1/nodes                       alive nodes: {"nodes": [NodeRecord...], "ttl_s", "now",
+                                           "revision"}; ?splits=digest: each model's "splits"
+                                           replaced by "splits_digest" (the nodes' own view:
+                                           profiles are most of the bytes and rarely change);
+                                           ?since=REVISION&wait=S: a watch (at most S s, then
+                                           {"unchanged": true, "revision"}; see view_watch.py)
     GET    /v1/splits/{digest}             one split profile: {"digest", "splits"} (404 when
                                            no alive node reports it)
     GET    /v1/nodes/{node_id}             one alive node (404 when unknown or expired)
@@ -58,257 +60,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 # This module is the web adapter: importing it means serving, so fastapi is imported here.
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-from pydantic import ValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tierlink.control.identity import NODE, AdminRequired, Identity, authorize
+from tierlink.control.auth import install_auth, install_identity_routes
+from tierlink.control.hard_examples import HardExampleService, install_hard_example_routes
+from tierlink.control.identity import Identity
+from tierlink.control.metrics import ControlMetrics
+from tierlink.control.registry import RegistryService, install_registry_routes
+from tierlink.control.responses import error_response
 from tierlink.control.results import DEFAULT_MAX_ROWS as DEFAULT_RESULT_ROWS
 from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
 from tierlink.control.rollout_routes import install_rollout_routes
-from tierlink.control.rollouts import RolloutController, RolloutStore
-from tierlink.control.schemas import (
-    EnrollIn,
-    HardExampleBatch,
-    HardExampleIn,
-    Heartbeat,
-    NodeRecord,
-    TokenIn,
-    format_error_list,
-    format_validation_error,
-)
+from tierlink.control.rollouts import RolloutController, Rollouts, RolloutStore
+from tierlink.control.schemas import format_error_list
 from tierlink.control.store import (
-    AddResult,
     HardExampleStore,
     RegistryStore,
     SqliteHardExampleStore,
     SqliteRegistryStore,
-    StoredExample,
 )
-from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, TierlinkError
-from tierlink.outbox import wire
+from tierlink.errors import ConfigError, TierlinkError
 from tierlink.repo.routes import install_repository_routes
 from tierlink.repo.service import RepositoryService
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-TIERS = ("device", "edge", "cloud")
 _HEARTBEAT_HINT = "send the fields of tierlink.control.schemas.Heartbeat as JSON"
-_BATCH_HINT = ("send {\"examples\": [...]} with the fields of "
-               "tierlink.control.schemas.HardExampleIn; input.data is base64 of the raw "
-               "little-endian bytes of input.datatype and input.shape")
-_EXAMPLE_HINT = ("the payload of a hard_example item has the fields of "
-                 "tierlink.control.schemas.HardExampleIn (see HardExample.to_wire)")
 _ROLLOUT_HINT = ("send {\"name\", \"version\", \"tier\"} and optional fields of "
                  "tierlink.control.schemas.RolloutIn as JSON")
-MAX_BATCH_BODY_BYTES = 64 * 1024 * 1024
-MAX_PAGE = 1000
-
-
-@dataclass(frozen=True)
-class ControlMetrics:
-    """The control plane's Prometheus series, in a registry of their own (one per app)."""
-
-    registry: CollectorRegistry
-    nodes: Gauge
-    heartbeats: Counter
-    expired: Counter
-    request_duration: Histogram
-    hard_examples: Counter
-    hard_examples_stored: Gauge
-
-    @classmethod
-    def create(cls) -> ControlMetrics:
-        registry = CollectorRegistry(auto_describe=True)
-        return cls(
-            registry=registry,
-            nodes=Gauge("tierlink_control_nodes", "Alive nodes by tier.", ["tier"],
-                        registry=registry),
-            heartbeats=Counter("tierlink_control_heartbeats", "Heartbeats accepted.",
-                               registry=registry),
-            expired=Counter("tierlink_control_expired", "Nodes expired for going silent.",
-                            registry=registry),
-            request_duration=Histogram(
-                "tierlink_control_request_duration_seconds",
-                "Control plane HTTP request duration.", ["method", "route", "status"],
-                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-                registry=registry,
-            ),
-            hard_examples=Counter(
-                "tierlink_control_hard_examples",
-                "Hard examples received, by outcome: stored, duplicate (a retried batch), "
-                "evicted (oldest, over the row cap), rejected (an invalid batch, or an "
-                "invalid item delivered to /v1/results)", ["outcome"],
-                registry=registry),
-            hard_examples_stored=Gauge("tierlink_control_hard_examples_stored",
-                                       "Hard examples in the store now", registry=registry),
-        )
-
-
-class RegistryService:
-    """What the endpoints do, apart from HTTP: store access on the injected clock, metrics.
-
-    Kept on ``app.state.registry`` so tests can drive a sweep without waiting for the task.
-    """
-
-    def __init__(self, store: RegistryStore, clock: Clock, ttl_s: float,
-                 metrics: ControlMetrics) -> None:
-        self.store = store
-        self.clock = clock
-        self.ttl_s = ttl_s
-        self.metrics = metrics
-
-    def heartbeat(self, heartbeat: Heartbeat) -> NodeRecord:
-        now = self.clock()
-        record = self.store.upsert(heartbeat, now, self.ttl_s)
-        self.metrics.heartbeats.inc()
-        if record.registered_at == now:  # the store starts a generation at exactly ``now``
-            log.info("node %s (%s, %s) registered, generation %d", record.node_id,
-                     record.tier, record.address, record.generation)
-        return record
-
-    def alive(self) -> tuple[float, list[NodeRecord]]:
-        now = self.clock()
-        return now, self.store.alive(now, self.ttl_s)
-
-    def alive_json(self, digests: bool = False) -> tuple[float, list[str]]:
-        """:meth:`alive` as each record's JSON text (``GET /v1/nodes``); ``digests``:
-        split profiles by digest."""
-        now = self.clock()
-        return now, self.store.alive_json(now, self.ttl_s, digests=digests)
-
-    def split_profile(self, digest: str) -> str | None:
-        """The JSON text of the split profile with this digest (``GET /v1/splits/...``)."""
-        return self.store.split_profile(digest)
-
-    def get(self, node_id: str) -> NodeRecord | None:
-        record = self.store.get(node_id, self.clock())
-        # Silent past the ttl but not swept yet: as good as expired.
-        return record if record is not None and record.age_s <= self.ttl_s else None
-
-    def deregister(self, node_id: str) -> bool:
-        removed = self.store.remove(node_id)
-        if removed:
-            log.info("node %s deregistered", node_id)
-        return removed
-
-    def sweep(self) -> list[str]:
-        """Expire silent nodes now; returns their ids. The background task calls this."""
-        expired = self.store.expire(self.clock(), self.ttl_s)
-        if expired:
-            self.metrics.expired.inc(len(expired))
-            log.info("expired silent nodes (no heartbeat for %.1f s): %s", self.ttl_s,
-                     ", ".join(expired))
-        return expired
-
-    def update_gauges(self) -> None:
-        counts = dict.fromkeys(TIERS, 0)
-        for record in self.alive()[1]:
-            counts[record.tier] += 1
-        for tier, count in counts.items():
-            self.metrics.nodes.labels(tier=tier).set(count)
-
-
-class HardExampleService:
-    """The hard-example endpoints apart from HTTP: the store on the injected clock, metrics.
-    Kept on ``app.state.hard_examples``."""
-
-    def __init__(self, store: HardExampleStore, clock: Clock, metrics: ControlMetrics) -> None:
-        self.store = store
-        self.clock = clock
-        self.metrics = metrics
-
-    def add(self, body: bytes, caller_node: str | None = None) -> AddResult:
-        """Validate and store one batch (``POST /v1/hard-examples``'s raw body).
-        ``caller_node``: the authenticated node that posted it (None for an operator or an
-        app without authentication); its batch may hold only its own examples, else the
-        whole batch is refused (:class:`AdminRequired`, 403) and nothing is stored."""
-        batch = _parse_batch(body, self.metrics)
-        others = sorted({e.node_id for e in batch.examples} - {caller_node})
-        if caller_node is not None and others:
-            self.metrics.hard_examples.labels(outcome="rejected").inc(len(batch.examples))
-            raise AdminRequired(f"node {caller_node!r} may not post hard examples of {others}",
-                                hint="a node posts only its own hard examples (node_id = its id)")
-        return self._store(batch.examples)
-
-    def add_delivered(self, item: wire.WireItem, sender: str) -> bool:
-        """Store one example a node delivered through its outbox: the ``hard_example``
-        handler of ``POST /v1/results`` (:class:`~tierlink.control.results.ItemHandler`).
-        True: stored now; False: already held (same node, request, model, row, created_at).
-        Raises :class:`InvalidRequest` (answered ``rejected``) when the payload is not a
-        :class:`HardExampleIn` or names another node than the item's origin."""
-        example = _parse_example(item.payload, item.path(sender)[0], self.metrics)
-        return self._store([example]).stored == 1
-
-    def _store(self, examples: list[HardExampleIn]) -> AddResult:
-        result = self.store.add(examples, self.clock())
-        for outcome, n in (("stored", result.stored), ("duplicate", result.duplicates),
-                           ("evicted", result.evicted)):
-            self.metrics.hard_examples.labels(outcome=outcome).inc(n)
-        if result.evicted:
-            log.info("hard-example store at its cap: evicted the %d oldest", result.evicted)
-        return result
-
-    def update_gauges(self) -> None:
-        self.metrics.hard_examples_stored.set(self.store.count())
-
-
-def _parse_batch(body: bytes, metrics: ControlMetrics) -> HardExampleBatch:
-    try:
-        if len(body) > MAX_BATCH_BODY_BYTES:
-            raise InvalidRequest(f"hard-example batch of {len(body)} bytes is larger than the "
-                                 f"{MAX_BATCH_BODY_BYTES} allowed", hint="send smaller batches")
-        try:
-            return HardExampleBatch.model_validate(json.loads(body))
-        except ValueError as exc:  # ValidationError is a ValueError too
-            raise _invalid_batch(exc) from None
-    except InvalidRequest:
-        metrics.hard_examples.labels(outcome="rejected").inc()
-        raise
-
-
-def _parse_example(payload: Any, origin: str, metrics: ControlMetrics) -> HardExampleIn:
-    try:
-        try:
-            example = HardExampleIn.model_validate(payload)
-        except ValidationError as exc:
-            raise InvalidRequest(format_validation_error(exc, what="hard example"),
-                                 hint=_EXAMPLE_HINT) from None
-        if example.node_id != origin:
-            raise InvalidRequest(f"invalid hard example: node_id is {example.node_id!r} but "
-                                 f"the item comes from {origin!r}",
-                                 hint="a node delivers only its own hard examples")
-    except InvalidRequest:
-        metrics.hard_examples.labels(outcome="rejected").inc()
-        raise
-    return example
-
-
-def _invalid_batch(exc: ValueError) -> InvalidRequest:
-    if isinstance(exc, ValidationError):
-        message = format_validation_error(exc, what="hard-example batch")
-    else:
-        message = f"invalid hard-example batch: the body is not JSON: {exc}"
-    return InvalidRequest(message, hint=_BATCH_HINT)
 
 
 def create_app(
@@ -325,6 +114,8 @@ def create_app(
     rollouts: bool = True,
     rollout_interval_s: float = 1.0,
     local_db: str | None = None,
+    rollout_store: Rollouts | None = None,
+    leader: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The registry app over ``store``. The caller owns ``store`` and closes it after the
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
@@ -343,11 +134,13 @@ def create_app(
     ``repository``: the model repository (``/v1/blobs``, ``/v1/models``; see
     :mod:`tierlink.repo.routes`), owned by the caller; None: no repository routes.
 
-    ``rollouts``: when ``store`` is SQLite, the app opens a
+    ``rollouts``: the app runs a :class:`RolloutController` (``app.state.rollouts``; None
+    otherwise), stepped every ``rollout_interval_s`` of real time, over ``rollout_store``
+    (the caller's) or, when ``store`` is SQLite, a
     :class:`~tierlink.control.rollouts.RolloutStore` on the same file (closed when its
-    lifespan ends) and runs a :class:`RolloutController` (``app.state.rollouts``; None
-    otherwise), stepped every ``rollout_interval_s`` of real time; only versions published
-    in ``repository`` (when given) may be rolled out."""
+    lifespan ends); only versions published in ``repository`` (when given) may be rolled
+    out. ``leader``: whether this replica steps the rollouts now (None: always); the
+    others tell nodes what the leader stored."""
     if ttl_s <= 0 or sweep_interval_s <= 0 or rollout_interval_s <= 0:
         raise ConfigError(
             f"ttl_s ({ttl_s}), sweep_interval_s ({sweep_interval_s}) and rollout_interval_s "
@@ -364,11 +157,11 @@ def create_app(
         owned.append(hard_examples.close)
     examples = None if hard_examples is None else HardExampleService(hard_examples, clock,
                                                                       metrics)
-    controller = None
-    if rollouts and isinstance(store, SqliteRegistryStore):
-        controller = RolloutController(RolloutStore(store.path), service, clock,
-                                       metrics.registry, repository)
-        owned.append(controller.store.close)
+    if rollouts and rollout_store is None and isinstance(store, SqliteRegistryStore):
+        rollout_store = RolloutStore(store.path)
+        owned.append(rollout_store.close)
+    controller = None if not rollouts or rollout_store is None else RolloutController(
+        rollout_store, service, clock, metrics.registry, repository, leader)
     results = None
     if local_db is not None:  # store-and-forward results (control/results.py)
         results = ResultStore(local_db, max_rows=result_max_rows, clock=clock)
@@ -382,10 +175,11 @@ def create_app(
     _install_error_handlers(app)
     _install_timing(app, service.metrics)
     if identity is not None:
-        _install_auth(app, identity)
-        _install_identity_routes(app, identity, service)
-    _install_routes(app, service, examples, controller)
-    _install_hard_example_routes(app, examples)
+        install_auth(app, identity)
+        install_identity_routes(app, identity, service)
+    install_registry_routes(app, service, controller.desired_for if controller else None)
+    _install_ops_routes(app, service, examples)
+    install_hard_example_routes(app, examples)
     install_rollout_routes(app, controller)
     if repository is not None:
         install_repository_routes(app, repository)
@@ -424,109 +218,8 @@ def _lifespan(service: RegistryService, sweep_interval_s: float,
     return lifespan
 
 
-def _install_auth(app: FastAPI, identity: Identity) -> None:
-    @app.middleware("http")
-    async def authenticated(request: Request, call_next: Callable[[Request], Awaitable[Response]]
-                            ) -> Response:
-        try:
-            request.state.caller = await asyncio.to_thread(
-                authorize, identity, request.method, request.url.path,
-                request.headers.get("authorization"))
-        except TierlinkError as exc:
-            return JSONResponse(exc.to_dict(), status_code=exc.http_status)
-        return await call_next(request)
-
-
-def _install_identity_routes(app: FastAPI, identity: Identity,
-                             service: RegistryService) -> None:
-    @app.post("/v1/enroll")
-    def enroll(body: EnrollIn) -> dict[str, Any]:
-        secret = identity.enroll(body.token, body.node_id, body.tier, service.clock())
-        log.info("node %s (%s) enrolled", body.node_id, body.tier)
-        return {"node_id": body.node_id, "secret": secret}
-
-    @app.post("/v1/enrollment-tokens", status_code=201)
-    def create_token(body: TokenIn) -> dict[str, Any]:
-        token = identity.create_token(service.clock(), ttl_s=body.ttl_s, uses=body.uses,
-                                      note=body.note)
-        return {"token": token, "ttl_s": body.ttl_s, "uses": body.uses, "note": body.note}
-
-    @app.get("/v1/credentials")
-    def credentials() -> dict[str, Any]:
-        return {"nodes": [{"node_id": c.node_id, "tier": c.tier, "enrolled_at": c.enrolled_at,
-                           "revoked_at": c.revoked_at} for c in identity.credentials()]}
-
-    @app.post("/v1/credentials/{node_id}/revoke")
-    def revoke(node_id: str) -> Any:
-        if not identity.revoke(node_id, service.clock()):
-            return _error(404, f"node {node_id!r} is not enrolled or already revoked",
-                          "node_not_found", "list them with GET /v1/credentials")
-        service.deregister(node_id)  # nobody routes to it any more
-        log.warning("node %s revoked", node_id)
-        return {"node_id": node_id, "revoked": True}
-
-
-def _install_routes(app: FastAPI, service: RegistryService,
-                    examples: HardExampleService | None,
-                    rollouts: RolloutController | None) -> None:
-    @app.post("/v1/nodes/{node_id}/heartbeat")
-    def heartbeat(node_id: str, body: Heartbeat) -> Any:
-        if body.node_id != node_id:
-            return _error(422, f"invalid heartbeat: node_id: {body.node_id!r} does not match "
-                          f"the path's node id {node_id!r}", "invalid_request",
-                          "post to /v1/nodes/{the body's node_id}/heartbeat")
-        record = service.heartbeat(body)
-        desired = rollouts.desired_for(node_id) if rollouts is not None else {}
-        return {"node_id": record.node_id, "generation": record.generation,
-                "registered_at": record.registered_at, "ttl_s": service.ttl_s,
-                "desired": desired, "draining": record.draining}
-
-    @app.post("/v1/nodes/{node_id}/drain")
-    def drain(node_id: str) -> Any:
-        return _drained(node_id, True)
-
-    @app.delete("/v1/nodes/{node_id}/drain")
-    def undrain(node_id: str) -> Any:
-        return _drained(node_id, False)
-
-    def _drained(node_id: str, draining: bool) -> Any:
-        if draining and service.get(node_id) is None:
-            return _unknown(node_id)
-        changed = service.store.drain(node_id, draining)
-        if changed:
-            log.warning("node %s %s", node_id, "drained" if draining else "undrained")
-        return {"node_id": node_id, "draining": draining, "changed": changed}
-
-    @app.get("/v1/nodes")
-    def nodes(splits: Literal["full", "digest"] = "full") -> Response:
-        # The stored heartbeat texts, spliced: every node reads this every second, so its
-        # cost grows with the square of the fleet; nothing is decoded or encoded again.
-        # splits=digest: profiles (most of a record's bytes) by digest, fetched once each.
-        now, records = service.alive_json(digests=splits == "digest")
-        tail = json.dumps({"ttl_s": service.ttl_s, "now": now})[1:]
-        return Response(('{"nodes":[' + ",".join(records) + "]," + tail).encode(),
-                        media_type="application/json")
-
-    @app.get("/v1/splits/{digest}")
-    def split_profile(digest: str) -> Response:
-        text = service.split_profile(digest)
-        if text is None:
-            return _error(404, f"no alive node reports a split profile with digest {digest!r}",
-                          "split_profile_not_found", "fetch GET /v1/nodes?splits=digest again")
-        return Response(f'{{"digest":{json.dumps(digest)},"splits":{text}}}'.encode(),
-                        media_type="application/json")
-
-    @app.get("/v1/nodes/{node_id}")
-    def node(node_id: str) -> Any:
-        record = service.get(node_id)
-        return _unknown(node_id) if record is None else record.model_dump(mode="json")
-
-    @app.delete("/v1/nodes/{node_id}", status_code=204, response_class=Response)
-    def deregister(node_id: str) -> Response:
-        if not service.deregister(node_id):
-            return _unknown(node_id)
-        return Response(status_code=204)
-
+def _install_ops_routes(app: FastAPI, service: RegistryService,
+                        examples: HardExampleService | None) -> None:
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "nodes": len(service.alive()[1])}
@@ -540,103 +233,19 @@ def _install_routes(app: FastAPI, service: RegistryService,
                         media_type=CONTENT_TYPE_LATEST)
 
 
-def _install_hard_example_routes(app: FastAPI, examples: HardExampleService | None) -> None:
-    def need() -> HardExampleService:
-        if examples is None:
-            raise ControlPlaneError("this control plane keeps no hard-example store",
-                                    hint="run `tierlink control` with a SQLite --db")
-        return examples
-
-    @app.post("/v1/hard-examples")
-    async def post_examples(request: Request) -> dict[str, int]:
-        body = await request.body()  # raw: validated by HardExampleBatch, 400 when bad
-        caller = getattr(request.state, "caller", None)
-        node = caller.node_id if caller is not None and caller.kind == NODE else None
-        result = await asyncio.to_thread(need().add, body, node)  # decode + SQLite off the loop
-        return {"stored": result.stored, "duplicates": result.duplicates,
-                "evicted": result.evicted}
-
-    # Plain `def` handlers: FastAPI runs them on a worker thread, off the event loop.
-    @app.get("/v1/hard-examples")
-    def list_examples(model: str | None = None, node: str | None = None, after_id: int = 0,
-                      limit: int = 100) -> dict[str, Any]:
-        limit = _page_size(limit)
-        records = need().store.page(model=model, node=node, after_id=after_id, limit=limit)
-        return {"examples": [r.model_dump(mode="json") for r in records],
-                "next_after_id": records[-1].id if len(records) == limit else None}
-
-    @app.get("/v1/hard-examples/export")
-    def export_examples(model: str | None = None, node: str | None = None,
-                        limit: int | None = None) -> Response:
-        rows = need().store.export(model=model, node=node, limit=limit)
-        return Response(to_npz(rows), media_type="application/octet-stream", headers={
-            "Content-Disposition": 'attachment; filename="hard-examples.npz"',
-            "X-Tierlink-Examples": str(len(rows))})
-
-
-def _page_size(limit: int) -> int:
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidRequest(f"limit must be in 1..{MAX_PAGE}, got {limit}",
-                             hint="page with after_id=<the last id you got>")
-    return limit
-
-
-def to_npz(rows: list[StoredExample]) -> bytes:
-    """The exported examples as ``.npz`` bytes (``numpy.load`` reads them without pickle):
-    ``inputs`` (N, *shape), ``labels`` (N,) int64 (-1: unknown), ``predictions`` (N,) int64,
-    ``confidences`` (N,) float32, ``ids`` (N,) int64, ``created_at`` (N,) float64 and the
-    strings ``models``, ``nodes``, ``privacy``, ``request_ids`` (N,). Every input must have
-    the same datatype and shape (filter by ``model`` otherwise)."""
-    import numpy as np
-
-    from tierlink.transport.oip import numpy_dtype
-
-    kinds = {(r.record.datatype, tuple(r.record.shape)) for r in rows}
-    if len(kinds) > 1:
-        raise InvalidRequest(f"the selected hard examples have {len(kinds)} different input "
-                             f"types/shapes ({sorted(kinds)[:3]}...); cannot stack them",
-                             hint="export one model at a time: ?model=NAME")
-    datatype, shape = next(iter(kinds), ("FP32", ()))
-    inputs = np.stack([np.frombuffer(r.data, numpy_dtype(datatype)).reshape(shape)
-                       for r in rows]) if rows else np.zeros((0,), np.float32)
-    column = [r.record for r in rows]
-    buffer = io.BytesIO()
-    np.savez_compressed(
-        buffer, inputs=inputs,
-        labels=np.array([r.label for r in column], np.int64),
-        predictions=np.array([r.prediction for r in column], np.int64),
-        confidences=np.array([r.confidence for r in column], np.float32),
-        ids=np.array([r.id for r in column], np.int64),
-        created_at=np.array([r.created_at for r in column], np.float64),
-        models=np.array([r.model for r in column], np.str_),
-        nodes=np.array([r.node_id for r in column], np.str_),
-        privacy=np.array([r.privacy for r in column], np.str_),
-        request_ids=np.array([r.request_id for r in column], np.str_))
-    return buffer.getvalue()
-
-
-def _unknown(node_id: str) -> Response:
-    return _error(404, f"node {node_id!r} is not registered (unknown, expired or deregistered)",
-                  "node_not_found", "list the alive nodes with GET /v1/nodes")
-
-
-def _error(status: int, message: str, code: str, hint: str) -> Response:
-    return JSONResponse({"error": message, "code": code, "hint": hint}, status_code=status)
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
         if request.url.path.startswith("/v1/hard-examples"):  # a bad query parameter
             message = format_error_list(exc.errors(), what="hard-example query",
                                         strip_first=True)
-            return _error(400, message, "invalid_request", "see GET /docs for the parameters")
+            return error_response(400, message, "invalid_request", "see GET /docs for the parameters")
         if request.url.path.startswith("/v1/rollouts"):
             message = format_error_list(exc.errors(), what="rollout request",
                                         strip_first=True)
-            return _error(400, message, "invalid_request", _ROLLOUT_HINT)
+            return error_response(400, message, "invalid_request", _ROLLOUT_HINT)
         message = format_error_list(exc.errors(), what="heartbeat", strip_first=True)
-        return _error(422, message, "invalid_request", _HEARTBEAT_HINT)
+        return error_response(422, message, "invalid_request", _HEARTBEAT_HINT)
 
     @app.exception_handler(TierlinkError)
     async def tierlink_error(_request: Request, exc: TierlinkError) -> Response:

@@ -122,6 +122,29 @@ class ControlClient:
             )
         return nodes
 
+    async def nodes_since(self, since: str | None, wait_s: float = 0.0
+                          ) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """Watch the view (split profiles by digest): ``(nodes, revision)`` once it has
+        moved past ``since`` (None: now), ``(None, revision)`` when it is still there after
+        ``wait_s`` seconds. A control plane that predates watches answers the full view at
+        once, without a revision."""
+        params: dict[str, str | float] = {"splits": "digest"}
+        if since is not None:
+            params.update(since=since, wait=wait_s)
+        response = await self._call("GET", "/v1/nodes", "the node list", params=params,
+                                    timeout_s=self.timeout_s + wait_s)
+        payload = _json_object(response, self._url("/v1/nodes"))
+        revision = payload.get("revision")
+        revision = revision if isinstance(revision, str) else None
+        if payload.get("unchanged") is True:
+            return None, revision
+        nodes = payload.get("nodes")
+        if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
+            raise ControlPlaneError(
+                f"control plane at {self._url('/v1/nodes')} answered without a 'nodes' list",
+                hint="is the URL a tierlink control plane of a compatible version?")
+        return nodes, revision
+
     async def split_profile(self, digest: str) -> list[dict[str, Any]]:
         """The split profile (a model's ``splits`` list) with this digest."""
         path = f"/v1/splits/{digest}"
@@ -206,14 +229,17 @@ class ControlClient:
 
     async def _call(self, method: str, path: str, what: str, *,
                     json: Mapping[str, Any] | None = None,
-                    params: Mapping[str, str | int] | None = None,
-                    allow: frozenset[int] | set[int] = frozenset()) -> httpx.Response:
+                    params: Mapping[str, str | int | float] | None = None,
+                    allow: frozenset[int] | set[int] = frozenset(),
+                    timeout_s: float | None = None) -> httpx.Response:
         """One request, with every httpx failure and error status mapped here, once; a
         replica that cannot be reached hands the call to the next."""
         for attempt in range(len(self.replicas)):
             url = self._url(path)
             try:
-                response = await self._http.request(method, url, json=json, params=params)
+                response = await self._http.request(
+                    method, url, json=json, params=params,
+                    timeout=self.timeout_s if timeout_s is None else timeout_s)
             except httpx.HTTPError as exc:
                 if attempt + 1 < len(self.replicas):
                     self._next_replica(url, exc)
@@ -317,23 +343,45 @@ class RegistryCache:
         self.failures = 0  # failed refreshes, ever
         self.consecutive_failures = 0
         self.last_error: str | None = None
+        self.view_revision: str | None = None  # the control plane's, for watching
         self._profiles: dict[str, tuple[SplitPoint, ...]] = {}  # digest -> parsed profile
 
-    async def refresh(self) -> bool:
-        """Fetch the view; on failure keep the previous one and count. True on success."""
+    async def refresh(self, wait_s: float = 0.0) -> bool:
+        """Fetch the view; on failure keep the previous one and count. True on success.
+        A source that can watch (:meth:`ControlClient.nodes_since`) is asked for changes
+        since the view this cache holds, waiting up to ``wait_s`` for one; an unchanged
+        answer keeps the view and counts as fresh."""
+        watching = hasattr(self.source, "nodes_since")
         try:
-            nodes = await self.source.nodes(digests=True)
-            await self._resolve_profiles(nodes)
+            if watching:
+                nodes, view_revision = await self.source.nodes_since(  # type: ignore[attr-defined]
+                    self.view_revision, wait_s)
+            else:
+                nodes, view_revision = await self.source.nodes(digests=True), None
+            if nodes is not None:
+                await self._resolve_profiles(nodes)
         except ControlPlaneError as exc:
             self.failures += 1
             self.consecutive_failures += 1
             self.last_error = str(exc)
             return False
-        self.nodes = nodes
+        if nodes is not None:
+            self.nodes = nodes
+            self.revision += 1
+        self.view_revision = view_revision
         self.fetched_at = self.clock()
-        self.revision += 1
         self.consecutive_failures = 0
         return True
+
+    async def watch(self, min_interval_s: float = 1.0, wait_s: float = 10.0) -> None:
+        """Keep the view current until cancelled: each answer comes as soon as the view
+        changes (at most one fetch per ``min_interval_s`` while it keeps changing), or
+        after ``wait_s`` of quiet; a failure is retried every ``min_interval_s``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.refresh(wait_s=wait_s)
+            await asyncio.sleep(max(0.0, min_interval_s - (loop.time() - started)))
 
     async def _resolve_profiles(self, nodes: list[dict[str, Any]]) -> None:
         """Put each model's parsed profile in place of its digest (fetching the new ones);

@@ -12,10 +12,13 @@ Keys (under ``prefix``, default ``/tierlink/registry/``):
 
 Every replica keeps the whole view in memory, fed by a **watch** on the prefix (its own
 writes go in at once, so a node reads what it just wrote), and answers reads from it:
-``GET /v1/nodes`` never touches etcd. A heartbeat that carries nothing new costs no write:
-the replica renews the node's lease at most every ``ttl/3`` and otherwise only notes the
-time. A changed heartbeat is one put on the node's lease; a new generation (new node,
-restart, came back after expiry) is a lease grant and a transaction.
+``GET /v1/nodes`` never touches etcd. A heartbeat that carries nothing new mostly costs no
+call at all: the replica renews the node's lease at most every ``ttl/3`` and rewrites its
+``last_seen`` at most every ``ttl/2`` (so other replicas know how recently it was heard),
+and otherwise only notes the time. A changed heartbeat is one put on the node's lease; a
+new generation (new node, restart, came back after expiry) is a lease grant and a
+transaction. A node whose heartbeats move to another replica keeps its generation: that
+replica renews the lease it finds on the key.
 
 The lease outlives the ttl by ``ttl/3`` (renewals come at most that often), so a silent
 node leaves the view between ``ttl`` and ``4/3 ttl`` after its last heartbeat. ``age_s`` is
@@ -101,8 +104,10 @@ class EtcdRegistryStore:
         with self._node_lock(heartbeat.node_id):
             with self._lock:
                 entry = self._entries.get(heartbeat.node_id)
-            if entry is None or entry.started_at != heartbeat.started_at \
-                    or now - entry.seen() > ttl:
+            # The key's presence is the lease's word that the node is alive: a replica
+            # that learned it through the watch renews that lease (or re-registers the
+            # node when it has run out) at the node's first heartbeat here.
+            if entry is None or entry.started_at != heartbeat.started_at:
                 entry = self._register(heartbeat, body, now, ttl, entry)
             else:
                 entry = self._refresh(entry, heartbeat, body, now, ttl)
@@ -164,6 +169,13 @@ class EtcdRegistryStore:
         with self._lock:
             self._changed.notify_all()
         return True
+
+    def view_revision(self) -> str:
+        """etcd's revision the view has caught up with: global to the cluster, so a node
+        that moves to another replica keeps its place."""
+        with self._lock:
+            revision = self._revision
+        return f"etcd:{max(revision, self._drains.revision)}"
 
     def _drained(self, node_id: str) -> bool:
         return self._drains.get(node_id) is not None
@@ -265,8 +277,10 @@ class EtcdRegistryStore:
             if self.etcd.keepalive(entry.lease) <= 0:  # it ran out between two heartbeats
                 return self._register(heartbeat, body, now, ttl, None)
             entry = replace(entry, renewed_at=now)
-        if body != entry.decoded.body:
-            decoded = _decode(body, heartbeat)
+        # A changed heartbeat is written; an unchanged one only every ttl/2, so other
+        # replicas can still tell how recently the node was heard.
+        if body != entry.decoded.body or now - entry.last_seen >= ttl / 2:
+            decoded = entry.decoded if body == entry.decoded.body else _decode(body, heartbeat)
             revision = self.etcd.put(self._nodes + heartbeat.node_id,
                                      _value(body, entry.registered_at, now, entry.generation),
                                      lease=entry.lease)

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -80,7 +80,7 @@ from tierlink.rollout import (
 from tierlink.sqlite_store import mapped_errors, open_store
 
 if TYPE_CHECKING:
-    from tierlink.control.app import RegistryService
+    from tierlink.control.registry import RegistryService
     from tierlink.repo.service import RepositoryService
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,26 @@ class StoredRollout:
     share: float
     created_at: float
     updated_at: float
+
+
+class Rollouts(Protocol):
+    """Where rollouts live: :class:`RolloutStore` (SQLite), or
+    :class:`~tierlink.control.etcd_rollouts.EtcdRolloutStore` (shared by replicas)."""
+
+    def create(self, spec: RolloutSpec, decision: Decision, now: float) -> StoredRollout: ...
+
+    def save(self, rollout: StoredRollout, decision: Decision,
+             now: float) -> StoredRollout: ...
+
+    def get(self, rollout_id: int) -> StoredRollout | None: ...
+
+    def recent(self, model: str | None = None, limit: int = ...) -> list[StoredRollout]: ...
+
+    def current(self) -> tuple[list[StoredRollout], dict[int, str]]: ...
+
+    def transitions(self, rollout_id: int) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
 
 
 class RolloutStore:
@@ -251,7 +271,7 @@ class RolloutStore:
         decoded = []
         for row in rows:
             try:
-                decoded.append(_decode(row))
+                decoded.append(decode_row(row))
             except ConfigError as exc:
                 if damaged is None:
                     raise
@@ -269,7 +289,9 @@ def _mutable(decision: Decision) -> tuple[Any, ...]:
             json.dumps([a.to_dict() for a in decision.assignments]), decision.share)
 
 
-def _decode(row: Sequence[Any]) -> StoredRollout:
+def decode_row(row: Sequence[Any]) -> StoredRollout:
+    """A stored rollout from its columns (id, spec, state, assignments as JSON text, share,
+    created and updated at); ``ConfigError`` when it does not decode."""
     rollout_id, spec, state, assignments, share, created_at, updated_at = row
     try:
         decoded = [Assignment.from_dict(a) for a in json.loads(assignments)]
@@ -377,10 +399,11 @@ class RolloutController:
     ``metrics``: the registry the transition counter goes in; ``repository``: when given,
     only published versions may be rolled out."""
 
-    def __init__(self, store: RolloutStore, registry: RegistryService, clock: Clock,
-                 metrics: CollectorRegistry, repository: RepositoryService | None = None
-                 ) -> None:
+    def __init__(self, store: Rollouts, registry: RegistryService, clock: Clock,
+                 metrics: CollectorRegistry, repository: RepositoryService | None = None,
+                 leader: Callable[[], bool] | None = None) -> None:
         self.store = store
+        self.leader = leader  # None: this controller steps the rollouts alone
         self.registry = registry
         self.clock = clock
         self.repository = repository
@@ -439,6 +462,12 @@ class RolloutController:
             current, damaged = self.store.current()
             self._report_damaged(damaged)
             kept = {i: self._published[i] for i in damaged if i in self._published}
+            if self.leader is not None and not self.leader():
+                # Another replica steps them: tell nodes what it stored.
+                published = {**kept, **{r.id: _Published(r.spec.name, r.spec.tier.label,
+                                                          r.assignments) for r in current}}
+                self._published, self._desired = published, _desired(published.values())
+                return
             if not current:
                 self._published, self._desired = kept, _desired(kept.values())
                 return
@@ -461,7 +490,11 @@ class RolloutController:
             return rollout.assignments
         decision = step(spec, state, fleet)
         if decision.state != state or decision.assignments != rollout.assignments:
-            self.store.save(rollout, decision, now)
+            try:
+                self.store.save(rollout, decision, now)
+            except RolloutError as exc:  # an operator acted at another replica meanwhile
+                log.info("rollout %d: %s; stepping again next tick", rollout.id, exc)
+                return rollout.assignments
             self._announce(rollout.id, spec, decision.transitions)
         return decision.assignments
 

@@ -29,7 +29,10 @@ from tierlink.errors import ConfigError, TierlinkError
 
 if TYPE_CHECKING:
     from tierlink.control.identity import Identity
+    from tierlink.control.rollouts import Rollouts
     from tierlink.control.store import RegistryStore
+    from tierlink.etcd.client import Etcd
+    from tierlink.etcd.leader import Leadership
     from tierlink.repo.service import RepositoryService
     from tierlink.repo.store import VersionStore
 
@@ -70,8 +73,9 @@ def run_control(
 
     With ``etcd_endpoints`` this is one **replica** of a control plane whose registry,
     credentials and published versions live in etcd (any number of replicas serve the same
-    fleet; they share ``repo_dir`` and the admin token). Hard examples and delivered results
-    stay in the replica's own ``db_path``; rollouts need the SQLite control plane for now.
+    fleet; they share ``repo_dir`` and the admin token), and so do rollouts (one replica,
+    the leader of an etcd lease, steps them). Hard examples and delivered results stay in
+    the replica's own ``db_path``.
 
     Raises :class:`~tierlink.errors.ConfigError` when the port cannot be bound and
     :class:`~tierlink.errors.ControlPlaneError` when the database cannot be opened.
@@ -84,11 +88,12 @@ def run_control(
         token_file = None if open_registry else \
             (admin_token_file or Path(f"{db_path}.admin-token"))
         with _stores(db_path, etcd_endpoints, token_file, repo_dir,
-                     tuple(trusted_publishers)) as (store, identity, repository):
+                     tuple(trusted_publishers)) as (store, identity, repository, shared):
             app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
                              result_max_rows=result_rows, identity=identity,
-                             repository=repository, rollouts=not etcd_endpoints,
-                             local_db=str(db_path))
+                             repository=repository, local_db=str(db_path),
+                             rollout_store=shared.rollouts, leader=shared.leader(
+                                 f"{host}:{actual_port}"))
             _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
     finally:
         sock.close()
@@ -99,8 +104,9 @@ def run_control(
 @contextmanager
 def _stores(db_path: str | Path, etcd_endpoints: tuple[str, ...], token_file: Path | None,
             repo_dir: Path | None, trusted: tuple[str, ...]
-            ) -> Iterator[tuple[RegistryStore, Identity | None, RepositoryService]]:
-    """The registry, identity and repository stores, on SQLite or etcd; closed after."""
+            ) -> Iterator[tuple[RegistryStore, Identity | None, RepositoryService, _Shared]]:
+    """The registry, identity and repository stores, on SQLite or etcd (and, on etcd, the
+    rollouts and who steps them); closed after."""
     from tierlink.control.identity import IdentityStore, load_or_create_admin_token
     from tierlink.control.store import SqliteRegistryStore
     from tierlink.repo.blobs import BlobStore
@@ -114,6 +120,7 @@ def _stores(db_path: str | Path, etcd_endpoints: tuple[str, ...], token_file: Pa
         store: RegistryStore
         identity: Identity | None = None
         versions: VersionStore
+        shared = _Shared()
         if etcd_endpoints:
             from tierlink.control.etcd_identity import EtcdIdentityStore
             from tierlink.control.etcd_store import EtcdRegistryStore
@@ -123,6 +130,8 @@ def _stores(db_path: str | Path, etcd_endpoints: tuple[str, ...], token_file: Pa
             etcd = stack.enter_context(Etcd(etcd_endpoints))
             store = stack.enter_context(_closing(EtcdRegistryStore(etcd).start()))
             versions = EtcdVersionStore(etcd)
+            shared = _Shared(etcd)
+            stack.callback(shared.resign)
             if admin is not None:
                 identity = stack.enter_context(_closing(EtcdIdentityStore(etcd, admin).start()))
             log.info("registry, credentials and versions in etcd at %s", ",".join(etcd_endpoints))
@@ -133,7 +142,33 @@ def _stores(db_path: str | Path, etcd_endpoints: tuple[str, ...], token_file: Pa
                 identity = stack.enter_context(_closing(IdentityStore(db_path, admin)))
         repository = RepositoryService(versions, BlobStore(repo_dir or Path(f"{db_path}.blobs")),
                                        trusted_publishers=trusted)
-        yield store, identity, repository
+        yield store, identity, repository, shared
+
+
+class _Shared:
+    """What replicas over etcd share besides the registry: the rollouts, and the lead of
+    whoever steps them (nothing without etcd: the app keeps rollouts in its SQLite file)."""
+
+    def __init__(self, etcd: Etcd | None = None) -> None:
+        self.etcd = etcd
+        self._leadership: Leadership | None = None
+        self.rollouts: Rollouts | None = None
+        if etcd is not None:
+            from tierlink.control.etcd_rollouts import EtcdRolloutStore
+
+            self.rollouts = EtcdRolloutStore(etcd)
+
+    def leader(self, name: str) -> Callable[[], bool] | None:
+        if self.etcd is None:
+            return None
+        from tierlink.etcd.leader import Leadership
+
+        self._leadership = Leadership(self.etcd, "/tierlink/leader/rollouts", name)
+        return self._leadership.holds
+
+    def resign(self) -> None:
+        if self._leadership is not None:
+            self._leadership.resign()
 
 
 @contextmanager

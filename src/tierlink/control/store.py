@@ -26,6 +26,7 @@ import hashlib
 import json
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -127,6 +128,12 @@ class RegistryStore(Protocol):
         node's restarts. False when nothing changed."""
         ...
 
+    def view_revision(self) -> str:
+        """A token that changes whenever what ``alive_json`` lists does (a node joins,
+        leaves, restarts, sends a changed heartbeat, is drained), and only then: the
+        ``since`` a watching node sends back (``GET /v1/nodes?since=...&wait=...``)."""
+        ...
+
     def close(self) -> None:
         """Release the store; it must not be used afterwards."""
         ...
@@ -155,6 +162,8 @@ class SqliteRegistryStore:
         self._decoded: dict[str, Decoded] = {}  # node id -> its last heartbeat
         self._profiles: dict[str, str] = {}  # digest -> a split profile's JSON text
         self._drained = {row[0] for row in self._conn.execute("SELECT node_id FROM drains")}
+        self._epoch = uuid.uuid4().hex[:12]  # a restarted store never repeats a revision
+        self._changes = 0
 
     # -- RegistryStore ---------------------------------------------------------------------
 
@@ -167,6 +176,10 @@ class SqliteRegistryStore:
                 (heartbeat.node_id,),
             ).fetchone()
             registered_at, generation = _next_generation(row, heartbeat, now, ttl_s)
+            previous = self._decoded.get(heartbeat.node_id)
+            if previous is None or previous.body != body or row is None \
+                    or (row[3], row[4]) != (generation, "alive"):
+                self._changes += 1
             self._conn.execute(
                 "INSERT INTO nodes (node_id, tier, heartbeat, started_at, registered_at,"
                 " last_seen, generation, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive')"
@@ -248,6 +261,7 @@ class SqliteRegistryStore:
                 "UPDATE nodes SET state = 'deregistered' WHERE node_id = ? AND state = 'alive'",
                 (node_id,),
             )
+            self._changes += cursor.rowcount > 0
         return cursor.rowcount > 0
 
     def expire(self, now: float, ttl_s: float) -> list[str]:
@@ -260,6 +274,7 @@ class SqliteRegistryStore:
                     (now - ttl_s,),
                 )
             ]
+            self._changes += bool(ids)
             # Forget tombstones nobody came back for, so ephemeral ids do not pile up.
             self._conn.execute(
                 "DELETE FROM nodes WHERE state != 'alive' AND last_seen < ?",
@@ -278,7 +293,11 @@ class SqliteRegistryStore:
             else:
                 self._conn.execute("DELETE FROM drains WHERE node_id = ?", (node_id,))
                 self._drained.discard(node_id)
+            self._changes += 1
         return True
+
+    def view_revision(self) -> str:
+        return f"{self._epoch}:{self._changes}"
 
     def close(self) -> None:
         with self._lock:

@@ -129,6 +129,14 @@ class FleetConfig:
         return tuple(link for link in self.links if link.src == node_id)
 
 
+def on_etcd(config: FleetConfig, replicas: int | None) -> FleetConfig:
+    """The fleet with its control plane as ``replicas`` replicas over a three-member etcd
+    cluster (``tierlink up/demo --etcd-replicas N``); unchanged when ``replicas`` is None."""
+    if replicas is None:
+        return config
+    return replace(config, control_store="etcd", control_replicas=replicas, etcd_members=3)
+
+
 def load_fleet(path: str | Path) -> FleetConfig:
     """Read and validate a fleet file."""
     p = Path(path)

@@ -9,6 +9,7 @@ At start the node serves each model's last good version (its A/B slots under
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -90,21 +91,29 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
                                            log_level="warning", access_log=False,
                                            timeout_keep_alive=30))
     serving = asyncio.create_task(server.serve())
-    beat = HeartbeatLoop(control, cache, on_answer=service.apply_answer) if control else None
+    beat = HeartbeatLoop(control, None, on_answer=service.apply_answer) if control else None
+    watching: asyncio.Task[None] | None = None
     try:
         port = await _wait_started(server, serving)
         address = spec.advertised(port)
-        if beat:
-            # Register and learn the fleet before saying "ready"; then beat on a fixed rate.
+        if beat and cache:
+            # Register and learn the fleet before saying "ready"; then beat on a fixed rate
+            # and watch the view (a change arrives at once; a quiet fleet costs nothing).
             await beat.beat(lambda: service.heartbeat_body(address))
+            await cache.refresh()
             service.refresh_view()
             beat.start(lambda: service.heartbeat_body(address), spec.heartbeat_s)
+            watching = asyncio.create_task(cache.watch(spec.heartbeat_s), name="view-watch")
         app.state.ready = True
         _write_ready(spec, port)
         log.info("node %s (%s) serving on http://%s:%s, registered as %s", spec.node_id,
                  spec.tier.label, spec.host, port, address)
         await serving
     finally:
+        if watching is not None:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
         if beat:
             await beat.stop(deregister=True)
         if control:
