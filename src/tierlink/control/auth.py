@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from tierlink.control.identity import Identity, authorize
@@ -21,16 +20,31 @@ log = logging.getLogger(__name__)
 
 
 def install_auth(app: FastAPI, identity: Identity) -> None:
-    @app.middleware("http")
-    async def authenticated(request: Request, call_next: Callable[[Request], Awaitable[Response]]
-                            ) -> Response:
+    """Every call is authorized before it reaches a route (``request.state.caller``: who
+    made it); a refusal is the error's JSON (401 / 403). A plain ASGI middleware: no task
+    or stream per call."""
+    app.add_middleware(_Authenticated, identity=identity)
+
+
+class _Authenticated:
+    def __init__(self, app: Any, identity: Identity) -> None:
+        self.app, self.identity = app, identity
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        header = headers.get(b"authorization")
         try:
-            request.state.caller = await asyncio.to_thread(
-                authorize, identity, request.method, request.url.path,
-                request.headers.get("authorization"))
+            caller = await asyncio.to_thread(
+                authorize, self.identity, scope["method"], scope["path"],
+                None if header is None else header.decode("latin-1"))
         except TierlinkError as exc:
-            return JSONResponse(exc.to_dict(), status_code=exc.http_status)
-        return await call_next(request)
+            await JSONResponse(exc.to_dict(), status_code=exc.http_status)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["caller"] = caller
+        await self.app(scope, receive, send)
 
 
 def install_identity_routes(app: FastAPI, identity: Identity,

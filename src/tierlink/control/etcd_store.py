@@ -114,6 +114,18 @@ class EtcdRegistryStore:
         return record(heartbeat, entry.registered_at, entry.seen(), entry.generation, now,
                       self._drained(heartbeat.node_id))
 
+    def repeat(self, node_id: str, now: float, ttl_s: float) -> NodeRecord | None:
+        """In memory when neither the lease's renewal nor a ``last_seen`` write is due."""
+        with self._lock:
+            entry = self._entries.get(node_id)
+            if entry is None or now - entry.renewed_at >= ttl_s / 3 \
+                    or now - entry.last_seen >= ttl_s / 2:
+                return None
+            entry = replace(entry, heard_at=now)
+            self._entries[node_id] = entry
+        return record(entry.decoded.heartbeat, entry.registered_at, entry.seen(),
+                      entry.generation, now, self._drained(node_id))
+
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         with self._lock:
             entries = sorted(self._entries.items())

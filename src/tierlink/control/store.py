@@ -95,6 +95,12 @@ class RegistryStore(Protocol):
         ``ttl_s`` (when given) even if no expiry sweep ran yet."""
         ...
 
+    def repeat(self, node_id: str, now: float, ttl_s: float) -> NodeRecord | None:
+        """The node sent the very heartbeat it sent last: note that it was heard at ``now``
+        and return its record, as cheaply as the store can; None when that is not enough
+        (unknown, expired, silent past ``ttl_s``, or a write is due): then :meth:`upsert`."""
+        ...
+
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         """Nodes heard from within ``ttl_s`` of ``now`` and not removed, by node id."""
         ...
@@ -193,6 +199,17 @@ class SqliteRegistryStore:
             self._remember(heartbeat.node_id, body, heartbeat)
         return record(heartbeat, registered_at, now, generation, now,
                       heartbeat.node_id in self._drained)
+
+    def repeat(self, node_id: str, now: float, ttl_s: float) -> NodeRecord | None:
+        with self._lock, self._guard("record a heartbeat"), self._conn:
+            row = self._conn.execute(
+                "UPDATE nodes SET last_seen = ? WHERE node_id = ? AND state = 'alive'"
+                " AND last_seen >= ? RETURNING registered_at, generation",
+                (now, node_id, now - ttl_s)).fetchone()
+            decoded = self._decoded.get(node_id)
+        if row is None or decoded is None:
+            return None
+        return record(decoded.heartbeat, row[0], now, row[1], now, node_id in self._drained)
 
     def alive(self, now: float, ttl_s: float) -> list[NodeRecord]:
         with self._lock, self._guard("list nodes"):
