@@ -161,3 +161,19 @@ def test_a_quiet_node_moving_replica_keeps_its_generation(replicas, hb):
     assert b.upsert(hb(), time.time(), 1.0).generation == 1
     got = b.get("edge-1", time.time())
     assert got is not None and got.age_s < 1.0
+
+
+def test_quiet_nodes_cost_one_batched_renewal_and_one_transaction(replicas, hb):
+    a = replicas()
+    t0 = time.time()
+    for i in range(50):
+        a.upsert(hb(node_id=f"dev-{i:02d}"), t0, 3.0)
+    before = int(a.etcd.status()["header"]["revision"])
+    for i in range(50):  # 1.6 s later (a fake clock ahead of time): renewal and a rewrite due
+        assert a.repeat(f"dev-{i:02d}", t0 + 1.6, 3.0) is not None
+    assert a.repeat("dev-99", t0 + 1.6, 3.0) is None  # unknown: the whole path
+    # The renewer's next round: 50 leases in one call, 50 last_seen in one transaction.
+    assert eventually(lambda: int(a.etcd.status()["header"]["revision"]) == before + 1)
+    time.sleep(1.2)
+    assert int(a.etcd.status()["header"]["revision"]) == before + 1
+    assert all(r.last_seen == t0 + 1.6 for r in a.alive(t0 + 1.6, 3.0))

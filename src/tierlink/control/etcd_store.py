@@ -12,12 +12,13 @@ Keys (under ``prefix``, default ``/tierlink/registry/``):
 
 Every replica keeps the whole view in memory, fed by a **watch** on the prefix (its own
 writes go in at once, so a node reads what it just wrote), and answers reads from it:
-``GET /v1/nodes`` never touches etcd. A heartbeat that carries nothing new mostly costs no
-call at all: the replica renews the node's lease at most every ``ttl/3`` and rewrites its
-``last_seen`` at most every ``ttl/2`` (so other replicas know how recently it was heard),
-and otherwise only notes the time. A changed heartbeat is one put on the node's lease; a
-new generation (new node, restart, came back after expiry) is a lease grant and a
-transaction. A node whose heartbeats move to another replica keeps its generation: that
+``GET /v1/nodes`` never touches etcd. A heartbeat that carries nothing new costs no call:
+the replica notes the time, and a renewer thread renews, every half second and in one
+call, the leases of the nodes heard at least ``ttl/3`` after their last renewal, and
+rewrites ``last_seen`` (so other replicas know how recently a node was heard) of those
+heard ``ttl/2`` after it was written, 100 to a transaction. A changed heartbeat is one put
+on the node's lease; a new generation (new node, restart, came back after expiry) is a
+lease grant and a transaction. A node whose heartbeats move to another replica keeps its generation: that
 replica renews the lease it finds on the key.
 
 The lease outlives the ttl by ``ttl/3`` (renewals come at most that often), so a silent
@@ -42,6 +43,7 @@ from tierlink.etcd.mirror import Mirror
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/tierlink/registry/"
+RENEW_EVERY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,8 @@ class EtcdRegistryStore:
         self._revision = 0
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._renewer: threading.Thread | None = None
+        self._ttl = 5.0  # the control plane's, as its last heartbeat call said
 
     def start(self) -> EtcdRegistryStore:
         self._drains.start()
@@ -94,12 +98,16 @@ class EtcdRegistryStore:
             target=self.etcd.watch, name="registry-watch", daemon=True,
             args=(self._nodes, revision + 1, self._apply, self._stop, self._load))
         self._watcher.start()
+        self._renewer = threading.Thread(target=self._renew_forever, name="registry-renew",
+                                         daemon=True)
+        self._renewer.start()
         return self
 
     # -- RegistryStore ---------------------------------------------------------------------
 
     def upsert(self, heartbeat: Heartbeat, now: float, ttl_s: float | None = None) -> NodeRecord:
-        ttl = 5.0 if ttl_s is None else ttl_s
+        ttl = self._ttl if ttl_s is None else ttl_s
+        self._ttl = ttl
         body = heartbeat.model_dump_json()
         with self._node_lock(heartbeat.node_id):
             with self._lock:
@@ -115,14 +123,14 @@ class EtcdRegistryStore:
                       self._drained(heartbeat.node_id))
 
     def repeat(self, node_id: str, now: float, ttl_s: float) -> NodeRecord | None:
-        """In memory when neither the lease's renewal nor a ``last_seen`` write is due."""
+        """In memory: the lease is renewed and ``last_seen`` rewritten by :meth:`renew`."""
         with self._lock:
             entry = self._entries.get(node_id)
-            if entry is None or now - entry.renewed_at >= ttl_s / 3 \
-                    or now - entry.last_seen >= ttl_s / 2:
+            if entry is None:
                 return None
             entry = replace(entry, heard_at=now)
             self._entries[node_id] = entry
+            self._ttl = ttl_s
         return record(entry.decoded.heartbeat, entry.registered_at, entry.seen(),
                       entry.generation, now, self._drained(node_id))
 
@@ -195,8 +203,9 @@ class EtcdRegistryStore:
     def close(self) -> None:
         self._stop.set()
         self._drains.close()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
+        for thread in (self._watcher, self._renewer):
+            if thread is not None:
+                thread.join(timeout=5)
 
     # -- watching --------------------------------------------------------------------------
 
@@ -284,22 +293,59 @@ class EtcdRegistryStore:
 
     def _refresh(self, entry: _Entry, heartbeat: Heartbeat, body: str, now: float,
                  ttl: float) -> _Entry:
-        """The same generation: write only what changed, renew the lease when due."""
-        if now - entry.renewed_at >= ttl / 3:
-            if self.etcd.keepalive(entry.lease) <= 0:  # it ran out between two heartbeats
-                return self._register(heartbeat, body, now, ttl, None)
-            entry = replace(entry, renewed_at=now)
-        # A changed heartbeat is written; an unchanged one only every ttl/2, so other
-        # replicas can still tell how recently the node was heard.
-        if body != entry.decoded.body or now - entry.last_seen >= ttl / 2:
-            decoded = entry.decoded if body == entry.decoded.body else _decode(body, heartbeat)
-            revision = self.etcd.put(self._nodes + heartbeat.node_id,
-                                     _value(body, entry.registered_at, now, entry.generation),
-                                     lease=entry.lease)
-            entry = replace(entry, decoded=decoded, last_seen=now, mod_revision=revision)
+        """The same generation: a changed heartbeat is one put on the node's lease (the
+        lease itself is renewed by :meth:`renew`, in batches)."""
+        if body != entry.decoded.body:
+            try:
+                revision = self.etcd.put(self._nodes + heartbeat.node_id,
+                                         _value(body, entry.registered_at, now,
+                                                entry.generation), lease=entry.lease)
+            except ControlPlaneError as exc:
+                if "lease not found" not in str(exc):
+                    raise
+                return self._register(heartbeat, body, now, ttl, None)  # it ran out
+            entry = replace(entry, decoded=_decode(body, heartbeat), last_seen=now,
+                            mod_revision=revision)
         entry = replace(entry, heard_at=now)
         self._keep_locked(heartbeat.node_id, entry)
         return entry
+
+    def renew(self) -> int:
+        """One round of upkeep, batched (the renewer thread runs it every
+        ``RENEW_EVERY_S``): renew the leases of nodes heard here at least ``ttl/3`` after
+        their last renewal, in one call; rewrite ``last_seen`` of those heard ``ttl/2``
+        after it was last written, 100 to a transaction. Returns the leases renewed."""
+        ttl = self._ttl
+        with self._lock:
+            due = [(n, e) for n, e in self._entries.items() if e.heard_at - e.renewed_at >= ttl / 3]
+            stale = [(n, e) for n, e in self._entries.items()
+                     if e.heard_at and e.heard_at - e.last_seen >= ttl / 2]
+        renewed = self.etcd.keepalive_many([e.lease for _, e in due])
+        with self._lock:
+            for node_id, e in due:
+                current = self._entries.get(node_id)
+                if current is not None and current.lease == e.lease and renewed[e.lease] > 0:
+                    self._entries[node_id] = replace(current, renewed_at=e.heard_at)
+        for i in range(0, len(stale), 100):
+            chunk = stale[i:i + 100]
+            _, revision = self.etcd.txn([], [
+                Op("put", self._nodes + n, _value(e.decoded.body, e.registered_at, e.heard_at,
+                                                  e.generation), e.lease) for n, e in chunk
+                if renewed.get(e.lease, 1) > 0])
+            with self._lock:
+                for node_id, e in chunk:
+                    current = self._entries.get(node_id)
+                    if current is not None and current.mod_revision == e.mod_revision:
+                        self._entries[node_id] = replace(current, last_seen=e.heard_at,
+                                                         mod_revision=revision)
+        return sum(1 for ttl_left in renewed.values() if ttl_left > 0)
+
+    def _renew_forever(self) -> None:
+        while not self._stop.wait(RENEW_EVERY_S):
+            try:
+                self.renew()
+            except ControlPlaneError as exc:  # etcd away: the next round tries again
+                log.warning("renewing node leases failed: %s", exc)
 
     def _keep_locked(self, node_id: str, entry: _Entry) -> None:
         with self._lock:

@@ -139,6 +139,34 @@ class Etcd:
         answer = self.call("lease/keepalive", {"ID": str(lease)}, "a lease renewal")
         return int(answer.get("result", answer).get("TTL", 0))
 
+    def keepalive_many(self, leases: Sequence[int]) -> dict[int, int]:
+        """Renew many leases in one call (the gateway streams one answer per lease asked
+        in the body); each lease's new TTL, 0 for one that had already run out."""
+        if not leases:
+            return {}
+        body = "\n".join(json.dumps({"ID": str(lease)}) for lease in leases)
+        errors = []
+        for _ in range(len(self.endpoints)):
+            url = f"{self.endpoints[self._first]}/v3/lease/keepalive"
+            try:
+                response = self._http.post(url, content=body,
+                                           headers={"content-type": "application/json"})
+            except httpx.HTTPError as exc:
+                errors.append(f"{url}: {type(exc).__name__}")
+                self._rotate()
+                continue
+            if response.status_code != 200:
+                errors.append(f"{url}: HTTP {response.status_code}")
+                self._rotate()
+                continue
+            ttls = {}
+            for line in response.text.splitlines():
+                result = json.loads(line).get("result", {}) if line.strip() else {}
+                if "ID" in result:
+                    ttls[int(result["ID"])] = int(result.get("TTL", 0))
+            return {lease: ttls.get(lease, 0) for lease in leases}
+        raise ControlPlaneError("etcd could not renew leases: " + "; ".join(errors), hint=_HINT)
+
     def revoke(self, lease: int) -> None:
         """End a lease now: its keys are deleted. An unknown lease is not an error."""
         try:
