@@ -16,9 +16,12 @@ writes go in at once, so a node reads what it just wrote), and answers reads fro
 the replica notes the time, and a renewer thread renews, every half second and in one
 call, the leases of the nodes heard at least ``ttl/3`` after their last renewal, and
 rewrites ``last_seen`` (so other replicas know how recently a node was heard) of those
-heard ``ttl/2`` after it was written, 100 to a transaction. A changed heartbeat is one put
-on the node's lease; a new generation (new node, restart, came back after expiry) is a
-lease grant and a transaction. A node whose heartbeats move to another replica keeps its generation: that
+heard ``ttl/2`` after it was written. A changed heartbeat is kept at once (this replica's
+view has it) and written behind in that same round, 100 nodes to a transaction: other
+replicas see it within about half a second (a replica killed in between loses that
+change, and the node's next heartbeat, wherever it lands, brings it back: heartbeats are
+soft state). A new generation (new node, restart, came back after expiry) is written at
+once: a lease grant and a transaction. A node whose heartbeats move to another replica keeps its generation: that
 replica renews the lease it finds on the key.
 
 The lease outlives the ttl by ``ttl/3`` (renewals come at most that often), so a silent
@@ -56,6 +59,7 @@ class _Entry:
     mod_revision: int
     heard_at: float = 0.0  # when this replica last heard the node (0: only from the watch)
     renewed_at: float = 0.0  # when this replica last renewed its lease
+    dirty: bool = False  # a changed heartbeat this replica has not written yet
 
     @property
     def started_at(self) -> float:
@@ -293,52 +297,53 @@ class EtcdRegistryStore:
 
     def _refresh(self, entry: _Entry, heartbeat: Heartbeat, body: str, now: float,
                  ttl: float) -> _Entry:
-        """The same generation: a changed heartbeat is one put on the node's lease (the
-        lease itself is renewed by :meth:`renew`, in batches)."""
+        """The same generation: a changed heartbeat is kept here at once (this replica
+        answers with it) and written behind, with the others due, by :meth:`renew`."""
         if body != entry.decoded.body:
-            try:
-                revision = self.etcd.put(self._nodes + heartbeat.node_id,
-                                         _value(body, entry.registered_at, now,
-                                                entry.generation), lease=entry.lease)
-            except ControlPlaneError as exc:
-                if "lease not found" not in str(exc):
-                    raise
-                return self._register(heartbeat, body, now, ttl, None)  # it ran out
             entry = replace(entry, decoded=_decode(body, heartbeat), last_seen=now,
-                            mod_revision=revision)
+                            dirty=True)
         entry = replace(entry, heard_at=now)
-        self._keep_locked(heartbeat.node_id, entry)
+        with self._lock:
+            self._keep(heartbeat.node_id, entry)
+            self._changed.notify_all()
         return entry
 
     def renew(self) -> int:
         """One round of upkeep, batched (the renewer thread runs it every
         ``RENEW_EVERY_S``): renew the leases of nodes heard here at least ``ttl/3`` after
-        their last renewal, in one call; rewrite ``last_seen`` of those heard ``ttl/2``
-        after it was last written, 100 to a transaction. Returns the leases renewed."""
+        their last renewal, in one call; write the changed heartbeats this replica holds
+        and ``last_seen`` of nodes heard ``ttl/2`` after it was last written, 100 to a
+        transaction. Returns the leases renewed."""
         ttl = self._ttl
         with self._lock:
             due = [(n, e) for n, e in self._entries.items() if e.heard_at - e.renewed_at >= ttl / 3]
-            stale = [(n, e) for n, e in self._entries.items()
-                     if e.heard_at and e.heard_at - e.last_seen >= ttl / 2]
+            writes = [(n, e) for n, e in self._entries.items() if e.dirty or (
+                e.heard_at and e.heard_at - e.last_seen >= ttl / 2)]
         renewed = self.etcd.keepalive_many([e.lease for _, e in due])
         with self._lock:
             for node_id, e in due:
                 current = self._entries.get(node_id)
                 if current is not None and current.lease == e.lease and renewed[e.lease] > 0:
                     self._entries[node_id] = replace(current, renewed_at=e.heard_at)
-        for i in range(0, len(stale), 100):
-            chunk = stale[i:i + 100]
-            _, revision = self.etcd.txn([], [
-                Op("put", self._nodes + n, _value(e.decoded.body, e.registered_at, e.heard_at,
-                                                  e.generation), e.lease) for n, e in chunk
-                if renewed.get(e.lease, 1) > 0])
-            with self._lock:
-                for node_id, e in chunk:
-                    current = self._entries.get(node_id)
-                    if current is not None and current.mod_revision == e.mod_revision:
-                        self._entries[node_id] = replace(current, last_seen=e.heard_at,
-                                                         mod_revision=revision)
+        writes = [(n, e) for n, e in writes if renewed.get(e.lease, 1) > 0]
+        for i in range(0, len(writes), 100):
+            self._write(writes[i:i + 100])
         return sum(1 for ttl_left in renewed.values() if ttl_left > 0)
+
+    def _write(self, chunk: list[tuple[str, _Entry]]) -> None:
+        """Write these entries as this replica holds them (one transaction)."""
+        _, revision = self.etcd.txn([], [
+            Op("put", self._nodes + n, _value(e.decoded.body, e.registered_at,
+                                              max(e.heard_at, e.last_seen), e.generation),
+               e.lease) for n, e in chunk])
+        with self._lock:
+            for node_id, e in chunk:
+                current = self._entries.get(node_id)
+                if current is not None and current.decoded is e.decoded \
+                        and current.generation == e.generation:
+                    self._entries[node_id] = replace(
+                        current, last_seen=max(e.heard_at, e.last_seen), dirty=False,
+                        mod_revision=max(revision, current.mod_revision))
 
     def _renew_forever(self) -> None:
         while not self._stop.wait(RENEW_EVERY_S):
@@ -346,6 +351,8 @@ class EtcdRegistryStore:
                 self.renew()
             except ControlPlaneError as exc:  # etcd away: the next round tries again
                 log.warning("renewing node leases failed: %s", exc)
+            except Exception:  # the thread must outlive any surprise
+                log.exception("renewing node leases failed")
 
     def _keep_locked(self, node_id: str, entry: _Entry) -> None:
         with self._lock:
