@@ -37,3 +37,14 @@ def test_only_idle_connections_are_pinged():
     warm = KeepWarm(client, lambda: ups, lambda: 100.0, idle_s=5.0)
     asyncio.run(warm.ping_idle())
     assert client.calls == ["http://idle"] and ups[1].last_used == 100.0
+
+
+def test_an_upstream_the_registry_adds_later_is_opened_at_once():
+    ups = [Up("http://a", last_used=99.0)]
+    client = Client()
+    warm = KeepWarm(client, lambda: ups, lambda: 100.0, idle_s=5.0)
+    asyncio.run(warm.open_new())
+    assert client.calls == []  # nothing new: the open one is left to the idle pings
+    ups.append(Up("http://new-edge"))
+    asyncio.run(warm.open_new())
+    assert client.calls == ["http://new-edge"] and ups[1].last_used == 100.0

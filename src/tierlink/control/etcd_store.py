@@ -94,6 +94,7 @@ class EtcdRegistryStore:
         self._watcher: threading.Thread | None = None
         self._renewer: threading.Thread | None = None
         self._ttl = 5.0  # the control plane's, as its last heartbeat call said
+        self._heard: set[str] = set()  # heard here since the renewer last looked at them
 
     def start(self) -> EtcdRegistryStore:
         self._drains.start()
@@ -134,6 +135,7 @@ class EtcdRegistryStore:
                 return None
             entry = replace(entry, heard_at=now)
             self._entries[node_id] = entry
+            self._heard.add(node_id)
             self._ttl = ttl_s
         return record(entry.decoded.heartbeat, entry.registered_at, entry.seen(),
                       entry.generation, now, self._drained(node_id))
@@ -305,6 +307,7 @@ class EtcdRegistryStore:
         entry = replace(entry, heard_at=now)
         with self._lock:
             self._keep(heartbeat.node_id, entry)
+            self._heard.add(heartbeat.node_id)
             self._changed.notify_all()
         return entry
 
@@ -315,10 +318,22 @@ class EtcdRegistryStore:
         and ``last_seen`` of nodes heard ``ttl/2`` after it was last written, 100 to a
         transaction. Returns the leases renewed."""
         ttl = self._ttl
-        with self._lock:
-            due = [(n, e) for n, e in self._entries.items() if e.heard_at - e.renewed_at >= ttl / 3]
-            writes = [(n, e) for n, e in self._entries.items() if e.dirty or (
+        with self._lock:  # only the nodes heard since the last round: not the whole view
+            heard, self._heard = self._heard, set()
+            looked = [(n, e) for n in heard if (e := self._entries.get(n)) is not None]
+            due = [(n, e) for n, e in looked if e.heard_at - e.renewed_at >= ttl / 3]
+            writes = [(n, e) for n, e in looked if e.dirty or (
                 e.heard_at and e.heard_at - e.last_seen >= ttl / 2)]
+        # A node heard with nothing due is looked at again when it is heard again (a node
+        # heard no more is left to its lease: that is how a silent node expires).
+        try:
+            return self._upkeep(due, writes)
+        except Exception:
+            with self._lock:
+                self._heard |= heard  # not done: the next round tries them again
+            raise
+
+    def _upkeep(self, due: list[tuple[str, _Entry]], writes: list[tuple[str, _Entry]]) -> int:
         renewed = self.etcd.keepalive_many([e.lease for _, e in due])
         with self._lock:
             for node_id, e in due:

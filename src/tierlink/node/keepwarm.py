@@ -4,7 +4,8 @@ A cold connection over a long link costs a round trip or more before the request
 sent, and when its hop's timeout cancels it halfway it is never pooled: the next escalation
 starts cold again. On the demo's 80 ms edge->cloud link every early cascade escalation timed
 out that way and the breakers then kept the cloud out of reach. So each node opens one
-connection to every upstream when it starts (retrying while the upstream comes up), and
+connection to every upstream when it starts (retrying while the upstream comes up) and to
+every upstream the registry gives it later within a quarter second, and
 pings an upstream whose connection has been idle for ``idle_s`` (below the client's
 keep-alive, 15 s) with ``GET /v2/health/ready``.
 """
@@ -19,6 +20,7 @@ from typing import Protocol
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_S = 5.0  # aiohttp closes a pooled connection idle for 15 s; uvicorn's is 30 s
+NEW_EVERY_S = 0.25  # how often to look for upstreams the registry just gave the node
 
 
 class Target(Protocol):
@@ -45,9 +47,19 @@ class KeepWarm:
 
     async def run(self) -> None:
         await self.open_all()
+        next_idle = self._clock() + self._idle_s / 2
         while True:
-            await asyncio.sleep(self._idle_s / 2)
-            await self.ping_idle()
+            await asyncio.sleep(min(NEW_EVERY_S, self._idle_s / 2))
+            await self.open_new()
+            if self._clock() >= next_idle:
+                await self.ping_idle()
+                next_idle = self._clock() + self._idle_s / 2
+
+    async def open_new(self) -> None:
+        """A connection to each upstream that never had one (the registry just made it an
+        upstream: node/topology.py), so its first escalation does not pay for one."""
+        new = [t for t in self._targets() if t.last_used == float("-inf")]
+        await asyncio.gather(*(self._ping(t) for t in new))
 
     async def open_all(self, attempts: int = 10, pause_s: float = 0.5) -> None:
         """One connection to every upstream; an upstream still starting is retried a few
