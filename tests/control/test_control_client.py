@@ -306,3 +306,34 @@ def test_stop_with_the_control_plane_down_does_not_raise(switch, make_body):
         assert not loop.running
 
     run(scenario, switch)
+
+
+def test_a_call_moves_to_the_next_replica_when_one_is_down(store, clock, make_body):
+    """``base_url`` lists replicas: a refused connection hands the call to the next one,
+    which is then asked first."""
+    down, up = Switch(create_app(store, clock=clock)), Switch(create_app(store, clock=clock))
+    down.down = True
+
+    class Router(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            target = down if request.url.host == "replica-a.test" else up
+            return await target.handle_async_request(request)
+
+    async def main() -> None:
+        client = ControlClient("http://replica-a.test:7000, http://replica-b.test:7000",
+                               timeout_s=1.0, transport=Router())
+        try:
+            assert client.replicas == ("http://replica-a.test:7000",
+                                       "http://replica-b.test:7000")
+            answer = await client.heartbeat(make_body())
+            assert answer["generation"] == 1 and client.failovers == 1
+            assert client.base_url == "http://replica-b.test:7000"
+            await client.heartbeat(make_body())  # straight to b now
+            assert client.failovers == 1 and len(up.paths) == 2
+            up.down = True  # both down: the error names the last one tried
+            with pytest.raises(ControlPlaneError, match="replica-a.test"):
+                await client.nodes()
+        finally:
+            await client.close()
+
+    asyncio.run(main())
