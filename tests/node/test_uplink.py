@@ -291,3 +291,30 @@ def test_with_one_parent_a_failure_retries_the_same_one(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert {str(r.url) for r in upstream.requests} == {"http://edge-1.test:8001/tierlink/v1/inbox"}
+
+
+def test_a_dead_control_plane_replica_hands_the_line_to_the_next(tmp_path: Path) -> None:
+    import random
+
+    import httpx
+
+    clock = FakeClock()
+    replicas = {"control-a.test": FakeUpstream(clock), "control-b.test": FakeUpstream(clock)}
+    replicas["control-a.test"].down = True
+
+    def route(request: httpx.Request) -> httpx.Response:
+        return replicas[request.url.host].handle(request)
+
+    async def main() -> None:
+        uplink = Uplink("edge-1", tmp_path,
+                        control_url="http://control-a.test:7000,http://control-b.test:7000",
+                        clock=clock, sleep=clock.sleep, rng=random.Random(0),
+                        transport=httpx.MockTransport(route))
+        keys = [(await uplink.put("result", f"edge-1:{i}", {"i": i}, CONTROL)).key
+                for i in range(3)]
+        uplink.start()
+        await until(lambda: replicas["control-b.test"].applied == keys)
+        await uplink.stop()
+
+    asyncio.run(main())
+    assert replicas["control-a.test"].applied == []
