@@ -169,10 +169,10 @@ def test_quiet_nodes_cost_one_batched_renewal_and_one_transaction(replicas, hb):
     a = replicas()
     t0 = time.time()
     for i in range(50):
-        a.upsert(hb(node_id=f"dev-{i:02d}"), t0, 3.0)
-    for i in range(50):  # 1.6 s later (a fake clock ahead of time): renewal and a rewrite due
-        assert a.repeat(f"dev-{i:02d}", t0 + 1.6, 3.0) is not None
-    assert a.repeat("dev-99", t0 + 1.6, 3.0) is None  # unknown: the whole path
+        a.upsert(hb(node_id=f"dev-{i:02d}"), t0, 30.0)  # leases of 40 s: none runs out here
+    for i in range(50):  # 16 s later (a fake clock ahead of time): renewal and a rewrite due
+        assert a.repeat(f"dev-{i:02d}", t0 + 16.0, 30.0) is not None
+    assert a.repeat("dev-99", t0 + 16.0, 30.0) is None  # unknown: the whole path
     # The renewer's next round(s): the leases in one call, the 50 last_seen in one
     # transaction (two when a round began while the 50 were being heard).
     def written() -> set[int]:
@@ -181,4 +181,4 @@ def test_quiet_nodes_cost_one_batched_renewal_and_one_transaction(replicas, hb):
         return {kv.mod_revision for kv in kvs}
 
     assert eventually(lambda: len(written()) <= 2)
-    assert all(a._entries[f"dev-{i:02d}"].last_seen == t0 + 1.6 for i in range(50))
+    assert all(a._entries[f"dev-{i:02d}"].last_seen == t0 + 16.0 for i in range(50))

@@ -15,18 +15,15 @@ two enrollments under one id cannot both win.
 
 from __future__ import annotations
 
-import hmac
 import json
 from typing import Any
 
 from tierlink.control.identity import (
-    ADMIN,
-    NODE,
     AlreadyEnrolled,
     Caller,
     Credential,
+    identify,
     new_secret,
-    parse_bearer,
     sha,
 )
 from tierlink.errors import ConfigError, ControlPlaneError, NotEnrolled
@@ -124,20 +121,14 @@ class EtcdIdentityStore:
     # -- every call ------------------------------------------------------------------------
 
     def authenticate(self, header: str | None) -> Caller:
-        kind, node_id, secret = parse_bearer(header)
-        if kind == ADMIN:
-            if not hmac.compare_digest(sha(secret), self._admin_sha):
-                raise NotEnrolled("wrong admin token")
-            return Caller(ADMIN)
-        assert node_id is not None
+        return identify(header, self._admin_sha, self._credential)
+
+    def _credential(self, node_id: str) -> tuple[str, float | None] | None:
         kv = self._credential_kv(node_id)
-        stored = None if kv is None else json.loads(kv.value)
-        if stored is None or not hmac.compare_digest(stored["secret_sha"], sha(secret)):
-            raise NotEnrolled(f"node {node_id!r} is not enrolled (unknown id or wrong secret)")
-        if stored.get("revoked_at") is not None:
-            raise NotEnrolled(f"node {node_id!r} has been revoked",
-                              hint="an operator revoked this node; enroll it under a new id")
-        return Caller(NODE, node_id)
+        if kv is None:
+            return None
+        stored = json.loads(kv.value)
+        return stored["secret_sha"], stored.get("revoked_at")
 
     def close(self) -> None:
         self._credentials.close()

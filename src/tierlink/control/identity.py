@@ -26,6 +26,7 @@ import hmac
 import secrets
 import sqlite3
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -235,25 +236,37 @@ class IdentityStore:
 
     def authenticate(self, header: str | None) -> Caller:
         """Who sent this ``Authorization`` header; NotEnrolled (401) otherwise."""
-        kind, node_id, secret = parse_bearer(header)
-        if kind == ADMIN:
-            if not hmac.compare_digest(sha(secret), self._admin_sha):
-                raise NotEnrolled("wrong admin token")
-            return Caller(ADMIN)
-        assert node_id is not None
+        return identify(header, self._admin_sha, self._credential)
+
+    def _credential(self, node_id: str) -> tuple[str, float | None] | None:
         with self._lock:
             row = self._conn.execute("SELECT secret_sha, revoked_at FROM node_credentials"
                                      " WHERE node_id = ?", (node_id,)).fetchone()
-        if row is None or not hmac.compare_digest(row[0], sha(secret)):
-            raise NotEnrolled(f"node {node_id!r} is not enrolled (unknown id or wrong secret)")
-        if row[1] is not None:
-            raise NotEnrolled(f"node {node_id!r} has been revoked",
-                              hint="an operator revoked this node; enroll it under a new id")
-        return Caller(NODE, node_id)
+        return None if row is None else (row[0], row[1])
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def identify(header: str | None, admin_sha: str,
+             credential: Callable[[str], tuple[str, float | None] | None]) -> Caller:
+    """Who sent this ``Authorization`` header, whichever store holds the credentials:
+    ``credential(node_id)`` gives ``(secret_sha, revoked_at)`` or None. NotEnrolled (401)
+    for a wrong admin token, an unknown node, a wrong secret or a revoked node."""
+    kind, node_id, secret = parse_bearer(header)
+    if kind == ADMIN:
+        if not hmac.compare_digest(sha(secret), admin_sha):
+            raise NotEnrolled("wrong admin token")
+        return Caller(ADMIN)
+    assert node_id is not None
+    stored = credential(node_id)
+    if stored is None or not hmac.compare_digest(stored[0], sha(secret)):
+        raise NotEnrolled(f"node {node_id!r} is not enrolled (unknown id or wrong secret)")
+    if stored[1] is not None:
+        raise NotEnrolled(f"node {node_id!r} has been revoked",
+                          hint="an operator revoked this node; enroll it under a new id")
+    return Caller(NODE, node_id)
 
 
 def admin_only(caller: Caller) -> None:

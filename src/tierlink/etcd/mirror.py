@@ -20,7 +20,6 @@ class Mirror:
         self.etcd = etcd
         self.prefix = prefix
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._kvs: dict[str, KeyValue] = {}
         self._revision = 0
         self._stop = threading.Event()
@@ -48,12 +47,6 @@ class Mirror:
         with self._lock:
             return self._revision
 
-    def wait_for_change(self, after: int, timeout_s: float) -> int:
-        """Block until the mirror is past revision ``after`` (or ``timeout_s``)."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._revision > after, timeout=timeout_s)
-            return self._revision
-
     def note(self, kv: KeyValue | None, name: str | None = None) -> None:
         """Our own write of ``kv`` (or delete of ``name``), applied before the watch says so."""
         with self._lock:
@@ -76,7 +69,6 @@ class Mirror:
         with self._lock:
             self._kvs = {kv.key[len(self.prefix):]: kv for kv in kvs}
             self._revision = revision
-            self._changed.notify_all()
         return revision
 
     def _apply(self, events: list[Event], revision: int) -> None:
@@ -91,4 +83,3 @@ class Mirror:
                 else:
                     self._kvs[name] = event.kv
             self._revision = max(self._revision, revision)
-            self._changed.notify_all()

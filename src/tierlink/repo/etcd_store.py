@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 
-from tierlink.errors import RepositoryError, VersionConflict
+from tierlink.errors import RepositoryError
 from tierlink.etcd.client import Compare, Etcd, KeyValue, Op
 from tierlink.repo.manifest import PublishedVersion, SignedManifest, VersionManifest
+from tierlink.repo.store import refuse_different
 
 DEFAULT_PREFIX = "/tierlink/versions/"
 
@@ -38,12 +39,7 @@ class EtcdVersionStore:
         old = self.etcd.get(key)
         if old is None:  # cannot happen: versions are never deleted
             raise RepositoryError(f"{m.name} version {m.version} vanished while publishing")
-        existing = _entry(old).signed
-        if (existing.manifest, existing.signature) != (m, signed.signature):
-            raise VersionConflict(
-                f"{m.name} version {m.version} is already published with different "
-                f"content (onnx {existing.manifest.onnx_sha256[:12]}..., key "
-                f"{existing.key_id}); versions are immutable")
+        refuse_different(_entry(old).signed, signed)
         return False
 
     def get(self, name: str, version: str) -> PublishedVersion:

@@ -84,12 +84,7 @@ class SqliteVersionStore:
                 self._conn.execute("INSERT INTO model_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                    row)
                 return True
-        existing = _entry(old).signed
-        if (existing.manifest, existing.signature) != (m, signed.signature):
-            raise VersionConflict(
-                f"{m.name} version {m.version} is already published with different "
-                f"content (onnx {existing.manifest.onnx_sha256[:12]}..., key "
-                f"{existing.key_id}); versions are immutable")
+        refuse_different(_entry(old).signed, signed)
         return False
 
     def get(self, name: str, version: str) -> PublishedVersion:
@@ -129,6 +124,17 @@ class SqliteVersionStore:
 
     def _guard(self, action: str) -> Any:
         return _sqlite_errors(self.path, action)
+
+
+def refuse_different(existing: SignedManifest, signed: SignedManifest) -> None:
+    """A publish of ``signed`` where ``existing`` is already published under its name and
+    version: nothing to do when it is the same, :class:`VersionConflict` otherwise."""
+    m = signed.manifest
+    if (existing.manifest, existing.signature) != (m, signed.signature):
+        raise VersionConflict(
+            f"{m.name} version {m.version} is already published with different "
+            f"content (onnx {existing.manifest.onnx_sha256[:12]}..., key "
+            f"{existing.key_id}); versions are immutable")
 
 
 def _entry(row: tuple[str, str, str, str, float]) -> PublishedVersion:
