@@ -1,7 +1,9 @@
 """The control plane under a large fleet, and through failures: etcd replicas and SQLite.
 
-Three parts, each on real processes (pick with ``--parts``):
+Four parts, each on real processes (pick with ``--parts``):
 
+* ``cost`` -- control-plane CPU per heartbeat (``/proc``), 3,000 heartbeats 32 at a time to
+  one replica of each store: ones that repeat the node's last heartbeat, then changed ones.
 * ``heartbeats`` -- ``--nodes`` simulated nodes (10,000) heartbeat every ``--interval`` s
   (5: 2,000 heartbeats/s) for ``--step-s`` seconds, open loop (each node on its own
   schedule; a late answer does not slow the sender), against two control-plane replicas
@@ -22,7 +24,8 @@ Three parts, each on real processes (pick with ``--parts``):
   requests over the next 10 s (``join: {"seconds_to_serve", "share"}``).
 
     .venv/bin/python benchmarks/registry_scale.py [--nodes 10000] [--interval 5]
-        [--step-s 20] [--rates 1000,2000,3000,4000] [--parts heartbeats,failover,join]
+        [--step-s 20] [--rates 500,1000,2000,3000,4000]
+        [--parts cost,heartbeats,failover,join]
         [--json PATH]
 
 Prints a table and writes JSON; every process it started is stopped, also on error.
@@ -280,6 +283,43 @@ def heartbeats(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# -- cost of one heartbeat ------------------------------------------------------------------
+
+
+async def cost_run(control: Control, n: int = 3000, nodes: int = 200) -> dict[str, float]:
+    """Control-plane CPU per heartbeat, 32 in flight: ``n`` that repeat the node's last one,
+    then ``n`` that each carry a new load figure (one replica, ``nodes`` nodes)."""
+    url, pid = control.urls[0], control.pids[0]
+    out = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as http:
+        await register(http, [url], nodes, 1.0)
+        for name, changed in (("repeated", False), ("changed", True)):
+            sem = asyncio.Semaphore(32)
+
+            async def one(k: int, changed: bool = changed,
+                          sem: asyncio.Semaphore = sem) -> None:
+                i = k % nodes
+                async with sem, http.post(f"{url}/v1/nodes/sim-{i:05d}/heartbeat",
+                                          json=body(i, (k if changed else 0) % 8 + 1, 1.0)) as r:
+                    await r.read()
+                    r.raise_for_status()
+
+            before, t = cpu_s(pid), time.perf_counter()
+            await asyncio.gather(*(one(k) for k in range(n)))
+            wall = time.perf_counter() - t
+            out[f"{name}_cpu_ms"] = round((cpu_s(pid) - before) / n * 1000, 3)
+            out[f"{name}_per_s"] = round(n / wall, 1)
+    return out
+
+
+def cost(args: argparse.Namespace) -> dict[str, Any]:
+    out = {}
+    for store in ("sqlite", "etcd"):
+        with ExitStack() as stack:
+            out[store] = asyncio.run(cost_run(start_store(stack, store, replicas=1)))
+    return out
+
+
 # -- failover and join ----------------------------------------------------------------------
 
 FLEET = """
@@ -441,6 +481,8 @@ def print_table(result: dict[str, Any]) -> None:
                   f"{'/'.join(f'{c:.2f}' for c in r['cpu_per_replica']):>14}"
                   f"{'/'.join(f'{m:.0f}' for m in r['rss_mb']):>12}{r['etcd_cpu']:>10.2f}"
                   f"{r['propagation_ms']['p50_ms']:>10.1f}{r['max_sustained_per_s']:>8.0f}")
+    if "cost" in result:
+        print("control-plane CPU per heartbeat (ms):", json.dumps(result["cost"]))
     if "failover" in result:
         print("failover:", json.dumps(result["failover"]))
         print("join:", json.dumps(result["join"]))
@@ -453,13 +495,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-s", type=float, default=20.0)
     parser.add_argument("--changed", type=float, default=0.1)
     parser.add_argument("--rates", default="500,1000,2000,3000,4000")
-    parser.add_argument("--parts", default="heartbeats,failover,join")
+    parser.add_argument("--parts", default="cost,heartbeats,failover,join")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",") if r]
     parts = set(args.parts.split(","))
     result: dict[str, Any] = {"nodes": args.nodes, "interval_s": args.interval,
                               "changed_share": args.changed, "cpus": os.cpu_count()}
+    if "cost" in parts:
+        result["cost"] = cost(args)
     if "heartbeats" in parts:
         result["heartbeats"] = heartbeats(args)
     if parts & {"failover", "join"}:
