@@ -89,3 +89,24 @@ def test_a_bad_wait_is_refused(app):
         assert http.get("/v1/nodes", params={"since": "x", "wait": 3600}).status_code == 422
         # a revision from another control plane (or before a restart) is simply "changed"
         assert http.get("/v1/nodes", params={"since": "other:1"}).json()["nodes"] == []
+
+
+def test_a_stopping_control_plane_answers_its_watchers_and_expires_nobody(app, make_body):
+    """Shutdown first stops the expiry sweep (heartbeats can no longer arrive) and answers
+    every waiting watcher "unchanged": a replica on its way out never hands its nodes an
+    emptied view."""
+    async def scenario(client: ControlClient) -> None:
+        async with app.router.lifespan_context(app):
+            await client.heartbeat(make_body())
+            _, revision = await client.nodes_since(None)
+            started = time.monotonic()
+            waiting = asyncio.create_task(client.nodes_since(revision, wait_s=10.0))
+            await asyncio.sleep(0.2)
+            await app.state.stopping()
+            assert await waiting == (None, revision)
+            assert time.monotonic() - started < 2.0
+            await asyncio.sleep(0)
+            assert app.state.sweep_task.cancelled()
+            # a watcher arriving after that is answered at once too
+            assert await client.nodes_since(revision, wait_s=10.0) == (None, revision)
+    run(app, scenario)

@@ -51,10 +51,21 @@ def tiers_reached(fleet: RunningFleet, http: httpx.Client, data: Split, samples:
     return tiers
 
 
+def wait_for_view(http: httpx.Client, fleet: RunningFleet, nodes: set[str],
+                  timeout_s: float = 10.0) -> None:
+    """Every node's view lists ``nodes`` (the launcher waits only for each node's upstreams)."""
+    deadline = time.monotonic() + timeout_s
+    for node_id in nodes:
+        while not nodes <= set(node_status(http, fleet.node_urls[node_id])["view_nodes"]):
+            assert time.monotonic() < deadline, f"{node_id} never saw all of {sorted(nodes)}"
+            time.sleep(0.1)
+
+
 def test_nodes_route_from_their_cached_view_while_control_is_down(
         start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Split,
         hard_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET)
+    wait_for_view(http, fleet, {"dev-1", "edge-1", "cloud-1"})
     assert "edge" in tiers_reached(fleet, http, fmnist_test, hard_samples[:5], "site")
 
     control = fleet.procs["control"]
@@ -76,3 +87,5 @@ def test_nodes_route_from_their_cached_view_while_control_is_down(
     assert {"edge-1", "cloud-1"} <= set(status["view_nodes"]), status
     assert "edge" in tiers_reached(fleet, http, fmnist_test, hard_samples[60:70], "site")
     assert "cloud" in tiers_reached(fleet, http, fmnist_test, hard_samples[70:100], "any")
+    for node_id in ("dev-1", "edge-1"):  # nobody was handed a view emptied by the outage
+        assert {"edge-1", "cloud-1"} <= set(node_status(http, fleet.node_urls[node_id])["view_nodes"])

@@ -206,13 +206,27 @@ def _lifespan(service: RegistryService, sweep_interval_s: float,
             tasks.append(asyncio.create_task(_tick_forever(controller, rollout_interval_s),
                                              name="tierlink-control-rollouts"))
         app.state.sweep_task = tasks[0]  # for tests: done (cancelled) once shut down
+
+        async def stopping() -> None:
+            """The server stops accepting (the first step of its shutdown, before the
+            lifespan ends): heartbeats can no longer arrive, so nothing may expire from
+            here on -- nor may a watcher be answered a view emptied by that."""
+            tasks[0].cancel()
+            watch = getattr(app.state, "view_watch", None)
+            if watch is not None:
+                watch.stop()
+        app.state.stopping = stopping  # called by the server (control/server.py)
         try:
             yield
         finally:
+            await stopping()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            watch = getattr(app.state, "view_watch", None)
+            if watch is not None:
+                await watch.close()
             for close in owned:
                 close()
     return lifespan

@@ -211,6 +211,14 @@ def _serve(app: object, sock: socket.socket, on_ready: Callable[[], None]) -> No
             if self.started:  # False when the app's startup failed
                 on_ready()
 
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # Before uvicorn stops accepting and waits out open requests (long polls):
+            # the app stops expiring nodes and answers its watchers (control/app.py).
+            stopping = getattr(getattr(app, "state", None), "stopping", None)
+            if stopping is not None:
+                await stopping()
+            await super().shutdown(sockets)
+
     config = uvicorn.Config(app, log_level="warning", lifespan="on",  # type: ignore[arg-type]
                             timeout_graceful_shutdown=5)
     with _quiet_after_shutdown():

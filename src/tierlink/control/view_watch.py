@@ -5,7 +5,9 @@ answers when the view's revision is no longer ``R`` (or after ``S`` seconds, wit
 
 :class:`RevisionWatch` is what the waiting requests share: while any waits, one task reads
 the store's revision every ``poll_s`` (an attribute read for SQLite; for etcd, the revision
-its watch has applied) and wakes them all when it moves.
+its watch has applied) and wakes them all when it moves. Once the server shuts down
+(:meth:`RevisionWatch.stop`) every waiter is answered "unchanged" at once: a replica on its
+way out has nothing new to say, and must not make its watchers wait on it.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ class RevisionWatch:
         self.waiting = 0
         self._moved: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self.stopped = False
 
     async def wait_past(self, since: str, timeout_s: float) -> str:
-        """The revision once it is not ``since``, or when ``timeout_s`` has passed."""
+        """The revision once it is not ``since``, or when ``timeout_s`` has passed; ``since``
+        at once when the watch is stopped."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(timeout_s, 0.0), MAX_WAIT_S)
         self.waiting += 1
         try:
             while (revision := self.read()) == since:
+                if self.stopped:
+                    return since
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -61,6 +67,12 @@ class RevisionWatch:
                 last = now
                 self._moved.set()
                 self._moved = asyncio.Event()
+
+    def stop(self) -> None:
+        """Answer every waiter, now and from now on, "unchanged" (the server is stopping)."""
+        self.stopped = True
+        if self._moved is not None:
+            self._moved.set()
 
     async def close(self) -> None:
         if self._task is not None:
