@@ -1,8 +1,10 @@
-"""Shared helpers for the control plane tests: a fake clock and heartbeat bodies."""
+"""Shared helpers for the control plane tests: a fake clock, heartbeat bodies, and stores
+of each kind."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -57,3 +59,41 @@ def clock() -> FakeClock:
 def make_body() -> Any:
     """``make_body(**overrides)``: see :func:`heartbeat_body`."""
     return heartbeat_body
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Run a test on each store behind the control plane: SQLite and etcd."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make_results(store_kind: str, request: pytest.FixtureRequest,
+                 tmp_path: Any) -> Iterator[Callable[..., Any]]:
+    """``make_results(**options)``: a fresh delivered-result store of ``store_kind`` (the
+    etcd ones on the session's cluster, each under a prefix of its own)."""
+    from tierlink.control.results import ResultStore
+
+    made: list[Any] = []
+    clients: list[Any] = []
+
+    def make(**options: Any) -> Any:
+        options.setdefault("clock", lambda: 1_733_140_000.0)
+        if store_kind == "sqlite":
+            store: Any = ResultStore(tmp_path / f"control-{len(made)}.db", **options)
+        else:
+            from tierlink.control.etcd_results import EtcdResultStore
+            from tierlink.etcd.client import Etcd
+
+            cluster = request.getfixturevalue("etcd_cluster")
+            prefix = request.getfixturevalue("etcd_prefix")
+            clients.append(Etcd(cluster.endpoints))
+            store = EtcdResultStore(clients[-1], prefix=f"{prefix}{len(made)}/", **options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+    for client in clients:
+        client.close()

@@ -19,9 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tierlink.control.app import create_app
 from tierlink.control.client import ControlClient
+from tierlink.control.etcd_hard_examples import EtcdHardExampleStore
 from tierlink.control.schemas import HardExampleIn
-from tierlink.control.store import SqliteHardExampleStore, SqliteRegistryStore
-from tierlink.errors import ControlPlaneError
+from tierlink.control.store import HardExampleStore, SqliteHardExampleStore, SqliteRegistryStore
+from tierlink.errors import ControlPlaneError, InvalidRequest
+from tierlink.etcd.client import Etcd
 
 
 def example(rid: str = "r1", *, model: str = "fmnist-small", node: str = "dev-1",
@@ -45,13 +47,19 @@ def parsed(*bodies: dict[str, Any]) -> list[HardExampleIn]:
 
 
 @pytest.fixture
-def store() -> Iterator[SqliteHardExampleStore]:
-    s = SqliteHardExampleStore(":memory:", max_rows=3)
-    yield s
-    s.close()
+def store(store_kind: str, request: pytest.FixtureRequest) -> Iterator[HardExampleStore]:
+    """A store capped at 3 rows: in SQLite, and in etcd as control-plane replicas share it."""
+    if store_kind == "sqlite":
+        s = SqliteHardExampleStore(":memory:", max_rows=3)
+        yield s
+        s.close()
+        return
+    with Etcd(request.getfixturevalue("etcd_cluster").endpoints) as etcd:
+        yield EtcdHardExampleStore(etcd, prefix=request.getfixturevalue("etcd_prefix"),
+                                   max_rows=3)
 
 
-def test_store_keeps_the_newest_rows_under_its_cap(store: SqliteHardExampleStore) -> None:
+def test_store_keeps_the_newest_rows_under_its_cap(store: HardExampleStore) -> None:
     first = store.add(parsed(example("a"), example("b")), now=1.0)
     second = store.add(parsed(example("c"), example("d")), now=2.0)
     assert (first.stored, first.evicted) == (2, 0)
@@ -59,14 +67,14 @@ def test_store_keeps_the_newest_rows_under_its_cap(store: SqliteHardExampleStore
     assert [r.request_id for r in store.page()] == ["b", "c", "d"] and store.count() == 3
 
 
-def test_a_retried_batch_is_stored_once(store: SqliteHardExampleStore) -> None:
+def test_a_retried_batch_is_stored_once(store: HardExampleStore) -> None:
     store.add(parsed(example("a")), now=1.0)
     again = store.add(parsed(example("a"), example("a", created_at=1001.0)), now=2.0)
     assert (again.stored, again.duplicates) == (1, 1)
 
 
-def test_pages_filter_by_model_and_node_and_follow_ids(store: SqliteHardExampleStore) -> None:
-    store.max_rows = 100
+def test_pages_filter_by_model_and_node_and_follow_ids(store: HardExampleStore) -> None:
+    store.max_rows = 100  # type: ignore[attr-defined]
     store.add(parsed(example("a"), example("b", model="fmnist-medium", node="edge-1"),
                      example("c")), now=1.0)
     small = store.page(model="fmnist-small")
@@ -75,6 +83,24 @@ def test_pages_filter_by_model_and_node_and_follow_ids(store: SqliteHardExampleS
     assert [r.request_id for r in store.page(after_id=small[0].id, limit=1)] == ["b"]
     record = small[0]
     assert (record.received_at, record.shape, record.datatype) == (1.0, [1, 28, 28], "FP32")
+
+
+def test_export_reads_the_tensors_back(store: HardExampleStore) -> None:
+    store.add(parsed(example("a", fill=0.5), example("b", shape=(1, 4, 4))), now=1.0)
+    got = store.export()
+    assert [e.record.request_id for e in got] == ["a", "b"]
+    x = np.frombuffer(got[0].data, "<f4").reshape(got[0].record.shape)
+    assert x.shape == (1, 28, 28) and float(x[0, 0, 0]) == 0.5
+    assert [e.record.request_id for e in store.export(limit=1)] == ["a"]
+
+
+def test_on_etcd_an_example_too_large_for_an_entry_is_refused_naming_the_size(
+        etcd_cluster: Any, etcd_prefix: str) -> None:
+    with Etcd(etcd_cluster.endpoints) as etcd:
+        store = EtcdHardExampleStore(etcd, prefix=etcd_prefix)
+        with pytest.raises(InvalidRequest, match="larger than the etcd store takes"):
+            store.add(parsed(example("big", shape=(1, 600, 600))), now=1.0)
+        assert store.count() == 0
 
 
 def test_a_schema_1_database_is_upgraded_in_place(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +14,20 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from tierlink.control.etcd_results import EtcdResultStore
 from tierlink.control.identity import IdentityStore, bearer
 from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
 from tierlink.errors import ConfigError
+from tierlink.etcd.client import Etcd
 from tierlink.outbox import AckStatus, wire
 
 ADMIN = "admin-token-0123456789"
 
 
 @pytest.fixture
-def results(tmp_path: Path) -> Iterator[ResultStore]:
-    store = ResultStore(tmp_path / "control.db", clock=lambda: 1_733_140_000.0)
-    yield store
-    store.close()
+def results(make_results: Callable[..., ResultStore]) -> ResultStore:
+    """A result store, on SQLite and on etcd (tests/control/conftest.py)."""
+    return make_results()
 
 
 @pytest.fixture
@@ -109,9 +111,11 @@ def test_results_page_in_arrival_order(client: Any) -> None:
     assert bad.status_code == 400 and "limit must be an integer 1..1000" in bad.json()["error"]
 
 
-def test_the_key_and_the_row_commit_together(results: ResultStore, tmp_path: Path) -> None:
+def test_the_key_and_the_row_commit_together(tmp_path: Path) -> None:
+    results = ResultStore(tmp_path / "control.db")
     parsed = wire.parse_batch(json.dumps(batch(item("k1"), item("k1"))).encode())
     acks = results.add(parsed)  # one key twice in a batch: stored once
+    results.close()
     assert [a.status for a in acks] == [AckStatus.OK, AckStatus.DUPLICATE]
     db = sqlite3.connect(tmp_path / "control.db")
     keys = db.execute("SELECT idempotency_key FROM inbox_applied").fetchall()
@@ -146,8 +150,9 @@ def test_on_the_control_app_a_node_posts_only_its_own_batches(tmp_path: Path) ->
         registry.close()
 
 
-def test_the_store_keeps_the_latest_max_rows_and_counts_evictions(tmp_path: Path) -> None:
-    store = ResultStore(tmp_path / "control.db", max_rows=3, clock=lambda: 1_733_140_000.0)
+def test_the_store_keeps_the_latest_max_rows_and_counts_evictions(
+        make_results: Callable[..., ResultStore]) -> None:
+    store = make_results(max_rows=3)
     app, metrics = FastAPI(), ResultMetrics()
     install_result_routes(app, store, metrics=metrics)
     try:
@@ -186,3 +191,33 @@ def test_a_result_store_needs_a_positive_cap_and_retention(tmp_path: Path) -> No
         ResultStore(tmp_path / "a.db", max_rows=0)
     with pytest.raises(ConfigError, match="retention_s > 0"):
         ResultStore(tmp_path / "b.db", retention_s=0)
+
+
+@pytest.fixture
+def etcd(etcd_cluster: Any) -> Iterator[Etcd]:
+    with Etcd(etcd_cluster.endpoints) as client:
+        yield client
+
+
+def test_on_etcd_every_replica_reads_what_any_was_delivered(etcd: Etcd,
+                                                            etcd_prefix: str) -> None:
+    """Two replicas' stores on one etcd prefix: a result delivered to one is read from the
+    other, and a replay of it to the other is a duplicate."""
+    first = EtcdResultStore(etcd, prefix=etcd_prefix)
+    second = EtcdResultStore(etcd, prefix=etcd_prefix)
+    sent = wire.parse_batch(json.dumps(batch(item("dev-1:7"), item("dev-1:8"))).encode())
+    assert [a.status for a in first.add(sent)] == [AckStatus.OK] * 2
+    assert [a.status for a in second.add(sent)] == [AckStatus.DUPLICATE] * 2
+    got = second.get("dev-1:7")
+    assert got is not None and got.sender == "edge-1" and got.payload == {"request_id": "7"}
+    assert [r.key for r in second.page()] == ["dev-1:7", "dev-1:8"]
+
+
+def test_on_etcd_a_lease_ends_what_is_past_the_retention(etcd: Etcd, etcd_prefix: str) -> None:
+    store = EtcdResultStore(etcd, prefix=etcd_prefix, retention_s=1.0)  # a 2 s lease
+    store.add(wire.parse_batch(json.dumps(batch(item("soon-gone"))).encode()))
+    assert store.get("soon-gone") is not None
+    deadline = time.monotonic() + 10.0
+    while store.get("soon-gone") is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert store.get("soon-gone") is None and store.count() == 0

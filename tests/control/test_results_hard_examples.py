@@ -10,7 +10,7 @@ import base64
 import json
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +66,30 @@ def statuses(answer: httpx.Response) -> list[str]:
 
 
 @pytest.fixture
-def http(tmp_path: Path) -> Iterator[TestClient]:
+def http(tmp_path: Path, store_kind: str, request: pytest.FixtureRequest
+         ) -> Iterator[TestClient]:
+    """The control app (open: no identity store) with hard examples and results in its
+    SQLite file, or in etcd as replicas keep them."""
     registry = SqliteRegistryStore(tmp_path / "control.db")
-    app = create_app(registry)  # open: no identity store
+    shared: dict[str, Any] = {}
+    etcd = None
+    if store_kind == "etcd":
+        from tierlink.control.etcd_hard_examples import EtcdHardExampleStore
+        from tierlink.control.etcd_results import EtcdResultStore
+        from tierlink.etcd.client import Etcd
+
+        prefix = request.getfixturevalue("etcd_prefix")
+        etcd = Etcd(request.getfixturevalue("etcd_cluster").endpoints)
+        shared = {"hard_examples": EtcdHardExampleStore(etcd, prefix=prefix + "hard/"),
+                  "results": EtcdResultStore(etcd, prefix=prefix + "results/")}
+    app = create_app(registry, **shared)
     try:
         with TestClient(app) as client:
             yield client
     finally:
         registry.close()
+        if etcd is not None:
+            etcd.close()
 
 
 def stored(http: TestClient) -> list[dict[str, Any]]:
@@ -160,10 +176,9 @@ def test_the_same_example_under_another_key_is_still_stored_once(http: TestClien
 
 
 @pytest.fixture
-def results(tmp_path: Path) -> Iterator[ResultStore]:
-    store = ResultStore(tmp_path / "control.db", clock=lambda: 1_733_140_000.0)
-    yield store
-    store.close()
+def results(make_results: Callable[..., ResultStore]) -> ResultStore:
+    """A result store, on SQLite and on etcd (tests/control/conftest.py)."""
+    return make_results()
 
 
 def parsed(*items: dict[str, Any], sender: str = "dev-1") -> wire.Batch:

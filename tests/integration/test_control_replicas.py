@@ -1,5 +1,5 @@
 """A control plane of two replicas over a three-member etcd cluster, as `tierlink up`
-starts it: both serve one view; killing a replica (kill -9), then an etcd member, costs no
+starts it: both serve one view and one store of hard examples; killing a replica (kill -9), then an etcd member, costs no
 request and no registration; a node that dies leaves the view when its lease runs out."""
 
 from __future__ import annotations
@@ -59,6 +59,24 @@ def serve_for(fleet: RunningFleet, http: httpx.Client, data: Split, samples: np.
     return tiers
 
 
+def hard_example_ids(fleet: RunningFleet, http: httpx.Client, replica: int) -> set[int]:
+    r = http.get(f"{fleet.control_urls[replica]}/v1/hard-examples",
+                 params={"limit": 1000}, headers=fleet.admin_headers)
+    r.raise_for_status()
+    return {int(e["id"]) for e in r.json()["examples"]}
+
+
+def hard_examples_delivered(fleet: RunningFleet, http: httpx.Client, data: Split,
+                            samples: np.ndarray, replica: int) -> set[int]:
+    """Route hard inputs until ``replica`` lists hard examples (nodes deliver in batches)."""
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        serve_for(fleet, http, data, samples, 0.5)
+        if ids := hard_example_ids(fleet, http, replica):
+            return ids
+    raise AssertionError(f"replica {replica} never listed a hard example")
+
+
 def test_replicas_share_one_view_and_survive_a_replica_and_an_etcd_member(
         start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Split,
         hard_samples: np.ndarray) -> None:
@@ -68,6 +86,9 @@ def test_replicas_share_one_view_and_survive_a_replica_and_an_etcd_member(
     assert set(listed(fleet, http, 0)) == everyone
     assert set(listed(fleet, http, 1)) == everyone
     generations = {k: v["generation"] for k, v in listed(fleet, http, 1).items()}
+    # Hard examples the nodes deliver land in etcd: what replica 0 took, replica 1 lists.
+    delivered = hard_examples_delivered(fleet, http, fmnist_test, hard_samples, replica=0)
+    assert delivered <= hard_example_ids(fleet, http, 1)
 
     fleet.kill_control(0)  # kill -9 the replica every node was talking to
     tiers = serve_for(fleet, http, fmnist_test, hard_samples, TTL_S + 2.0)

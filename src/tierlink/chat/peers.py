@@ -4,7 +4,8 @@ Chat placement needs them fresh (each model's running and queued sequences) and 
 with or without a control plane, so a node asks its upstreams directly: at most every
 ``refresh_s``, in the background once it has an answer to go on, and only while chat
 requests come (a node nobody asks for chat never polls). An upstream that does not answer
-is left out until it does.
+is left out until it does. The upstreams are read afresh each time (a node's upstreams
+follow the registry: node/topology.py), and one that is no longer among them is forgotten.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def parse_models(listing: Mapping[str, Any]) -> tuple[Tier, tuple[LanguageModelV
 
 
 class PeerModels:
-    def __init__(self, upstreams: Mapping[str, str],
+    def __init__(self, upstreams: Callable[[], Mapping[str, str]],
                  http: Callable[[], aiohttp.ClientSession], refresh_s: float = 2.0,
                  timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.upstreams = dict(upstreams)  # node id -> base URL
+        self._upstreams = upstreams  # now: node id -> base URL
         self._http = http
         self.refresh_s = refresh_s
         self.timeout_s = timeout_s
@@ -59,7 +60,7 @@ class PeerModels:
         """The upstreams' views now: waits for the first answers, refreshes stale ones in
         the background after that."""
         now = self._clock()
-        if self.upstreams and now - self._asked_at >= self.refresh_s and (
+        if self._upstreams() and now - self._asked_at >= self.refresh_s and (
                 self._task is None or self._task.done()):
             first = self._task is None
             self._asked_at = now
@@ -69,14 +70,17 @@ class PeerModels:
         return self.views()
 
     def views(self) -> list[NodeView]:
-        now = self._clock()
+        now, upstreams = self._clock(), self._upstreams()
         return [NodeView(node_id, e.tier, (), language_models=e.models,
                          age_s=max(now - e.fetched_at, 0.0))
                 for node_id, e in self.known.items()
-                if now - e.fetched_at <= max(5 * self.refresh_s, 10.0)]
+                if node_id in upstreams and now - e.fetched_at <= max(5 * self.refresh_s, 10.0)]
 
     async def refresh(self) -> None:
-        await asyncio.gather(*(self._fetch(n, u) for n, u in self.upstreams.items()))
+        upstreams = dict(self._upstreams())
+        for gone in self.known.keys() - upstreams.keys():
+            del self.known[gone]
+        await asyncio.gather(*(self._fetch(n, u) for n, u in upstreams.items()))
 
     async def _fetch(self, node_id: str, url: str) -> None:
         import aiohttp

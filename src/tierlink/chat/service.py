@@ -82,16 +82,17 @@ class ChatService:
         self.metrics = metrics
         self.price = TIER_PRICES.get(tier, 0.0)
         self.verifiers = verifiers or {}  # model -> where its drafts are verified
-        self.upstreams = dict(upstreams or {})  # node id -> base URL
-        for link in self.verifiers.values():
-            self.upstreams.setdefault(link.node_id, link.url)
+        # node id -> base URL, read through: a node's upstreams follow the registry
+        self._live: Mapping[str, str] = upstreams if upstreams is not None else {}
+        self._fixed = {link.node_id: link.url for link in self.verifiers.values()}
         self.drafters = _drafters(models, self.verifiers)
         self.acceptance: dict[str, float] = {}  # EWMA per drafting model
         self._http: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Future[None]] = set()
         self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
                         if lm.source.router}
-        peers = PeerModels(self.upstreams, self.http) if self.upstreams else None
+        peers = None if upstreams is None and not self._fixed else \
+            PeerModels(lambda: self.upstreams, self.http)
         self.placer = ChatPlacer(node_id, tier, node or NodeLink(), peers)
         if metrics is not None:
             for name, lm in models.items():
@@ -100,6 +101,11 @@ class ChatService:
                               functools.partial(getattr, stats, "queued"), lm.kv_bytes_in_use)
                 passes = metrics.passes.labels(tier.label, name)
                 lm.engine.on_pass = lambda _rows, _s, c=passes: c.inc()
+
+    @property
+    def upstreams(self) -> dict[str, str]:
+        """Where this node relays now: node id -> base URL (its verifiers' nodes too)."""
+        return {**self._fixed, **self._live}
 
     def start(self) -> None:
         for lm in self.models.values():
@@ -344,7 +350,10 @@ class ChatService:
         from tierlink.chat.remote import forward_body, relay
 
         upstream: dict[str, Any] = {}
-        url = self.upstreams[option.node_id]
+        url = self.upstreams.get(option.node_id)
+        if url is None:  # it left this node's upstreams since it was placed
+            raise UpstreamUnavailable(f"{option.node_id} is no longer an upstream of "
+                                      f"{self.node_id}", hint="retry: it is placed anew")
         try:
             async for piece in relay(self.http(), url,
                                      forward_body(req, option.model, self.node_id), report,

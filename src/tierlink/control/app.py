@@ -78,7 +78,12 @@ from tierlink.control.metrics import ControlMetrics
 from tierlink.control.registry import RegistryService, install_registry_routes
 from tierlink.control.responses import error_response
 from tierlink.control.results import DEFAULT_MAX_ROWS as DEFAULT_RESULT_ROWS
-from tierlink.control.results import ResultMetrics, ResultStore, install_result_routes
+from tierlink.control.results import (
+    DeliveredResults,
+    ResultMetrics,
+    ResultStore,
+    install_result_routes,
+)
 from tierlink.control.rollout_routes import install_rollout_routes
 from tierlink.control.rollouts import RolloutController, Rollouts, RolloutStore
 from tierlink.control.schemas import format_error_list
@@ -109,6 +114,7 @@ def create_app(
     hard_examples: HardExampleStore | None = None,
     hard_example_max_rows: int = 50_000,
     result_max_rows: int = DEFAULT_RESULT_ROWS,
+    results: DeliveredResults | None = None,
     identity: Identity | None = None,
     repository: RepositoryService | None = None,
     rollouts: bool = True,
@@ -121,12 +127,12 @@ def create_app(
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
     every ``sweep_interval_s`` of real time while the app's lifespan is running.
 
-    ``hard_examples``: where hard examples go (owned by the caller). When None and ``store``
-    is SQLite (or ``local_db`` names a SQLite file), the app opens a
-    :class:`SqliteHardExampleStore` on that file, capped at ``hard_example_max_rows``, and
-    closes it when its lifespan ends; likewise the result store of store-and-forward
-    (:class:`ResultStore`), capped at ``result_max_rows``. A replica over etcd keeps these
-    two in its ``local_db``: each replica holds what was delivered to it.
+    ``hard_examples`` and ``results``: where hard examples and the items nodes deliver
+    (store-and-forward) go, owned by the caller -- on etcd, shared by every replica. When
+    None and ``store`` is SQLite (or ``local_db`` names a SQLite file), the app opens a
+    :class:`SqliteHardExampleStore` (capped at ``hard_example_max_rows``) or a
+    :class:`ResultStore` (capped at ``result_max_rows``) on that file, and closes it when
+    its lifespan ends.
 
     ``identity``: when given, calls are authenticated (see the module docstring); the caller
     owns it. None: an open registry (unit tests, a trusted loopback).
@@ -162,8 +168,7 @@ def create_app(
         owned.append(rollout_store.close)
     controller = None if not rollouts or rollout_store is None else RolloutController(
         rollout_store, service, clock, metrics.registry, repository, leader)
-    results = None
-    if local_db is not None:  # store-and-forward results (control/results.py)
+    if results is None and local_db is not None:  # store-and-forward (control/results.py)
         results = ResultStore(local_db, max_rows=result_max_rows, clock=clock)
         owned.append(results.close)
     lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned)

@@ -128,6 +128,23 @@ class ItemHandler(Protocol):
 Handlers = Mapping[str, ItemHandler]  # by item kind
 
 
+class DeliveredResults(Protocol):
+    """Where delivered items are kept: :class:`ResultStore` (SQLite, one control plane) or
+    :class:`~tierlink.control.etcd_results.EtcdResultStore` (replicas sharing etcd)."""
+
+    def add(self, batch: wire.Batch, handlers: Handlers | None = None) -> list[Ack]: ...
+
+    def get(self, key: str) -> StoredResult | None: ...
+
+    def page(self, after: int = 0, limit: int = 100) -> list[StoredResult]: ...
+
+    def count(self) -> int: ...
+
+    def take_evicted(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class ResultStore:
     """Delivered items in SQLite (WAL), each key once (see the module doc). Thread-safe.
     ``path`` may be the control plane's own database file (one table and the inbox's)."""
@@ -315,7 +332,7 @@ class ResultMetrics:
                 self.results.labels(outcome).inc(n)
 
 
-def install_result_routes(app: FastAPI, store: ResultStore, *,
+def install_result_routes(app: FastAPI, store: DeliveredResults, *,
                           metrics: ResultMetrics | None = None,
                           handlers: Handlers | None = None) -> None:
     """Add the routes of the module doc to ``app`` (the caller owns and closes ``store``);
@@ -358,7 +375,7 @@ async def _answer(handle: Callable[[], Awaitable[Response]]) -> Response:
         return JSONResponse(exc.to_dict(), status_code=exc.http_status)
 
 
-async def _receive(request: Request, store: ResultStore, metrics: ResultMetrics,
+async def _receive(request: Request, store: DeliveredResults, metrics: ResultMetrics,
                    handlers: Handlers) -> Response:
     body = await request.body()
     try:
@@ -383,7 +400,7 @@ def _check_sender(request: Request, sender: str) -> None:
                             f"{sender!r}", hint="a node posts its own outbox: from = its id")
 
 
-async def _page(request: Request, store: ResultStore) -> Response:
+async def _page(request: Request, store: DeliveredResults) -> Response:
     # Read by hand, not as typed parameters: a bad value is a 400 naming it, whatever
     # validation handler the app has.
     after = _int_param(request, "after", 0, 0, None)
@@ -393,7 +410,7 @@ async def _page(request: Request, store: ResultStore) -> Response:
                          "next_after": rows[-1].seq if len(rows) == limit else None})
 
 
-async def _one(key: str, store: ResultStore) -> Response:
+async def _one(key: str, store: DeliveredResults) -> Response:
     stored = await asyncio.to_thread(store.get, key)
     if stored is None:
         return JSONResponse(
@@ -419,5 +436,5 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int | 
     return value
 
 
-__all__ = ["Handlers", "ItemHandler", "ResultMetrics", "ResultStore", "StoredResult",
-           "install_result_routes"]
+__all__ = ["DeliveredResults", "Handlers", "ItemHandler", "ResultMetrics", "ResultStore",
+           "StoredResult", "install_result_routes"]

@@ -29,8 +29,9 @@ from tierlink.errors import ConfigError, TierlinkError
 
 if TYPE_CHECKING:
     from tierlink.control.identity import Identity
+    from tierlink.control.results import DeliveredResults
     from tierlink.control.rollouts import Rollouts
-    from tierlink.control.store import RegistryStore
+    from tierlink.control.store import HardExampleStore, RegistryStore
     from tierlink.etcd.client import Etcd
     from tierlink.etcd.leader import Leadership
     from tierlink.repo.service import RepositoryService
@@ -74,8 +75,8 @@ def run_control(
     With ``etcd_endpoints`` this is one **replica** of a control plane whose registry,
     credentials and published versions live in etcd (any number of replicas serve the same
     fleet; they share ``repo_dir`` and the admin token), and so do rollouts (one replica,
-    the leader of an etcd lease, steps them). Hard examples and delivered results stay in
-    the replica's own ``db_path``.
+    the leader of an etcd lease, steps them), hard examples and delivered results: a
+    replica keeps nothing of its own, and ``db_path`` only names its defaults.
 
     Raises :class:`~tierlink.errors.ConfigError` when the port cannot be bound and
     :class:`~tierlink.errors.ControlPlaneError` when the database cannot be opened.
@@ -92,6 +93,8 @@ def run_control(
             app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
                              result_max_rows=result_rows, identity=identity,
                              repository=repository, local_db=str(db_path),
+                             hard_examples=shared.hard_examples(hard_example_rows),
+                             results=shared.results(result_rows),
                              rollout_store=shared.rollouts, leader=shared.leader(
                                  f"{host}:{actual_port}"))
             _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
@@ -157,6 +160,22 @@ class _Shared:
             from tierlink.control.etcd_rollouts import EtcdRolloutStore
 
             self.rollouts = EtcdRolloutStore(etcd)
+
+    def hard_examples(self, max_rows: int) -> HardExampleStore | None:
+        """On etcd, the hard examples every replica shares (None: the app's SQLite file)."""
+        if self.etcd is None:
+            return None
+        from tierlink.control.etcd_hard_examples import EtcdHardExampleStore
+
+        return EtcdHardExampleStore(self.etcd, max_rows=max_rows)
+
+    def results(self, max_rows: int) -> DeliveredResults | None:
+        """On etcd, the delivered items every replica shares (None: the app's SQLite file)."""
+        if self.etcd is None:
+            return None
+        from tierlink.control.etcd_results import EtcdResultStore
+
+        return EtcdResultStore(self.etcd, max_rows=max_rows)
 
     def leader(self, name: str) -> Callable[[], bool] | None:
         if self.etcd is None:

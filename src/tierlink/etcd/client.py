@@ -64,9 +64,10 @@ class Compare:
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    """One operation of a transaction: a put (with an optional lease) or a delete."""
+    """One operation of a transaction: a put (with an optional lease), a delete, or a get
+    (read back by :meth:`Etcd.txn_reads`)."""
 
-    kind: str  # put | delete
+    kind: str  # put | delete | get
     key: str
     value: bytes = b""
     lease: int = 0
@@ -125,6 +126,33 @@ class Etcd:
                 "failure": [_op(o) for o in failure]}
         answer = self.call("kv/txn", body, "a transaction")
         return bool(answer.get("succeeded", False)), _revision(answer)
+
+    def txn_reads(self, compare: Sequence[Compare], success: Sequence[Op],
+                  failure: Sequence[Op] = ()) -> tuple[bool, list[KeyValue | None]]:
+        """:meth:`txn`, answering whether the comparisons held and what each ``get`` of the
+        branch that ran read (None: the key was absent), in order."""
+        body = {"compare": [_compare(c) for c in compare],
+                "success": [_op(o) for o in success],
+                "failure": [_op(o) for o in failure]}
+        answer = self.call("kv/txn", body, "a transaction")
+        reads: list[KeyValue | None] = []
+        for response in answer.get("responses", ()):
+            if "response_range" in response:
+                kvs = response["response_range"].get("kvs") or ()
+                reads.append(_kv(kvs[0]) if kvs else None)
+        return bool(answer.get("succeeded", False)), reads
+
+    def scan(self, start: str, end: str, limit: int) -> list[KeyValue]:
+        """Keys from ``start`` (included) to ``end`` (excluded) in key order, at most
+        ``limit`` of them."""
+        body = {"key": _b64(start), "range_end": _b64(end), "limit": str(limit)}
+        return self._range(body, f"list from {start}")[0]
+
+    def count(self, prefix: str) -> int:
+        """How many keys there are under ``prefix``."""
+        answer = self.call("kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
+                                        "count_only": True}, f"count {prefix}")
+        return int(answer.get("count", 0))
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -316,6 +344,8 @@ def _compare(c: Compare) -> dict[str, Any]:
 def _op(o: Op) -> dict[str, Any]:
     if o.kind == "delete":
         return {"request_delete_range": {"key": _b64(o.key)}}
+    if o.kind == "get":
+        return {"request_range": {"key": _b64(o.key)}}
     put: dict[str, Any] = {"key": _b64(o.key), "value": _b64(o.value)}
     if o.lease:
         put["lease"] = str(o.lease)

@@ -125,6 +125,7 @@ def _chat_service(spec: NodeSpec, metrics: NodeMetrics, service: NodeService) ->
     over the node's view, and relays to its upstreams' (torch is loaded only with a model)."""
     from tierlink.chat.placing import NodeLink
     from tierlink.chat.service import ChatService
+    from tierlink.node.topology import UpstreamURLs
     from tierlink.telemetry.llm_metrics import LLMMetrics
 
     models = {}
@@ -135,7 +136,7 @@ def _chat_service(spec: NodeSpec, metrics: NodeMetrics, service: NodeService) ->
     chat = ChatService(spec.node_id, spec.tier, models, dict(spec.chat_tasks),
                        LLMMetrics(spec.tier.label, metrics.registry),
                        verifiers=_verifier_links(spec),
-                       upstreams={u.node_id: u.url for u in spec.upstreams},
+                       upstreams=UpstreamURLs(service.topology.upstreams),
                        node=NodeLink(view=lambda: service.view, links=service.link_views,
                                      healthy=service.breakers.healthy))
     service.language_models = chat.views

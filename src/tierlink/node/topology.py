@@ -19,9 +19,9 @@ warmer share -- in step with each new registry view, adding and dropping entries
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from tierlink.node.spec import NodeSpec, UpstreamSpec
 
@@ -62,6 +62,28 @@ def choose_upstreams(node_id: str, labels: Mapping[str, str], rule: UpstreamRule
     if rule is None:
         return {k: u for k, u in declared.items() if k not in draining}
     return chosen
+
+
+class _Reached(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+class UpstreamURLs(Mapping[str, str]):
+    """A node's upstreams as they are at each read: node id -> base URL (what the chat
+    relay takes, so that it follows the registry as the forwarder does)."""
+
+    def __init__(self, upstreams: Mapping[str, _Reached]) -> None:
+        self._upstreams = upstreams
+
+    def __getitem__(self, node_id: str) -> str:
+        return self._upstreams[node_id].url
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._upstreams))
+
+    def __len__(self) -> int:
+        return len(self._upstreams)
 
 
 class Topology(Generic[U]):
