@@ -11,9 +11,11 @@ Four parts, each on real processes (pick with ``--parts``):
   plane. A share ``--changed`` of heartbeats carries a new load figure; the rest repeat
   the previous one (a quiet node). Per store: p50/p99 heartbeat latency, achieved rate,
   CPU (cores) and RSS per replica (and etcd's CPU), and view propagation (a probe node's
-  change posted to one replica until a node watching another holds the new view). Then the rate steps up (``--rates``) to the highest the
-  store sustains on this machine (achieved >= 95% of the offered rate, p99 <= 100 ms).
-  The load generator shares this machine's cores: its own CPU is reported too.
+  change posted to one replica until a node watching another holds the new view). Then
+  the rate steps up (``--rates``) to the highest the store sustains on this machine
+  (achieved >= 95% of the offered rate, p99 <= 100 ms, no error). The load generator
+  shares this machine's cores, so it is kept lean (``lean_http.py``: keep-alive sockets
+  and prepared bodies, a fraction of aiohttp's CPU per request); its CPU is reported too.
 * ``failover`` -- a fleet (``tierlink up`` with ``control: {store: etcd, replicas: 2}``,
   the zoo's test profile) under steady inference load from its devices and a stream of
   registry writes (node enrollments, through whichever replica answers); one replica is
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -55,6 +58,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab_support import cpu_s
+from lean_http import LeanPoster
 
 P99_TARGET_MS = 100.0
 # Long enough that the first nodes' leases outlive the registration of all 10,000 (about
@@ -140,21 +144,27 @@ def body(i: int, load: int, started_at: float) -> dict[str, Any]:
             "started_at": started_at, "labels": {"site": f"s{i % 200}"}}
 
 
-async def register(http: aiohttp.ClientSession, urls: list[str], nodes: int,
-                   started_at: float) -> None:
+async def register(posters: list[LeanPoster], nodes: int, started_at: float) -> None:
     """Every simulated node's first heartbeat (not measured), 64 at a time."""
     sem = asyncio.Semaphore(64)
 
     async def one(i: int) -> None:
-        async with sem, http.post(f"{urls[i % len(urls)]}/v1/nodes/sim-{i:05d}/heartbeat",
-                                  json=body(i, 0, started_at)) as r:
-            r.raise_for_status()
-            await r.read()
+        async with sem:
+            status = await posters[i % len(posters)].post(
+                f"/v1/nodes/sim-{i:05d}/heartbeat", encoded(i, 0, started_at))
+            if status != 200:
+                raise RuntimeError(f"registering sim-{i:05d} answered {status}")
 
     await asyncio.gather(*(one(i) for i in range(nodes)))
 
 
-async def steady(http: aiohttp.ClientSession, urls: list[str], nodes: int, rate: float,
+@functools.cache
+def encoded(i: int, load: int, started_at: float) -> bytes:
+    """:func:`body` as JSON bytes, made once (the generator must stay cheap)."""
+    return json.dumps(body(i, load, started_at), separators=(",", ":")).encode()
+
+
+async def steady(posters: list[LeanPoster], nodes: int, rate: float,
                  seconds: float, changed: float, started_at: float,
                  rng: random.Random) -> dict[str, Any]:
     """Open-loop heartbeats at ``rate`` per second for ``seconds``: latencies, errors."""
@@ -169,15 +179,14 @@ async def steady(http: aiohttp.ClientSession, urls: list[str], nodes: int, rate:
         i = k % nodes
         if rng.random() < changed:
             loads[i] = (loads[i] + 1) % 8
-        url = f"{urls[i % len(urls)]}/v1/nodes/sim-{i:05d}/heartbeat"
         sent = time.perf_counter()
         try:
-            async with http.post(url, json=body(i, loads[i], started_at)) as r:
-                await r.read()
-                if r.status != 200:
-                    errors += 1
-                    return
-        except (TimeoutError, aiohttp.ClientError):
+            status = await posters[i % len(posters)].post(
+                f"/v1/nodes/sim-{i:05d}/heartbeat", encoded(i, loads[i], started_at))
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            errors += 1
+            return
+        if status != 200:
             errors += 1
             return
         latencies.append((time.perf_counter() - sent) * 1000)
@@ -237,15 +246,14 @@ async def heartbeat_run(control: Control, args: argparse.Namespace) -> dict[str,
     rng = random.Random(7)
     started_at = time.time()
     rate = args.nodes / args.interval
-    conn = aiohttp.TCPConnector(limit=256)
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+    posters = [LeanPoster(url, connections=256 // len(control.urls)) for url in control.urls]
+    try:
         t = time.perf_counter()
-        await register(http, control.urls, args.nodes, started_at)
+        await register(posters, args.nodes, started_at)
         registered_per_s = args.nodes / (time.perf_counter() - t)
         before = {pid: cpu_s(pid) for pid in (*control.pids, *control.etcd_pids, os.getpid())}
         t = time.perf_counter()
-        result = await steady(http, control.urls, args.nodes, rate, args.step_s, args.changed,
+        result = await steady(posters, args.nodes, rate, args.step_s, args.changed,
                               started_at, rng)
         wall = time.perf_counter() - t
         cores = {pid: (cpu_s(pid) - before[pid]) / wall for pid in before}
@@ -258,13 +266,16 @@ async def heartbeat_run(control: Control, args: argparse.Namespace) -> dict[str,
         result["propagation_ms"] = await propagation(control.urls)
         steps = []
         for step_rate in args.rates:
-            steps.append(await steady(http, control.urls, args.nodes, step_rate,
+            steps.append(await steady(posters, args.nodes, step_rate,
                                       min(args.step_s, 10.0), args.changed, started_at, rng))
             if not _sustained(steps[-1]):
                 break
         ok = [s["offered_per_s"] for s in steps if _sustained(s)]
         result["max_sustained_per_s"] = max(ok) if ok else 0
         result["steps"] = steps
+    finally:
+        for poster in posters:
+            await poster.close()
     return result
 
 
@@ -291,24 +302,24 @@ async def cost_run(control: Control, n: int = 3000, nodes: int = 200) -> dict[st
     then ``n`` that each carry a new load figure (one replica, ``nodes`` nodes)."""
     url, pid = control.urls[0], control.pids[0]
     out = {}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as http:
-        await register(http, [url], nodes, 1.0)
+    poster = LeanPoster(url, connections=32)
+    try:
+        await register([poster], nodes, 1.0)
         for name, changed in (("repeated", False), ("changed", True)):
-            sem = asyncio.Semaphore(32)
-
-            async def one(k: int, changed: bool = changed,
-                          sem: asyncio.Semaphore = sem) -> None:
+            async def one(k: int, changed: bool = changed) -> None:
                 i = k % nodes
-                async with sem, http.post(f"{url}/v1/nodes/sim-{i:05d}/heartbeat",
-                                          json=body(i, (k if changed else 0) % 8 + 1, 1.0)) as r:
-                    await r.read()
-                    r.raise_for_status()
+                status = await poster.post(f"/v1/nodes/sim-{i:05d}/heartbeat",
+                                           encoded(i, (k if changed else 0) % 8 + 1, 1.0))
+                if status != 200:
+                    raise RuntimeError(f"a heartbeat answered {status}")
 
             before, t = cpu_s(pid), time.perf_counter()
             await asyncio.gather(*(one(k) for k in range(n)))
             wall = time.perf_counter() - t
             out[f"{name}_cpu_ms"] = round((cpu_s(pid) - before) / n * 1000, 3)
             out[f"{name}_per_s"] = round(n / wall, 1)
+    finally:
+        await poster.close()
     return out
 
 

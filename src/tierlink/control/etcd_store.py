@@ -245,8 +245,16 @@ class EtcdRegistryStore:
         return revision
 
     def _apply(self, events: list[Event], revision: int) -> None:
-        """Bring the view up to ``revision`` with the watch's events (ours included)."""
-        decoded = [(e, self._entry_of(e.kv) if e.kind == "put" else None) for e in events]
+        """Bring the view up to ``revision`` with the watch's events (ours included).
+        Decoded outside the lock, and only what is news: our own writes are in the view
+        already, and a heartbeat text the view holds is not parsed again (most writes only
+        move ``last_seen``)."""
+        decoded = []
+        for e in events:
+            current = self._entries.get(e.kv.key[len(self._nodes):])  # a read: no lock
+            news = e.kind == "put" and (current is None
+                                        or current.mod_revision < e.kv.mod_revision)
+            decoded.append((e, self._entry_of(e.kv, current) if news else None))
         with self._lock:
             for event, entry in decoded:
                 node_id = event.kv.key[len(self._nodes):]
@@ -386,12 +394,14 @@ class EtcdRegistryStore:
             for digest in old.decoded.digests - held:
                 self._profiles.pop(digest, None)
 
-    def _entry_of(self, kv: KeyValue) -> _Entry | None:
-        """A stored key as an entry; None (and a log line) when it cannot be read."""
+    def _entry_of(self, kv: KeyValue, current: _Entry | None = None) -> _Entry | None:
+        """A stored key as an entry (its heartbeat parsed unless ``current`` holds the same
+        text); None (and a log line) when it cannot be read."""
         try:
             stored = json.loads(zlib.decompress(kv.value))
             body = stored["heartbeat"]
-            decoded = _decode(body, Heartbeat.model_validate_json(body))
+            decoded = current.decoded if current is not None and current.decoded.body == body \
+                else _decode(body, Heartbeat.model_validate_json(body))
             return _Entry(decoded, float(stored["registered_at"]), float(stored["last_seen"]),
                           int(stored["generation"]), kv.lease, kv.mod_revision)
         except (ValueError, KeyError, TypeError, zlib.error) as exc:

@@ -1,0 +1,64 @@
+"""A lean HTTP/1.1 client for load generators: keep-alive connections over asyncio
+streams, each request written as prepared bytes, each answer read by its Content-Length.
+
+On a 2-core machine the generator shares the CPU with what it measures: aiohttp spends
+about half a millisecond of CPU per request, which at 2,000 requests a second is most of a
+core taken from the servers under test. This spends a fraction of that, so the figures say
+what the servers can do rather than what the client could send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+
+class LeanPoster:
+    """POSTs to one server over at most ``connections`` keep-alive connections."""
+
+    def __init__(self, base_url: str, connections: int = 128, timeout_s: float = 10.0) -> None:
+        url = urlsplit(base_url)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self._host_header = f"{self.host}:{self.port}".encode()
+        self.timeout_s = timeout_s
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._slots = asyncio.Semaphore(connections)
+
+    async def post(self, path: str, body: bytes) -> int:
+        """The answer's status; raises OSError / TimeoutError / IncompleteReadError."""
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else \
+                await asyncio.open_connection(self.host, self.port)
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    status, keep = await self._exchange(conn, path, body)
+            except BaseException:
+                conn[1].close()
+                raise
+            if keep:
+                self._idle.append(conn)
+            else:
+                conn[1].close()
+            return status
+
+    async def _exchange(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                        path: str, body: bytes) -> tuple[int, bool]:
+        reader, writer = conn
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s"
+                     % (path.encode(), self._host_header, len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        status, length, keep = int(head[9:12]), 0, True
+        for line in head.lower().split(b"\r\n")[1:]:
+            if line.startswith(b"content-length:"):
+                length = int(line[15:])
+            elif line.startswith(b"connection:") and b"close" in line:
+                keep = False
+        if length:
+            await reader.readexactly(length)
+        return status, keep
+
+    async def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
