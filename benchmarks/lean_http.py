@@ -25,13 +25,26 @@ class LeanPoster:
         self._slots = asyncio.Semaphore(connections)
 
     async def post(self, path: str, body: bytes) -> int:
-        """The answer's status; raises OSError / TimeoutError / IncompleteReadError."""
-        async with self._slots:
-            conn = self._idle.pop() if self._idle else \
+        """The answer's status; raises OSError / TimeoutError / IncompleteReadError. A
+        kept-alive connection the server closed meanwhile is replaced once, as HTTP
+        clients do (the requests this sends are idempotent)."""
+        async with self._slots, asyncio.timeout(self.timeout_s):
+            reused = bool(self._idle)
+            conn = self._idle.pop() if reused else \
                 await asyncio.open_connection(self.host, self.port)
             try:
-                async with asyncio.timeout(self.timeout_s):
+                status, keep = await self._exchange(conn, path, body)
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                conn[1].close()
+                nothing = not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial
+                if not (reused and nothing):
+                    raise
+                conn = await asyncio.open_connection(self.host, self.port)
+                try:
                     status, keep = await self._exchange(conn, path, body)
+                except BaseException:
+                    conn[1].close()
+                    raise
             except BaseException:
                 conn[1].close()
                 raise

@@ -112,3 +112,21 @@ def test_a_busy_port_is_reported(start_server, tmp_path):
     )
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_the_server_freezes_what_it_loaded_and_collects_fully_less_often():
+    """What is loaded before serving is never scanned again by the cycle collector, and
+    full collections are rarer (control/server.py: a full collection of a 10,000-node
+    registry stalled every heartbeat for 100-300 ms)."""
+    import gc
+
+    from tierlink.control.server import _tune_gc
+
+    threshold = gc.get_threshold()
+    try:
+        _tune_gc()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold()[2] == 100
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -240,8 +241,22 @@ def _serve(app: object, sock: socket.socket, on_ready: Callable[[], None]) -> No
 
     config = uvicorn.Config(app, log_level="warning", lifespan="on",  # type: ignore[arg-type]
                             timeout_graceful_shutdown=5)
+    _tune_gc()
     with _quiet_after_shutdown():
         ReadyServer(config).run(sockets=[sock])
+
+
+def _tune_gc() -> None:
+    """Keep the cycle collector from stalling heartbeats. A registry of 10,000 nodes holds
+    some 170,000 tracked objects, and a full collection of them and the imported modules
+    stopped this process for 100-300 ms every few seconds under 10% changed heartbeats:
+    the p99 of every heartbeat. What was loaded before serving is frozen (never scanned
+    again), and full collections come a tenth as often. Heartbeat state is acyclic (freed
+    by reference counting), so collecting it rarely costs no memory."""
+    gc.collect()
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 100)
 
 
 @contextmanager
