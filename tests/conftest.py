@@ -9,13 +9,39 @@ level by module name: ``byo_support`` (small real ONNX models and their data).
 * ``etcd_cluster``: a real three-member etcd cluster on loopback for the whole session
   (tests keep to a key prefix of their own: ``etcd_prefix``); tests that kill members start
   their own.
+
+In CI (``CI=true``, set by ``.ci/run``) a test that would skip -- a package, a service or a
+data set missing -- fails instead, naming why: CI cannot pass by not running a test.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    _fail_a_skip_in_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    _fail_a_skip_in_ci(outcome.get_result())  # a module-level importorskip
+
+
+def _fail_a_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where nothing may be: {reason}"
 
 
 @pytest.fixture

@@ -186,6 +186,18 @@ def test_bad_query_parameters_are_a_400(http: TestClient) -> None:
     assert http.get("/v1/hard-examples", params={"limit": 0}).status_code == 400
     response = http.get("/v1/hard-examples", params={"after_id": "x"})
     assert response.status_code == 400 and "after_id" in response.json()["error"]
+    # numbers beyond what an id can be, or below: a 400 naming the field, never a 500
+    for params in ({"after_id": 2**64}, {"after_id": -1}):
+        response = http.get("/v1/hard-examples", params=params)
+        assert response.status_code == 400 and "after_id" in response.json()["error"]
+    response = http.get("/v1/hard-examples/export", params={"limit": -5})
+    assert response.status_code == 400 and "limit" in response.json()["error"]
+
+
+def test_a_bad_query_anywhere_is_a_400_that_says_so(http: TestClient) -> None:
+    response = http.get("/v1/nodes", params={"since": "1", "wait": 10**6})
+    assert response.status_code == 400
+    assert "wait" in response.json()["error"] and "heartbeat" not in response.json()["error"]
 
 
 def test_export_is_an_npz_ready_for_retraining(http: TestClient) -> None:

@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
-from tierlink.errors import DeadlineExceeded, UpstreamError, UpstreamUnavailable
+from tierlink.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    TensorError,
+    UpstreamError,
+    UpstreamUnavailable,
+)
 from tierlink.node.breaker import BreakerBoard
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 
@@ -169,3 +175,23 @@ def test_escalation_that_cannot_return_in_time_is_not_started():
     out = asyncio.run(d.execute(plan, REQ, {}, clock.t + 0.150))
     assert calls == ["dev-1"] and out.outcome.served_by == "dev-1"
     assert out.outcome.fallbacks[0].reason == "deadline"
+
+
+def test_a_client_error_from_an_upstream_goes_back_to_the_caller_without_a_fallback():
+    """An upstream's 400 says the request is wrong, not the node: no other node is tried,
+    nothing counts against the upstream's breaker, and the caller gets the 400."""
+    plan = Plan((Placement("remote", "edge-1", Tier.EDGE),
+                 Placement("remote", "edge-2", Tier.EDGE)), "tierlink")
+    d, calls, obs, boards = make(remote={"edge-1": TensorError("input 'x' must be FP32")})
+    with pytest.raises(TensorError, match="must be FP32"):
+        run(d, plan)
+    assert calls == ["edge-1"] and obs.events == []
+    assert boards.board.states().get("edge-1", "closed") == "closed"
+
+
+def test_a_split_tail_refusing_its_payload_is_a_failure_to_fall_back_from():
+    plan = Plan((Placement("remote", "edge-1", Tier.EDGE, "s", cut="h", codec="fp16"),
+                 Placement("remote", "edge-2", Tier.EDGE)), "tierlink")
+    d, calls, _, _ = make(remote={"edge-1": InvalidRequest("bad features")})
+    out = run(d, plan)
+    assert calls == ["edge-1", "edge-2"] and out.outcome.served_by == "edge-2"

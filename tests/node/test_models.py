@@ -392,7 +392,9 @@ def test_the_node_answers_per_version_and_reports_every_version(world: World) ->
         direct = _infer(client, "m/versions/1")
         assert _params(direct)["tierlink.model_version"] == "1"
         missing = _infer(client, "t", {"tierlink.version": "7"})
-        assert missing.status_code == 503 and "'7'" in missing.json()["error"]
+        # a version nobody serves is the caller's mistake: 404, naming what is served
+        assert missing.status_code == 404 and "'7'" in missing.json()["error"]
+        assert "['1', '2']" in missing.json()["hint"]
         seen = Counter(_params(_infer(client, "t"))["tierlink.model_version"]
                        for _ in range(60))
         assert set(seen) == {"1", "2"}

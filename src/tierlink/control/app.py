@@ -255,6 +255,11 @@ def _install_ops_routes(app: FastAPI, service: RegistryService,
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
+        if any(e.get("loc", ("",))[0] in ("query", "path") for e in exc.errors()):
+            message = format_error_list(exc.errors(), what=f"query of {request.url.path}",
+                                        strip_first=True)
+            return error_response(400, message, "invalid_request",
+                                  "see GET /docs for the parameters and their ranges")
         if request.url.path.startswith("/v1/hard-examples"):  # a bad query parameter
             message = format_error_list(exc.errors(), what="hard-example query",
                                         strip_first=True)

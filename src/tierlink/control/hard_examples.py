@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 from pydantic import ValidationError
 
 from tierlink.control.identity import NODE, AdminRequired
@@ -34,6 +34,7 @@ _EXAMPLE_HINT = ("the payload of a hard_example item has the fields of "
                  "tierlink.control.schemas.HardExampleIn (see HardExample.to_wire)")
 MAX_BATCH_BODY_BYTES = 64 * 1024 * 1024
 MAX_PAGE = 1000
+MAX_ID = 2**63 - 1  # ids are 64-bit signed integers (SQLite)
 
 
 class HardExampleService:
@@ -137,7 +138,8 @@ def install_hard_example_routes(app: FastAPI, examples: HardExampleService | Non
 
     # Plain `def` handlers: FastAPI runs them on a worker thread, off the event loop.
     @app.get("/v1/hard-examples")
-    def list_examples(model: str | None = None, node: str | None = None, after_id: int = 0,
+    def list_examples(model: str | None = None, node: str | None = None,
+                      after_id: int = Query(0, ge=0, le=MAX_ID),
                       limit: int = 100) -> dict[str, Any]:
         limit = _page_size(limit)
         records = need().store.page(model=model, node=node, after_id=after_id, limit=limit)
@@ -146,7 +148,7 @@ def install_hard_example_routes(app: FastAPI, examples: HardExampleService | Non
 
     @app.get("/v1/hard-examples/export")
     def export_examples(model: str | None = None, node: str | None = None,
-                        limit: int | None = None) -> Response:
+                        limit: int | None = Query(None, ge=1, le=MAX_ID)) -> Response:
         rows = need().store.export(model=model, node=node, limit=limit)
         return Response(to_npz(rows), media_type="application/octet-stream", headers={
             "Content-Disposition": 'attachment; filename="hard-examples.npz"',

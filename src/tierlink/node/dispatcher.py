@@ -33,6 +33,7 @@ __all__ = ["Dispatcher", "HardExampleHook", "RetryBudget", "StepResult", "execut
 from tierlink.errors import (
     AdmissionRefused,
     DeadlineExceeded,
+    InvalidRequest,
     TierlinkError,
     UpstreamError,
     UpstreamTimeout,
@@ -286,6 +287,10 @@ class Dispatcher:
         try:
             result = await call
         except TierlinkError as exc:
+            # The caller's mistake (a 400): any other node would refuse it the same way, so
+            # it goes back as it is. A split's tail is the exception: its payload is ours.
+            if isinstance(exc, InvalidRequest) and not placement.cut:
+                raise
             reason = reason_of(exc)
             fallbacks.append(Fallback(placement.node_id, reason, exc.message[:200]))
             self._obs.fell_back(placement.node_id, reason)

@@ -75,7 +75,7 @@ from tierlink.node.splits import SplitPlans, Upstream
 from tierlink.node.topology import Topology, rule_of
 from tierlink.node.uplink import Uplink
 from tierlink.node.version_stats import VersionStatsBook
-from tierlink.node.view import ParsedRecords, build_view, heartbeat
+from tierlink.node.view import ParsedRecords, build_view, check_version_known, heartbeat
 from tierlink.policy import Policy
 from tierlink.policy.bandit import teach
 from tierlink.policy.placement import TierlinkPolicy
@@ -290,6 +290,8 @@ class NodeService:
                                      input_bytes=sum(a.nbytes for a in inputs.values()))
         labels = protocol.parse_labels(params, _batch_size(inputs))
         check_task_inputs(self.runtimes.values(), task, inputs)
+        if req.version is not None:
+            check_version_known(self.view, task, req.version)
         self.split.routed(task, t0)  # demand: the split warmer opens cuts of tasks in use
         policy = self.policies.for_request(req)
         req = self.policies.receive(req, policy)

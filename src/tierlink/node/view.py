@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tierlink import __version__
 from tierlink.core.types import ClusterView, LinkView, ModelView, NodeView
+from tierlink.errors import ModelNotFound
 
 if TYPE_CHECKING:
     from tierlink.node.models import ModelManager
@@ -105,3 +106,14 @@ def _model_entries(me: NodeView, models: ModelManager, stats: VersionStatsBook
                      stats=stats.get(info.name, info.version))
         entries.append(entry)
     return entries
+
+
+def check_version_known(view: ClusterView, task: str, version: str) -> None:
+    """A request pinned to a version that no node in ``view`` serves for ``task`` is the
+    caller's mistake (404), not a fleet short of capacity (503): refused where it arrives."""
+    held = {v for node in view.nodes.values() for m in node.models if m.task == task
+            for v in (m.versions or (m.version,))}
+    if version not in held:
+        raise ModelNotFound(f"no node serves task {task!r} at version {version!r}",
+                            hint=f"versions served now: {sorted(held)}; omit "
+                                 "tierlink.version to take whichever answers")
