@@ -17,6 +17,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tierlink.chat import openai
 from tierlink.chat.service import ChatService
 from tierlink.errors import InvalidRequest, TierlinkError
+from tierlink.transport.openapi import (
+    OPENAI_CHAT_REQUEST,
+    OPENAI_COMPLETION_REQUEST,
+    request_body,
+)
 
 
 def install_chat_routes(app: FastAPI, chat: ChatService) -> None:
@@ -33,11 +38,11 @@ def install_chat_routes(app: FastAPI, chat: ChatService) -> None:
     async def model(name: str) -> Response:
         return await _guard(_one_model(chat, name))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body(OPENAI_CHAT_REQUEST))
     async def chat_completions(request: Request) -> Response:
         return await _guard(_answer(chat, request, openai.parse_chat))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body(OPENAI_COMPLETION_REQUEST))
     async def completions(request: Request) -> Response:
         return await _guard(_answer(chat, request, openai.parse_completion))
 

@@ -18,12 +18,27 @@ from fastapi.responses import JSONResponse, Response
 from tierlink.errors import InvalidRequest, TierlinkError, UpstreamTimeout, UpstreamUnavailable
 from tierlink.llm.runtime import LanguageModel
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict
+from tierlink.transport.openapi import request_body
 
 MAX_DRAFTS = 16
+VERIFY_REQUEST = {  # a drafting node's round (chat/remote.py)
+    "type": "object", "required": ["tokens", "drafts"],
+    "properties": {
+        "session": {"type": "string"},
+        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                   "description": "the sequence so far, as this model's token ids"},
+        "drafts": {"type": "array", "maxItems": MAX_DRAFTS, "items": {
+            "type": "object", "required": ["token"],
+            "properties": {"token": {"type": "integer", "minimum": 0},
+                           "support": {"type": "array", "items": {"type": "integer"}},
+                           "probs": {"type": "array", "items": {"type": "number"}}}}},
+        "sampling": {"type": "object", "properties": {
+            "temperature": {"type": "number", "minimum": 0},
+            "top_p": {"type": "number"}, "seed": {"type": "integer"}}}}}
 
 
 def install_verify_route(app: FastAPI, models: dict[str, LanguageModel]) -> None:
-    @app.post("/tierlink/v1/llm/{name}/verify")
+    @app.post("/tierlink/v1/llm/{name}/verify", openapi_extra=request_body(VERIFY_REQUEST))
     async def verify(name: str, request: Request) -> Response:
         start = time.perf_counter()
         try:

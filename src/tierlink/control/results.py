@@ -62,6 +62,7 @@ from tierlink.errors import ConfigError, ControlPlaneError, InvalidRequest, Tier
 from tierlink.outbox import Ack, AckStatus, Inbox, wire
 from tierlink.outbox.inbox import DEFAULT_RETENTION_S
 from tierlink.sqlite_store import mapped_errors, write_transaction
+from tierlink.transport.openapi import request_body
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -345,7 +346,7 @@ def install_result_routes(app: FastAPI, store: DeliveredResults, *,
     metrics.stored.set_function(lambda: float(store.count()))
     app.state.results = store
 
-    @app.post("/v1/results")
+    @app.post("/v1/results", openapi_extra=request_body(wire.BATCH_SCHEMA))
     async def post_results(request: Request) -> Response:
         return await _answer(lambda: _receive(request, store, metrics, handlers))
 

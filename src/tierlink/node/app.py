@@ -33,6 +33,12 @@ from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
 from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.transport import oip
+from tierlink.transport.openapi import (
+    BYTES,
+    OIP_INFER_REQUEST,
+    OIP_REPOSITORY_INDEX,
+    request_body,
+)
 
 if TYPE_CHECKING:
     from tierlink.chat.service import ChatService
@@ -42,6 +48,9 @@ log = logging.getLogger("tierlink.node")
 _ROUTED_OUTPUTS = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, -1]},
                    {"name": "label", "datatype": "INT64", "shape": [-1]}]
 
+
+FAULTS_BODY = {"type": "object", "properties": {"slowdown": {
+    "type": "number", "exclusiveMinimum": 0, "description": "multiply compute time by this"}}}
 
 def create_app(service: NodeService, ready: bool = False,
                chat: ChatService | None = None) -> FastAPI:
@@ -122,7 +131,7 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
     async def status() -> dict[str, Any]:
         return service.status()
 
-    @app.post("/tierlink/v1/faults")
+    @app.post("/tierlink/v1/faults", openapi_extra=request_body(FAULTS_BODY))
     async def faults(request: Request) -> dict[str, Any]:
         """Fault injection (only with ``fault_injection`` in the spec): ``{"slowdown": N}``."""
         try:
@@ -133,7 +142,9 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
         service.set_faults(slowdown)
         return {"slowdown": service.slowdown}
 
-    @app.post("/tierlink/v1/probe", status_code=204, response_class=Response)
+    @app.post("/tierlink/v1/probe", status_code=204, response_class=Response,
+              openapi_extra=request_body(BYTES, media_type="application/octet-stream",
+                                         required=False))
     async def probe(request: Request) -> Response:
         """A link probe: read the body (so its bytes cross the link) and answer empty."""
         await request.body()
@@ -146,7 +157,8 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
         await service.split.open_tail(name, cut)
         return Response(status_code=204)
 
-    @app.post("/v2/repository/index")
+    @app.post("/v2/repository/index",
+              openapi_extra=request_body(OIP_REPOSITORY_INDEX, required=False))
     async def repository_index() -> list[dict[str, Any]]:
         models = [{"name": n, "version": rt.info.version, "state": "READY"}
                   for n, rt in service.runtimes.items()]
@@ -167,8 +179,10 @@ def _model_routes(app: FastAPI, service: NodeService) -> None:
         return JSONResponse({"name": name, "ready": bool(app.state.ready)},
                             200 if app.state.ready else 503)
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
+    @app.post("/v2/models/{name}/infer",
+              openapi_extra=request_body(OIP_INFER_REQUEST, binary=True))
+    @app.post("/v2/models/{name}/versions/{version}/infer",
+              openapi_extra=request_body(OIP_INFER_REQUEST, binary=True))
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
         start = time.perf_counter()
         kind = "model" if name in service.runtimes else "task"

@@ -41,6 +41,7 @@ from fastapi.responses import JSONResponse
 from tierlink.errors import InvalidRequest, OutboxError, TierlinkError
 from tierlink.node.uplink import INBOX_PATH, Uplink
 from tierlink.outbox import Ack, AckStatus, Inbox, wire
+from tierlink.transport.openapi import request_body
 
 log = logging.getLogger("tierlink.node.inbox")
 
@@ -120,7 +121,7 @@ def install_inbox_routes(app: FastAPI, receiver: InboxReceiver) -> None:
     the route needs no handler of the app's."""
     app.state.inbox = receiver
 
-    @app.post(INBOX_PATH)
+    @app.post(INBOX_PATH, openapi_extra=request_body(wire.BATCH_SCHEMA))
     async def inbox(request: Request) -> Response:
         try:
             body = await _body(request)

@@ -58,6 +58,25 @@ MAX_CHAIN = 16  # hops an item may have passed through: a loop guard, far above 
 KIND_PATTERN = re.compile(r"[a-z][a-z0-9_.-]{0,63}")  # bounded: kinds are metric labels
 BATCH_HINT = ('send {"from": NODE_ID, "items": [{"key", "kind", "payload", "created_at", '
               '"chain"?}, ...]} as JSON (see tierlink.outbox.wire)')
+# A batch as JSON Schema, for the OpenAPI documents of the routes that take one.
+BATCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["from", "items"],
+    "properties": {
+        "from": {"type": "string", "minLength": 1, "description": "the node sending it"},
+        "items": {"type": "array", "maxItems": MAX_BATCH_ITEMS, "items": {
+            "type": "object",
+            "required": ["key", "kind", "payload", "created_at"],
+            "properties": {
+                "key": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_CHARS},
+                "kind": {"type": "string", "pattern": f"^{KIND_PATTERN.pattern}$"},
+                "payload": {"description": "any JSON value"},
+                "created_at": {"type": "number", "minimum": 0},
+                "chain": {"type": "array", "maxItems": MAX_CHAIN, "items": {"type": "string"}},
+                "ttl_s": {"type": "number", "exclusiveMinimum": 0},
+            }}},
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)

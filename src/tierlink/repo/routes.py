@@ -29,7 +29,14 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from tierlink.repo.blobs import check_sha
 from tierlink.repo.service import RepositoryService
+from tierlink.transport.openapi import BYTES, request_body
 
+SIGNED_MANIFEST = {  # tierlink.repo.manifest.SignedManifest.to_dict()
+    "type": "object", "required": ["manifest", "key_id", "signature"],
+    "properties": {"manifest": {"type": "object", "description": "the version's manifest"},
+                   "key_id": {"type": "string"},
+                   "signature": {"type": "string", "description": "base64 ed25519"},
+                   "public_key": {"type": "string", "description": "ed25519:<base64>"}}}
 
 def install_repository_routes(app: FastAPI, service: RepositoryService) -> None:
     """Add the repository's routes to ``app`` and keep ``service`` on
@@ -41,7 +48,8 @@ def install_repository_routes(app: FastAPI, service: RepositoryService) -> None:
 
 
 def _blob_routes(app: FastAPI, service: RepositoryService) -> None:
-    @app.put("/v1/blobs/{sha256}")
+    @app.put("/v1/blobs/{sha256}", openapi_extra=request_body(
+        BYTES, media_type="application/octet-stream"))
     async def put_blob(sha256: str, request: Request) -> Response:
         check_sha(sha256)  # before reading a byte of the body
         size, created = await service.put_blob(sha256, request.stream())
@@ -49,14 +57,15 @@ def _blob_routes(app: FastAPI, service: RepositoryService) -> None:
                             status_code=201 if created else 200)
 
     # Plain `def`: FastAPI runs it on a worker thread (a stat call), off the event loop.
-    @app.api_route("/v1/blobs/{sha256}", methods=["GET", "HEAD"])
+    @app.get("/v1/blobs/{sha256}", operation_id="get_blob")
+    @app.head("/v1/blobs/{sha256}", operation_id="head_blob")
     def get_blob(sha256: str) -> Response:
         return FileResponse(service.blob_path(sha256), media_type="application/octet-stream",
                             headers={"X-Tierlink-Sha256": sha256})
 
 
 def _model_routes(app: FastAPI, service: RepositoryService) -> None:
-    @app.post("/v1/models/{name}/versions")
+    @app.post("/v1/models/{name}/versions", openapi_extra=request_body(SIGNED_MANIFEST))
     async def publish(name: str, request: Request) -> Response:
         body = await request.body()
         # Hashing the blobs and SQLite: off the event loop.
