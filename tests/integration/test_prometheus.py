@@ -1,5 +1,5 @@
-"""A real Prometheus server scrapes every node and the control plane; promtool accepts the
-exposition."""
+"""A real Prometheus server scrapes every node and the control plane, with the rules of
+deploy/rules loaded and evaluated over what it scrapes; promtool accepts the exposition."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from .integration_support import metric_sum, route, wait_for
 pytestmark = pytest.mark.integration
 
 TARGETS_UP_TIMEOUT_S = 40.0
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "tierlink.rules.yml"
 
 
 def _hostport(url: str) -> str:
@@ -33,6 +34,7 @@ def scrape_config(fleet: RunningFleet) -> str:
     nodes = ", ".join(f'"{_hostport(u)}"' for u in fleet.node_urls.values())
     return f"""
 global: {{scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}}
+rule_files: ["{RULES}"]
 scrape_configs:
   - job_name: tierlink-node
     static_configs: [{{targets: [{nodes}]}}]
@@ -129,6 +131,33 @@ def test_prometheus_scrapes_every_node_and_the_control_plane(
 
 
 @pytest.mark.parametrize("who", ["edge-1", "control"])
+def test_the_rules_load_and_record_sla_attainment_from_the_fleet(
+        shared_fleet: RunningFleet, prometheus: Prometheus, http: httpx.Client,
+        fmnist_test: Split, hard_samples: np.ndarray) -> None:
+    expected = len(shared_fleet.node_urls) + 1
+    wait_for(lambda: all_targets_up(http, prometheus, expected), TARGETS_UP_TIMEOUT_S,
+             f"{expected} scrape targets up", interval_s=0.5)
+    groups = _api(http, prometheus.url, "rules")["groups"]
+    rules = {r["name"]: r for g in groups for r in g["rules"]}
+    assert {"tierlink:sla_attainment:ratio_rate5m", "TierlinkSLAAttainmentLow",
+            "TierlinkNodeDown"} <= set(rules)
+    dev = shared_fleet.node_urls["dev-2"]
+
+    def recorded() -> tuple[float] | None:  # a tuple: 0.0 is an answer too
+        for sample in hard_samples[:3]:
+            route(http, dev, fmnist_test.images[sample: sample + 1], privacy="any")
+        data = _api(http, prometheus.url, "query",
+                    query='tierlink:sla_attainment:ratio_rate5m{tier="device"}')
+        return (float(data["result"][0]["value"][1]),) if data and data["result"] else None
+
+    (attainment,) = wait_for(recorded, 45, "the SLA recording rule to produce a value",
+                          interval_s=1.0)
+    assert 0.0 <= attainment <= 1.0
+    health = {r["name"]: r["health"] for g in _api(http, prometheus.url, "rules")["groups"]
+              for r in g["rules"]}
+    assert set(health.values()) == {"ok"}, health
+
+
 def test_promtool_accepts_the_exposition(shared_fleet: RunningFleet, http: httpx.Client,
                                          who: str) -> None:
     promtool = shutil.which("promtool") or "/usr/bin/promtool"

@@ -173,3 +173,24 @@ def test_a_shadow_log_that_cannot_be_written_never_costs_the_answer(tmp_path):
         assert infer(c, "fmnist", params).status_code == 200
         metrics = c.get("/metrics").text
     assert 'tierlink_shadow_decisions_dropped_total{tier="device"} 1.0' in metrics
+
+
+def test_routed_requests_that_enter_here_are_counted_against_their_deadline(client):
+    """``tierlink_sla_requests_total``: met / missed / invalid at the entry node only (a
+    request forwarded here was counted where it entered)."""
+    def count(priority, result):
+        text = client.get("/metrics").text
+        line = (f'tierlink_sla_requests_total{{priority="{priority}",result="{result}",'
+                f'task="fmnist",tier="device"}}')
+        return next((float(row.split()[-1]) for row in text.splitlines()
+                     if row.startswith(line)), 0.0)
+
+    assert infer(client, "fmnist", {"tierlink.deadline_ms": 5000}).status_code == 200
+    assert infer(client, "fmnist", {"tierlink.deadline_ms": 5000,
+                                    "tierlink.priority": "realtime"}).status_code == 200
+    assert infer(client, "fmnist", {"tierlink.deadline_ms": 5000,
+                                    "tierlink.hops": 1}).status_code == 200  # forwarded
+    assert infer(client, "fmnist", {"tierlink.deadline_ms": 5000},
+                 arr=np.zeros((1, 3), np.float32)).status_code == 400
+    assert count("interactive", "met") == 1 and count("realtime", "met") == 1
+    assert count("interactive", "invalid") == 1 and count("interactive", "missed") == 0

@@ -248,7 +248,13 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
     if is_async(params):  # answered 202 once the result is durably queued upstream
         return JSONResponse(await service.infer_async(task, data.inputs, params, data.id),
                             status_code=202)
-    outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params, data.id)
+    try:
+        outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params,
+                                                               data.id)
+    except TierlinkError as exc:
+        service.exports.sla(task, params, None, exc.http_status)
+        raise
+    service.exports.sla(task, params, server_ms, 200)
     selected = _select(outputs, data)
     answer = protocol.outcome_params(outcome, server_ms)
     if service.uplink is not None:  # "up" / "down" toward the parent (store-and-forward)

@@ -4,10 +4,11 @@ escalations, fallbacks, retries and hedges."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tierlink.core.types import Priority
+from tierlink.node import protocol
 from tierlink.node.hard_examples import HardExampleUploader
 from tierlink.node.models import ModelManager
 from tierlink.node.runtime import ModelRuntime
@@ -36,6 +37,25 @@ class NodeExports:
     def request(self, kind: str, name: str, outcome: str, seconds: float) -> None:
         self._m.requests.labels(self._tier, kind, name, outcome).inc()
         self._m.latency.labels(self._tier, kind, name, outcome).observe(seconds)
+
+    def sla(self, task: str, params: Mapping[str, Any], server_ms: float | None,
+            status: int) -> None:
+        """A routed request that entered the fleet here (not one forwarded to it): ``met``
+        when answered within its deadline, ``missed`` when late, ``refused`` (429, 503: said
+        so in time), ``failed`` (another 5xx), ``invalid`` (the caller's 4xx: no SLA)."""
+        if params.get(protocol.HOPS) not in (None, 0):
+            return
+        try:
+            priority = Priority.parse(params.get(protocol.PRIORITY, "interactive")).label
+            deadline_ms = float(params.get(protocol.DEADLINE, protocol.DEFAULT_DEADLINE_MS))
+        except (ValueError, TypeError, AttributeError):
+            priority, deadline_ms = "invalid", 0.0
+        if server_ms is not None:
+            result = "met" if server_ms <= deadline_ms else "missed"
+        else:
+            result = "refused" if status in (429, 503) else \
+                "failed" if status >= 500 else "invalid"
+        self._m.sla.labels(self._tier, task, priority, result).inc()
 
     def gauges(self, scheduler: Scheduler, inflight: Callable[[], int],
                uploader: HardExampleUploader | None) -> None:

@@ -4,7 +4,7 @@ The store reports every item it drops (it is the only place items are dropped); 
 deliverer reports deliveries and retries. Pass the same observer to both. The node maps it
 onto Prometheus series, e.g. ``tierlink_outbox_delivered_total{destination,kind}``,
 ``tierlink_outbox_dropped_total{reason}``, ``tierlink_outbox_retries_total{destination}``;
-``tierlink_outbox_pending`` is read from :meth:`Outbox.stats` at scrape time.
+``tierlink_outbox_items{tier,destination}`` is read from :meth:`Outbox.stats` at scrape time.
 
 Drop reasons: ``full`` (evicted by the ``drop_oldest`` policy to make room), ``expired``
 (past its TTL, never delivered), ``rejected`` (the receiver refused it permanently),

@@ -35,6 +35,11 @@ class NodeMetrics:
                                  "Time from receipt to answer at this node",
                                  ["tier", "kind", "model", "outcome"], buckets=LATENCY_BUCKETS,
                                  registry=r)
+        self.sla = Counter("tierlink_sla_requests_total",
+                           "Routed requests that entered the fleet here, by priority and "
+                           "result: met / missed (answered within / after the deadline), "
+                           "refused (429/503), failed (other 5xx), invalid (4xx)",
+                           ["tier", "task", "priority", "result"], registry=r)
         self.compute = Histogram("tierlink_compute_duration_seconds",
                                  "Model runtime time per call", ["tier", "model"],
                                  buckets=LATENCY_BUCKETS, registry=r)
