@@ -36,8 +36,9 @@ def test_the_rules_do_what_their_unit_tests_say() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_every_series_a_rule_reads_is_one_the_code_exports() -> None:
-    rules = (RULES / "tierlink.rules.yml").read_text()
+def test_every_series_a_rule_or_the_dashboard_reads_is_one_the_code_exports() -> None:
+    rules = (RULES / "tierlink.rules.yml").read_text() + \
+        (ROOT / "deploy" / "grafana-dashboard.json").read_text()
     source = "\n".join(p.read_text() for p in (ROOT / "src" / "tierlink").rglob("*.py"))
     used = {re.sub(r"_(bucket|total)$", "", name)
             for name in re.findall(r"\btierlink_[a-z_]+", rules)}

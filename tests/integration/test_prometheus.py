@@ -158,6 +158,25 @@ def test_the_rules_load_and_record_sla_attainment_from_the_fleet(
     assert set(health.values()) == {"ok"}, health
 
 
+def test_every_dashboard_query_runs_on_the_fleet_s_prometheus(
+        shared_fleet: RunningFleet, prometheus: Prometheus, http: httpx.Client) -> None:
+    """deploy/grafana-dashboard.json: each panel's query is one this Prometheus (with the
+    rules loaded) accepts; the ones over raw series return data from the fleet."""
+    import json
+
+    expected = len(shared_fleet.node_urls) + 1
+    wait_for(lambda: all_targets_up(http, prometheus, expected), TARGETS_UP_TIMEOUT_S,
+             f"{expected} scrape targets up", interval_s=0.5)
+    dashboard = json.loads((RULES.parents[1] / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        resp = http.get(f"{prometheus.url}/api/v1/query", params={"query": expr})
+        assert resp.status_code == 200 and resp.json()["status"] == "success", (expr, resp.text)
+    nodes = _api(http, prometheus.url, "query", query="sum by (tier) (tierlink_control_nodes)")
+    assert {r["metric"]["tier"] for r in nodes["result"]} == {"device", "edge", "cloud"}
+
+
 def test_promtool_accepts_the_exposition(shared_fleet: RunningFleet, http: httpx.Client,
                                          who: str) -> None:
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
