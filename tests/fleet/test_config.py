@@ -26,6 +26,7 @@ def test_link_rtt_is_twice_the_one_way_delay():
     (lambda d: d["nodes"][0].update(id="Bad Id"), "nodes[0].id"),
     (lambda d: d["nodes"][0].update(tier="fog"), "nodes[0].tier"),
     (lambda d: d["nodes"][0].update(workers=0), "nodes[0].workers"),
+    (lambda d: d["nodes"][0].update(default_privacy="secret"), "nodes[0].default_privacy"),
     (lambda d: d["links"][0].update(to="edge-9"), "links[0]"),
     (lambda d: d["links"][0].update(delay_ms=-1), "links[0].delay_ms"),
     (lambda d: d.update(routing={"weights": {"speed": 1}}), "routing.weights.speed"),
@@ -63,3 +64,13 @@ def test_measured_codec_losses_replace_the_default_table():
     cfg = parse_fleet({**MIN, "routing": {"split_codec_loss": {"int8+zstd": 0.0}}})
     losses = {c.spec: c.accuracy_loss for c in cfg.routing.policy_config().split_codecs}
     assert losses["int8+zstd"] == 0.0 and losses["int8"] == 0.05 and losses["fp32"] == 0.0
+
+
+def test_a_device_may_fail_closed():
+    import copy
+
+    data = copy.deepcopy(MIN)
+    data["nodes"][0]["default_privacy"] = "local"
+    cfg = parse_fleet(data)
+    assert cfg.node("dev-1").default_privacy == "local"
+    assert cfg.node("edge-1").default_privacy == "any"

@@ -194,3 +194,27 @@ def test_routed_requests_that_enter_here_are_counted_against_their_deadline(clie
                  arr=np.zeros((1, 3), np.float32)).status_code == 400
     assert count("interactive", "met") == 1 and count("realtime", "met") == 1
     assert count("interactive", "invalid") == 1 and count("interactive", "missed") == 0
+
+
+def test_a_device_that_fails_closed_holds_a_request_without_a_level_as_local():
+    from dataclasses import replace
+
+    info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
+    spec = replace(NodeSpec("dev-1", Tier.DEVICE, ()), default_privacy="local")
+    service = NodeService(spec, {"fmnist-small": FakeModel(info)})
+    with TestClient(create_app(service, ready=True)) as c:
+        assert infer(c, "fmnist").status_code == 200
+        assert infer(c, "fmnist", {"tierlink.privacy": "any"}).status_code == 200
+        text = c.get("/metrics").text
+    received = {privacy: sum(float(row.split()[-1]) for row in text.splitlines()
+                             if row.startswith("tierlink_inputs_received_total{")
+                             and f'privacy="{privacy}"' in row)
+                for privacy in ("local", "any")}
+    assert received == {"local": 1.0, "any": 1.0}
+
+
+def test_a_node_spec_refuses_an_unknown_default_privacy():
+    from tierlink.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="default_privacy"):
+        NodeSpec("dev-1", Tier.DEVICE, (), default_privacy="secret")

@@ -11,6 +11,14 @@ def test_defaults_when_a_client_sends_no_parameters():
     assert req.priority is Priority.INTERACTIVE and req.deadline_ms == protocol.DEFAULT_DEADLINE_MS
 
 
+def test_a_node_that_fails_closed_takes_a_request_without_a_level_as_local():
+    closed = {"request_id": "r", "receiver": "dev-1", "input_bytes": 10,
+              "default_privacy": "local"}
+    assert protocol.parse_request("fmnist", {}, **closed).privacy is Privacy.LOCAL
+    said = protocol.parse_request("fmnist", {"tierlink.privacy": "any"}, **closed)
+    assert said.privacy is Privacy.ANY  # a request that names its level keeps it
+
+
 def test_forwarded_parameters_round_trip_with_one_more_hop():
     req = protocol.parse_request("fmnist", {"tierlink.privacy": "site",
                                             "tierlink.priority": "realtime"},

@@ -252,6 +252,9 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
          verifier: str | None = typer.Option(None, help="NODE/MODEL: draft the first --llm "
                                                         "for that upstream's model "
                                                         "(speculative decoding)"),
+         default_privacy: str = typer.Option("any", help="the privacy level of a request "
+                                                         "that names none (local: fail "
+                                                         "closed)"),
          ) -> None:
     """Run one node serving OIP v2 (and routing tasks upstream), and the OpenAI API for
     its language models."""
@@ -276,6 +279,7 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
                           port=port, control_url=control,
                           upstreams=tuple(_upstream(u) for u in upstream),
                           trace_file=str(trace_file) if trace_file else None,
+                          default_privacy=default_privacy,
                           providers=parse_providers(providers, "--providers")))
     except TierlinkError as exc:
         fail(exc)

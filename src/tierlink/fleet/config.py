@@ -63,6 +63,7 @@ class NodeConfig:
     # it is not the one the node binds; it is what the node registers.
     advertise_url: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)  # site, region: picks upstreams
+    default_privacy: str = "any"  # of a request that names none; "local": fail closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +267,15 @@ def _node(raw: Any, where: str) -> NodeConfig:
         advertise_url=(None if raw.get("advertise_url") is None
                        else as_url(raw["advertise_url"], f"{where}.advertise_url")),
         labels=_labels(raw.get("labels") or {}, f"{where}.labels"),
+        default_privacy=_privacy(raw.get("default_privacy", "any"), f"{where}.default_privacy"),
     )
+
+
+def _privacy(raw: Any, where: str) -> str:
+    if raw not in ("local", "site", "any"):
+        raise ConfigError(f"{where} must be local, site or any, got {raw!r}",
+                          hint="local: a request that names no privacy level stays on the node")
+    return str(raw)
 
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9._-]{0,62}$")

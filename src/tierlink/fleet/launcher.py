@@ -300,6 +300,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
     labels = fleet_labels(cfg).get(node.node_id, dict(node.labels))
     return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, heads=heads,
                     labels=labels, upstream_tier=tier, upstream_match=match,
+                    default_privacy=node.default_privacy,
                     host=HOST, port=port, advertise_url=node.advertise_url,
                     control_url=",".join(fleet.control_urls), upstreams=upstreams,
                     routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),

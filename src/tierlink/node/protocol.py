@@ -4,7 +4,8 @@ Request parameters (all optional; a client on the device may send none):
 
 ==========================  ==========================================================
 ``tierlink.deadline_ms``    budget left, in ms, when the request was sent (default 1000)
-``tierlink.privacy``        ``local`` | ``site`` | ``any`` (default ``any``)
+``tierlink.privacy``        ``local`` | ``site`` | ``any`` (default ``any``, or the
+                            node's ``default_privacy``: a device may fail closed)
 ``tierlink.priority``       ``realtime`` | ``interactive`` | ``batch``
 ``tierlink.origin``         node id of the device the input came from (default: receiver)
 ``tierlink.hops``           forwarding hops so far
@@ -63,15 +64,17 @@ MAX_DEADLINE_MS = 3_600_000.0
 
 
 def parse_request(
-    task: str, params: Mapping[str, Any], *, request_id: str, receiver: str, input_bytes: int
+    task: str, params: Mapping[str, Any], *, request_id: str, receiver: str, input_bytes: int,
+    default_privacy: str = "any",
 ) -> Request:
-    """Build a ``Request`` from OIP parameters; a bad value is an ``InvalidRequest``."""
+    """Build a ``Request`` from OIP parameters; a bad value is an ``InvalidRequest``. A
+    request that names no privacy level takes ``default_privacy`` (the receiving node's)."""
     return Request(
         request_id=request_id,
         task=task,
         deadline_ms=_deadline(params.get(DEADLINE, DEFAULT_DEADLINE_MS)),
         origin=str(params.get(ORIGIN) or receiver),
-        privacy=_enum(Privacy.parse, params.get(PRIVACY, "any"), PRIVACY),
+        privacy=_enum(Privacy.parse, params.get(PRIVACY, default_privacy), PRIVACY),
         priority=_enum(Priority.parse, params.get(PRIORITY, "interactive"), PRIORITY),
         input_bytes=input_bytes,
         version=str(params[VERSION]) if params.get(VERSION) is not None else None,

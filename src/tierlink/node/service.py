@@ -287,11 +287,11 @@ class NodeService:
         t0 = self._clock()
         req = protocol.parse_request(task, params, request_id=request_id or uuid.uuid4().hex,
                                      receiver=self.spec.node_id,
-                                     input_bytes=sum(a.nbytes for a in inputs.values()))
+                                     input_bytes=sum(a.nbytes for a in inputs.values()),
+                                     default_privacy=self.spec.default_privacy)
         labels = protocol.parse_labels(params, _batch_size(inputs))
         check_task_inputs(self.runtimes.values(), task, inputs)
-        if req.version is not None:
-            check_version_known(self.view, task, req.version)
+        check_version_known(self.view, task, req.version)
         self.split.routed(task, t0)  # demand: the split warmer opens cuts of tasks in use
         policy = self.policies.for_request(req)
         req = self.policies.receive(req, policy)

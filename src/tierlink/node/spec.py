@@ -77,6 +77,14 @@ class NodeSpec:
     # named in upstream_match equal this node's. None: `upstreams` as listed (static).
     upstream_tier: str | None = None
     upstream_match: tuple[str, ...] = ()
+    # The privacy level of a request that names none: "local" makes a device fail closed
+    # (its users' inputs never leave it unless a request says they may).
+    default_privacy: str = "any"
+
+    def __post_init__(self) -> None:
+        if self.default_privacy not in ("local", "site", "any"):
+            raise ConfigError(f"node {self.node_id}: default_privacy must be local, site or "
+                              f"any, got {self.default_privacy!r}")
 
     def advertised(self, port: int) -> str:
         """The address to register: ``advertise_url``, else the bound one — refused when

@@ -108,9 +108,11 @@ def _model_entries(me: NodeView, models: ModelManager, stats: VersionStatsBook
     return entries
 
 
-def check_version_known(view: ClusterView, task: str, version: str) -> None:
+def check_version_known(view: ClusterView, task: str, version: str | None) -> None:
     """A request pinned to a version that no node in ``view`` serves for ``task`` is the
     caller's mistake (404), not a fleet short of capacity (503): refused where it arrives."""
+    if version is None:
+        return
     held = {v for node in view.nodes.values() for m in node.models if m.task == task
             for v in (m.versions or (m.version,))}
     if version not in held:
