@@ -130,7 +130,6 @@ def test_prometheus_scrapes_every_node_and_the_control_plane(
     assert series and all({"tier", "instance", "job"} <= set(s["metric"]) for s in series)
 
 
-@pytest.mark.parametrize("who", ["edge-1", "control"])
 def test_the_rules_load_and_record_sla_attainment_from_the_fleet(
         shared_fleet: RunningFleet, prometheus: Prometheus, http: httpx.Client,
         fmnist_test: Split, hard_samples: np.ndarray) -> None:
@@ -177,6 +176,7 @@ def test_every_dashboard_query_runs_on_the_fleet_s_prometheus(
     assert {r["metric"]["tier"] for r in nodes["result"]} == {"device", "edge", "cloud"}
 
 
+@pytest.mark.parametrize("who", ["edge-1", "control"])
 def test_promtool_accepts_the_exposition(shared_fleet: RunningFleet, http: httpx.Client,
                                          who: str) -> None:
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
