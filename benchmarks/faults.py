@@ -275,8 +275,12 @@ def _slow_node(bench: Bench, hedging: bool) -> dict[str, Any]:
                              outcome="won") for d in DEVICES)
     late = sum(not r.answered or r.latency_ms > deadline_ms for r in records)
     after = [r for r in records if 4.0 <= r.item.at_s < 7.0]
+    worst = sorted(records, key=lambda r: -r.latency_ms if r.answered else float("-inf"))[:5]
     return {"requests": len(records), "p99_ms": p99(records), "p99_after_ms": p99(after),
             "deadline_ms": deadline_ms, "slow": slow,
+            # when the slowest were sent (s into the load) and what they took: a tail that
+            # comes from elsewhere than the slow node shows itself here
+            "worst": [(round(r.item.at_s, 2), round(r.latency_ms, 1)) for r in worst],
             "late": late, "hedges": int(sent), "hedges_won": int(won),
             "extra_load_share": round(sent / max(1, len(records)), 4)}
 
