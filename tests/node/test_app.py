@@ -54,7 +54,8 @@ def test_direct_infer_returns_raw_logits(client, binary):
 
 
 def test_routed_infer_answers_with_outcome(client):
-    resp = infer(client, "fmnist", {"tierlink.privacy": "local", "tierlink.deadline_ms": 100})
+    # a deadline no noise on a loaded CI machine reaches: this test is about the answer
+    resp = infer(client, "fmnist", {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000})
     assert resp.status_code == 200, resp.text
     out = decode(resp)
     assert out.outputs["probabilities"].shape == (1, 10)
@@ -122,7 +123,7 @@ def test_a_learning_policy_is_taught_by_each_routed_answer():
     service = NodeService(spec, {"fmnist-small": FakeModel(info)})
     with TestClient(create_app(service, ready=True)) as c:
         for label in (3, None):
-            params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 100}
+            params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000}
             if label is not None:
                 params["tierlink.label"] = label
             assert infer(c, "fmnist", params).status_code == 200
@@ -140,7 +141,7 @@ def test_shadow_mode_logs_both_choices_and_the_outcome(tmp_path):
     service = NodeService(spec, {"fmnist-small": FakeModel(info)})
     with TestClient(create_app(service, ready=True)) as c:
         for _ in range(3):
-            params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 100}
+            params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000}
             assert infer(c, "fmnist", params).status_code == 200
         assert infer(c, "fmnist-small").status_code == 200  # a direct call: not a decision
     log = tmp_path / "shadow.jsonl"
@@ -169,7 +170,7 @@ def test_a_shadow_log_that_cannot_be_written_never_costs_the_answer(tmp_path):
 
         service.shadow_mode.file.close()
         service.shadow_mode.file = Full()  # writes fail as on a full disk
-        params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 100}
+        params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000}
         assert infer(c, "fmnist", params).status_code == 200
         metrics = c.get("/metrics").text
     assert 'tierlink_shadow_decisions_dropped_total{tier="device"} 1.0' in metrics

@@ -32,6 +32,7 @@ from tierlink.node.async_requests import UPLINK, is_async
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
 from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
+from tierlink.telemetry import tracing
 from tierlink.transport import oip
 from tierlink.transport.openapi import (
     BYTES,
@@ -61,6 +62,7 @@ def create_app(service: NodeService, ready: bool = False,
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        tracing.prepare()  # not on the first request's clock
         await service.start()
         if chat is not None:
             chat.start()

@@ -30,6 +30,17 @@ def span(name: str, traceparent: str | None, attributes: Mapping[str, Any]) -> I
         yield
 
 
+def prepare() -> None:
+    """Load what a span needs now (a node calls this before it serves): the first import of
+    OpenTelemetry costs tens of milliseconds, which a first request must not pay out of its
+    deadline."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    trace.get_tracer("tierlink")
+    TraceContextTextMapPropagator()
+
+
 def current_traceparent() -> str | None:
     """The ``traceparent`` to send upstream from inside the current span (None if no-op)."""
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
