@@ -30,29 +30,24 @@ class LeanPoster:
         clients do (the requests this sends are idempotent)."""
         async with self._slots, asyncio.timeout(self.timeout_s):
             reused = bool(self._idle)
-            conn = self._idle.pop() if reused else \
-                await asyncio.open_connection(self.host, self.port)
-            try:
-                status, keep = await self._exchange(conn, path, body)
-            except (asyncio.IncompleteReadError, ConnectionError) as exc:
-                conn[1].close()
-                nothing = not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial
-                if not (reused and nothing):
-                    raise
-                conn = await asyncio.open_connection(self.host, self.port)
+            conn = self._idle.pop() if reused else await self._open()
+            while True:
                 try:
                     status, keep = await self._exchange(conn, path, body)
-                except BaseException:
+                    break
+                except BaseException as exc:
                     conn[1].close()
-                    raise
-            except BaseException:
-                conn[1].close()
-                raise
+                    if not (reused and _closed_unanswered(exc)):
+                        raise
+                    reused, conn = False, await self._open()  # once: a fresh one
             if keep:
                 self._idle.append(conn)
             else:
                 conn[1].close()
             return status
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port)
 
     async def _exchange(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                         path: str, body: bytes) -> tuple[int, bool]:
@@ -75,3 +70,10 @@ class LeanPoster:
         for _, writer in self._idle:
             writer.close()
         self._idle.clear()
+
+
+def _closed_unanswered(exc: BaseException) -> bool:
+    """The server had closed the kept-alive connection: nothing of an answer came back."""
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return not exc.partial
+    return isinstance(exc, ConnectionError)
