@@ -195,3 +195,17 @@ def test_a_split_tail_refusing_its_payload_is_a_failure_to_fall_back_from():
     d, calls, _, _ = make(remote={"edge-1": InvalidRequest("bad features")})
     out = run(d, plan)
     assert calls == ["edge-1", "edge-2"] and out.outcome.served_by == "edge-2"
+
+
+def test_stages_are_traced_escalation_and_fallback_with_their_reasons():
+    from tierlink.testing.spans import recorded_spans
+
+    d, _calls, _obs, _ = make(local_conf=0.5, remote={"edge-1": UpstreamUnavailable("down")})
+    with recorded_spans() as exporter:
+        run(d)
+    spans = {s.name: dict(s.attributes) for s in exporter.get_finished_spans()}
+    assert spans["tierlink.escalation"] == {
+        "tierlink.confidence": 0.5, "tierlink.threshold": 0.9, "tierlink.escalate": True,
+        "tierlink.model": "s", "tierlink.next": "edge-1"}
+    assert spans["tierlink.fallback"]["tierlink.peer"] == "edge-1"
+    assert spans["tierlink.fallback"]["tierlink.reason"] == "unavailable"

@@ -147,3 +147,15 @@ def test_no_hedge_when_the_deadline_has_no_room_for_it():
     # 24 ms left: after a 20 ms delay the hedge's own 5 ms estimate does not fit.
     out = asyncio.run(d.execute(PLAN, REQ, {}, time.monotonic() + 0.024))
     assert obs.hedges == [] and out.outcome.served_by == "edge-1"
+
+
+def test_a_hedge_is_traced_with_its_outcome():
+    from tierlink.testing.spans import recorded_spans
+
+    d, _obs, _cancelled = _dispatcher({"edge-1": 400.0, "edge-2": 20.0})
+    with recorded_spans() as exporter:
+        _run(d)
+    (hedge,) = [s for s in exporter.get_finished_spans() if s.name == "tierlink.hedge"]
+    assert hedge.attributes["tierlink.peer"] == "edge-2"
+    assert hedge.attributes["tierlink.instead_of"] == "edge-1"
+    assert hedge.attributes["tierlink.outcome"] == "answered"

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tierlink.fleet.config import load_fleet, on_etcd
+from tierlink.fleet.config import load_fleet, on_etcd, with_tracing
 from tierlink.fleet.demo import (
     RUNS,
     WARM_UP_S,
@@ -42,7 +42,8 @@ console = Console(stderr=True)
 def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
              requests: int | None = None, rate: float | None = None,
              chat: bool = False, log_path: Path | None = None,
-             seed: int | None = None, etcd_replicas: int | None = None) -> dict[str, Any]:
+             seed: int | None = None, etcd_replicas: int | None = None,
+             traces: bool = False, otlp_endpoint: str | None = None) -> dict[str, Any]:
     from tierlink.cli.models import zoo_models
     from tierlink.zoo.datasets import fashion_mnist
 
@@ -50,7 +51,8 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     settings = replace(settings, requests=requests or settings.requests,
                        rate_per_s=rate or settings.rate_per_s,
                        seed=settings.seed if seed is None else seed)
-    config = on_etcd(load_fleet(fleet_file), etcd_replicas)
+    config = with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
+                          otlp_endpoint)
     models, zoo_summary = zoo_models(config.zoo_profile, config.model_names())
     # MobileNetV2 (and its split profile), which the Fashion-MNIST zoo does not make.
     models.update(photo_models([n for n in config.model_names() if n not in models],
@@ -78,6 +80,8 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
                                                        headers=fleet.admin_headers),
                   "environment": environment(fleet, settings, zoo_summary)}
     _print_report(report)
+    if fleet.traces_file is not None:
+        _say(f"traces: tierlink trace list -f {fleet.traces_file}")
     if chat:
         from tierlink.cli.demo_chat import chat_phase
 

@@ -29,6 +29,7 @@ from tierlink.cli.quantize import quantize
 from tierlink.cli.rollout import app as rollout_app
 from tierlink.cli.split import app as split_app
 from tierlink.cli.split_profile import profile_cmd
+from tierlink.cli.trace import app as trace_app
 from tierlink.errors import TierlinkError
 
 app = typer.Typer(help="tierlink: cloud-edge-device collaborative inference.",
@@ -48,9 +49,13 @@ app.command()(quantize)
 app.add_typer(split_app, name="split")
 app.add_typer(llm_app, name="llm")
 app.add_typer(policy_app, name="policy")
+app.add_typer(trace_app, name="trace")
 split_app.command("profile")(profile_cmd)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
+TRACES_HELP = ("trace every request: start an OTLP receiver for the fleet (<run dir>/"
+               "traces.jsonl; `tierlink trace show` reads it)")
+OTLP_HELP = "send every node's spans to this OTLP/HTTP collector (e.g. http://host:4318)"
 __all__ = ["app", "fail", "imported_models", "zoo_models"]  # the last two: cli/models.py
 
 
@@ -106,14 +111,17 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
          seed: int | None = typer.Option(None, help="the workload's seed (default: 7)"),
          etcd_replicas: int | None = typer.Option(
              None, "--etcd-replicas", min=1, help="run the control plane as this many "
-             "replicas over a three-member etcd cluster (default: as the fleet file says)")
+             "replicas over a three-member etcd cluster (default: as the fleet file says)"),
+         traces: bool = typer.Option(False, "--traces", help=TRACES_HELP),
+         otlp_endpoint: str | None = typer.Option(None, "--otlp-endpoint", help=OTLP_HELP),
          ) -> None:
     """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
     from tierlink.cli.demo import run_demo
 
     try:
         run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate,
-                 chat=chat, log_path=log, seed=seed, etcd_replicas=etcd_replicas)
+                 chat=chat, log_path=log, seed=seed, etcd_replicas=etcd_replicas,
+                 traces=traces, otlp_endpoint=otlp_endpoint)
     except TierlinkError as exc:
         fail(exc)
 
@@ -175,14 +183,18 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
        as_json: bool = typer.Option(False, "--json", help="print the endpoints as JSON"),
        etcd_replicas: int | None = typer.Option(
            None, "--etcd-replicas", min=1, help="run the control plane as this many replicas "
-           "over a three-member etcd cluster (default: as the fleet file says)")) -> None:
+           "over a three-member etcd cluster (default: as the fleet file says)"),
+       traces: bool = typer.Option(False, "--traces", help=TRACES_HELP),
+       otlp_endpoint: str | None = typer.Option(None, "--otlp-endpoint", help=OTLP_HELP),
+       ) -> None:
     """Run a fleet declared in FLEET_FILE until Ctrl-C."""
-    from tierlink.fleet.config import load_fleet, on_etcd
+    from tierlink.fleet.config import load_fleet, on_etcd, with_tracing
     from tierlink.fleet.launcher import launch
     from tierlink.fleet.tuning import require_fresh
 
     try:
-        config = on_etcd(load_fleet(fleet_file), etcd_replicas)
+        config = with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
+                              otlp_endpoint)
         models, _ = zoo_models(config.zoo_profile, config.model_names())
         require_fresh(config, models, fleet_file)
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
@@ -192,6 +204,8 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
     with fleet:
         info = {"control": fleet.control_url, "control_replicas": fleet.control_urls,
                 "links": fleet.links_url, "nodes": fleet.node_urls,
+                "otlp_endpoint": fleet.otlp_endpoint,
+                "traces_file": str(fleet.traces_file) if fleet.traces_file else None,
                 "run_dir": str(rd), "device_cpu_throttle": fleet.cpu_mode}
         print(json.dumps(info, indent=2)) if as_json else _print_endpoints(info)
         _wait_for_signal(fleet)
@@ -208,6 +222,10 @@ def _print_endpoints(info: dict[str, Any]) -> None:
                   f"logs {info['run_dir']}/logs")
     console.print(f"operator token: export TIERLINK_ADMIN_TOKEN=$(cat {info['run_dir']}/"
                   "admin.token)")
+    if info["traces_file"]:
+        console.print(f"traces: tierlink trace list -f {info['traces_file']}")
+    elif info["otlp_endpoint"]:
+        console.print(f"spans go to {info['otlp_endpoint']}")
 
 
 def _wait_for_signal(fleet: Any) -> None:
@@ -242,6 +260,7 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
          upstream: list[str] = typer.Option([], help="ID=URL[@RTT_MS] (repeatable)"),
          profile: str = typer.Option("full", help="zoo profile"),
          trace_file: Path | None = typer.Option(None, help="write spans here (JSON lines)"),
+         otlp_endpoint: str | None = typer.Option(None, "--otlp-endpoint", help=OTLP_HELP),
          llm: list[str] = typer.Option([], help="NAME=MODEL a language model to serve over "
                                                 "the OpenAI API, e.g. smollm2=smollm2-135m "
                                                 "(repeatable)"),
@@ -279,6 +298,7 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
                           port=port, control_url=control,
                           upstreams=tuple(_upstream(u) for u in upstream),
                           trace_file=str(trace_file) if trace_file else None,
+                          otlp_endpoint=otlp_endpoint,
                           default_privacy=default_privacy,
                           providers=parse_providers(providers, "--providers")))
     except TierlinkError as exc:

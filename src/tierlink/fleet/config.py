@@ -36,6 +36,7 @@ from tierlink.settings.routing import (
     ShadowConfig,
     parse_routing,
 )
+from tierlink.settings.tracing import TracingConfig, parse_tracing
 from tierlink.tasks.spec import TaskSpec, task_from_dict
 
 # Re-exported: the routing and hard-example settings live in tierlink.settings (shared with
@@ -115,6 +116,8 @@ class FleetConfig:
     # registry: nodes take their upstreams from the registry by tier and labels (a new
     # edge is used without restarts; node/topology.py); static: the declared links only.
     topology: str = "registry"
+    # Where every node sends its spans (OTLP), or `collect`: `tierlink up` receives them.
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
@@ -136,6 +139,16 @@ def on_etcd(config: FleetConfig, replicas: int | None) -> FleetConfig:
     if replicas is None:
         return config
     return replace(config, control_store="etcd", control_replicas=replicas, etcd_members=3)
+
+
+def with_tracing(config: FleetConfig, collect: bool, otlp_endpoint: str | None) -> FleetConfig:
+    """The fleet with spans sent to ``otlp_endpoint``, or (``collect``) to a receiver of its
+    own (``tierlink up/demo --traces``, ``--otlp-endpoint``); unchanged when neither."""
+    if not collect and not otlp_endpoint:
+        return config
+    raw: dict[str, Any] = {"sample_ratio": config.tracing.settings.sample_ratio}
+    raw.update({"otlp_endpoint": otlp_endpoint} if otlp_endpoint else {"collect": True})
+    return replace(config, tracing=parse_tracing(raw))
 
 
 def load_fleet(path: str | Path) -> FleetConfig:
@@ -183,6 +196,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         fault_injection=as_bool(data.get("fault_injection", False), "fault_injection"),
         tasks=_tasks(data.get("tasks") or {}),
         topology=_topology(data.get("topology", "registry")),
+        tracing=parse_tracing(data.get("tracing") or {}),
     )
 
 

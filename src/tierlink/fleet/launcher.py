@@ -55,6 +55,8 @@ class RunningFleet:
     enroll_token: str = ""  # the token this fleet's nodes enroll with
     etcd: Any = None  # the EtcdCluster this fleet started, if its control plane uses one
     models: dict[str, tuple[Path, Path]] = field(default_factory=dict)  # name: (onnx, card)
+    otlp_endpoint: str | None = None  # where the nodes send spans (the fleet's receiver?)
+    traces_file: Path | None = None  # what the fleet's own receiver writes (tracing.collect)
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -64,9 +66,10 @@ class RunningFleet:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate every process this fleet started (nodes first, then the links, the
         control plane, etcd), then clean cgroups."""
+        # The trace receiver goes last: a node flushes its spans as it stops.
         controls = [n for n in self.procs if _is_control(n)]
-        order = [n for n in self.procs if n != "links" and not _is_control(n)] + ["links",
-                                                                                  *controls]
+        order = [n for n in self.procs if n not in ("links", TRACES) and not _is_control(n)]
+        order += ["links", *controls, TRACES]
         for name in order:
             proc = self.procs.get(name)
             if proc and proc.poll() is None:
@@ -167,6 +170,7 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
         stale.unlink()
     fleet = RunningFleet(config, run_dir, models=dict(models))
     try:
+        _start_traces(fleet, ready_timeout_s)
         _start_control(fleet, ready_timeout_s)
         say(f"control plane at {', '.join(fleet.control_urls)}"
             + (f" (etcd: {len(fleet.etcd.members)} members)" if fleet.etcd else ""))
@@ -212,6 +216,23 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: 
             raise LaunchError(f"{what} exited with code {proc.returncode} before it was ready")
         time.sleep(0.05)
     raise LaunchError(f"{what} was not ready after {timeout_s:.0f} s")
+
+
+TRACES = "otlp-receiver"
+
+
+def _start_traces(fleet: RunningFleet, timeout_s: float) -> None:
+    """Where the nodes' spans go: the fleet file's collector, or (``collect``) a receiver
+    of this fleet's own writing ``<run dir>/traces.jsonl``."""
+    tracing = fleet.config.tracing
+    fleet.otlp_endpoint = tracing.settings.otlp_endpoint
+    if not tracing.collect:
+        return
+    ready, fleet.traces_file = fleet.run_dir / "otlp.ready", fleet.run_dir / "traces.jsonl"
+    proc = _spawn(fleet, TRACES, ["-m", "tierlink.telemetry.otlp_receiver", "--host", HOST,
+                                  "--port", "0", "--out", str(fleet.traces_file),
+                                  "--ready-file", str(ready)])
+    fleet.otlp_endpoint = str(_wait_file(ready, proc, "OTLP receiver", timeout_s)["endpoint"])
 
 
 def _start_control(fleet: RunningFleet, timeout_s: float) -> None:
@@ -312,6 +333,9 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     state_dir=str(fleet.run_dir / "state" / node.node_id),
                     enroll_token=fleet.enroll_token, trusted_keys=cfg.trusted_keys,
                     fault_injection=cfg.fault_injection, providers=node.providers,
+                    otlp_endpoint=fleet.otlp_endpoint,
+                    otlp_protocol=cfg.tracing.settings.protocol,
+                    trace_sample_ratio=cfg.tracing.settings.sample_ratio,
                     llms=node.chat.models if node.chat else (),
                     chat_tasks=node.chat.tasks() if node.chat else {})
 

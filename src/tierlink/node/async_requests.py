@@ -33,6 +33,7 @@ from typing import Any
 from tierlink.core.types import Outcome
 from tierlink.errors import InvalidRequest
 from tierlink.node.uplink import Uplink
+from tierlink.telemetry import tracing
 
 ASYNC = "tierlink.async"  # request parameter: true -> answered 202, result via the outbox
 UPLINK = "tierlink.uplink"  # answer parameter a node may add to synchronous answers too
@@ -129,7 +130,9 @@ class AsyncResults:
         payload = build_result_payload(request_id, task, outputs, outcome, server_ms,
                                        node_id=self.uplink.node_id, uplink=state,
                                        answered_at=self._clock(), model_version=model_version)
-        await self.uplink.put(RESULT_KIND, key, payload, self.destination)
+        with tracing.stage("tierlink.outbox.store", {"tierlink.result_key": key,
+                                                     "tierlink.uplink": state}):
+            await self.uplink.put(RESULT_KIND, key, payload, self.destination)
         return accepted_body(request_id, key, state)
 
 

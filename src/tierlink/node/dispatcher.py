@@ -40,6 +40,7 @@ from tierlink.errors import (
     UpstreamUnavailable,
 )
 from tierlink.node.hedging import Hedger
+from tierlink.telemetry import tracing
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +147,8 @@ class Dispatcher:
             if not plan.respects_deadline:
                 remaining_ms = max(remaining_ms, ADVISORY_DEADLINE_MS)
             elif remaining_ms <= self._margin_ms:
-                fallbacks.append(Fallback(placement.node_id, "deadline", "no time left to try"))
-                self._obs.fell_back(placement.node_id, "deadline")
+                self._fell_back(fallbacks, Fallback(placement.node_id, "deadline",
+                                                    "no time left to try"))
                 break
             result = await self._attempt(placement, req, inputs, remaining_ms,
                                          in_hand is not None, fallbacks,
@@ -170,8 +171,15 @@ class Dispatcher:
 
     def _escalate(self, placement: Placement, result: StepResult, i: int, plan: Plan) -> bool:
         below = placement.escalate_below
-        return (below is not None and result.outcome.confidence < below
-                and i + 1 < len(plan.placements))
+        go = (below is not None and result.outcome.confidence < below
+              and i + 1 < len(plan.placements))
+        if below is not None and tracing.enabled():
+            tracing.mark("tierlink.escalation", {
+                "tierlink.confidence": result.outcome.confidence, "tierlink.threshold": below,
+                "tierlink.escalate": go, "tierlink.model": placement.model or "",
+                "tierlink.next": plan.placements[i + 1].node_id
+                if i + 1 < len(plan.placements) else ""})
+        return go
 
     async def _attempt(
         self, placement: Placement, req: Request, inputs: Inputs, remaining_ms: float,
@@ -183,14 +191,12 @@ class Dispatcher:
                                    fallbacks)
         if holding and remaining_ms - self._margin_ms < placement.est_ms:
             # Escalating cannot come back in time: keep the answer in hand, spare the upstream.
-            fallbacks.append(Fallback(placement.node_id, "deadline",
-                                      f"{remaining_ms:.1f} ms left, the hop needs "
-                                      f"~{placement.est_ms:.1f} ms"))
-            self._obs.fell_back(placement.node_id, "deadline")
+            self._fell_back(fallbacks, Fallback(placement.node_id, "deadline",
+                                                f"{remaining_ms:.1f} ms left, the hop needs "
+                                                f"~{placement.est_ms:.1f} ms"))
             return None
         if not self._breakers.allow(placement.node_id):
-            fallbacks.append(Fallback(placement.node_id, "breaker_open"))
-            self._obs.fell_back(placement.node_id, "breaker_open")
+            self._fell_back(fallbacks, Fallback(placement.node_id, "breaker_open"))
             return None
         # Keep a margin to still return the answer in hand if this hop times out.
         budget_ms = remaining_ms - (self._margin_ms if holding else 0.0)
@@ -254,9 +260,9 @@ class Dispatcher:
     ) -> StepResult | None:
         elapsed_ms = (self._clock() - start) * 1000.0
         self._obs.hedged(second.node_id, "sent")
-        hedge = asyncio.ensure_future(self._remote(second, req, inputs,
-                                                   remaining_ms - elapsed_ms,
-                                                   budget_ms - elapsed_ms))
+        hedge = asyncio.ensure_future(_traced_hedge(
+            self._remote(second, req, inputs, remaining_ms - elapsed_ms,
+                         budget_ms - elapsed_ms), second, first, elapsed_ms))
         owner = {call: first, hedge: second}
         pending: set[asyncio.Future[StepResult]] = {call, hedge}
         try:
@@ -292,8 +298,7 @@ class Dispatcher:
             if isinstance(exc, InvalidRequest) and not placement.cut:
                 raise
             reason = reason_of(exc)
-            fallbacks.append(Fallback(placement.node_id, reason, exc.message[:200]))
-            self._obs.fell_back(placement.node_id, reason)
+            self._fell_back(fallbacks, Fallback(placement.node_id, reason, exc.message[:200]))
             # A step that failed here before reaching the upstream (a split plan's head
             # refused by this node's scheduler) says nothing about the upstream's health.
             if placement.kind == "remote" and not exc.details.get("before_hop"):
@@ -302,6 +307,14 @@ class Dispatcher:
         if placement.kind == "remote":
             self._breakers.success(placement.node_id)
         return result
+
+    def _fell_back(self, fallbacks: list[Fallback], fallback: Fallback) -> None:
+        fallbacks.append(fallback)
+        self._obs.fell_back(fallback.node_id, fallback.reason)
+        if tracing.enabled():
+            tracing.mark("tierlink.fallback", {"tierlink.peer": fallback.node_id,
+                                               "tierlink.reason": fallback.reason,
+                                               "tierlink.detail": fallback.detail})
 
     def _retryable(self, last: Fallback, placement: Placement, remaining_ms: float) -> bool:
         return (last.reason == "unavailable" and remaining_ms > 4 * self._margin_ms
@@ -315,6 +328,22 @@ class Dispatcher:
                           fallbacks=(*fallbacks, *up.fallbacks), cost=up.cost + spent,
                           degraded=degraded or up.degraded)
         return StepResult(result.outputs, outcome)
+
+
+async def _traced_hedge(call: Awaitable[StepResult], second: Placement, first: Placement,
+                        after_ms: float) -> StepResult:
+    """The hedged call under a ``tierlink.hedge`` span (its outcome: won, or lost when the
+    first answer came back and this one was cancelled)."""
+    with tracing.stage("tierlink.hedge", {"tierlink.peer": second.node_id,
+                                          "tierlink.instead_of": first.node_id,
+                                          "tierlink.after_ms": after_ms}) as s:
+        try:
+            result = await call
+        except asyncio.CancelledError:
+            tracing.set_attributes(s, {"tierlink.outcome": "lost"})
+            raise
+        tracing.set_attributes(s, {"tierlink.outcome": "answered"})
+        return result
 
 
 def _all_failed(req: Request, fallbacks: list[Fallback]) -> TierlinkError:

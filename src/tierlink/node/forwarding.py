@@ -50,14 +50,18 @@ class Forwarder:
         if send_ms <= 0:
             raise DeadlineExceeded(f"no time left for the hop to {placement.node_id} "
                                    f"({budget_ms:.1f} ms left, link RTT {link.rtt_ms:.1f} ms)")
-        params = protocol.forward_params(req, send_ms, tracing.current_traceparent(),
-                                         LABELS.get())
         node = placement.node_id
         self.outstanding[node] = self.outstanding.get(node, 0) + 1
         start = self._clock()
         try:
-            resp = await self._client.infer(up.spec.url, req.task, inputs, params,
-                                            timeout_s=budget_ms / 1000.0)
+            with tracing.stage("tierlink.upstream", {
+                    "tierlink.peer": node, "tierlink.bytes": req.input_bytes,
+                    "tierlink.budget_ms": budget_ms, "server.address": up.spec.url}):
+                params = protocol.forward_params(req, send_ms, tracing.current_traceparent(),
+                                                 LABELS.get())
+                resp = await self._client.infer(up.spec.url, req.task, inputs, params,
+                                                timeout_s=budget_ms / 1000.0,
+                                                request_id=req.request_id)
         finally:
             self.outstanding[node] -= 1
         total_ms = (self._clock() - start) * 1000.0

@@ -24,6 +24,7 @@ from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.node.uplink import Uplink, UplinkMetrics, uplink_for_spec
+from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
 
 if TYPE_CHECKING:
@@ -48,12 +49,13 @@ def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) ->
                                                    "%(name)s: %(message)s")
     # httpx logs every request at INFO: two lines per heartbeat, thousands per run.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if spec.trace_file:
-        from tierlink.telemetry.tracing import configure_file_exporter
-
-        configure_file_exporter(Path(spec.trace_file), spec.node_id)
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve_node(spec, runtimes if runtimes is not None else load_runtimes(spec)))
+    tracing.configure(spec.tracing(), spec.node_id)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve_node(spec, runtimes if runtimes is not None
+                                  else load_runtimes(spec)))
+    finally:
+        tracing.shutdown()  # spans still batched go out before the process ends
 
 
 def _loop_factory() -> Any:

@@ -45,6 +45,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from tierlink.core.types import Priority
 from tierlink.errors import AdmissionRefused, ConfigError, DeadlineExceeded
+from tierlink.telemetry import tracing
 
 __all__ = [
     "NullObserver",
@@ -173,6 +174,8 @@ class _Job:
     future: asyncio.Future[Any]
     enqueued_at: float
     state: int = _QUEUED
+    began: float = 0.0  # when it started running (the end of its queue wait)
+    trace: Any = None  # the submitter's trace context (tracing on): queue and compute spans
 
 
 class Scheduler:
@@ -268,7 +271,7 @@ class Scheduler:
         now = self._clock()
         self._admit(priority, deadline_s, cost_hint_ms, key, now)
         job = _Job(fn, priority, math.inf if deadline_s is None else deadline_s, key,
-                   loop.create_future(), now)
+                   loop.create_future(), now, trace=tracing.capture())
         self._counts["admitted"] += 1
         self._emit(self._observer.on_admit, priority)
         # Invariant between callbacks: a worker is free only when nothing live is queued.
@@ -329,7 +332,7 @@ class Scheduler:
     def _call(self, job: _Job, catch: type[BaseException]
               ) -> tuple[Any, BaseException | None, float]:
         """Run ``fn``: (its result, what it raised of ``catch``, its run time in seconds)."""
-        began = self._clock()
+        began = job.began = self._clock()
         result: Any = None
         error: BaseException | None = None
         try:
@@ -353,9 +356,18 @@ class Scheduler:
             else:
                 job.future.set_exception(error)
         self._emit(self._observer.on_finish, job.priority, run_s, ok)
+        if job.trace is not None:
+            self._trace(job, run_s, error)
         self._dispatch()
         if self._inflight == 0 and self._idle is not None:
             self._idle.set()
+
+    def _trace(self, job: _Job, run_s: float, error: BaseException | None) -> None:
+        now, attrs = self._clock(), {"tierlink.job": job.key,
+                                     "tierlink.priority": job.priority.label}
+        tracing.record("tierlink.queue", job.trace, job.enqueued_at, job.began, now, attrs)
+        tracing.record("tierlink.compute", job.trace, job.began, job.began + run_s, now,
+                       {**attrs, "tierlink.error": None if error is None else repr(error)[:200]})
 
     def _dispatch(self) -> None:
         """Fill free workers from the heap; expire jobs whose deadline passed while waiting."""

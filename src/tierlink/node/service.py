@@ -55,6 +55,7 @@ from tierlink.errors import (
 from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
+from tierlink.node.compute import run_model
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult, execute_observed
 from tierlink.node.exporting import DispatchObserver, NodeExports
 from tierlink.node.forwarding import LABELS, Forwarder
@@ -82,6 +83,11 @@ from tierlink.policy.placement import TierlinkPolicy
 from tierlink.policy.shadow import Decision
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
+from tierlink.telemetry.trace_attributes import (
+    outcome_attributes,
+    plan_attributes,
+    route_attributes,
+)
 from tierlink.transport.client import OipClient
 
 log = logging.getLogger("tierlink.node")
@@ -247,10 +253,13 @@ class NodeService:
         priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
         deadline_ms = params.get(protocol.DEADLINE)
         deadline_s = None if deadline_ms is None else self._clock() + float(deadline_ms) / 1000
-        if protocol.CUT in params:
-            out = await self.split.run_tail(name, inputs, params, priority, deadline_s)
-        else:
-            out, _ = await self._submit(rt, inputs, priority, deadline_s)
+        with tracing.span("tierlink.tail" if protocol.CUT in params else "tierlink.model",
+                          params.get(protocol.TRACEPARENT),
+                          {"tierlink.node": self.spec.node_id, "tierlink.model": name}):
+            if protocol.CUT in params:
+                out = await self.split.run_tail(name, inputs, params, priority, deadline_s)
+            else:
+                out, _ = await self._submit(rt, inputs, priority, deadline_s)
         self._count_exits(name, out)
         return out, rt.info.version
 
@@ -299,9 +308,11 @@ class NodeService:
         token = LABELS.set(labels)
         try:
             with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
-                              {"tierlink.node": self.spec.node_id, "tierlink.task": task}):
+                              route_attributes(self.spec.node_id, self.spec.tier,
+                                               req)) as span:
                 result = await self._route(req, policy, inputs, t0,
                                            params.get(protocol.SPLIT))
+                tracing.set_attributes(span, outcome_attributes(result.outcome))
         finally:
             LABELS.reset(token)
             self._inflight -= 1
@@ -337,9 +348,14 @@ class NodeService:
               ) -> tuple[Plan, Decision | None]:
         """The acting policy's plan; in shadow mode the candidate decides beside it on this
         node's own requests (an application's, not a forwarded one)."""
-        if self.shadow_mode is None or req.hops > 0 or not isinstance(policy, TierlinkPolicy):
-            return policy.plan(req, view, self._rng), None
-        return self.shadow_mode.plan(req, view, self._rng)
+        with tracing.stage("tierlink.plan") as span:
+            if self.shadow_mode is None or req.hops > 0 \
+                    or not isinstance(policy, TierlinkPolicy):
+                plan, decision = policy.plan(req, view, self._rng), None
+            else:
+                plan, decision = self.shadow_mode.plan(req, view, self._rng)
+            tracing.set_attributes(span, plan_attributes(plan))
+        return plan, decision
 
     # -- the dispatcher's steps ------------------------------------------------------------
 
@@ -379,25 +395,10 @@ class NodeService:
 
     async def _submit(self, rt: ModelRuntime, inputs: dict[str, np.ndarray], priority: Priority,
                       deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:
-        timing: list[float] = []
-
-        slowdown = self.slowdown
-
-        def call() -> dict[str, np.ndarray]:
-            start = time.perf_counter()
-            try:
-                out = rt.infer(inputs)
-                if slowdown > 1.0:  # injected fault: this node computes N times slower
-                    time.sleep((slowdown - 1.0) * (time.perf_counter() - start))
-                return out
-            finally:
-                timing.append((time.perf_counter() - start) * 1000.0)
-
-        # A slowed node (injected fault) sleeps in ``call``: never on the event loop.
-        out = await self.scheduler.submit(call, priority=priority, deadline_s=deadline_s,
-                                          key=rt.info.name, inline=slowdown <= 1.0)
-        self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(timing[0] / 1000)
-        return out, timing[0]
+        out, ms = await run_model(self.scheduler, rt, inputs, priority, deadline_s,
+                                  self.slowdown)
+        self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(ms / 1000)
+        return out, ms
 
     # -- the hard-example loop -------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from tierlink.llm.source import LMSource
 from tierlink.settings.fields import as_url
 from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
 from tierlink.settings.routing import RoutingConfig, parse_routing
+from tierlink.telemetry.tracing import TraceSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,10 @@ class NodeSpec:
     view_refresh_s: float = 0.25
     ready_file: str | None = None
     trace_file: str | None = None  # write this node's spans here as JSON lines
+    # Send this node's spans over OTLP (the fleet file's `tracing:`; see settings/tracing.py)
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "http/protobuf"
+    trace_sample_ratio: float = 1.0
     hard_examples_raw: dict[str, Any] = field(default_factory=dict)  # fleet `hard_examples:`
     control_tier: str = "cloud"  # the control plane's tier: what hard examples may reach
     heads: tuple[ModelSource, ...] = ()  # models whose head this node may run (split plans)
@@ -96,6 +101,10 @@ class NodeSpec:
                               "peers cannot reach it at that address",
                               hint="set advertise_url to the address they should use")
         return f"http://{self.host}:{port}"
+
+    def tracing(self) -> TraceSettings:
+        return TraceSettings(otlp_endpoint=self.otlp_endpoint, protocol=self.otlp_protocol,
+                             file=self.trace_file, sample_ratio=self.trace_sample_ratio)
 
     def routing(self) -> RoutingConfig:
         return parse_routing(self.routing_raw, self.cost_raw)

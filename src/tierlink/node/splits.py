@@ -251,7 +251,8 @@ class SplitPlans:
         if len(inputs) != 1 or next(iter(inputs.values())).dtype != np.uint8:
             raise TensorError("a split request carries one UINT8 tensor: the encoded features",
                               hint="encode them with tierlink.split.codecs")
-        features = decode_any(next(iter(inputs.values())).tobytes())
+        with tracing.stage("tierlink.split.decode", {"tierlink.model": name}):
+            features = decode_any(next(iter(inputs.values())).tobytes())
         cut = str(params[protocol.CUT])
         if not sessions.ready(cut, "tail"):  # first use: not learned as the tail's time
             await asyncio.to_thread(sessions.prepare, cut, "tail")
@@ -329,18 +330,24 @@ class SplitPlans:
         from tierlink.split.codecs import get_codec
 
         encoding = self._clock()
-        payload = np.frombuffer(get_codec(placement.codec).encode(features), dtype=np.uint8)
+        with tracing.stage("tierlink.split.encode", {"tierlink.codec": placement.codec,
+                                                     "tierlink.cut": placement.cut}) as span:
+            payload = np.frombuffer(get_codec(placement.codec).encode(features), dtype=np.uint8)
+            tracing.set_attributes(span, {"tierlink.bytes": int(payload.nbytes)})
         encode_ms = (self._clock() - encoding) * 1000.0
         left_ms = budget_ms - (self._clock() - started) * 1000.0 - self._routing.reserve_ms
         if left_ms <= up.estimator.view().rtt_ms:
             raise DeadlineExceeded(f"no time left to send features to {placement.node_id}",
                                    before_hop=True)
-        params = {**protocol.forward_params(req, left_ms, tracing.current_traceparent()),
-                  protocol.CUT: placement.cut, protocol.CODEC: placement.codec}
         sent = self._clock()
-        resp = await self._client.infer(up.spec.url, placement.model or "",
-                                        {"features": payload}, params,
-                                        timeout_s=left_ms / 1000.0)
+        with tracing.stage("tierlink.split.transfer", {
+                "tierlink.peer": placement.node_id, "tierlink.bytes": int(payload.nbytes),
+                "tierlink.cut": placement.cut, "server.address": up.spec.url}):
+            params = {**protocol.forward_params(req, left_ms, tracing.current_traceparent()),
+                      protocol.CUT: placement.cut, protocol.CODEC: placement.codec}
+            resp = await self._client.infer(up.spec.url, placement.model or "",
+                                            {"features": payload}, params,
+                                            timeout_s=left_ms / 1000.0)
         total_ms = (self._clock() - sent) * 1000.0
         tail_ms = float(resp.parameters.get(protocol.SERVER_MS, 0.0))
         if learn:

@@ -38,6 +38,7 @@ from typing import Protocol
 from tierlink.errors import TierlinkError
 from tierlink.outbox.observer import NullObserver, OutboxObserver
 from tierlink.outbox.store import Item, Outbox
+from tierlink.telemetry import tracing
 
 log = logging.getLogger("tierlink.outbox.delivery")
 
@@ -173,18 +174,25 @@ class Deliverer:
         items = self.outbox.due(destination, self._clock(), self.batch)
         if not items:
             return Round(expired=expired)
-        try:
-            acks: Sequence[Ack] = await self._send(destination, items)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # any failure of a send is transient: retry in order
-            if not isinstance(exc, OSError | TimeoutError | TierlinkError):
-                log.exception("outbox send to %s raised unexpectedly", destination)
-            acks = []
-            error = f"{type(exc).__name__}: {exc}"
-        else:
-            error = "no ack for this item"
-        return self._settle(destination, items, acks, error, expired)
+        with tracing.span("tierlink.outbox.forward", None, {
+                "tierlink.destination": destination, "tierlink.items": len(items),
+                "tierlink.keys": [item.key for item in items[:50]]}) as span:
+            try:
+                acks: Sequence[Ack] = await self._send(destination, items)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure of a send is transient: retry in order
+                if not isinstance(exc, OSError | TimeoutError | TierlinkError):
+                    log.exception("outbox send to %s raised unexpectedly", destination)
+                acks = []
+                error = f"{type(exc).__name__}: {exc}"
+                tracing.error(span, error)
+            else:
+                error = "no ack for this item"
+            done = self._settle(destination, items, acks, error, expired)
+            tracing.set_attributes(span, {"tierlink.delivered": done.delivered,
+                                          "tierlink.rejected": done.rejected})
+            return done
 
     def _settle(self, destination: str, items: Sequence[Item], acks: Sequence[Ack],
                 error: str, expired: int) -> Round:
