@@ -29,9 +29,9 @@ def test_spans_from_the_official_exporter_arrive_with_hex_ids(receiver: OtlpRece
     provider.add_span_processor(SimpleSpanProcessor(
         OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces", timeout=5)))
     tracer = provider.get_tracer("t")
-    with tracer.start_as_current_span("tierlink.route", attributes={"tierlink.hops": 2}) as a:
-        with tracer.start_as_current_span("tierlink.plan"):
-            pass
+    with (tracer.start_as_current_span("tierlink.route", attributes={"tierlink.hops": 2}) as a,
+          tracer.start_as_current_span("tierlink.plan")):
+        pass
     provider.shutdown()
     assert receiver.spans == 2
     exports = [json.loads(line) for line in receiver.out.read_text().splitlines()]

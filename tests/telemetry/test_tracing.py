@@ -10,9 +10,9 @@ INCOMING = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
 def test_span_continues_the_callers_trace_and_propagates_it():
-    with recorded_spans() as exporter:
-        with tracing.span("tierlink.route", INCOMING, {"tierlink.node": "dev-1"}):
-            outgoing = tracing.current_traceparent()
+    with (recorded_spans() as exporter,
+          tracing.span("tierlink.route", INCOMING, {"tierlink.node": "dev-1"})):
+        outgoing = tracing.current_traceparent()
     spans = exporter.get_finished_spans()
     assert len(spans) == 1 and format(spans[0].context.trace_id, "032x") == TRACE_ID
     assert format(spans[0].parent.span_id, "016x") == "00f067aa0ba902b7"
