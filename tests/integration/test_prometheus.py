@@ -26,23 +26,6 @@ TARGETS_UP_TIMEOUT_S = 40.0
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "tierlink.rules.yml"
 
 
-def _hostport(url: str) -> str:
-    return url.removeprefix("http://")
-
-
-def scrape_config(fleet: RunningFleet) -> str:
-    nodes = ", ".join(f'"{_hostport(u)}"' for u in fleet.node_urls.values())
-    return f"""
-global: {{scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}}
-rule_files: ["{RULES}"]
-scrape_configs:
-  - job_name: tierlink-node
-    static_configs: [{{targets: [{nodes}]}}]
-  - job_name: tierlink-control
-    static_configs: [{{targets: ["{_hostport(fleet.control_url)}"]}}]
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class Prometheus:
     url: str
@@ -57,20 +40,13 @@ class Prometheus:
 
 @pytest.fixture
 def prometheus(shared_fleet: RunningFleet, tmp_path: Path) -> Iterator[Prometheus]:
-    """A Prometheus server on a free loopback port scraping the shared fleet every second;
-    terminated (by pid) afterwards."""
-    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
-    if not Path(binary).is_file():
-        pytest.skip("prometheus is not installed (apt-get install prometheus)")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(scrape_config(shared_fleet))
-    port = pick_port()
-    log = tmp_path / "prometheus.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    """The Prometheus `tierlink up --prometheus` starts, on a free loopback port, scraping
+    the shared fleet every second; terminated (by pid) afterwards."""
+    from tierlink.fleet import prometheus as prom
+
+    port, log = pick_port(), tmp_path / "prometheus.log"
+    proc = prom.start(tmp_path, "127.0.0.1", port, shared_fleet.node_urls,
+                      shared_fleet.control_urls, log, scrape_s=1.0)
     try:
         yield Prometheus(f"http://127.0.0.1:{port}", proc, log)
     finally:
@@ -109,7 +85,8 @@ def test_prometheus_scrapes_every_node_and_the_control_plane(
     expected = len(shared_fleet.node_urls) + 1
     targets = wait_for(lambda: all_targets_up(http, prometheus, expected),
                        TARGETS_UP_TIMEOUT_S, f"{expected} scrape targets up", interval_s=0.5)
-    assert {t["labels"]["job"] for t in targets} == {"tierlink-node", "tierlink-control"}
+    assert {t["labels"]["role"] for t in targets} == {"node", "control"}
+    assert {t["labels"]["node"] for t in targets} >= set(shared_fleet.node_urls)
 
     dev = shared_fleet.node_urls["dev-2"]
     for sample in hard_samples[:5]:
@@ -188,3 +165,71 @@ def test_promtool_accepts_the_exposition(shared_fleet: RunningFleet, http: httpx
     check = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
                            capture_output=True, timeout=30, check=False)
     assert check.returncode == 0, (check.stdout + check.stderr).decode()
+
+
+UP_FLEET = """
+name: itest-up-observed
+seed: 4
+zoo: {profile: test}
+control: {ttl_s: 3}
+routing: {policy: tierlink, thresholds: {fmnist-small: 0.9}}
+nodes:
+  - {id: edge-1, tier: edge,   models: [fmnist-medium]}
+  - {id: dev-1,  tier: device, models: [fmnist-small]}
+links:
+  - {from: dev-1, to: edge-1, delay_ms: 2}
+"""
+
+
+def test_tierlink_up_starts_prometheus_with_the_rules_and_a_trace_receiver(
+        zoo_models: object, http: httpx.Client, fmnist_test: Split, hard_samples: np.ndarray,
+        tmp_path: Path) -> None:
+    """`tierlink up --prometheus --traces`, as an operator types it: Prometheus scrapes
+    every node and the control plane with deploy/rules loaded, spans of a request reach the
+    fleet's receiver, and Ctrl-C (SIGTERM) takes everything down."""
+    import json
+    import os
+    import signal
+    import sys
+
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(UP_FLEET)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierlink.cli.main", "up", str(fleet_file), "--json",
+         "--run-dir", str(tmp_path / "run"), "--prometheus", "--prometheus-port", "0",
+         "--traces"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, COLUMNS="200"))
+    try:
+        lines: list[str] = []
+        while not lines or lines[-1] != "}":
+            line = proc.stdout.readline() if proc.stdout else ""
+            if not line:
+                raise AssertionError(f"tierlink up ended: {proc.stderr.read() if proc.stderr else ''}")
+            lines.append(line.rstrip("\n"))
+        info = json.loads("\n".join(lines))
+        prom = Prometheus(info["prometheus"], proc, tmp_path / "run" / "logs" / "prometheus.log")
+        targets = wait_for(lambda: all_targets_up(http, prom, 3), TARGETS_UP_TIMEOUT_S,
+                           "3 scrape targets up", interval_s=0.5)
+        assert {t["labels"]["node"] for t in targets} == {"edge-1", "dev-1", "control-0"}
+        rules = {r["name"] for g in _api(http, prom.url, "rules")["groups"] for r in g["rules"]}
+        assert "TierlinkNodeDown" in rules
+        sample = hard_samples[0]
+        answer = route(http, info["nodes"]["dev-1"], fmnist_test.images[sample: sample + 1],
+                       privacy="any")
+        assert answer.status == 200
+        traces = Path(info["traces_file"])
+
+        def routed_spans() -> int | None:
+            from tierlink.telemetry.trace_view import load_spans
+
+            names = [s.name for s in load_spans([traces])] if traces.exists() else []
+            return names.count("tierlink.route") or None
+
+        assert wait_for(routed_spans, 15, "the request's spans at the receiver") >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0
+    for url in (info["prometheus"], *info["nodes"].values(), info["control"]):
+        with pytest.raises(httpx.TransportError):
+            http.get(url, timeout=1.0)

@@ -186,6 +186,10 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
            "over a three-member etcd cluster (default: as the fleet file says)"),
        traces: bool = typer.Option(False, "--traces", help=TRACES_HELP),
        otlp_endpoint: str | None = typer.Option(None, "--otlp-endpoint", help=OTLP_HELP),
+       prometheus: bool = typer.Option(False, "--prometheus", help="also start Prometheus "
+                                       "scraping every node with deploy/rules loaded"),
+       prometheus_port: int = typer.Option(9090, min=0, max=65535,
+                                           help="Prometheus's port (0: any free one)"),
        ) -> None:
     """Run a fleet declared in FLEET_FILE until Ctrl-C."""
     from tierlink.fleet.config import load_fleet, on_etcd, with_tracing
@@ -198,13 +202,14 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
         models, _ = zoo_models(config.zoo_profile, config.model_names())
         require_fresh(config, models, fleet_file)
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
-        fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"))
+        fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"),
+                       prometheus_port=prometheus_port if prometheus else None)
     except TierlinkError as exc:
         fail(exc)
     with fleet:
         info = {"control": fleet.control_url, "control_replicas": fleet.control_urls,
                 "links": fleet.links_url, "nodes": fleet.node_urls,
-                "otlp_endpoint": fleet.otlp_endpoint,
+                "otlp_endpoint": fleet.otlp_endpoint, "prometheus": fleet.prometheus_url,
                 "traces_file": str(fleet.traces_file) if fleet.traces_file else None,
                 "run_dir": str(rd), "device_cpu_throttle": fleet.cpu_mode}
         print(json.dumps(info, indent=2)) if as_json else _print_endpoints(info)
@@ -222,6 +227,9 @@ def _print_endpoints(info: dict[str, Any]) -> None:
                   f"logs {info['run_dir']}/logs")
     console.print(f"operator token: export TIERLINK_ADMIN_TOKEN=$(cat {info['run_dir']}/"
                   "admin.token)")
+    if info["prometheus"]:
+        console.print(f"prometheus {info['prometheus']} (rules and alerts: "
+                      f"{info['prometheus']}/alerts)")
     if info["traces_file"]:
         console.print(f"traces: tierlink trace list -f {info['traces_file']}")
     elif info["otlp_endpoint"]:

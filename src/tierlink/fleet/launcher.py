@@ -57,6 +57,7 @@ class RunningFleet:
     models: dict[str, tuple[Path, Path]] = field(default_factory=dict)  # name: (onnx, card)
     otlp_endpoint: str | None = None  # where the nodes send spans (the fleet's receiver?)
     traces_file: Path | None = None  # what the fleet's own receiver writes (tracing.collect)
+    prometheus_url: str | None = None  # the Prometheus that scrapes this fleet, if started
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -145,6 +146,11 @@ class RunningFleet:
         _start_nodes(self, {node.node_id: port}, {}, self.models, only=(node,))
         _wait_file(self.run_dir / f"{node.node_id}.ready", self.procs[node.node_id],
                    f"node {node.node_id}", timeout_s)
+        if self.prometheus_url:  # Prometheus picks the new target up from the file
+            from tierlink.fleet import prometheus
+
+            prometheus.write_targets(self.run_dir / "prometheus" / "targets.json",
+                                     self.node_urls, self.control_urls)
         return self.node_urls[node.node_id]
 
     def kill_control(self, replica: int = 0) -> None:
@@ -161,8 +167,11 @@ class RunningFleet:
 
 
 def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: Path,
-           say: Say = lambda _: None, ready_timeout_s: float = 60.0) -> RunningFleet:
-    """Start everything; ``models`` maps a model name to its (onnx, card) paths."""
+           say: Say = lambda _: None, ready_timeout_s: float = 60.0,
+           prometheus_port: int | None = None) -> RunningFleet:
+    """Start everything; ``models`` maps a model name to its (onnx, card) paths.
+    ``prometheus_port``: also a Prometheus scraping the fleet with its rules (0: a free
+    port; None: none)."""
     _check_models(config, models)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -181,6 +190,9 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
         _wait_nodes(fleet, ports, ready_timeout_s)
         say(f"{len(config.nodes)} nodes ready (device CPU: {fleet.cpu_mode})")
         _wait_views(fleet, ready_timeout_s)
+        if prometheus_port is not None:
+            _start_prometheus(fleet, prometheus_port)
+            say(f"prometheus at {fleet.prometheus_url} scraping the fleet, rules loaded")
     except BaseException:
         fleet.stop()
         raise
@@ -219,6 +231,16 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: 
 
 
 TRACES = "otlp-receiver"
+
+
+def _start_prometheus(fleet: RunningFleet, port: int) -> None:
+    from tierlink.fleet import prometheus
+
+    port = port or pick_port(HOST)
+    fleet.procs["prometheus"] = prometheus.start(
+        fleet.run_dir, HOST, port, fleet.node_urls, fleet.control_urls,
+        fleet.run_dir / "logs" / "prometheus.log")
+    fleet.prometheus_url = f"http://{HOST}:{port}"
 
 
 def _start_traces(fleet: RunningFleet, timeout_s: float) -> None:
