@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(dataset-fashion-mnist prometheus etcd-server)
+# chromium: the fleet view's browser test (driven by Playwright, never `playwright install`)
+apt_packages=(dataset-fashion-mnist prometheus etcd-server chromium)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

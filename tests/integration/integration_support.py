@@ -231,3 +231,18 @@ def profiled_mobilenet(root: Path, sample: np.ndarray, cuts: frozenset[str],
     save_profile(profile, profile_path(card))
     return {MODEL_NAME: (onnx_path, card)}
 
+
+
+def tierlink(*args: str, token: str = "", check: bool = True) -> str:
+    """Run ``tierlink ARGS`` as its own process, as an operator types it; its stdout."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TIERLINK_ADMIN_TOKEN=token, COLUMNS="200")
+    done = subprocess.run([sys.executable, "-m", "tierlink.cli.main", *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"tierlink {' '.join(args)} exited {done.returncode}:\n"
+                             f"{done.stdout}\n{done.stderr}")
+    return done.stdout

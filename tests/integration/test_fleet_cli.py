@@ -6,9 +6,6 @@ told and report it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,7 @@ import pytest
 
 from tierlink.fleet.launcher import RunningFleet
 
-from .integration_support import Models, wait_for
+from .integration_support import Models, tierlink, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,17 +35,6 @@ links:
   - {from: dev-1, to: [edge-1, edge-2], delay_ms: 2}
 """
 MODEL = "fmnist-medium"
-
-
-def tierlink(*args: str, token: str = "", check: bool = True) -> str:
-    """Run ``tierlink ARGS`` as its own process; its stdout."""
-    env = dict(os.environ, TIERLINK_ADMIN_TOKEN=token, COLUMNS="200")
-    done = subprocess.run([sys.executable, "-m", "tierlink.cli.main", *args], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
-    if check and done.returncode != 0:
-        raise AssertionError(f"tierlink {' '.join(args)} exited {done.returncode}:\n"
-                             f"{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def serving(http: httpx.Client, fleet: RunningFleet) -> dict[str, list[tuple[str, str]]]:

@@ -225,6 +225,7 @@ def _print_endpoints(info: dict[str, Any]) -> None:
     Console().print(table)
     console.print(f"control plane {info['control']}  ·  links {info['links']}  ·  "
                   f"logs {info['run_dir']}/logs")
+    console.print(f"fleet view: {info['control']}/ui (it asks for the operator token)")
     console.print(f"operator token: export TIERLINK_ADMIN_TOKEN=$(cat {info['run_dir']}/"
                   "admin.token)")
     if info["prometheus"]:

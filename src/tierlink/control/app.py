@@ -72,6 +72,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tierlink.control.auth import install_auth, install_identity_routes
+from tierlink.control.fleet_routes import install_fleet_routes
+from tierlink.control.fleet_view import FleetView
 from tierlink.control.hard_examples import HardExampleService, install_hard_example_routes
 from tierlink.control.identity import Identity
 from tierlink.control.metrics import ControlMetrics
@@ -171,12 +173,17 @@ def create_app(
     if results is None and local_db is not None:  # store-and-forward (control/results.py)
         results = ResultStore(local_db, max_rows=result_max_rows, clock=clock)
         owned.append(results.close)
-    lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned)
+    fleet_view = FleetView(service.alive, clock, float(ttl_s),
+                           rollouts=controller.records if controller is not None else list,
+                           hard_examples=_counter(examples))
+    lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned,
+                         fleet_view)
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)
     app.state.registry = service
     app.state.hard_examples = examples
     app.state.identity = identity
     app.state.rollouts = controller
+    app.state.fleet_view = fleet_view
     _install_error_handlers(app)
     _install_timing(app, service.metrics)
     if identity is not None:
@@ -186,6 +193,7 @@ def create_app(
     _install_ops_routes(app, service, examples)
     install_hard_example_routes(app, examples)
     install_rollout_routes(app, controller)
+    install_fleet_routes(app, fleet_view)
     if repository is not None:
         install_repository_routes(app, repository)
     if results is not None:
@@ -196,9 +204,13 @@ def create_app(
     return app
 
 
+def _counter(examples: HardExampleService | None) -> Callable[[], int | None]:
+    return (lambda: None) if examples is None else examples.store.count
+
+
 def _lifespan(service: RegistryService, sweep_interval_s: float,
               controller: RolloutController | None, rollout_interval_s: float,
-              owned: list[Callable[[], None]]
+              owned: list[Callable[[], None]], fleet_view: FleetView,
               ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """The app's lifespan: the expiry sweep and the rollout tick run in the background;
     at shutdown they are cancelled (a running tick finishes first), then ``owned`` stores
@@ -210,6 +222,7 @@ def _lifespan(service: RegistryService, sweep_interval_s: float,
         if controller is not None:
             tasks.append(asyncio.create_task(_tick_forever(controller, rollout_interval_s),
                                              name="tierlink-control-rollouts"))
+        tasks.append(asyncio.create_task(fleet_view.run(), name="tierlink-fleet-view"))
         app.state.sweep_task = tasks[0]  # for tests: done (cancelled) once shut down
 
         async def stopping() -> None:
@@ -217,6 +230,7 @@ def _lifespan(service: RegistryService, sweep_interval_s: float,
             lifespan ends): heartbeats can no longer arrive, so nothing may expire from
             here on -- nor may a watcher be answered a view emptied by that."""
             tasks[0].cancel()
+            fleet_view.close()  # live fleet-view streams end
             watch = getattr(app.state, "view_watch", None)
             if watch is not None:
                 watch.stop()

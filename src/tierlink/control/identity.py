@@ -303,8 +303,9 @@ def _create_private(path: Path) -> int:
 
 
 OPEN, ANY, ADMIN_ONLY, SELF = "open", "any", "admin", "self"
-_OPEN_PATHS = ("/healthz", "/metrics", "/v1/enroll", "/docs", "/openapi.json")
-_ADMIN_PREFIXES = ("/v1/enrollment-tokens", "/v1/credentials", "/v1/rollouts")
+# /ui: the fleet view's page, which carries no data (it asks for the operator token).
+_OPEN_PATHS = ("/healthz", "/metrics", "/v1/enroll", "/docs", "/openapi.json", "/ui", "/ui/")
+_ADMIN_PREFIXES = ("/v1/enrollment-tokens", "/v1/credentials", "/v1/rollouts", "/v1/fleet")
 _ADMIN_WRITES = ("/v1/blobs", "/v1/models")
 
 

@@ -138,6 +138,23 @@ class LinkSpec(_Open):
     loss: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
+Count = Annotated[int, Field(ge=0)]
+
+
+class Traffic(_Open):
+    """Cumulative counts of the routed requests that entered the fleet at the node, since
+    it started (a restart starts them again): SLA results, answers by the tier that gave
+    them, requests that escalated. The fleet view makes rates of them."""
+
+    met: Count = 0
+    missed: Count = 0
+    refused: Count = 0
+    failed: Count = 0
+    invalid: Count = 0
+    served: dict[TierName, Count] = Field(default_factory=dict)
+    escalated: Count = 0
+
+
 class Heartbeat(_Open):
     """The body of ``POST /v1/nodes/{node_id}/heartbeat``: a node's full current state.
 
@@ -163,6 +180,9 @@ class Heartbeat(_Open):
     # {model name: {version: error}}: versions a rollout asked for that failed to install
     # (refused verification, failed or crashed on load); listed until no longer asked for.
     install_failures: dict[str, dict[str, str]] = Field(default_factory=dict)
+    traffic: Traffic = Field(default_factory=Traffic)
+    breakers_open: list[NodeId] = Field(default_factory=list, max_length=4096)
+    outbox_pending: Count = 0  # items waiting in its store-and-forward outbox
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> Heartbeat:

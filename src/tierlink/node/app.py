@@ -256,7 +256,7 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
     except TierlinkError as exc:
         service.exports.sla(task, params, None, exc.http_status)
         raise
-    service.exports.sla(task, params, server_ms, 200)
+    service.exports.sla(task, params, server_ms, 200, outcome)
     selected = _select(outputs, data)
     answer = protocol.outcome_params(outcome, server_ms)
     if service.uplink is not None:  # "up" / "down" toward the parent (store-and-forward)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tierlink.core.types import Priority
+from tierlink.core.types import Outcome, Priority
 from tierlink.node import protocol
 from tierlink.node.hard_examples import HardExampleUploader
 from tierlink.node.models import ModelManager
@@ -18,9 +18,32 @@ from tierlink.telemetry.metrics import NodeMetrics
 __all__ = ["DispatchObserver", "NodeExports"]
 
 
+class Traffic:
+    """Cumulative counts of the routed requests that entered the fleet here, for the
+    heartbeat (the control plane's fleet view turns them into rates): SLA results, where
+    they were answered (by tier), how many escalated."""
+
+    RESULTS = ("met", "missed", "refused", "failed", "invalid")
+
+    def __init__(self) -> None:
+        self.results = dict.fromkeys(self.RESULTS, 0)
+        self.served: dict[str, int] = {}
+        self.escalated = 0
+
+    def count(self, result: str, outcome: Outcome | None) -> None:
+        self.results[result] += 1
+        if outcome is not None:
+            self.served[outcome.tier.label] = self.served.get(outcome.tier.label, 0) + 1
+            self.escalated += outcome.escalations > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.results, "served": dict(self.served), "escalated": self.escalated}
+
+
 class NodeExports:
     def __init__(self, metrics: NodeMetrics, tier: str, models: ModelManager) -> None:
         self._m, self._tier = metrics, tier
+        self.traffic = Traffic()
         self._model_info: dict[str, tuple[str, ...]] = {}  # model -> its info labels
         metrics.registry.register(_InstallsCollector(models, tier))
 
@@ -39,7 +62,7 @@ class NodeExports:
         self._m.latency.labels(self._tier, kind, name, outcome).observe(seconds)
 
     def sla(self, task: str, params: Mapping[str, Any], server_ms: float | None,
-            status: int) -> None:
+            status: int, outcome: Outcome | None = None) -> None:
         """A routed request that entered the fleet here (not one forwarded to it): ``met``
         when answered within its deadline, ``missed`` when late, ``refused`` (429, 503: said
         so in time), ``failed`` (another 5xx), ``invalid`` (the caller's 4xx: no SLA)."""
@@ -56,6 +79,7 @@ class NodeExports:
             result = "refused" if status in (429, 503) else \
                 "failed" if status >= 500 else "invalid"
         self._m.sla.labels(self._tier, task, priority, result).inc()
+        self.traffic.count(result, outcome)
 
     def gauges(self, scheduler: Scheduler, inflight: Callable[[], int],
                uploader: HardExampleUploader | None) -> None:

@@ -451,9 +451,12 @@ class NodeService:
 
     def heartbeat_body(self, address: str) -> dict[str, Any]:
         """The node's state for the control plane (``node/view.heartbeat``)."""
-        return heartbeat(self.me(), address, self.models, self.version_stats,
-                         [u.estimator.view() for u in self._upstreams.values()],
-                         self.started_at, self.spec.labels)
+        return {**heartbeat(self.me(), address, self.models, self.version_stats,
+                            [u.estimator.view() for u in self._upstreams.values()],
+                            self.started_at, self.spec.labels),
+                "traffic": self.exports.traffic.to_dict(), "breakers_open": sorted(
+                    n for n, state in self.breakers.states().items() if state == "open"),
+                "outbox_pending": 0 if self.uplink is None else self.uplink.outbox.pending()}
 
     async def apply_answer(self, answer: Mapping[str, Any]) -> None:
         """A heartbeat answer: serve the model versions its ``desired`` asks for (the

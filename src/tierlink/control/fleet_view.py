@@ -1,0 +1,210 @@
+"""The fleet as an operator looks at it (`GET /v1/fleet`, the `/ui` page): every node by tier
+and site with its health, load, versions and links; what the fleet did over the last
+minutes (requests, SLA attainment, tier shares, escalation rate, confidence drift per model
+version); rollouts; open breakers; hard examples.
+
+Nodes report cumulative counts in their heartbeats; ``FleetView`` samples the registry
+(every ``sample_s``) and makes rates from the difference between now and the oldest sample
+inside the window. A node that stops heartbeating stays on the page as ``down`` (for
+``forget_s``) instead of vanishing, so a dead node is seen, not missed. Each control-plane
+replica keeps its own samples; they read the same registry and so show the same fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tierlink.control.schemas import NodeRecord
+
+Clock = Callable[[], float]
+HEALTHY_AGE_S = 3.0  # a heartbeat within this: healthy; older but not expired: late
+_BINS = 10  # version stats' confidence histogram: ten equal bins over [0, 1]
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """One node's cumulative counters at one sample."""
+
+    started_at: float
+    traffic: Mapping[str, Any]
+    versions: Mapping[tuple[str, str], tuple[int, int, tuple[int, ...]]]  # requests, esc, conf
+
+
+@dataclass(slots=True)
+class _Sample:
+    at: float
+    nodes: dict[str, _Counts] = field(default_factory=dict)
+
+
+def _counts(record: NodeRecord) -> _Counts:
+    versions: dict[tuple[str, str], tuple[int, int, tuple[int, ...]]] = {}
+    for m in record.models:
+        stats = m.stats or {}
+        versions[(m.name, m.version)] = (int(stats.get("requests", 0)),
+                                         int(stats.get("escalations", 0)),
+                                         tuple(stats.get("confidence_buckets", ()) or ()))
+    return _Counts(record.started_at, record.traffic.model_dump(), versions)
+
+
+class FleetView:
+    """Samples of the registry and the snapshot built from them (see the module doc)."""
+
+    def __init__(self, alive: Callable[[], tuple[float, list[NodeRecord]]], clock: Clock,
+                 ttl_s: float, *, window_s: float = 300.0, sample_s: float = 5.0,
+                 forget_s: float = 600.0,
+                 rollouts: Callable[[], list[dict[str, Any]]] = list,
+                 hard_examples: Callable[[], int | None] = lambda: None) -> None:
+        self._alive, self._clock, self.ttl_s = alive, clock, ttl_s
+        self.window_s, self.sample_s, self.forget_s = window_s, sample_s, forget_s
+        self._rollouts, self._hard_examples = rollouts, hard_examples
+        self._samples: deque[_Sample] = deque()
+        self._last: dict[str, NodeRecord] = {}  # every node seen, its latest record
+        self.closed = asyncio.Event()  # set when the server stops: live streams end
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        now, records = self._alive()
+        first, last = self._sample(now, records)
+        alive = {r.node_id for r in records}
+        nodes = [_node(r, now, r.node_id in alive) for r in self._last.values()]
+        nodes.sort(key=lambda n: (_TIER_ORDER.get(n["tier"], 9), n["site"], n["node_id"]))
+        return {"at": now, "ttl_s": self.ttl_s, "window_s": round(last.at - first.at, 3),
+                "nodes": nodes, "tiers": _tiers(nodes),
+                "traffic": _traffic(first, last), "models": _models(first, last),
+                "rollouts": self._rollouts()[:10], "hard_examples": self._hard_examples(),
+                "breakers_open": sum(len(n["breakers_open"]) for n in nodes)}
+
+    async def run(self) -> None:
+        """Sample on a fixed cadence while nobody looks, so the first look has a window."""
+        while not self.closed.is_set():
+            self.snapshot()
+            try:
+                await asyncio.wait_for(self.closed.wait(), self.sample_s)
+            except TimeoutError:
+                pass
+
+    def _sample(self, now: float, records: list[NodeRecord]) -> tuple[_Sample, _Sample]:
+        """Remember the records; (the oldest sample of the window, this one). Samples are
+        kept ``sample_s`` apart, the one just before the window's start included."""
+        for r in records:
+            self._last[r.node_id] = r
+        for node_id in [n for n, r in self._last.items() if now - r.last_seen > self.forget_s]:
+            del self._last[node_id]
+        sample = _Sample(now, {r.node_id: _counts(r) for r in records})
+        if not self._samples or now - self._samples[-1].at >= self.sample_s:
+            self._samples.append(sample)
+        while len(self._samples) > 1 and now - self._samples[1].at >= self.window_s:
+            self._samples.popleft()
+        return self._samples[0], sample
+
+
+_TIER_ORDER = {"cloud": 0, "edge": 1, "device": 2}
+
+
+def _health(record: NodeRecord, now: float, alive: bool) -> str:
+    if not alive:
+        return "down"
+    if record.draining:
+        return "draining"
+    return "healthy" if now - record.last_seen <= HEALTHY_AGE_S else "late"
+
+
+def _node(r: NodeRecord, now: float, alive: bool) -> dict[str, Any]:
+    return {"node_id": r.node_id, "tier": r.tier, "site": r.labels.get("site", ""),
+            "labels": dict(r.labels), "health": _health(r, now, alive),
+            "age_s": round(max(now - r.last_seen, 0.0), 3), "address": r.address,
+            "queue_depth": r.queue_depth, "inflight": r.inflight, "workers": r.workers,
+            "models": [{"name": m.name, "version": m.version, "task": m.task,
+                        "role": m.role, "weight": m.weight} for m in r.models],
+            "links": [{"dst": l.dst, "rtt_ms": l.rtt_ms, "bandwidth_mbit": l.bandwidth_mbit}
+                      for l in r.links],
+            "breakers_open": list(r.breakers_open), "outbox_pending": r.outbox_pending,
+            "software": r.software, "generation": r.generation}
+
+
+def _tiers(nodes: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for n in nodes:
+        t = out.setdefault(n["tier"], {"nodes": 0, "healthy": 0, "down": 0})
+        t["nodes"] += 1
+        t["healthy"] += n["health"] == "healthy"
+        t["down"] += n["health"] == "down"
+    return out
+
+
+def _delta(new: _Counts, old: _Counts | None, key: str) -> int:
+    """How much a counter grew; a restarted node (a new ``started_at``) counts from 0."""
+    value = int(new.traffic.get(key, 0))
+    if old is None or old.started_at != new.started_at:
+        return value
+    return max(value - int(old.traffic.get(key, 0)), 0)
+
+
+def _traffic(first: _Sample, last: _Sample) -> dict[str, Any]:
+    span = last.at - first.at
+    totals = dict.fromkeys(("met", "missed", "refused", "failed", "escalated"), 0)
+    served: dict[str, int] = {}
+    for node_id, now in last.nodes.items():
+        before = first.nodes.get(node_id) if span > 0 else None
+        if span > 0 and before is None:
+            before = _Counts(now.started_at, {}, {})
+        for key in totals:
+            totals[key] += _delta(now, before, key) if span > 0 else 0
+        for tier, n in (now.traffic.get("served") or {}).items():
+            old = 0 if before is None or before.started_at != now.started_at else \
+                int((before.traffic.get("served") or {}).get(tier, 0))
+            served[tier] = served.get(tier, 0) + (max(int(n) - old, 0) if span > 0 else 0)
+    requests = totals["met"] + totals["missed"] + totals["refused"] + totals["failed"]
+    answered = sum(served.values())
+    return {"requests": requests, "rate_per_s": round(requests / span, 3) if span > 0 else 0.0,
+            "sla_attainment": round(totals["met"] / requests, 4) if requests else None,
+            "refused": totals["refused"], "failed": totals["failed"],
+            "shares": {t: round(n / answered, 4) for t, n in sorted(served.items())}
+            if answered else {},
+            "escalation_rate": round(totals["escalated"] / answered, 4) if answered else None}
+
+
+def _mean_confidence(buckets: Iterable[int]) -> float | None:
+    counts = list(buckets)
+    total = sum(counts)
+    if not total:
+        return None
+    return sum((i + 0.5) / _BINS * c for i, c in enumerate(counts)) / total
+
+
+def _models(first: _Sample, last: _Sample) -> list[dict[str, Any]]:
+    """Per model version over every node: requests in the window, the mean confidence in
+    the window against its mean since the nodes started serving it (the drift)."""
+    window: dict[tuple[str, str], list[int]] = {}
+    lifetime: dict[tuple[str, str], list[int]] = {}
+    requests: dict[tuple[str, str], list[int]] = {}
+    for node_id, now in last.nodes.items():
+        before = first.nodes.get(node_id)
+        same = before is not None and before.started_at == now.started_at
+        for key, (n, esc, conf) in now.versions.items():
+            old = before.versions.get(key) if same and before is not None else None
+            o_n, o_esc, o_conf = old if old is not None else (0, 0, ())
+            add = requests.setdefault(key, [0, 0])
+            add[0] += max(n - o_n, 0)
+            add[1] += max(esc - o_esc, 0)
+            life = lifetime.setdefault(key, [0] * _BINS)
+            win = window.setdefault(key, [0] * _BINS)
+            for i, c in enumerate(conf[:_BINS]):
+                life[i] += c
+                win[i] += max(c - (o_conf[i] if i < len(o_conf) else 0), 0)
+    out = []
+    for (name, version), (n, esc) in sorted(requests.items()):
+        now_c = _mean_confidence(window[(name, version)])
+        base = _mean_confidence(lifetime[(name, version)])
+        out.append({"name": name, "version": version, "requests": n,
+                    "escalation_rate": round(esc / n, 4) if n else None,
+                    "confidence": None if now_c is None else round(now_c, 4),
+                    "confidence_baseline": None if base is None else round(base, 4),
+                    "drift": None if now_c is None or base is None else round(now_c - base, 4)})
+    return out
