@@ -24,7 +24,7 @@ class LeanPoster:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._slots = asyncio.Semaphore(connections)
 
-    async def post(self, path: str, body: bytes) -> int:
+    async def post(self, path: str, body: bytes, headers: bytes = b"") -> int:
         """The answer's status; raises OSError / TimeoutError / IncompleteReadError. A
         kept-alive connection the server closed meanwhile is replaced once, as HTTP
         clients do (the requests this sends are idempotent)."""
@@ -33,7 +33,7 @@ class LeanPoster:
             conn = self._idle.pop() if reused else await self._open()
             while True:
                 try:
-                    status, keep = await self._exchange(conn, path, body)
+                    status, keep = await self._exchange(conn, path, body, headers)
                     break
                 except BaseException as exc:
                     conn[1].close()
@@ -50,11 +50,13 @@ class LeanPoster:
         return await asyncio.open_connection(self.host, self.port)
 
     async def _exchange(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                        path: str, body: bytes) -> tuple[int, bool]:
+                        path: str, body: bytes, headers: bytes = b"") -> tuple[int, bool]:
+        """``headers``: extra header lines, each ending in CRLF (a content type among them
+        replaces the JSON one)."""
         reader, writer = conn
-        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s"
-                     % (path.encode(), self._host_header, len(body), body))
+        ctype = b"" if b"content-type:" in headers.lower() else b"Content-Type: application/json\r\n"
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\n%s%sContent-Length: %d\r\n\r\n%s"
+                     % (path.encode(), self._host_header, ctype, headers, len(body), body))
         head = await reader.readuntil(b"\r\n\r\n")
         status, length, keep = int(head[9:12]), 0, True
         for line in head.lower().split(b"\r\n")[1:]:

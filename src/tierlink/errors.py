@@ -126,6 +126,14 @@ class AdmissionRefused(Refused):
     hint = "retry later, raise the deadline, or send it to another node"
 
 
+class Overloaded(Refused):
+    """Every placement was refused or ran out of time: the fleet is busy, not broken."""
+
+    code = "overloaded"
+    http_status = 503
+    hint = "retry after the Retry-After interval, raise the deadline, or lower the rate"
+
+
 class NoFeasiblePlacement(Refused):
     code = "no_feasible_placement"
     http_status = 503

@@ -219,3 +219,27 @@ def test_a_node_spec_refuses_an_unknown_default_privacy():
 
     with pytest.raises(ConfigError, match="default_privacy"):
         NodeSpec("dev-1", Tier.DEVICE, (), default_privacy="secret")
+
+
+def test_an_overloaded_node_sheds_batch_with_a_retry_hint_and_serves_realtime(client):
+    from dataclasses import replace
+
+    gate = client.app.state.overload
+    gate.config = replace(gate.config, step_up=1e-9)  # calm here: it must not climb back
+    gate.level = 1.0  # as after its event loop ran late for a while: realtime only
+    params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000,
+              "tierlink.priority": "batch"}
+    refused = infer(client, "fmnist", params)  # with the hint header: shed before the body
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["code"] == "admission_refused" and "overloaded" in refused.text
+    body, headers = oip.encode_infer_request({"input": x()}, params, None)
+    headers = {k: v for k, v in headers.items() if not k.startswith("tierlink-")}
+    bare = client.post("/v2/models/fmnist/infer", content=body, headers=headers)
+    assert bare.status_code == 429 and bare.headers["retry-after"] == "1"  # by its parameters
+    served = infer(client, "fmnist", {**params, "tierlink.priority": "realtime"})
+    assert served.status_code == 200, served.text
+    status = client.get("/tierlink/v1/status").json()["overload"]
+    assert status["level"] == pytest.approx(1.0) and status["admitting"] == ["realtime"]
+    metrics = client.get("/metrics").text
+    assert 'tierlink_overload_shed_total{outcome="refused",priority="batch",tier="device"} 2.0' \
+        in metrics

@@ -15,8 +15,10 @@ Routes (KServe/Triton REST; binary tensor data extension supported both ways):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -26,12 +28,15 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from tierlink import __version__
+from tierlink.core.types import Priority
 from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, TierlinkError
 from tierlink.node import protocol
 from tierlink.node.async_requests import UPLINK, is_async
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
+from tierlink.node.overload import OverloadGate, ShedEarly
 from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
+from tierlink.settings.routing import OverloadConfig
 from tierlink.telemetry import tracing
 from tierlink.transport import oip
 from tierlink.transport.openapi import (
@@ -56,9 +61,12 @@ FAULTS_BODY = {"type": "object", "properties": {"slowdown": {
 def create_app(service: NodeService, ready: bool = False,
                chat: ChatService | None = None) -> FastAPI:
     """The app owns the service's lifetime (started and stopped in its lifespan), and the
-    chat service's when the node serves language models."""
+    chat service's when the node serves language models. The routing config's ``overload``
+    says how the node sheds its less urgent routed requests when its event loop falls
+    behind (node/overload.py)."""
 
     receiver = _inbox_receiver(service)
+    gate = _overload_gate(service, service.routing.overload)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -66,9 +74,13 @@ def create_app(service: NodeService, ready: bool = False,
         await service.start()
         if chat is not None:
             chat.start()
+        probe = asyncio.create_task(gate.run(), name="overload-probe")
         try:
             yield
         finally:
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
             if chat is not None:
                 await chat.stop()
             await service.stop()
@@ -78,6 +90,9 @@ def create_app(service: NodeService, ready: bool = False,
     app = FastAPI(title=f"tierlink node {service.spec.node_id}", version=__version__,
                   lifespan=lifespan)
     app.state.ready = ready
+    app.state.overload = gate
+    app.add_middleware(ShedEarly, gate=gate, node_id=service.spec.node_id,
+                       error_body=oip.error_body)
     if receiver is not None:  # what downstream nodes deliver (store-and-forward)
         install_inbox_routes(app, receiver)
 
@@ -105,7 +120,30 @@ def create_app(service: NodeService, ready: bool = False,
 
 
 def _error(exc: TierlinkError) -> Response:
-    return Response(oip.error_body(exc), exc.http_status, media_type="application/json")
+    retry = exc.details.get("retry_after_s")
+    headers = {"Retry-After": str(max(1, math.ceil(float(retry))))} if retry else None
+    return Response(oip.error_body(exc), exc.http_status, headers=headers,
+                    media_type="application/json")
+
+
+def _overload_gate(service: NodeService, config: OverloadConfig) -> OverloadGate:
+    metrics, tier = service.metrics, service.spec.tier.label
+    gate = OverloadGate(config, on_shed=lambda p, outcome: metrics.overload_shed.labels(
+        tier, p.label, outcome).inc())
+    metrics.overload_level.labels(tier).set_function(lambda: gate.level)
+    metrics.loop_lag.labels(tier).set_function(lambda: gate.lag_ms / 100.0)
+    return gate
+
+
+async def _admit(gate: OverloadGate, params: dict[str, Any], node_id: str) -> None:
+    """The overload gate, before anything is decoded, planned or run for the request (a
+    malformed priority or deadline is left to the request's own checks: a 400)."""
+    try:
+        priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
+        deadline_ms = float(params.get(protocol.DEADLINE, protocol.DEFAULT_DEADLINE_MS))
+    except (ValueError, TypeError, AttributeError):
+        return
+    await gate.admit(priority, deadline_ms, node_id)
 
 
 def _health_routes(app: FastAPI, service: NodeService) -> None:
@@ -131,7 +169,7 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
 
     @app.get("/tierlink/v1/status")
     async def status() -> dict[str, Any]:
-        return service.status()
+        return {**service.status(), "overload": app.state.overload.snapshot()}
 
     @app.post("/tierlink/v1/faults", openapi_extra=request_body(FAULTS_BODY))
     async def faults(request: Request) -> dict[str, Any]:
@@ -214,7 +252,7 @@ async def _infer(service: NodeService, name: str, version: str | None,
     if name in service.runtimes:
         return await _infer_model(service, name, version, data)
     if name in service.tasks():
-        return await _infer_task(service, name, version, data)
+        return await _infer_task(service, name, version, data, request.app.state.overload)
     raise ModelNotFound(f"{name!r} is neither a model served by {service.spec.node_id} "
                         f"nor a task of the fleet",
                         hint=f"models: {sorted(service.runtimes)}; tasks: "
@@ -243,7 +281,7 @@ async def _infer_model(service: NodeService, name: str, version: str | None,
 
 
 async def _infer_task(service: NodeService, task: str, version: str | None,
-                      data: oip.InferRequestData) -> Response:
+                      data: oip.InferRequestData, gate: OverloadGate) -> Response:
     params = dict(data.parameters)
     if version is not None:
         params.setdefault(protocol.VERSION, version)
@@ -251,6 +289,7 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
         return JSONResponse(await service.infer_async(task, data.inputs, params, data.id),
                             status_code=202)
     try:
+        await _admit(gate, params, service.spec.node_id)
         outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params,
                                                                data.id)
     except TierlinkError as exc:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from tierlink.errors import (
     AdmissionRefused,
     DeadlineExceeded,
     InvalidRequest,
+    Overloaded,
     TierlinkError,
     UpstreamError,
     UpstreamTimeout,
@@ -104,7 +105,7 @@ def reason_of(exc: TierlinkError) -> str:
     """A short, bounded label for metrics and outcomes."""
     if isinstance(exc, UpstreamTimeout | DeadlineExceeded):
         return "timeout"
-    if isinstance(exc, AdmissionRefused):
+    if isinstance(exc, AdmissionRefused | Overloaded):
         return "refused"
     if isinstance(exc, UpstreamUnavailable):
         return "unavailable"
@@ -346,13 +347,25 @@ async def _traced_hedge(call: Awaitable[StepResult], second: Placement, first: P
         return result
 
 
+# Why a placement failed when the fleet is busy rather than broken: out of time, refused
+# for load, a breaker opened by timeouts, an upstream with no placement left in time.
+_BUSY = frozenset({"timeout", "deadline", "refused", "breaker_open", "no_feasible_placement"})
+
+
 def _all_failed(req: Request, fallbacks: list[Fallback]) -> TierlinkError:
+    """Every placement timed out: 504; each was refused or out of time (overload): 503 with
+    a retry hint; anything else (an upstream broke or answered garbage): 502."""
     tried = ", ".join(f"{f.node_id}: {f.reason}" for f in fallbacks) or "no placement"
-    timed_out = bool(fallbacks) and all(f.reason in ("timeout", "deadline") for f in fallbacks)
-    cls: type[TierlinkError] = DeadlineExceeded if timed_out else UpstreamError
+    reasons = {f.reason for f in fallbacks}
+    cls: type[TierlinkError] = UpstreamError
+    extra: dict[str, Any] = {}
+    if reasons and reasons <= {"timeout", "deadline"}:
+        cls = DeadlineExceeded
+    elif reasons and reasons <= _BUSY:
+        cls, extra = Overloaded, {"retry_after_s": 1.0}
     return cls(f"request {req.request_id} for {req.task!r} failed on every placement ({tried})",
                fallbacks=[{"node": f.node_id, "reason": f.reason, "detail": f.detail}
-                          for f in fallbacks])
+                          for f in fallbacks], **extra)
 
 
 async def execute_observed(dispatcher: Dispatcher, plan: Plan, req: Request, inputs: Inputs,

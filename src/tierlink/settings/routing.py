@@ -16,8 +16,8 @@ from tierlink.estimate.split import DEFAULT_CODECS
 from tierlink.policy.base import PolicyConfig, RewardWeights, Weights
 from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, known
 
-__all__ = ["BreakerConfig", "HedgeConfig", "RoutingConfig", "ShadowConfig", "parse_cost",
-           "parse_routing"]
+__all__ = ["BreakerConfig", "HedgeConfig", "OverloadConfig", "RoutingConfig", "ShadowConfig",
+           "parse_cost", "parse_routing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,24 @@ class HedgeConfig:
     min_samples: int = 20  # per upstream, before its quantile is trusted
     window: int = 200  # recent samples kept per (task, upstream)
     min_delay_ms: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadConfig:
+    """Fleet YAML ``routing.overload``: how a node sheds less urgent requests when its event
+    loop falls behind (node/overload.py)."""
+
+    enabled: bool = True
+    # Milliseconds the event loop ran late per 100 ms of a window above which it sheds
+    # (benchmarks/overload.py on the demo fleet: about 7 at half its capacity, 15 at
+    # capacity, 24 at twice, 60 at three times, where realtime misses half its deadlines).
+    target_lag_ms: float = 25.0
+    probe_ms: float = 5.0  # how often the lag is probed
+    window_s: float = 0.2  # the level moves at most this often
+    step_down: float = 0.25  # per overloaded window
+    step_up: float = 0.1  # per calm window (lag under 70% of the target)
+    max_wait_s: float = 0.25  # a shed request waits at most this for room
+    retry_after_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +97,7 @@ class RoutingConfig:
     # Hedged calls upstream (node/hedging.py): after the learned delay, a copy to the plan's
     # next upstream, within a duplicate budget.
     hedging: HedgeConfig = field(default_factory=HedgeConfig)
+    overload: OverloadConfig = field(default_factory=OverloadConfig)
     # Measured accuracy loss (points) of feature codecs, by codec (e.g. from `tierlink split
     # codecs`): replaces the default table's conservative figure in split pricing.
     split_codec_loss: Mapping[str, float] = field(
@@ -143,6 +162,7 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
                                        "routing.local_features_may_leave"),
         probe_idle_s=as_float(raw.get("probe_idle_s", 2.0), "routing.probe_idle_s", 0.0),
         hedging=_hedging(as_mapping(raw.get("hedging") or {}, "routing.hedging")),
+        overload=_overload(as_mapping(raw.get("overload") or {}, "routing.overload")),
         split_codec_loss=_codec_loss(as_mapping(raw.get("split_codec_loss") or {},
                                               "routing.split_codec_loss")),
         **_cascade(as_mapping(raw.get("cascade") or {}, "routing.cascade")),
@@ -226,6 +246,24 @@ def _hedging(raw: Mapping[str, Any]) -> HedgeConfig:
         min_delay_ms=as_float(raw.get("min_delay_ms", d.min_delay_ms),
                             "routing.hedging.min_delay_ms", 0.0),
     )
+
+
+def _overload(raw: Mapping[str, Any]) -> OverloadConfig:
+    d = OverloadConfig()
+    for key in raw:
+        known(key, tuple(OverloadConfig.__dataclass_fields__), "routing.overload")
+
+    def positive(name: str) -> float:
+        return as_float(raw.get(name, getattr(d, name)), f"routing.overload.{name}", 1e-6)
+
+    return OverloadConfig(
+        enabled=as_bool(raw.get("enabled", d.enabled), "routing.overload.enabled"),
+        target_lag_ms=positive("target_lag_ms"), probe_ms=positive("probe_ms"),
+        window_s=positive("window_s"), step_down=positive("step_down"),
+        step_up=positive("step_up"),
+        max_wait_s=as_float(raw.get("max_wait_s", d.max_wait_s), "routing.overload.max_wait_s",
+                            0.0),
+        retry_after_s=positive("retry_after_s"))
 
 
 def parse_cost(raw: Mapping[str, Any]) -> CostModel:

@@ -103,6 +103,18 @@ class NodeMetrics:
                                 "1 per model served: its version, output kind and the "
                                 "execution provider that runs it",
                                 ["tier", "model", "version", "kind", "provider"], registry=r)
+        self.overload_shed = Counter(
+            "tierlink_overload_shed_total",
+            "Routed requests the overload gate held back, by priority and what became of "
+            "them: waited (then admitted) or refused (429 with Retry-After)",
+            ["tier", "priority", "outcome"], registry=r)
+        self.overload_level = Gauge("tierlink_overload_level",
+                                    "Admission level: 3 every class, 2 realtime and "
+                                    "interactive, 1 realtime only (fractions in between)",
+                                    ["tier"], registry=r)
+        self.loop_lag = Gauge("tierlink_event_loop_lag_seconds",
+                              "How late the event loop ran per second of the last window (s/s)",
+                              ["tier"], registry=r)
         self.hard_examples_pending = Gauge("tierlink_hard_examples_pending",
                                            "Hard examples waiting to be sent", ["tier"],
                                            registry=r)

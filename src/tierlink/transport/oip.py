@@ -370,7 +370,19 @@ def encode_infer_request(
     if params:
         header["parameters"] = params
     header["inputs"], chunks, any_binary = _encode_tensors(inputs, lambda _: binary_inputs)
-    return _assemble(header, chunks, any_binary)
+    body, headers = _assemble(header, chunks, any_binary)
+    for param, name in HINT_HEADERS.items():
+        if param in params:
+            headers[name] = str(params[param])
+    return body, headers
+
+
+# Hints in HTTP headers that mirror tierlink's routing parameters: an overloaded node reads
+# them to shed a less urgent request before it reads or decodes the body. The parameters
+# stay the truth (a request whose hint and parameter disagree is judged by the parameter).
+PRIORITY_HEADER = "tierlink-priority"
+DEADLINE_HEADER = "tierlink-deadline-ms"
+HINT_HEADERS = {"tierlink.priority": PRIORITY_HEADER, "tierlink.deadline_ms": DEADLINE_HEADER}
 
 
 def _binary_rule(binary: bool | AbstractSet[str]) -> Callable[[str], bool]:
