@@ -23,7 +23,7 @@ from tierlink.control.schemas import HardExampleBatch, HardExampleIn, format_val
 from tierlink.control.store import AddResult, HardExampleStore, StoredExample
 from tierlink.errors import ControlPlaneError, InvalidRequest
 from tierlink.outbox import wire
-from tierlink.transport.openapi import request_body
+from tierlink.transport.openapi import model_schema, request_body
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,7 @@ def install_hard_example_routes(app: FastAPI, examples: HardExampleService | Non
                                     hint="run `tierlink control` with a SQLite --db")
         return examples
 
-    @app.post("/v1/hard-examples", openapi_extra=request_body(
-        HardExampleBatch.model_json_schema(ref_template="#/components/schemas/{model}")))
+    @app.post("/v1/hard-examples", openapi_extra=request_body(model_schema(HardExampleBatch)))
     async def post_examples(request: Request) -> dict[str, int]:
         body = await request.body()  # raw: validated by HardExampleBatch, 400 when bad
         caller = getattr(request.state, "caller", None)

@@ -21,6 +21,7 @@ from tierlink.control.responses import error_response, unknown_node
 from tierlink.control.schemas import Heartbeat, NodeRecord
 from tierlink.control.store import RegistryStore
 from tierlink.control.view_watch import MAX_WAIT_S, RevisionWatch
+from tierlink.transport.openapi import model_schema, request_body
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,6 @@ class RegistryService:
             self.metrics.nodes.labels(tier=tier).set(count)
 
 
-_HEARTBEAT_BODY = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": Heartbeat.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
 
 
 def _parse_heartbeat(raw: bytes) -> Heartbeat:
@@ -124,7 +123,8 @@ def install_registry_routes(app: FastAPI, service: RegistryService,
     """``/v1/nodes...`` and ``/v1/splits/...``: heartbeats (answered with what
     ``desired_for(node_id)`` says the node should serve: the rollouts), the watched view,
     one node, deregistration, drains."""
-    @app.post("/v1/nodes/{node_id}/heartbeat", openapi_extra=_HEARTBEAT_BODY)
+    @app.post("/v1/nodes/{node_id}/heartbeat",
+              openapi_extra=request_body(model_schema(Heartbeat)))
     async def heartbeat(node_id: str, request: Request) -> Any:
         # The raw body first: a heartbeat that repeats the last one byte for byte (a quiet
         # node) is answered on the loop without decoding it or touching the disk.

@@ -63,6 +63,27 @@ def request_body(schema: dict[str, Any], *, binary: bool = False, required: bool
     return {"requestBody": {"required": required, "content": content}}
 
 
+def model_schema(model: Any) -> dict[str, Any]:
+    """A pydantic model's JSON schema with its nested models written in place (a body
+    declared through ``openapi_extra`` gets no ``components`` of its own, so a ``$ref`` to
+    one would leave a fuzzer or a client generator unable to read that part)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return {**inline(defs[ref.removeprefix("#/$defs/")]), **inline(rest)}
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return dict(inline(schema))
+
+
 _SAMPLING = {
     "max_tokens": {"type": "integer", "minimum": 1},
     "max_completion_tokens": {"type": "integer", "minimum": 1},
