@@ -198,11 +198,12 @@ def test_a_split_tail_refusing_its_payload_is_a_failure_to_fall_back_from():
 
 
 def test_stages_are_traced_escalation_and_fallback_with_their_reasons():
+    from tierlink.telemetry import tracing
     from tierlink.testing.spans import recorded_spans
 
     d, _calls, _obs, _ = make(local_conf=0.5, remote={"edge-1": UpstreamUnavailable("down")})
-    with recorded_spans() as exporter:
-        run(d)
+    with recorded_spans() as exporter, tracing.span("tierlink.route", None, {}):
+        run(d)  # stages are children of a node's route span
     spans = {s.name: dict(s.attributes) for s in exporter.get_finished_spans()}
     assert spans["tierlink.escalation"] == {
         "tierlink.confidence": 0.5, "tierlink.threshold": 0.9, "tierlink.escalate": True,

@@ -150,11 +150,12 @@ def test_no_hedge_when_the_deadline_has_no_room_for_it():
 
 
 def test_a_hedge_is_traced_with_its_outcome():
+    from tierlink.telemetry import tracing
     from tierlink.testing.spans import recorded_spans
 
     d, _obs, _cancelled = _dispatcher({"edge-1": 400.0, "edge-2": 20.0})
-    with recorded_spans() as exporter:
-        _run(d)
+    with recorded_spans() as exporter, tracing.span("tierlink.route", None, {}):
+        _run(d)  # stages are children of a node's route span
     (hedge,) = [s for s in exporter.get_finished_spans() if s.name == "tierlink.hedge"]
     assert hedge.attributes["tierlink.peer"] == "edge-2"
     assert hedge.attributes["tierlink.instead_of"] == "edge-1"

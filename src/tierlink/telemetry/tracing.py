@@ -48,6 +48,16 @@ STAGES: Mapping[str, str] = {
 
 _enabled = False  # set by configure(): the stage helpers below cost nothing while False
 _provider: Any = None
+_tracer_obj: Any = None  # the provider's tracer, made once (a Tracer per call costs)
+
+
+def _tracer() -> Any:
+    global _tracer_obj
+    if _tracer_obj is None:
+        from opentelemetry import trace
+
+        _tracer_obj = trace.get_tracer(_TRACER)
+    return _tracer_obj
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,7 @@ def configure(settings: TraceSettings, service_name: str) -> None:
         provider.add_span_processor(SimpleSpanProcessor(_json_lines_exporter(Path(settings.file))))
     trace.set_tracer_provider(provider)
     _provider, _enabled = provider, True
+    _reset_tracer()
 
 
 def configure_file_exporter(path: Path, service_name: str) -> None:
@@ -116,10 +127,12 @@ def installed(provider: Any) -> Iterator[None]:
 
     previous, was = trace._TRACER_PROVIDER, _enabled
     trace._TRACER_PROVIDER, _enabled = provider, True
+    _reset_tracer()
     try:
         yield
     finally:
         trace._TRACER_PROVIDER, _enabled = previous, was
+        _reset_tracer()
 
 
 def shutdown() -> None:
@@ -128,6 +141,22 @@ def shutdown() -> None:
     if _provider is not None:
         _provider.shutdown()
     _provider, _enabled = None, False
+    _reset_tracer()
+
+
+def _recording() -> bool:
+    """Tracing is on and this request's trace is sampled (a child of an unsampled span
+    would be dropped anyway: it is not made)."""
+    if not _enabled:
+        return False
+    from opentelemetry import trace
+
+    return bool(trace.get_current_span().is_recording())
+
+
+def _reset_tracer() -> None:
+    global _tracer_obj
+    _tracer_obj = None
 
 
 def otlp_traces_url(endpoint: str) -> str:
@@ -171,13 +200,13 @@ def _json_lines_exporter(path: Path) -> Any:
 def span(name: str, traceparent: str | None, attributes: Mapping[str, Any]) -> Iterator[Any]:
     """A span that continues the caller's trace (if ``traceparent`` is given); yields the
     span (None while tracing is off) so the caller can add what it learns."""
-    from opentelemetry import context, trace
+    from opentelemetry import context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     parent = (TraceContextTextMapPropagator().extract({_CARRIER_KEY: traceparent})
               if traceparent else context.get_current())
-    tracer = trace.get_tracer(_TRACER)
-    with tracer.start_as_current_span(name, context=parent, attributes=dict(attributes)) as s:
+    with _tracer().start_as_current_span(name, context=parent,
+                                         attributes=dict(attributes)) as s:
         yield s if _enabled else None
 
 
@@ -185,23 +214,18 @@ def span(name: str, traceparent: str | None, attributes: Mapping[str, Any]) -> I
 def stage(name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Any]:
     """A child of the current span for one stage (see ``STAGES``); yields the span, or None
     while tracing is off (then nothing is created at all)."""
-    if not _enabled:
+    if not _recording():
         yield None
         return
-    from opentelemetry import trace
-
-    tracer = trace.get_tracer(_TRACER)
-    with tracer.start_as_current_span(name, attributes=dict(attributes or {})) as s:
+    with _tracer().start_as_current_span(name, attributes=dict(attributes or {})) as s:
         yield s
 
 
 def mark(name: str, attributes: Mapping[str, Any]) -> None:
     """A stage that is a moment, not a duration (a fallback, a decision)."""
-    if not _enabled:
+    if not _recording():
         return
-    from opentelemetry import trace
-
-    trace.get_tracer(_TRACER).start_span(name, attributes=dict(attributes)).end()
+    _tracer().start_span(name, attributes=dict(attributes)).end()
 
 
 def set_attributes(s: Any, attributes: Mapping[str, Any]) -> None:
@@ -213,7 +237,7 @@ def set_attributes(s: Any, attributes: Mapping[str, Any]) -> None:
 def capture() -> Any:
     """The current context, to parent spans recorded later from another thread
     (``record``); None while tracing is off."""
-    if not _enabled:
+    if not _recording():
         return None
     from opentelemetry import context
 
@@ -226,14 +250,11 @@ def record(name: str, parent: Any, start: float, end: float, now: float,
     ``now`` (the scheduler's queue wait and compute), under ``parent`` from ``capture``."""
     if parent is None:
         return
-    from opentelemetry import trace
-
     wall_ns = time.time_ns()
     begin_ns = wall_ns - int((now - start) * 1e9)
     end_ns = wall_ns - int((now - end) * 1e9)
     attrs = {k: v for k, v in (attributes or {}).items() if v is not None}
-    s = trace.get_tracer(_TRACER).start_span(name, context=parent, start_time=begin_ns,
-                                             attributes=attrs)
+    s = _tracer().start_span(name, context=parent, start_time=begin_ns, attributes=attrs)
     s.end(end_time=end_ns)
 
 
