@@ -227,6 +227,7 @@ def test_an_overloaded_node_sheds_batch_with_a_retry_hint_and_serves_realtime(cl
     gate = client.app.state.overload
     gate.config = replace(gate.config, step_up=1e-9)  # calm here: it must not climb back
     gate.level = 1.0  # as after its event loop ran late for a while: realtime only
+    gate.inflight = 8  # with requests competing (one at a time, nothing would be shed)
     params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000,
               "tierlink.priority": "batch"}
     refused = infer(client, "fmnist", params)  # with the hint header: shed before the body

@@ -36,7 +36,9 @@ def window(gate: OverloadGate, clock: Clock, late_ms_per_100ms: float) -> None:
 
 def gate_and_clock(**kw: Any) -> tuple[OverloadGate, Clock]:
     clock = Clock()
-    return OverloadGate(CONFIG, clock=clock, rng=random.Random(1), **kw), clock
+    gate = OverloadGate(CONFIG, clock=clock, rng=random.Random(1), **kw)
+    gate.inflight = 8  # requests compete: shedding can help
+    return gate, clock
 
 
 def test_the_level_falls_under_lag_and_climbs_back_when_calm() -> None:
@@ -69,7 +71,7 @@ def test_a_shed_request_waits_for_room_then_is_refused_with_a_retry_hint() -> No
     shed: list[tuple[str, str]] = []
     gate = OverloadGate(CONFIG, rng=random.Random(1),
                         on_shed=lambda p, outcome: shed.append((p.label, outcome)))
-    gate.level = 1.0
+    gate.level, gate.inflight = 1.0, 8
 
     async def scenario() -> None:
         waiting = asyncio.ensure_future(gate.admit(Priority.INTERACTIVE, 150.0, "dev-1"))
@@ -93,7 +95,7 @@ def test_a_shed_request_waits_for_room_then_is_refused_with_a_retry_hint() -> No
 
 def test_a_short_deadline_waits_at_most_half_of_it() -> None:
     gate = OverloadGate(CONFIG)
-    gate.level = 1.0
+    gate.level, gate.inflight = 1.0, 8
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
@@ -107,7 +109,7 @@ def test_a_short_deadline_waits_at_most_half_of_it() -> None:
 
 def test_the_priority_hint_sheds_before_the_body_is_read() -> None:
     gate = OverloadGate(OverloadConfig(max_wait_s=0.0))
-    gate.level = 1.0
+    gate.level, gate.inflight = 1.0, 8
     reached: list[str] = []
     sent: list[dict[str, Any]] = []
 
@@ -133,6 +135,16 @@ def test_the_priority_hint_sheds_before_the_body_is_read() -> None:
     asyncio.run(middleware(scope(b"realtime"), receive, send))
     asyncio.run(middleware(scope(b"not-a-class"), receive, send))  # the parameters decide
     assert reached == ["/v2/models/fmnist/infer"] * 2
+
+
+def test_nothing_is_shed_while_too_few_requests_compete() -> None:
+    gate, _clock = gate_and_clock()
+    gate.level = 1.0
+    gate.inflight = 1  # one request in the node: the lag is its own work
+    assert all(gate.admits(p) for p in Priority)
+    with gate.inside():
+        assert gate.inflight == 2 and not gate.admits(Priority.BATCH)
+    assert gate.inflight == 1
 
 
 def test_the_fleet_file_section() -> None:

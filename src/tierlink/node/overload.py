@@ -12,7 +12,9 @@ then would wait: a quota's freeze and a long queue count, a lone garbage collect
 the level drops a step, while it stays under 70% of it the level climbs back. The level is continuous in [1, 3]: a class ``p`` (realtime 0, interactive
 1, batch 2) is admitted when ``p + 1 <= level``, with probability ``level - p`` when it is
 the class at the edge, and shed otherwise; realtime is never shed by the level (its own
-deadline check in the scheduler still refuses what cannot be done in time).
+deadline check in the scheduler still refuses what cannot be done in time). Nothing is shed
+while fewer than ``min_inflight`` routed requests are in the node: then the lag is the
+request's own work, and refusing the next would win nothing.
 
 A shed request is not refused at once: it waits for the level to admit it for up to
 ``max_wait_s`` (never past half its deadline), then is refused with ``429`` and a
@@ -24,10 +26,11 @@ takes the probe's readings, so tests drive the level without a loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tierlink.core.types import Priority
@@ -54,6 +57,16 @@ class OverloadGate:
         self.lag_ms = 0.0  # ms late per 100 ms over the last window
         self._late_ms, self._window_start = 0.0, clock()
         self._changed: asyncio.Event | None = None
+        self.inflight = 0  # routed requests admitted and not yet answered
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """Count an admitted request while it is handled (``min_inflight``)."""
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
 
     # -- the level -----------------------------------------------------------------------
 
@@ -77,7 +90,8 @@ class OverloadGate:
 
     def admits(self, priority: Priority) -> bool:
         p = int(priority)
-        if p == Priority.REALTIME or p + 1 <= self.level:
+        if p == Priority.REALTIME or p + 1 <= self.level \
+                or self.inflight < self.config.min_inflight:
             return True
         return p < self.level and self._rng.random() < self.level - p
 

@@ -48,6 +48,10 @@ class OverloadConfig:
     step_up: float = 0.1  # per calm window (lag under 70% of the target)
     max_wait_s: float = 0.25  # a shed request waits at most this for room
     retry_after_s: float = 1.0
+    # Shed only while at least this many routed requests are in the node: with fewer, the
+    # lag is the request's own work (a device's CPU quota freezing it mid-model), and
+    # refusing the next one would win nothing.
+    min_inflight: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +267,9 @@ def _overload(raw: Mapping[str, Any]) -> OverloadConfig:
         step_up=positive("step_up"),
         max_wait_s=as_float(raw.get("max_wait_s", d.max_wait_s), "routing.overload.max_wait_s",
                             0.0),
-        retry_after_s=positive("retry_after_s"))
+        retry_after_s=positive("retry_after_s"),
+        min_inflight=as_int(raw.get("min_inflight", d.min_inflight),
+                            "routing.overload.min_inflight", 1))
 
 
 def parse_cost(raw: Mapping[str, Any]) -> CostModel:
