@@ -225,9 +225,11 @@ def test_an_overloaded_node_sheds_batch_with_a_retry_hint_and_serves_realtime(cl
     from dataclasses import replace
 
     gate = client.app.state.overload
-    gate.config = replace(gate.config, step_up=1e-9)  # calm here: it must not climb back
+    # Calm here: it must not climb back; and requests count as competing (min_inflight 0:
+    # one at a time, nothing would be shed).
+    gate.config = replace(gate.config, step_up=1e-9, min_inflight=0)
     gate.level = 1.0  # as after its event loop ran late for a while: realtime only
-    gate.inflight = 8  # with requests competing (one at a time, nothing would be shed)
+    gate.competing = True
     params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000,
               "tierlink.priority": "batch"}
     refused = infer(client, "fmnist", params)  # with the hint header: shed before the body

@@ -16,8 +16,9 @@ from tierlink.errors import AdmissionRefused
 from tierlink.node.overload import OverloadGate, ShedEarly
 from tierlink.settings.routing import OverloadConfig, parse_routing
 
+# min_inflight 0: requests always count as competing, except in the test about that
 CONFIG = OverloadConfig(target_lag_ms=10.0, window_s=0.1, step_down=0.5, step_up=0.25,
-                        max_wait_s=0.2)
+                        max_wait_s=0.2, min_inflight=0)
 
 
 class Clock:
@@ -37,7 +38,7 @@ def window(gate: OverloadGate, clock: Clock, late_ms_per_100ms: float) -> None:
 def gate_and_clock(**kw: Any) -> tuple[OverloadGate, Clock]:
     clock = Clock()
     gate = OverloadGate(CONFIG, clock=clock, rng=random.Random(1), **kw)
-    gate.inflight = 8  # requests compete: shedding can help
+    gate.competing = True  # requests overlapped: shedding can help
     return gate, clock
 
 
@@ -71,7 +72,7 @@ def test_a_shed_request_waits_for_room_then_is_refused_with_a_retry_hint() -> No
     shed: list[tuple[str, str]] = []
     gate = OverloadGate(CONFIG, rng=random.Random(1),
                         on_shed=lambda p, outcome: shed.append((p.label, outcome)))
-    gate.level, gate.inflight = 1.0, 8
+    gate.level, gate.competing = 1.0, True
 
     async def scenario() -> None:
         waiting = asyncio.ensure_future(gate.admit(Priority.INTERACTIVE, 150.0, "dev-1"))
@@ -95,7 +96,7 @@ def test_a_shed_request_waits_for_room_then_is_refused_with_a_retry_hint() -> No
 
 def test_a_short_deadline_waits_at_most_half_of_it() -> None:
     gate = OverloadGate(CONFIG)
-    gate.level, gate.inflight = 1.0, 8
+    gate.level, gate.competing = 1.0, True
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
@@ -109,7 +110,7 @@ def test_a_short_deadline_waits_at_most_half_of_it() -> None:
 
 def test_the_priority_hint_sheds_before_the_body_is_read() -> None:
     gate = OverloadGate(OverloadConfig(max_wait_s=0.0))
-    gate.level, gate.inflight = 1.0, 8
+    gate.level, gate.competing = 1.0, True
     reached: list[str] = []
     sent: list[dict[str, Any]] = []
 
@@ -137,14 +138,21 @@ def test_the_priority_hint_sheds_before_the_body_is_read() -> None:
     assert reached == ["/v2/models/fmnist/infer"] * 2
 
 
-def test_nothing_is_shed_while_too_few_requests_compete() -> None:
-    gate, _clock = gate_and_clock()
+def test_nothing_is_shed_after_a_window_without_overlapping_requests() -> None:
+    from dataclasses import replace
+
+    clock = Clock()
+    gate = OverloadGate(replace(CONFIG, min_inflight=2), clock=clock)
     gate.level = 1.0
-    gate.inflight = 1  # one request in the node: the lag is its own work
-    assert all(gate.admits(p) for p in Priority)
-    with gate.inside():
-        assert gate.inflight == 2 and not gate.admits(Priority.BATCH)
-    assert gate.inflight == 1
+    with gate.inside():  # one at a time: the lag is that request's own work
+        pass
+    window(gate, clock, 50.0)
+    assert not gate.competing and all(gate.admits(p) for p in Priority)
+    with gate.inside(), gate.inside():  # two at once
+        assert gate.inflight == 2
+    window(gate, clock, 50.0)
+    assert gate.competing and not gate.admits(Priority.BATCH)
+    assert gate.inflight == 0
 
 
 def test_the_fleet_file_section() -> None:

@@ -290,9 +290,8 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
                             status_code=202)
     try:
         await _admit(gate, params, service.spec.node_id)
-        with gate.inside():
-            outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params,
-                                                                   data.id)
+        outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params,
+                                                               data.id)
     except TierlinkError as exc:
         service.exports.sla(task, params, None, exc.http_status)
         raise

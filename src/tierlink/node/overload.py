@@ -13,8 +13,9 @@ the level drops a step, while it stays under 70% of it the level climbs back. Th
 1, batch 2) is admitted when ``p + 1 <= level``, with probability ``level - p`` when it is
 the class at the edge, and shed otherwise; realtime is never shed by the level (its own
 deadline check in the scheduler still refuses what cannot be done in time). Nothing is shed
-while fewer than ``min_inflight`` routed requests are in the node: then the lag is the
-request's own work, and refusing the next would win nothing.
+after a window in which fewer than ``min_inflight`` inference requests were ever in the node
+at once: then the lag is a request's own work (a device's quota freezing it mid-model), and
+refusing the next would win nothing.
 
 A shed request is not refused at once: it waits for the level to admit it for up to
 ``max_wait_s`` (never past half its deadline), then is refused with ``429`` and a
@@ -57,12 +58,15 @@ class OverloadGate:
         self.lag_ms = 0.0  # ms late per 100 ms over the last window
         self._late_ms, self._window_start = 0.0, clock()
         self._changed: asyncio.Event | None = None
-        self.inflight = 0  # routed requests admitted and not yet answered
+        self.inflight = 0  # inference requests in the app now
+        self._peak = 0  # the most at once in this window
+        self.competing = False  # did requests overlap (min_inflight) in the last window?
 
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:
-        """Count an admitted request while it is handled (``min_inflight``)."""
+        """Count an inference request while the app handles it (``min_inflight``)."""
         self.inflight += 1
+        self._peak = max(self._peak, self.inflight)
         try:
             yield
         finally:
@@ -80,6 +84,8 @@ class OverloadGate:
         # Milliseconds late per 100 ms: how much of the window requests would have waited.
         self.lag_ms = self._late_ms / (elapsed * 10.0)
         self._late_ms, self._window_start = 0.0, now
+        self.competing = self._peak >= self.config.min_inflight
+        self._peak = self.inflight
         before = self.level
         if self.lag_ms > self.config.target_lag_ms:
             self.level = max(FLOOR, self.level - self.config.step_down)
@@ -90,8 +96,7 @@ class OverloadGate:
 
     def admits(self, priority: Priority) -> bool:
         p = int(priority)
-        if p == Priority.REALTIME or p + 1 <= self.level \
-                or self.inflight < self.config.min_inflight:
+        if p == Priority.REALTIME or p + 1 <= self.level or not self.competing:
             return True
         return p < self.level and self._rng.random() < self.level - p
 
@@ -158,15 +163,18 @@ class ShedEarly:
         self.app, self.gate, self.node_id, self._body = app, gate, node_id, error_body
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].endswith("/infer"):
-            hint = _hints(scope.get("headers") or ())
-            if hint is not None and not self.gate.admits(hint[0]):
-                try:
-                    await self.gate.admit(hint[0], hint[1], self.node_id)
-                except AdmissionRefused as exc:
-                    await _refuse(send, self._body(exc), exc)
-                    return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or not scope["path"].endswith("/infer"):
+            await self.app(scope, receive, send)
+            return
+        hint = _hints(scope.get("headers") or ())
+        if hint is not None and not self.gate.admits(hint[0]):
+            try:
+                await self.gate.admit(hint[0], hint[1], self.node_id)
+            except AdmissionRefused as exc:
+                await _refuse(send, self._body(exc), exc)
+                return
+        with self.gate.inside():
+            await self.app(scope, receive, send)
 
 
 def _hints(headers: Any) -> tuple[Priority, float | None] | None:

@@ -48,9 +48,9 @@ class OverloadConfig:
     step_up: float = 0.1  # per calm window (lag under 70% of the target)
     max_wait_s: float = 0.25  # a shed request waits at most this for room
     retry_after_s: float = 1.0
-    # Shed only while at least this many routed requests are in the node: with fewer, the
-    # lag is the request's own work (a device's CPU quota freezing it mid-model), and
-    # refusing the next one would win nothing.
+    # Shed only after a window in which at least this many inference requests were in the
+    # node at once: with fewer, the lag is a request's own work (a device's CPU quota
+    # freezing it mid-model), and refusing the next one would win nothing.
     min_inflight: int = 2
 
 
