@@ -56,6 +56,16 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
+def store() -> Iterator[Any]:
+    """An in-memory SQLite registry, closed afterwards."""
+    from tierlink.control.store import SqliteRegistryStore
+
+    s = SqliteRegistryStore(":memory:")
+    yield s
+    s.close()
+
+
+@pytest.fixture
 def make_body() -> Any:
     """``make_body(**overrides)``: see :func:`heartbeat_body`."""
     return heartbeat_body

@@ -3,7 +3,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -14,13 +13,6 @@ from tierlink.control.store import SqliteRegistryStore
 from tierlink.errors import ConfigError, ControlPlaneError
 
 TTL = 5.0
-
-
-@pytest.fixture
-def store() -> Iterator[SqliteRegistryStore]:
-    s = SqliteRegistryStore(":memory:")
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,6 @@ from tierlink.control.store import SqliteRegistryStore
 from tierlink.errors import ControlPlaneError
 
 TTL = 5.0
-
-
-@pytest.fixture
-def store() -> Iterator[SqliteRegistryStore]:
-    s = SqliteRegistryStore(":memory:")
-    yield s
-    s.close()
 
 
 @pytest.fixture

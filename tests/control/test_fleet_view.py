@@ -5,7 +5,6 @@ operator token, the live stream and the page."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,13 +15,6 @@ from tierlink.control.identity import IdentityStore
 from tierlink.control.store import SqliteRegistryStore
 
 TTL = 5.0
-
-
-@pytest.fixture
-def store() -> Iterator[SqliteRegistryStore]:
-    s = SqliteRegistryStore(":memory:")
-    yield s
-    s.close()
 
 
 @pytest.fixture

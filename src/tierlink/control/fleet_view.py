@@ -138,28 +138,25 @@ def _tiers(nodes: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return out
 
 
-def _delta(new: _Counts, old: _Counts | None, key: str) -> int:
-    """How much a counter grew; a restarted node (a new ``started_at``) counts from 0."""
-    value = int(new.traffic.get(key, 0))
-    if old is None or old.started_at != new.started_at:
-        return value
-    return max(value - int(old.traffic.get(key, 0)), 0)
+def _grew(new: Any, old: Any) -> int:
+    """How much a cumulative count grew (never negative)."""
+    return max(int(new or 0) - int(old or 0), 0)
 
 
 def _traffic(first: _Sample, last: _Sample) -> dict[str, Any]:
     span = last.at - first.at
     totals = dict.fromkeys(("met", "missed", "refused", "failed", "escalated"), 0)
     served: dict[str, int] = {}
-    for node_id, now in last.nodes.items():
-        before = first.nodes.get(node_id) if span > 0 else None
-        if span > 0 and before is None:
-            before = _Counts(now.started_at, {}, {})
+    for node_id, now in (last.nodes.items() if span > 0 else ()):
+        before = first.nodes.get(node_id)
+        # A node new in the window, or restarted (a new started_at), counts from zero.
+        old = before.traffic if before is not None and before.started_at == now.started_at \
+            else {}
         for key in totals:
-            totals[key] += _delta(now, before, key) if span > 0 else 0
+            totals[key] += _grew(now.traffic.get(key), old.get(key))
+        old_served = old.get("served") or {}
         for tier, n in (now.traffic.get("served") or {}).items():
-            old = 0 if before is None or before.started_at != now.started_at else \
-                int((before.traffic.get("served") or {}).get(tier, 0))
-            served[tier] = served.get(tier, 0) + (max(int(n) - old, 0) if span > 0 else 0)
+            served[tier] = served.get(tier, 0) + _grew(n, old_served.get(tier))
     requests = totals["met"] + totals["missed"] + totals["refused"] + totals["failed"]
     answered = sum(served.values())
     return {"requests": requests, "rate_per_s": round(requests / span, 3) if span > 0 else 0.0,

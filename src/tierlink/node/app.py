@@ -33,7 +33,7 @@ from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, Tierlink
 from tierlink.node import protocol
 from tierlink.node.async_requests import UPLINK, is_async
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
-from tierlink.node.overload import OverloadGate, ShedEarly
+from tierlink.node.overload import JUDGED, OverloadGate, ShedEarly
 from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.settings.routing import OverloadConfig
@@ -135,15 +135,18 @@ def _overload_gate(service: NodeService, config: OverloadConfig) -> OverloadGate
     return gate
 
 
-async def _admit(gate: OverloadGate, params: dict[str, Any], node_id: str) -> None:
-    """The overload gate, before anything is decoded, planned or run for the request (a
-    malformed priority or deadline is left to the request's own checks: a 400)."""
+async def _admit(gate: OverloadGate, params: dict[str, Any], node_id: str,
+                 judged: Priority | None) -> None:
+    """The overload gate by the request's parameters, before anything is planned or run —
+    unless ``ShedEarly`` already let this priority through by its hint header (a malformed
+    priority or deadline is left to the request's own checks: a 400)."""
     try:
         priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
         deadline_ms = float(params.get(protocol.DEADLINE, protocol.DEFAULT_DEADLINE_MS))
     except (ValueError, TypeError, AttributeError):
         return
-    await gate.admit(priority, deadline_ms, node_id)
+    if priority != judged:
+        await gate.admit(priority, deadline_ms, node_id)
 
 
 def _health_routes(app: FastAPI, service: NodeService) -> None:
@@ -252,7 +255,8 @@ async def _infer(service: NodeService, name: str, version: str | None,
     if name in service.runtimes:
         return await _infer_model(service, name, version, data)
     if name in service.tasks():
-        return await _infer_task(service, name, version, data, request.app.state.overload)
+        return await _infer_task(service, name, version, data, request.app.state.overload,
+                                 getattr(request.state, JUDGED, None))
     raise ModelNotFound(f"{name!r} is neither a model served by {service.spec.node_id} "
                         f"nor a task of the fleet",
                         hint=f"models: {sorted(service.runtimes)}; tasks: "
@@ -281,7 +285,8 @@ async def _infer_model(service: NodeService, name: str, version: str | None,
 
 
 async def _infer_task(service: NodeService, task: str, version: str | None,
-                      data: oip.InferRequestData, gate: OverloadGate) -> Response:
+                      data: oip.InferRequestData, gate: OverloadGate,
+                      judged: Priority | None) -> Response:
     params = dict(data.parameters)
     if version is not None:
         params.setdefault(protocol.VERSION, version)
@@ -289,7 +294,7 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
         return JSONResponse(await service.infer_async(task, data.inputs, params, data.id),
                             status_code=202)
     try:
-        await _admit(gate, params, service.spec.node_id)
+        await _admit(gate, params, service.spec.node_id, judged)
         outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params,
                                                                data.id)
     except TierlinkError as exc:

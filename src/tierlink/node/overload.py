@@ -41,6 +41,7 @@ from tierlink.settings.routing import OverloadConfig
 TOP = 3.0  # every class admitted
 FLOOR = 1.0  # realtime only
 CALM = 0.7  # a window under this share of the target lets the level climb
+JUDGED = "overload_judged"  # request state: the priority ShedEarly already let through
 
 
 class OverloadGate:
@@ -167,12 +168,14 @@ class ShedEarly:
             await self.app(scope, receive, send)
             return
         hint = _hints(scope.get("headers") or ())
-        if hint is not None and not self.gate.admits(hint[0]):
+        if hint is not None:
             try:
                 await self.gate.admit(hint[0], hint[1], self.node_id)
             except AdmissionRefused as exc:
                 await _refuse(send, self._body(exc), exc)
                 return
+            # Judged once: the route gates it again only if its parameters say otherwise.
+            scope.setdefault("state", {})[JUDGED] = hint[0]
         with self.gate.inside():
             await self.app(scope, receive, send)
 

@@ -76,10 +76,6 @@ class TraceSettings:
     def on(self) -> bool:
         return bool(self.otlp_endpoint or self.file)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"otlp_endpoint": self.otlp_endpoint, "protocol": self.protocol,
-                "file": self.file, "sample_ratio": self.sample_ratio}
-
 
 PROTOCOLS = ("http/protobuf", "grpc")
 
@@ -110,11 +106,6 @@ def configure(settings: TraceSettings, service_name: str) -> None:
     trace.set_tracer_provider(provider)
     _provider, _enabled = provider, True
     _reset_tracer()
-
-
-def configure_file_exporter(path: Path, service_name: str) -> None:
-    """Record this process's spans as JSON lines in ``path``."""
-    configure(TraceSettings(file=str(path)), service_name)
 
 
 @contextlib.contextmanager
@@ -276,8 +267,6 @@ def prepare() -> None:
 
     trace.get_tracer(_TRACER)
     TraceContextTextMapPropagator()
-    if _enabled:
-        from opentelemetry.trace import Status, StatusCode  # noqa: F401
 
 
 def current_traceparent() -> str | None:
