@@ -36,6 +36,7 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     │                               by a key this node does not trust
     ├── SessionBusy                 409: a conversation is answering another turn
     ├── NotEnrolled                 401: unknown or revoked node / bad enrollment token
+    │   └── PeerRefused             403: a sender's claims are not its to make (TLS fleets)
     ├── RolloutError                409: a rollout cannot start or move (one already runs,
     │   │                           no such version, no nodes in the tier)
     │   └── RolloutNotFound         404: no rollout has that id (or no such action)
@@ -234,6 +235,18 @@ class NotEnrolled(TierlinkError):
     http_status = 401
     hint = ("enroll the node with a token from `tierlink enroll token` (its state directory then "
             "keeps its identity); a revoked node must enroll under a new id")
+
+
+class PeerRefused(NotEnrolled):
+    """A sender may not make this request's claims, or call a peer endpoint (403):
+    ``details["reason"]`` is one of forged_origin, unauthenticated_peer, local_forwarded,
+    replayed."""
+
+    code = "peer_refused"
+    http_status = 403
+    hint = ("a node speaks for itself and the nodes below it; an application names no "
+            "origin but the node it calls; peer endpoints need a node's (or an operator's) "
+            "fleet certificate")
 
 
 class RolloutError(TierlinkError):

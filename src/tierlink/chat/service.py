@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -88,6 +89,7 @@ class ChatService:
         self.drafters = _drafters(models, self.verifiers)
         self.acceptance: dict[str, float] = {}  # EWMA per drafting model
         self._http: aiohttp.ClientSession | None = None
+        self.tls: ssl.SSLContext | None = None  # HTTPS peers: the node's client context
         self._background: set[asyncio.Future[None]] = set()
         self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
                         if lm.source.router}
@@ -123,7 +125,8 @@ class ChatService:
         if self._http is None:
             import aiohttp
 
-            self._http = aiohttp.ClientSession()
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                ssl=self.tls if self.tls is not None else True))
         return self._http
 
     # -- what this node serves ---------------------------------------------------------------

@@ -24,6 +24,7 @@ from tierlink.cli.llm import app as llm_app
 from tierlink.cli.model import app as model_app
 from tierlink.cli.model_import import import_cmd, imported_cmd
 from tierlink.cli.models import imported_models, zoo_models
+from tierlink.cli.pki import app as pki_app
 from tierlink.cli.policy import policy_app
 from tierlink.cli.quantize import quantize
 from tierlink.cli.rollout import app as rollout_app
@@ -50,6 +51,7 @@ app.add_typer(split_app, name="split")
 app.add_typer(llm_app, name="llm")
 app.add_typer(policy_app, name="policy")
 app.add_typer(trace_app, name="trace")
+app.add_typer(pki_app, name="pki")
 split_app.command("profile")(profile_cmd)
 console = Console(stderr=True)
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
@@ -190,15 +192,18 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
                                        "scraping every node with deploy/rules loaded"),
        prometheus_port: int = typer.Option(9090, min=0, max=65535,
                                            help="Prometheus's port (0: any free one)"),
+       tls: bool = typer.Option(False, "--tls", help="TLS on every hop with a fleet CA made "
+                                "in the run directory; claims bound to senders (as the fleet "
+                                "file's security: {tls: true})"),
        ) -> None:
     """Run a fleet declared in FLEET_FILE until Ctrl-C."""
-    from tierlink.fleet.config import load_fleet, on_etcd, with_tracing
+    from tierlink.fleet.config import load_fleet, on_etcd, with_tls, with_tracing
     from tierlink.fleet.launcher import launch
     from tierlink.fleet.tuning import require_fresh
 
     try:
-        config = with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
-                              otlp_endpoint)
+        config = with_tls(with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
+                                       otlp_endpoint), tls)
         models, _ = zoo_models(config.zoo_profile, config.model_names())
         require_fresh(config, models, fleet_file)
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
@@ -211,7 +216,10 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
                 "links": fleet.links_url, "nodes": fleet.node_urls,
                 "otlp_endpoint": fleet.otlp_endpoint, "prometheus": fleet.prometheus_url,
                 "traces_file": str(fleet.traces_file) if fleet.traces_file else None,
-                "run_dir": str(rd), "device_cpu_throttle": fleet.cpu_mode}
+                "run_dir": str(rd), "device_cpu_throttle": fleet.cpu_mode,
+                "ca": str(fleet.pki.ca_file) if fleet.pki else None,
+                "operator_cert": str(fleet.pki.operator.cert) if fleet.pki else None,
+                "operator_key": str(fleet.pki.operator.key) if fleet.pki else None}
         print(json.dumps(info, indent=2)) if as_json else _print_endpoints(info)
         _wait_for_signal(fleet)
 

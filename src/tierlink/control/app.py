@@ -63,7 +63,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # This module is the web adapter: importing it means serving, so fastapi is imported here.
 from fastapi import FastAPI, Request, Response
@@ -99,6 +99,9 @@ from tierlink.errors import ConfigError, TierlinkError
 from tierlink.repo.routes import install_repository_routes
 from tierlink.repo.service import RepositoryService
 
+if TYPE_CHECKING:
+    from tierlink.security.pki import Authority
+
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
@@ -124,6 +127,8 @@ def create_app(
     local_db: str | None = None,
     rollout_store: Rollouts | None = None,
     leader: Callable[[], bool] | None = None,
+    authority: Authority | None = None,
+    cert_ttl_s: float = 86_400.0,
 ) -> FastAPI:
     """The registry app over ``store``. The caller owns ``store`` and closes it after the
     app has shut down. ``clock`` (epoch seconds) decides liveness; the expiry task runs
@@ -148,7 +153,10 @@ def create_app(
     :class:`~tierlink.control.rollouts.RolloutStore` on the same file (closed when its
     lifespan ends); only versions published in ``repository`` (when given) may be rolled
     out. ``leader``: whether this replica steps the rollouts now (None: always); the
-    others tell nodes what the leader stored."""
+    others tell nodes what the leader stored.
+
+    ``authority``: the fleet CA (with its key); enrolled nodes then get certificates from it
+    (``POST /v1/certificate``, valid ``cert_ttl_s``; needs ``identity``)."""
     if ttl_s <= 0 or sweep_interval_s <= 0 or rollout_interval_s <= 0:
         raise ConfigError(
             f"ttl_s ({ttl_s}), sweep_interval_s ({sweep_interval_s}) and rollout_interval_s "
@@ -189,6 +197,10 @@ def create_app(
     if identity is not None:
         install_auth(app, identity)
         install_identity_routes(app, identity, service)
+        if authority is not None:
+            from tierlink.control.certificates import install_certificate_routes
+
+            install_certificate_routes(app, identity, authority, clock, cert_ttl_s)
     install_registry_routes(app, service, controller.desired_for if controller else None)
     _install_ops_routes(app, service, examples)
     install_hard_example_routes(app, examples)

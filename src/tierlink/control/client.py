@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -65,7 +66,8 @@ class ControlClient:
 
     def __init__(self, base_url: str, timeout_s: float = 1.0, *,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 authorization: str | None = None, download_timeout_s: float = 30.0) -> None:
+                 authorization: str | None = None, download_timeout_s: float = 30.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.replicas = tuple(u.strip().rstrip("/") for u in base_url.split(",") if u.strip())
         if not self.replicas:
             raise ControlPlaneError("no control plane URL given",
@@ -74,7 +76,10 @@ class ControlClient:
         self.timeout_s = timeout_s
         self.download_timeout_s = download_timeout_s
         self._transport = transport
-        self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport, trust_env=False)
+        # HTTPS replicas are verified against the fleet CA (the node's client context)
+        self._verify: ssl.SSLContext | bool = tls if tls is not None else True
+        self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport, trust_env=False,
+                                       verify=self._verify)
         self._downloads: httpx.AsyncClient | None = None  # made at the first download
         self.failovers = 0  # calls moved to another replica
         if authorization:
@@ -95,6 +100,17 @@ class ControlClient:
             raise ControlPlaneError(f"control plane at {self.base_url} enrolled {node_id} "
                                     "without a secret", hint="is it a tierlink control plane?")
         return secret
+
+    async def certificate(self, csr: bytes) -> dict[str, Any]:
+        """A certificate for this (enrolled) node over ``csr``: ``{certificate, ca, serial,
+        not_after}`` (see control/certificates.py)."""
+        response = await self._call("POST", "/v1/certificate", "a certificate",
+                                    json={"csr": csr.decode()})
+        answer = _json_object(response, self._url("/v1/certificate"))
+        if not isinstance(answer.get("certificate"), str):
+            raise ControlPlaneError(f"control plane at {self.base_url} issued no certificate",
+                                    hint="does it run with --tls-ca holding the CA's key?")
+        return answer
 
     async def heartbeat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Send one heartbeat (a :class:`~tierlink.control.schemas.Heartbeat` as a dict);
@@ -210,7 +226,8 @@ class ControlClient:
         if self._downloads is None:
             self._downloads = httpx.AsyncClient(
                 timeout=self.download_timeout_s,
-                transport=self._transport, trust_env=False, headers=self._http.headers)
+                transport=self._transport, trust_env=False, headers=self._http.headers,
+                verify=self._verify)
         return self._downloads
 
     async def close(self) -> None:

@@ -19,12 +19,14 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tierlink.errors import ConfigError, TierlinkError
 
@@ -49,6 +51,44 @@ _C = TypeVar("_C", bound=_Closeable)
 log = logging.getLogger("tierlink.control.server")
 
 
+@dataclass(frozen=True, slots=True)
+class ControlTls:
+    """A replica's HTTPS: its certificate and key, the fleet CA's folder (``ca.pem``;
+    with ``ca.key`` it signs node certificates) and how long those live."""
+
+    cert: Path
+    key: Path
+    ca_dir: Path
+    cert_ttl_s: float = 86_400.0
+
+    @classmethod
+    def from_args(cls, cert: Path | None, key: Path | None, ca_dir: Path | None,
+                  cert_ttl_s: float) -> ControlTls | None:
+        if cert is None and key is None and ca_dir is None:
+            return None
+        if cert is None or key is None or ca_dir is None:
+            raise ConfigError("HTTPS needs --tls-cert, --tls-key and --tls-ca together",
+                              hint="`tierlink pki init DIR` then `tierlink pki issue control "
+                                   "NAME --ca DIR` make them")
+        if cert_ttl_s < 10:
+            raise ConfigError(f"--cert-ttl must be at least 10 s, not {cert_ttl_s}")
+        return cls(cert, key, ca_dir, cert_ttl_s)
+
+    def server_context(self) -> ssl.SSLContext:
+        from tierlink.security.pki import CA_CERT
+        from tierlink.security.tls import TlsFiles, server_context
+
+        return server_context(TlsFiles(self.ca_dir / CA_CERT, self.cert, self.key))
+
+    def app_options(self) -> dict[str, Any]:
+        """``create_app``'s CA arguments: signing only where the CA's key is here."""
+        from tierlink.security.pki import CA_KEY, Authority
+
+        if not (self.ca_dir / CA_KEY).exists():
+            return {}
+        return {"authority": Authority.load(self.ca_dir), "cert_ttl_s": self.cert_ttl_s}
+
+
 def run_control(
     host: str,
     port: int,
@@ -62,6 +102,7 @@ def run_control(
     trusted_publishers: tuple[str, ...] = (),
     result_rows: int = 200_000,
     etcd_endpoints: tuple[str, ...] = (),
+    tls: ControlTls | None = None,
 ) -> None:
     """Serve the registry on ``host:port`` (0: any free port) until SIGTERM/SIGINT.
 
@@ -78,6 +119,9 @@ def run_control(
     fleet; they share ``repo_dir`` and the admin token), and so do rollouts (one replica,
     the leader of an etcd lease, steps them), hard examples and delivered results: a
     replica keeps nothing of its own, and ``db_path`` only names its defaults.
+
+    With ``tls`` it serves HTTPS with its own certificate, and (given the CA's folder)
+    signs enrolled nodes' certificates (``POST /v1/certificate``).
 
     Raises :class:`~tierlink.errors.ConfigError` when the port cannot be bound and
     :class:`~tierlink.errors.ControlPlaneError` when the database cannot be opened.
@@ -97,8 +141,11 @@ def run_control(
                              hard_examples=shared.hard_examples(hard_example_rows),
                              results=shared.results(result_rows),
                              rollout_store=shared.rollouts, leader=shared.leader(
-                                 f"{host}:{actual_port}"))
-            _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port))
+                                 f"{host}:{actual_port}"),
+                             **(tls.app_options() if tls else {}))
+            _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port,
+                                                         tls is not None),
+                   ssl_context=tls.server_context() if tls else None)
     finally:
         sock.close()
         if ready_file is not None:
@@ -211,8 +258,9 @@ def _bind(host: str, port: int) -> socket.socket:
         ) from exc
 
 
-def _announce(ready_file: Path | None, host: str, port: int) -> None:
-    log.info("tierlink control plane listening on http://%s:%d", host, port)
+def _announce(ready_file: Path | None, host: str, port: int, tls: bool = False) -> None:
+    log.info("tierlink control plane listening on %s://%s:%d", "https" if tls else "http",
+             host, port)
     if ready_file is None:
         return
     # Write then rename: a launcher polling for the file never reads half of it.
@@ -221,7 +269,8 @@ def _announce(ready_file: Path | None, host: str, port: int) -> None:
     os.replace(tmp, ready_file)
 
 
-def _serve(app: object, sock: socket.socket, on_ready: Callable[[], None]) -> None:
+def _serve(app: object, sock: socket.socket, on_ready: Callable[[], None],
+           ssl_context: ssl.SSLContext | None = None) -> None:
     """Run uvicorn on ``sock`` until a signal stops it; ``on_ready`` once it accepts."""
     import uvicorn
 
@@ -239,8 +288,10 @@ def _serve(app: object, sock: socket.socket, on_ready: Callable[[], None]) -> No
                 await stopping()
             await super().shutdown(sockets)
 
+    tls_options: dict[str, Any] = {} if ssl_context is None else {
+        "ssl_context_factory": lambda _config, _default: ssl_context}
     config = uvicorn.Config(app, log_level="warning", lifespan="on",  # type: ignore[arg-type]
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, **tls_options)
     _tune_gc()
     with _quiet_after_shutdown():
         ReadyServer(config).run(sockets=[sock])
@@ -310,6 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trusted-key", action="append", default=[], metavar="PUBLIC_KEY",
                         help="accept model versions signed by this ed25519 key only "
                              "(repeatable; default: any key whose signature verifies)")
+    parser.add_argument("--tls-cert", type=Path, default=None,
+                        help="serve HTTPS with this certificate (PEM; `tierlink pki issue`)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="...and its key")
+    parser.add_argument("--tls-ca", type=Path, default=None,
+                        help="the fleet CA's folder (ca.pem; with ca.key, this replica "
+                             "signs enrolled nodes' certificates)")
+    parser.add_argument("--cert-ttl", type=float, default=86_400.0,
+                        help="seconds a node certificate is valid (default a day)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -319,7 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_control(args.host, args.port, args.db, args.ttl, args.ready_file,
                     args.hard_example_rows, args.admin_token_file, args.open,
                     args.repo_dir, tuple(args.trusted_key), args.result_rows,
-                    tuple(u for u in args.etcd.split(",") if u))
+                    tuple(u for u in args.etcd.split(",") if u),
+                    ControlTls.from_args(args.tls_cert, args.tls_key, args.tls_ca,
+                                         args.cert_ttl))
     except TierlinkError as exc:
         log.error("%s", exc)
         return 2

@@ -36,6 +36,7 @@ from tierlink.settings.routing import (
     ShadowConfig,
     parse_routing,
 )
+from tierlink.settings.security import SecurityConfig, parse_security
 from tierlink.settings.tracing import TracingConfig, parse_tracing
 from tierlink.tasks.spec import TaskSpec, task_from_dict
 
@@ -118,6 +119,8 @@ class FleetConfig:
     topology: str = "registry"
     # Where every node sends its spans (OTLP), or `collect`: `tierlink up` receives them.
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # TLS on every hop, a fleet CA, claims bound to senders (settings/security.py)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
@@ -149,6 +152,13 @@ def with_tracing(config: FleetConfig, collect: bool, otlp_endpoint: str | None) 
     raw: dict[str, Any] = {"sample_ratio": config.tracing.settings.sample_ratio}
     raw.update({"otlp_endpoint": otlp_endpoint} if otlp_endpoint else {"collect": True})
     return replace(config, tracing=parse_tracing(raw))
+
+
+def with_tls(config: FleetConfig, tls: bool) -> FleetConfig:
+    """The fleet with TLS on every hop (``tierlink up/demo --tls``); unchanged when False."""
+    if not tls:
+        return config
+    return replace(config, security=replace(config.security, tls=True))
 
 
 def load_fleet(path: str | Path) -> FleetConfig:
@@ -197,6 +207,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         tasks=_tasks(data.get("tasks") or {}),
         topology=_topology(data.get("topology", "registry")),
         tracing=parse_tracing(data.get("tracing") or {}),
+        security=parse_security(data.get("security") or {}),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ import httpx
 
 from tierlink.errors import TierlinkError
 from tierlink.fleet.config import FleetConfig, LinkConfig, NodeConfig
+from tierlink.fleet.security import FleetPki, prepare_pki
 from tierlink.fleet.topology import fleet_labels, upstream_rule
 from tierlink.netports import pick_port
 from tierlink.node.spec import ModelSource, NodeSpec, UpstreamSpec
@@ -58,6 +60,16 @@ class RunningFleet:
     otlp_endpoint: str | None = None  # where the nodes send spans (the fleet's receiver?)
     traces_file: Path | None = None  # what the fleet's own receiver writes (tracing.collect)
     prometheus_url: str | None = None  # the Prometheus that scrapes this fleet, if started
+    pki: FleetPki | None = None  # the fleet CA and the launcher's pairs (security.tls)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.pki else "http"
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """What a caller of this fleet passes as httpx's ``verify`` (an operator's
+        context on a fleet with TLS)."""
+        return self.pki.client_context() if self.pki else True
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -178,6 +190,7 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
     for stale in run_dir.glob("*.ready"):  # a reused run directory must not fool the waits
         stale.unlink()
     fleet = RunningFleet(config, run_dir, models=dict(models))
+    fleet.pki = prepare_pki(config.security, run_dir, (HOST, "localhost"))
     try:
         _start_traces(fleet, ready_timeout_s)
         _start_control(fleet, ready_timeout_s)
@@ -283,11 +296,20 @@ def _start_replica(fleet: RunningFleet, replica: int, timeout_s: float, port: in
         "-m", "tierlink.control.server", "--host", HOST, "--port", str(port),
         "--db", str(db), "--ttl", str(fleet.config.control_ttl_s),
         "--ready-file", str(ready), "--admin-token-file", str(token_file), *shared,
+        *_control_tls(fleet),
         *(arg for key in fleet.config.trusted_keys for arg in ("--trusted-key", key))])
     info = _wait_file(ready, proc, f"control plane {name}", timeout_s)
-    fleet.control_urls[replica] = f"http://{HOST}:{info['port']}"
+    fleet.control_urls[replica] = f"{fleet.scheme}://{HOST}:{info['port']}"
     fleet.control_url = fleet.control_urls[0]
     fleet.admin_token = token_file.read_text().strip()
+
+
+def _control_tls(fleet: RunningFleet) -> list[str]:
+    pki = fleet.pki
+    if pki is None:
+        return []
+    return ["--tls-cert", str(pki.control.cert), "--tls-key", str(pki.control.key),
+            "--tls-ca", str(pki.ca_dir), "--cert-ttl", str(pki.cert_ttl_s)]
 
 
 def _control_name(replica: int) -> str:
@@ -303,7 +325,8 @@ def _enrollment_token(fleet: RunningFleet) -> str:
     try:
         response = httpx.post(f"{fleet.control_url}/v1/enrollment-tokens",
                               json={"note": f"fleet {fleet.config.name}"},
-                              headers=fleet.admin_headers, timeout=10.0, trust_env=False)
+                              headers=fleet.admin_headers, timeout=10.0, trust_env=False,
+                              verify=fleet.verify())
         response.raise_for_status()
         return str(response.json()["token"])
     except (httpx.HTTPError, KeyError, ValueError) as exc:
@@ -334,7 +357,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                models: dict[str, tuple[Path, Path]]) -> NodeSpec:
     cfg = fleet.config
     upstreams = tuple(
-        UpstreamSpec(l.dst, f"http://{HOST}:{link_ports[l.name]}", rtt_ms=l.rtt_ms,
+        UpstreamSpec(l.dst, f"{fleet.scheme}://{HOST}:{link_ports[l.name]}", rtt_ms=l.rtt_ms,
                      bandwidth_mbit=l.bandwidth_mbit or 10_000.0, loss=l.loss)
         for l in cfg.links_from(node.node_id))
     sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.models)
@@ -358,6 +381,8 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     otlp_endpoint=fleet.otlp_endpoint,
                     otlp_protocol=cfg.tracing.settings.protocol,
                     trace_sample_ratio=cfg.tracing.settings.sample_ratio,
+                    tls_ca=str(fleet.pki.ca_file) if fleet.pki else None,
+                    tls_client_auth=fleet.pki.client_auth if fleet.pki else "optional",
                     llms=node.chat.models if node.chat else (),
                     chat_tasks=node.chat.tasks() if node.chat else {})
 
@@ -372,7 +397,7 @@ def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[st
         spec_file = fleet.run_dir / f"{node.node_id}.json"
         spec_file.write_text(spec.to_json())
         proc = _spawn(fleet, node.node_id, ["-m", "tierlink.node.main", "--spec", str(spec_file)])
-        fleet.node_urls[node.node_id] = f"http://{HOST}:{ports[node.node_id]}"
+        fleet.node_urls[node.node_id] = f"{fleet.scheme}://{HOST}:{ports[node.node_id]}"
         if node.cpu_quota:
             throttle = CpuThrottle.create(f"{fleet.run_dir.name}-{node.node_id}", node.cpu_quota)
             throttle.add(proc.pid)
@@ -391,7 +416,7 @@ def _wait_views(fleet: RunningFleet, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     pending = {n.node_id: {l.dst for l in fleet.config.links_from(n.node_id)}
                for n in fleet.config.nodes}
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=2.0, verify=fleet.verify()) as client:
         while pending and time.monotonic() < deadline:
             for node_id in list(pending):
                 try:

@@ -28,12 +28,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from tierlink import __version__
-from tierlink.core.types import Priority
+from tierlink.core.types import Priority, Tier
 from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, TierlinkError
 from tierlink.node import protocol
 from tierlink.node.async_requests import UPLINK, is_async
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
 from tierlink.node.overload import JUDGED, OverloadGate, ShedEarly
+from tierlink.node.peers import PeerGuard
 from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.settings.routing import OverloadConfig
@@ -67,6 +68,7 @@ def create_app(service: NodeService, ready: bool = False,
 
     receiver = _inbox_receiver(service)
     gate = _overload_gate(service, service.routing.overload)
+    guard = peer_guard(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -91,10 +93,11 @@ def create_app(service: NodeService, ready: bool = False,
                   lifespan=lifespan)
     app.state.ready = ready
     app.state.overload = gate
+    app.state.peers = guard
     app.add_middleware(ShedEarly, gate=gate, node_id=service.spec.node_id,
                        error_body=oip.error_body)
     if receiver is not None:  # what downstream nodes deliver (store-and-forward)
-        install_inbox_routes(app, receiver)
+        install_inbox_routes(app, receiver, guard)
 
     @app.exception_handler(TierlinkError)
     async def _tierlink_error(_: Request, exc: TierlinkError) -> Response:
@@ -110,7 +113,7 @@ def create_app(service: NodeService, ready: bool = False,
         log.exception("unexpected error")  # the process keeps serving
         return JSONResponse({"error": f"internal error: {exc}", "code": "internal"}, 500)
 
-    _health_routes(app, service)
+    _health_routes(app, service, guard)
     _model_routes(app, service)
     if chat is not None:
         from tierlink.chat.routes import install_chat_routes
@@ -149,7 +152,22 @@ async def _admit(gate: OverloadGate, params: dict[str, Any], node_id: str,
         await gate.admit(priority, deadline_ms, node_id)
 
 
-def _health_routes(app: FastAPI, service: NodeService) -> None:
+def peer_guard(service: NodeService) -> PeerGuard:
+    """Claims bound to TLS senders on a node with TLS (node/peers.py); a node's tier is
+    read from the current view."""
+    def tier_of(node_id: str) -> Tier | None:
+        node = service.view.nodes.get(node_id)
+        return None if node is None else node.tier
+
+    spec = service.spec
+    return PeerGuard(spec.node_id, spec.tier, service.metrics, enabled=spec.tls_ca is not None,
+                     tier_of=tier_of)
+
+
+_PEER_OR_OPERATOR = ("node", "operator")
+
+
+def _health_routes(app: FastAPI, service: NodeService, guard: PeerGuard) -> None:
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
         return {"name": "tierlink", "version": __version__,
@@ -172,11 +190,15 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
 
     @app.get("/tierlink/v1/status")
     async def status() -> dict[str, Any]:
-        return {**service.status(), "overload": app.state.overload.snapshot()}
+        tls = getattr(app.state, "tls", None)  # the node's NodeTls (node/main.py)
+        return {**service.status(), "overload": app.state.overload.snapshot(),
+                "tls": None if tls is None else tls.status()}
 
     @app.post("/tierlink/v1/faults", openapi_extra=request_body(FAULTS_BODY))
     async def faults(request: Request) -> dict[str, Any]:
-        """Fault injection (only with ``fault_injection`` in the spec): ``{"slowdown": N}``."""
+        """Fault injection (only with ``fault_injection`` in the spec): ``{"slowdown": N}``;
+        on a node with TLS, for operators' and nodes' certificates only."""
+        guard.require(request.scope, "fault injection", roles=_PEER_OR_OPERATOR)
         try:
             body = await request.json()
             slowdown = float(body.get("slowdown", 1.0))
@@ -190,13 +212,15 @@ def _health_routes(app: FastAPI, service: NodeService) -> None:
                                          required=False))
     async def probe(request: Request) -> Response:
         """A link probe: read the body (so its bytes cross the link) and answer empty."""
+        guard.require(request.scope, "a link probe", roles=_PEER_OR_OPERATOR)
         await request.body()
         return Response(status_code=204)
 
     @app.post("/tierlink/v1/splits/{name}/open", status_code=204, response_class=Response)
-    async def open_split(name: str, cut: str) -> Response:
+    async def open_split(name: str, cut: str, request: Request) -> Response:
         """Open the tail of ``name`` at ``cut`` now (a device's split warmer asks, right
         after opening the matching head), so no request pays for it."""
+        guard.require(request.scope, "opening a split", roles=_PEER_OR_OPERATOR)
         await service.split.open_tail(name, cut)
         return Response(status_code=204)
 
@@ -255,7 +279,9 @@ async def _infer(service: NodeService, name: str, version: str | None,
     if name in service.runtimes:
         return await _infer_model(service, name, version, data)
     if name in service.tasks():
-        return await _infer_task(service, name, version, data, request.app.state.overload,
+        params = request.app.state.peers.bind(request.scope, data.parameters)
+        return await _infer_task(service, name, version, data, params,
+                                 request.app.state.overload,
                                  getattr(request.state, JUDGED, None))
     raise ModelNotFound(f"{name!r} is neither a model served by {service.spec.node_id} "
                         f"nor a task of the fleet",
@@ -285,9 +311,8 @@ async def _infer_model(service: NodeService, name: str, version: str | None,
 
 
 async def _infer_task(service: NodeService, task: str, version: str | None,
-                      data: oip.InferRequestData, gate: OverloadGate,
-                      judged: Priority | None) -> Response:
-    params = dict(data.parameters)
+                      data: oip.InferRequestData, params: dict[str, Any],
+                      gate: OverloadGate, judged: Priority | None) -> Response:
     if version is not None:
         params.setdefault(protocol.VERSION, version)
     if is_async(params):  # answered 202 once the result is durably queued upstream

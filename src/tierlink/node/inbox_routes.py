@@ -11,6 +11,9 @@ so it is never lost between hops: until then the sender keeps it.
 Answers (``200 {"acks": [...]}``), in item order:
 
 * ``ok``: relayed now; ``duplicate``: relayed before (the sender lost an ack);
+* ``rejected`` with ``replayed: ...``: the key was relayed before *for another sender* —
+  a captured item sent again by someone else (TLS fleets know the sender; counted in
+  ``tierlink_peer_refusals_total{reason="replayed"}``);
 * ``rejected``: an item with a key that cannot be accepted (bad kind, no payload, a key
   waiting here for another kind): the sender drops it and counts it;
 * ``retry``: this node's outbox refused the item (full, disk failing) — for it and every
@@ -18,6 +21,9 @@ Answers (``200 {"acks": [...]}``), in item order:
 
 A batch that cannot be read (not JSON, no ``from``, an item without a key, ...) is a ``400``
 naming the field, and nothing of it is applied.
+
+On a node with TLS only nodes deliver (a fleet certificate of role ``node``), and a batch's
+``from`` must be the node that sends it (else ``403 peer_refused``, ``forged_origin``).
 
 Crash safety: the relay is an effect on another database (the outbox), so the inbox records
 the key just *after* the put (:meth:`Inbox.apply`). A crash between the two leaves the key
@@ -31,14 +37,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # The web adapter: importing it means serving, so fastapi is imported here.
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from tierlink.errors import InvalidRequest, OutboxError, TierlinkError
+from tierlink.errors import InvalidRequest, OutboxError, PeerRefused, TierlinkError
+from tierlink.node.peers import PeerGuard
 from tierlink.node.uplink import INBOX_PATH, Uplink
 from tierlink.outbox import Ack, AckStatus, Inbox, wire
 from tierlink.transport.openapi import request_body
@@ -60,6 +67,7 @@ class InboxReceiver:
     def __init__(self, inbox: Inbox, uplink: Uplink, *, relay_to: str | None = None) -> None:
         self.inbox = inbox
         self.uplink = uplink
+        self.on_replay: Callable[[str], None] = lambda _sender: None
         # An edge relays to the control plane directly; without one, up its own chain.
         self.relay_to = relay_to or uplink.destinations[-1]
 
@@ -69,10 +77,14 @@ class InboxReceiver:
         """A receiver whose inbox lives at ``<state_dir>/inbox.db``."""
         return cls(Inbox(Path(state_dir) / INBOX_FILE), uplink, relay_to=relay_to)
 
-    def receive(self, body: bytes) -> list[Ack]:
+    def receive(self, body: bytes, sender: str | None = None) -> list[Ack]:
         """Apply one batch (the raw request body); its acks in item order. Raises
-        :class:`InvalidRequest` for a batch that cannot be read (nothing applied)."""
+        :class:`InvalidRequest` for a batch that cannot be read (nothing applied), and
+        :class:`PeerRefused` when ``sender`` (the authenticated one) is not the batch's."""
         batch = wire.parse_batch(body)
+        if sender is not None and batch.sender != sender:
+            raise PeerRefused(f"node {sender} delivered a batch from {batch.sender!r}",
+                              reason="forged_origin")
         acks: list[Ack] = []
         for entry in batch.entries:
             if acks and acks[-1].status is AckStatus.RETRY:
@@ -89,11 +101,16 @@ class InboxReceiver:
 
     def _apply(self, sender: str, item: wire.WireItem) -> Ack:
         try:
-            _, duplicate = self.inbox.apply(item.key, lambda: self._relay(sender, item))
+            result, duplicate = self.inbox.apply(item.key, lambda: self._relay(sender, item))
         except _Refused as exc:
             return Ack(item.key, AckStatus.REJECTED, str(exc))
         except OutboxError as exc:  # full or failing: the sender keeps it and retries
             return Ack(item.key, AckStatus.RETRY, exc.message)
+        first = _relayed_for(result)
+        if duplicate and first is not None and first != sender:
+            self.on_replay(sender)
+            return Ack(item.key, AckStatus.REJECTED,
+                       f"replayed: key {item.key} was delivered by {first}, not {sender}")
         return Ack(item.key, AckStatus.DUPLICATE if duplicate else AckStatus.OK)
 
     def _relay(self, sender: str, item: wire.WireItem) -> bytes:
@@ -106,7 +123,7 @@ class InboxReceiver:
         ttl = None if item.ttl_s is None else min(item.ttl_s, self.uplink.outbox.default_ttl_s)
         self.uplink.enqueue(item.kind, item.key, item.payload, self.relay_to,
                             chain=item.path(sender), created_at=item.created_at, ttl_s=ttl)
-        return b"relayed"
+        return _RELAYED + sender.encode()
 
     def _count(self, acks: Sequence[Ack]) -> None:
         if self.uplink.metrics is None:
@@ -115,17 +132,38 @@ class InboxReceiver:
             self.uplink.metrics.on_received(status, n)
 
 
-def install_inbox_routes(app: FastAPI, receiver: InboxReceiver) -> None:
+_RELAYED = b"relayed for "  # + the sender: what the inbox keeps per key
+
+
+def _relayed_for(result: bytes) -> str | None:
+    """Who a key was first relayed for (None: a key kept before senders were recorded)."""
+    return result[len(_RELAYED):].decode() if result.startswith(_RELAYED) else None
+
+
+def install_inbox_routes(app: FastAPI, receiver: InboxReceiver,
+                         guard: PeerGuard | None = None) -> None:
     """Add ``POST /tierlink/v1/inbox`` to a node's ``app``; keeps ``receiver`` on
     ``app.state.inbox``. Errors are answered here as ``{"error", "code", "hint"}`` JSON, so
     the route needs no handler of the app's."""
     app.state.inbox = receiver
+    if guard is not None:
+        def replayed(sender: str) -> None:
+            guard.refuse("replayed", f"an inbox item replayed by {sender}")  # counted
+
+        receiver.on_replay = replayed
 
     @app.post(INBOX_PATH, openapi_extra=request_body(wire.BATCH_SCHEMA))
     async def inbox(request: Request) -> Response:
         try:
+            peer = None if guard is None else guard.require(request.scope, "the inbox")
             body = await _body(request)
-            acks = await asyncio.to_thread(receiver.receive, body)
+            acks = await asyncio.to_thread(receiver.receive, body,
+                                           None if peer is None else peer.name)
+        except PeerRefused as exc:
+            if guard is not None and exc.details.get("reason") == "forged_origin":
+                guard.refuse("forged_origin", exc.message)  # counted; the answer is exc's
+            log.warning("inbox: %s", exc)
+            return JSONResponse(exc.to_dict(), status_code=exc.http_status)
         except TierlinkError as exc:
             log.warning("inbox: %s", exc)
             return JSONResponse(exc.to_dict(), status_code=exc.http_status)

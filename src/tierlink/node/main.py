@@ -13,10 +13,12 @@ import contextlib
 import functools
 import json
 import logging
+import ssl
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tierlink.node.certificates import NodeTls
 from tierlink.node.exits import ExitsModel, is_exit_card
 from tierlink.node.identity import load_identity
 from tierlink.node.models import ArtifactSource, ModelManager, load_version
@@ -72,27 +74,39 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
 
     from tierlink.control.client import ControlClient, HeartbeatLoop, RegistryCache
     from tierlink.node.app import create_app
+    from tierlink.transport.client import OipClient
 
     spec.advertised(spec.port or 1)  # an address no peer could use is refused before binding
-    control = ControlClient(spec.control_url) if spec.control_url else None
+    tls = NodeTls(spec) if spec.tls_ca else None
+    control = ControlClient(spec.control_url, tls=tls.client if tls else None) \
+        if spec.control_url else None
     if control is not None:
         await _identify(spec, control)
+    if tls is not None:
+        await tls.ensure(control)  # the node's certificate (from the control plane)
     models = await open_models(spec, runtimes, control)
     cache = RegistryCache(control) if control else None
     metrics = NodeMetrics(spec.tier.label)
     # The control client is also where hard examples go (see node/hard_examples.py), and
     # where model versions come from (its repository).
+    client_tls = tls.client if tls else None
     service = NodeService(spec, models.active, records=(lambda: cache.nodes) if cache else list,
                           hard_example_sink=control, models=models, metrics=metrics,
-                          uplink=_uplink(spec, metrics))
-    app = create_app(service, chat=_chat_service(spec, metrics, service))
+                          uplink=_uplink(spec, metrics, client_tls),
+                          client=OipClient(tls=client_tls) if client_tls else None)
+    chat = _chat_service(spec, metrics, service)
+    chat.tls = client_tls
+    app = create_app(service, chat=chat)
+    app.state.tls = tls
     if cache:
         service.metrics.control_stale.labels(spec.tier.label).set_function(
             lambda: min(cache.stale_s(time.time()), 1e9))
     server = uvicorn.Server(uvicorn.Config(app, host=spec.host, port=spec.port,
                                            log_level="warning", access_log=False,
-                                           timeout_keep_alive=30))
+                                           timeout_keep_alive=30, **_tls_options(tls)))
     serving = asyncio.create_task(server.serve())
+    renewing = asyncio.create_task(tls.run(control), name="tls-renewal") \
+        if tls is not None and control is not None else None
     beat = HeartbeatLoop(control, None, on_answer=service.apply_answer) if control else None
     watching: asyncio.Task[None] | None = None
     try:
@@ -108,10 +122,14 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
             watching = asyncio.create_task(cache.watch(spec.heartbeat_s), name="view-watch")
         app.state.ready = True
         _write_ready(spec, port)
-        log.info("node %s (%s) serving on http://%s:%s, registered as %s", spec.node_id,
-                 spec.tier.label, spec.host, port, address)
+        log.info("node %s (%s) serving on %s://%s:%s, registered as %s", spec.node_id,
+                 spec.tier.label, spec.scheme, spec.host, port, address)
         await serving
     finally:
+        if renewing is not None:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
         if watching is not None:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -164,12 +182,25 @@ def _verifier_links(spec: NodeSpec) -> dict[str, VerifierLink]:
     return links
 
 
-def _uplink(spec: NodeSpec, metrics: NodeMetrics) -> Uplink | None:
+def _tls_options(tls: NodeTls | None) -> dict[str, Any]:
+    """uvicorn's options for a node with TLS: its server context (reloaded in place at
+    each renewal) and the protocol that tells the app who the peer is."""
+    if tls is None:
+        return {}
+    from tierlink.security.asgi_tls import TlsHttpProtocol
+
+    context = tls.server
+    return {"http": TlsHttpProtocol, "ssl_context_factory": lambda _config, _default: context}
+
+
+def _uplink(spec: NodeSpec, metrics: NodeMetrics,
+            tls: ssl.SSLContext | None = None) -> Uplink | None:
     """The node's store-and-forward uplink (None without a ``state_dir``); its calls to the
     control plane carry the node's identity."""
     identity = load_identity(Path(spec.state_dir)) if spec.state_dir else None
     return uplink_for_spec(spec, authorization=identity.authorization if identity else None,
-                           metrics=UplinkMetrics(spec.tier.label, metrics.registry))
+                           metrics=UplinkMetrics(spec.tier.label, metrics.registry),
+                           tls=tls)
 
 
 async def open_models(spec: NodeSpec, runtimes: dict[str, ModelRuntime],

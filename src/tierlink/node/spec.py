@@ -85,11 +85,32 @@ class NodeSpec:
     # The privacy level of a request that names none: "local" makes a device fail closed
     # (its users' inputs never leave it unless a request says they may).
     default_privacy: str = "any"
+    # TLS on every hop (the fleet file's `security: {tls: true}`; see node/certificates.py):
+    # the fleet CA's certificate; the node's own certificate and key — without them it gets
+    # one from the control plane after enrollment (kept under state_dir/tls, renewed
+    # before it expires). client_auth "required": every caller needs a fleet certificate.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_auth: str = "optional"
 
     def __post_init__(self) -> None:
         if self.default_privacy not in ("local", "site", "any"):
             raise ConfigError(f"node {self.node_id}: default_privacy must be local, site or "
                               f"any, got {self.default_privacy!r}")
+        if self.tls_client_auth not in ("optional", "required"):
+            raise ConfigError(f"node {self.node_id}: tls_client_auth must be optional or "
+                              f"required, got {self.tls_client_auth!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError(f"node {self.node_id}: tls_cert and tls_key go together")
+        if self.tls_ca and self.tls_cert is None and not (self.control_url and self.state_dir):
+            raise ConfigError(f"node {self.node_id}: TLS without tls_cert needs a control "
+                              "plane and a state_dir (the node gets its certificate there)",
+                              hint="give tls_cert/tls_key, or control_url and state_dir")
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_ca else "http"
 
     def advertised(self, port: int) -> str:
         """The address to register: ``advertise_url``, else the bound one — refused when
@@ -100,7 +121,7 @@ class NodeSpec:
             raise ConfigError(f"node {self.node_id} binds every interface ({self.host!r}): "
                               "peers cannot reach it at that address",
                               hint="set advertise_url to the address they should use")
-        return f"http://{self.host}:{port}"
+        return f"{self.scheme}://{self.host}:{port}"
 
     def tracing(self) -> TraceSettings:
         return TraceSettings(otlp_endpoint=self.otlp_endpoint, protocol=self.otlp_protocol,

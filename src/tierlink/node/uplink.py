@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -234,6 +235,7 @@ class Uplink:
         self._clock = clock
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self.tls: ssl.SSLContext | None = None  # HTTPS destinations: the node's context
         self.metrics = metrics
         c = self.config
         self.outbox = Outbox(Path(state_dir) / OUTBOX_FILE, max_items=c.max_items,
@@ -263,7 +265,8 @@ class Uplink:
         import httpx
 
         self._client = httpx.AsyncClient(trust_env=False, transport=self._transport,
-                                         timeout=httpx.Timeout(self.config.timeout_s))
+                                         timeout=httpx.Timeout(self.config.timeout_s),
+                                         verify=self.tls if self.tls is not None else True)
         self._resume_health()
         self._deliverer.start()
 
@@ -424,7 +427,8 @@ def _urls(parent_url: str | None, control_url: str | None) -> dict[str, str]:
 
 def uplink_for_spec(spec: NodeSpec, *, authorization: str | None = None,
                     config: UplinkConfig | None = None,
-                    metrics: UplinkMetrics | None = None) -> Uplink | None:
+                    metrics: UplinkMetrics | None = None,
+                    tls: ssl.SSLContext | None = None) -> Uplink | None:
     """The uplink of a node process: parent = the spec's first upstream, control = its
     ``control_url``, ``authorization`` (the node identity's header) sent to the control
     plane. None when the node keeps no ``state_dir`` (nowhere durable to queue) or has
@@ -433,10 +437,12 @@ def uplink_for_spec(spec: NodeSpec, *, authorization: str | None = None,
     if spec.state_dir is None or not (spec.upstreams or spec.control_url):
         return None
     headers = {CONTROL: {"authorization": authorization}} if authorization else {}
-    return Uplink(spec.node_id, spec.state_dir,
+    uplink = Uplink(spec.node_id, spec.state_dir,
                   parent_url=spec.upstreams[0].url if spec.upstreams else None,
                   control_url=spec.control_url, headers=headers, config=config,
                   metrics=metrics, fallback_urls=[u.url for u in spec.upstreams[1:]])
+    uplink.tls = tls  # the node's client context: the parent's inbox knows who delivers
+    return uplink
 
 
 __all__ = ["CONTROL", "DEFAULT_FULL_POLICY", "INBOX_PATH", "PARENT", "RESULTS_PATH", "Uplink",

@@ -115,6 +115,11 @@ class NodeMetrics:
         self.loop_lag = Gauge("tierlink_event_loop_lag_seconds",
                               "How late the event loop ran per second of the last window (s/s)",
                               ["tier"], registry=r)
+        self.peer_refusals = Counter(
+            "tierlink_peer_refusals_total",
+            "Requests refused because their sender may not make their claims (TLS fleets): "
+            "forged_origin, unauthenticated_peer, local_forwarded, replayed",
+            ["tier", "reason"], registry=r)
         self.hard_examples_pending = Gauge("tierlink_hard_examples_pending",
                                            "Hard examples waiting to be sent", ["tier"],
                                            registry=r)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -81,6 +82,7 @@ class OipClient:
         self,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if timeout_s <= 0 or max_connections < 1:
             raise ValueError("OipClient needs timeout_s > 0 and max_connections >= 1")
@@ -88,6 +90,7 @@ class OipClient:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        self._tls = tls  # HTTPS peers: verified against it, our certificate presented
 
     async def close(self) -> None:
         """Close every pooled connection. The client cannot be used afterwards."""
@@ -230,7 +233,8 @@ class OipClient:
             raise UpstreamError("this OipClient is closed", hint="make a new client")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
+                                               ssl=self._tls if self._tls is not None else True),
                 headers={"Accept-Encoding": "identity"},
                 trust_env=False,  # node-to-node traffic goes straight to the node
                 auto_decompress=True,  # a server that compresses anyway is still read

@@ -1,0 +1,209 @@
+"""A fleet with TLS on every hop (`security: {tls: true}`): node certificates from the
+control plane at enrollment, mutual TLS between nodes, claims bound to the authenticated
+sender — forged origins, unauthenticated peers, forwarded `local` inputs and replayed inbox
+items refused and counted — and certificates that rotate under load losing nothing."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tierlink.fleet.launcher import RunningFleet
+from tierlink.security.pki import Authority, CertIdentity, write_file
+from tierlink.security.tls import TlsFiles, client_context
+from tierlink.zoo.datasets import Split
+
+from .integration_support import infer, metric_sum
+
+pytestmark = pytest.mark.integration
+
+FLEET = """
+name: itest-tls
+seed: 5
+zoo: {profile: test}
+control: {ttl_s: 3}
+security: {tls: true, cert_ttl_s: CERT_TTL}
+routing:
+  policy: tierlink
+  thresholds: {fmnist-small: 0.99999, fmnist-medium: 0.99999}
+nodes:
+  - {id: cloud-1, tier: cloud,  models: [fmnist-large]}
+  - {id: edge-1,  tier: edge,   models: [fmnist-medium]}
+  - {id: dev-1,   tier: device, models: [fmnist-small]}
+  - {id: dev-2,   tier: device, models: [fmnist-small]}
+links:
+  - {from: [dev-1, dev-2], to: edge-1, delay_ms: 2}
+  - {from: edge-1, to: cloud-1, delay_ms: 5}
+fault_injection: true
+"""
+ANY = {"tierlink.privacy": "any", "tierlink.deadline_ms": 5000.0}
+
+
+def node_cert(fleet: RunningFleet, tmp_path: Path, node_id: str, tier: str) -> ssl.SSLContext:
+    """A client context presenting a certificate the fleet CA issued for ``node_id`` (what a
+    compromised or misbehaving node holds)."""
+    assert fleet.pki is not None
+    key, issued = Authority.load(fleet.pki.ca_dir).issue_pair(
+        CertIdentity("node", node_id, tier), (), time.time(), 600.0)
+    write_file(tmp_path / f"{node_id}.key", key, 0o600)
+    write_file(tmp_path / f"{node_id}.pem", issued.cert_pem, 0o644)
+    return client_context(TlsFiles(fleet.pki.ca_file, tmp_path / f"{node_id}.pem",
+                                   tmp_path / f"{node_id}.key"))
+
+
+@pytest.fixture
+def tls_fleet(start_fleet: Callable[[str], RunningFleet]) -> RunningFleet:
+    return start_fleet(FLEET.replace("CERT_TTL", "600"))
+
+
+@pytest.fixture
+def clients(tls_fleet: RunningFleet, tmp_path: Path) -> Iterator[dict[str, httpx.Client]]:
+    """An operator, an application without a certificate, and nodes dev-1 and dev-2."""
+    assert tls_fleet.pki is not None
+    verify = {"operator": tls_fleet.verify(),
+              "anonymous": tls_fleet.pki.client_context(operator=False),
+              "dev-1": node_cert(tls_fleet, tmp_path, "dev-1", "device"),
+              "dev-2": node_cert(tls_fleet, tmp_path, "dev-2", "device")}
+    made = {who: httpx.Client(verify=v, timeout=10.0, trust_env=False)
+            for who, v in verify.items()}
+    yield made
+    for client in made.values():
+        client.close()
+
+
+def refusals(client: httpx.Client, fleet: RunningFleet, node: str, reason: str) -> float:
+    return metric_sum(client, fleet.node_urls[node], "tierlink_peer_refusals_total",
+                      reason=reason)
+
+
+def test_every_hop_runs_tls_with_node_certificates(
+        tls_fleet: RunningFleet, clients: dict[str, httpx.Client], fmnist_test: Split,
+        hard_samples: np.ndarray) -> None:
+    fleet, op = tls_fleet, clients["operator"]
+    assert all(url.startswith("https://") for url in
+               [fleet.control_url, *fleet.node_urls.values()])
+    x = fmnist_test.images[hard_samples[0]: hard_samples[0] + 1]
+    answer = infer(clients["anonymous"], fleet.node_urls["dev-1"], "fmnist", x, ANY)
+    assert answer.status == 200, answer.error
+    assert answer.path == ["dev-1", "edge-1", "cloud-1"]  # two node-to-node TLS hops
+    for node in fleet.node_urls:
+        tls = op.get(f"{fleet.node_urls[node]}/tierlink/v1/status").json()["tls"]
+        assert tls["identity"].startswith("urn:tierlink:node:") and tls["identity"].endswith(
+            f":{node}") and tls["managed"], tls
+    with pytest.raises(httpx.HTTPError):  # no plain HTTP anywhere
+        httpx.get(fleet.node_urls["edge-1"].replace("https", "http") + "/v2/health/live",
+                  timeout=2.0)
+    with pytest.raises(httpx.HTTPError):  # nor a certificate from another CA
+        rogue = Authority.create("rogue", time.time())
+        httpx.get(fleet.node_urls["edge-1"] + "/v2/health/live", verify=rogue_ctx(rogue),
+                  timeout=2.0)
+
+
+def rogue_ctx(rogue: Authority) -> ssl.SSLContext:
+    """Trusts the fleet's server (no verification) but presents a foreign certificate."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp())
+    key, issued = rogue.issue_pair(CertIdentity("node", "edge-9", "edge"), (), time.time(), 60)
+    (folder / "k").write_bytes(key)
+    (folder / "c").write_bytes(issued.cert_pem)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx.load_cert_chain(str(folder / "c"), str(folder / "k"))
+    return ctx
+
+
+def test_claims_are_bound_to_the_sender(
+        tls_fleet: RunningFleet, clients: dict[str, httpx.Client], fmnist_test: Split) -> None:
+    fleet, edge = tls_fleet, tls_fleet.node_urls["edge-1"]
+    x = fmnist_test.images[:1]
+
+    def send(who: str, **params: object) -> tuple[int, str]:
+        answer = infer(clients[who], edge, "fmnist", x, {**ANY, **params})
+        return answer.status, str(answer.error.get("details", {}).get("reason", ""))
+
+    # An application speaks for the node it calls; a node for itself (and what is below).
+    assert send("anonymous")[0] == 200
+    assert send("anonymous", **{"tierlink.origin": "dev-1"}) == (403, "forged_origin")
+    assert send("dev-1", **{"tierlink.origin": "dev-1"})[0] == 200
+    assert send("dev-1")[0] == 200  # no origin named: the sender is the origin
+    assert send("dev-1", **{"tierlink.origin": "dev-2"}) == (403, "forged_origin")
+    assert send("dev-1", **{"tierlink.origin": "edge-1"}) == (403, "forged_origin")
+    assert send("anonymous", **{"tierlink.hops": 1}) == (403, "unauthenticated_peer")
+    assert send("dev-1", **{"tierlink.privacy": "local"}) == (403, "local_forwarded")
+    op = clients["operator"]
+    assert refusals(op, fleet, "edge-1", "forged_origin") == 3
+    assert refusals(op, fleet, "edge-1", "unauthenticated_peer") == 1
+    assert refusals(op, fleet, "edge-1", "local_forwarded") == 1
+
+    # Peer endpoints: fault injection for operators and nodes, the inbox for nodes only.
+    faults = f"{edge}/tierlink/v1/faults"
+    assert clients["anonymous"].post(faults, json={"slowdown": 1.0}).status_code == 403
+    assert op.post(faults, json={"slowdown": 1.0}).status_code == 200
+    item = {"key": "dev-1:tls-1", "kind": "result", "payload": {"answer": 7},
+            "created_at": time.time()}
+    inbox = f"{edge}/tierlink/v1/inbox"
+    assert clients["anonymous"].post(inbox, json={"from": "dev-1", "items": [item]}
+                                     ).status_code == 403
+    assert clients["dev-2"].post(inbox, json={"from": "dev-1", "items": [item]}
+                                 ).status_code == 403  # a batch in another node's name
+    first = clients["dev-1"].post(inbox, json={"from": "dev-1", "items": [item]})
+    again = clients["dev-1"].post(inbox, json={"from": "dev-1", "items": [item]})
+    replay = clients["dev-2"].post(inbox, json={"from": "dev-2", "items": [item]})
+    assert [first.json()["acks"][0]["status"], again.json()["acks"][0]["status"]] == \
+        ["ok", "duplicate"]  # the sender lost an ack: nothing applied twice
+    assert replay.json()["acks"][0]["status"] == "rejected", replay.text
+    assert replay.json()["acks"][0]["detail"].startswith("replayed")
+    assert refusals(op, fleet, "edge-1", "replayed") == 1
+    assert refusals(op, fleet, "edge-1", "unauthenticated_peer") == 3
+    assert refusals(op, fleet, "edge-1", "forged_origin") == 4
+
+
+def test_certificates_rotate_under_load_losing_nothing(
+        start_fleet: Callable[[str], RunningFleet], fmnist_test: Split,
+        hard_samples: np.ndarray) -> None:
+    fleet = start_fleet(FLEET.replace("CERT_TTL", "10"))  # renewed every ~6.7 s
+    assert fleet.pki is not None
+    op = httpx.Client(verify=fleet.verify(), timeout=10.0, trust_env=False)
+    first = {n: op.get(f"{u}/tierlink/v1/status").json()["tls"]["serial"]
+             for n, u in fleet.node_urls.items()}
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load(entry: str) -> None:
+        with httpx.Client(verify=fleet.pki.client_context(operator=False),  # type: ignore[union-attr]
+                          timeout=10.0, trust_env=False) as app:
+            i = 0
+            while not stop.is_set():
+                x = fmnist_test.images[hard_samples[i % len(hard_samples)]][None]
+                statuses.append(infer(app, fleet.node_urls[entry], "fmnist", x, ANY).status)
+                i += 1
+
+    threads = [threading.Thread(target=load, args=(n,)) for n in ("dev-1", "dev-2")]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30.0
+    try:
+        while time.monotonic() < deadline:
+            tls = {n: op.get(f"{u}/tierlink/v1/status").json()["tls"]
+                   for n, u in fleet.node_urls.items()}
+            if all(t["renewals"] >= 2 for t in tls.values()):
+                break
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        op.close()
+    assert all(t["renewals"] >= 2 and t["serial"] != first[n] for n, t in tls.items()), tls
+    assert all(t["renewal_failures"] == 0 for t in tls.values()), tls
+    assert len(statuses) > 50 and set(statuses) == {200}, json.dumps(
+        {s: statuses.count(s) for s in set(statuses)})
