@@ -199,3 +199,19 @@ def test_a_sender_tells_each_item_s_remaining_ttl(edge: Edge) -> None:
         while not edge.control.applied and time.monotonic() < deadline:
             time.sleep(0.005)
     assert edge.control.bodies[0]["items"][0]["ttl_s"] == pytest.approx(42.0, abs=0.01)
+
+
+def test_a_key_delivered_by_one_node_and_replayed_by_another_is_rejected(edge: Edge) -> None:
+    from tierlink.errors import PeerRefused
+
+    replays: list[str] = []
+    edge.receiver.on_replay = replays.append
+    first = json.dumps(batch(item("dev-1:9"))).encode()
+    assert [a.status.value for a in edge.receiver.receive(first, "dev-1")] == ["ok"]
+    assert [a.status.value for a in edge.receiver.receive(first, "dev-1")] == ["duplicate"]
+    replay = json.dumps(batch(item("dev-1:9"), sender="dev-2")).encode()
+    acks = edge.receiver.receive(replay, "dev-2")
+    assert [a.status.value for a in acks] == ["rejected"] and "replayed" in acks[0].detail
+    assert replays == ["dev-2"] and len(edge.relayed()) == 1
+    with pytest.raises(PeerRefused, match="from 'dev-1'"):
+        edge.receiver.receive(first, "dev-2")  # a batch in another node's name

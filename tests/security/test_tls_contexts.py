@@ -1,0 +1,122 @@
+"""TLS contexts on a real loopback server: the peer's identity reaches the ASGI app,
+client_auth "required" turns away a caller without a certificate, a foreign CA fails the
+handshake, and reloading a context changes the certificate new connections present."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from tierlink.errors import ConfigError
+from tierlink.security.asgi_tls import TlsHttpProtocol, peer_of
+from tierlink.security.pki import Authority, CertIdentity, write_file
+from tierlink.security.tls import TlsFiles, client_context, reload, server_context
+
+
+class Pki:
+    def __init__(self, root: Path) -> None:
+        self.root, self.ca = root, Authority.create("test", time.time())
+        self.ca.save(root / "ca")
+
+    def pair(self, identity: CertIdentity, name: str, ca: Authority | None = None) -> TlsFiles:
+        key, issued = (ca or self.ca).issue_pair(identity, ("127.0.0.1",), time.time(), 600)
+        write_file(self.root / f"{name}.key", key, 0o600)
+        write_file(self.root / f"{name}.pem", issued.cert_pem, 0o644)
+        return TlsFiles(self.root / "ca" / "ca.pem", self.root / f"{name}.pem",
+                        self.root / f"{name}.key")
+
+    @property
+    def trust_only(self) -> TlsFiles:
+        return TlsFiles(self.root / "ca" / "ca.pem")
+
+
+async def echo_peer(scope: Any, receive: Any, send: Any) -> None:
+    peer = peer_of(scope)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": (peer.uri() if peer else "-").encode()})
+
+
+@contextlib.asynccontextmanager
+async def serve(files: TlsFiles, client_auth: str) -> AsyncIterator[str]:
+    ctx = server_context(files, client_auth)
+    server = uvicorn.Server(uvicorn.Config(echo_peer, host="127.0.0.1", port=0, lifespan="off",
+                                           http=TlsHttpProtocol, log_level="warning",
+                                           ssl_context_factory=lambda _c, _d: ctx))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"https://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def get(url: str, files: TlsFiles | Any) -> str:
+    verify = client_context(files) if isinstance(files, TlsFiles) else files
+    async with httpx.AsyncClient(verify=verify, trust_env=False) as client:
+        return (await client.get(url)).text
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path)
+
+
+def test_the_app_sees_who_is_calling(pki: Pki) -> None:
+    server = pki.pair(CertIdentity("node", "edge-1", "edge"), "server")
+
+    async def main() -> None:
+        async with serve(server, "optional") as url:
+            node = pki.pair(CertIdentity("node", "dev-1", "device"), "dev")
+            assert await get(url, node) == "urn:tierlink:node:device:dev-1"
+            assert await get(url, pki.trust_only) == "-"  # an application without one
+    asyncio.run(main())
+
+
+def test_required_client_auth_and_foreign_cas_fail_the_handshake(pki: Pki) -> None:
+    server = pki.pair(CertIdentity("node", "edge-1", "edge"), "server")
+    foreign = pki.pair(CertIdentity("node", "dev-1", "device"), "foreign",
+                       ca=Authority.create("other", time.time()))
+
+    async def main() -> None:
+        async with serve(server, "required") as url:
+            with pytest.raises(httpx.HTTPError):
+                await get(url, pki.trust_only)
+            with pytest.raises(httpx.HTTPError):
+                await get(url, TlsFiles(pki.trust_only.ca, foreign.cert, foreign.key))
+            ok = pki.pair(CertIdentity("client", "app"), "app")
+            assert await get(url, ok) == "urn:tierlink:client:app"
+    asyncio.run(main())
+
+
+def test_a_reloaded_context_presents_the_new_certificate(pki: Pki) -> None:
+    server = pki.pair(CertIdentity("node", "edge-1", "edge"), "server")
+
+    async def main() -> None:
+        async with serve(server, "optional") as url:
+            files = pki.pair(CertIdentity("node", "dev-1", "device"), "dev")
+            ctx = client_context(files)
+            assert await get(url, ctx) == "urn:tierlink:node:device:dev-1"
+            pki.pair(CertIdentity("node", "dev-1b", "device"), "dev")  # same files, new pair
+            reload([ctx], files)
+            assert await get(url, ctx) == "urn:tierlink:node:device:dev-1b"
+    asyncio.run(main())
+
+
+def test_contexts_refuse_what_they_cannot_use(pki: Pki, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="client_auth"):
+        server_context(pki.pair(CertIdentity("client", "a"), "a"), "sometimes")
+    with pytest.raises(ConfigError, match="needs a certificate"):
+        server_context(pki.trust_only)
+    with pytest.raises(ConfigError, match="fleet CA"):
+        client_context(TlsFiles(tmp_path / "missing.pem"))
