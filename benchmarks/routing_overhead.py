@@ -29,8 +29,12 @@ them alike. Every process this script starts is stopped by pid at the end, also 
 Ctrl-C or SIGTERM. ``--profile full`` (the default) builds the zoo first if it is missing
 (minutes of CPU); ``test`` has the same architectures, so the same compute cost.
 
+Part 3 (``--part tls``) — what TLS costs per hop: a plain fleet and one with TLS on every
+hop side by side (``benchmarks/tls_cost.py``): an application's hop, a node-to-node hop,
+and a new connection's handshake.
+
     .venv/bin/python benchmarks/routing_overhead.py [--json PATH] [--profile full|test]
-        [--decisions N] [--requests N] [--part all|policy|hop] [--policy-profile]
+        [--decisions N] [--requests N] [--part all|policy|hop|tls] [--policy-profile]
 """
 
 from __future__ import annotations
@@ -799,7 +803,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="interleaved rounds the requests are split into")
     parser.add_argument("--warmup", type=int, default=10,
                         help="untimed requests per case and round")
-    parser.add_argument("--part", choices=("all", "policy", "hop"), default="all")
+    parser.add_argument("--part", choices=("all", "policy", "hop", "tls"), default="all",
+                        help="tls: what TLS costs per hop, plain and TLS fleets side by "
+                             "side (benchmarks/tls_cost.py; not part of all)")
     parser.add_argument("--policy-profile", action="store_true",
                         help="add a cProfile breakdown of the policy per privacy level")
     parser.add_argument("--seed", type=int, default=0)
@@ -828,6 +834,12 @@ def run(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         doc["hop"] = measure_hops(onnx, card, args.requests, args.rounds, args.warmup,
                                   lambda m: console.print(f"[dim]{m}[/dim]"))
         print_hops(console, doc["hop"])
+    if args.part == "tls":
+        import tls_cost  # benchmarks/ is on the path when this file runs as a script
+
+        doc["tls"] = tls_cost.measure(max(30, args.requests // args.rounds), args.rounds,
+                                      lambda m: console.print(f"[dim]{m}[/dim]"))
+        tls_cost.print_table(doc["tls"])
     doc["environment"] = environment(args.profile, card, load_start)
     return doc
 
