@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# chromium: the fleet view's browser test (driven by Playwright, never `playwright install`)
-apt_packages=(dataset-fashion-mnist prometheus etcd-server chromium)
+# chromium: the fleet view's browser test (driven by Playwright, never `playwright install`);
+# iproute2 + iptables: fleets on network namespaces (`tierlink up --netns`)
+apt_packages=(dataset-fashion-mnist prometheus etcd-server chromium iproute2 iptables)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

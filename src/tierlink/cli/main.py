@@ -58,6 +58,8 @@ EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
 TRACES_HELP = ("trace every request: start an OTLP receiver for the fleet (<run dir>/"
                "traces.jsonl; `tierlink trace show` reads it)")
 OTLP_HELP = "send every node's spans to this OTLP/HTTP collector (e.g. http://host:4318)"
+NETNS_HELP = ("each node in a network namespace of its own with its own address (veth pairs, a "
+              "bridge), link bandwidth (htb) and loss (iptables) in the kernel; root only")
 __all__ = ["app", "fail", "imported_models", "zoo_models"]  # the last two: cli/models.py
 
 
@@ -195,6 +197,7 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
        tls: bool = typer.Option(False, "--tls", help="TLS on every hop with a fleet CA made "
                                 "in the run directory; claims bound to senders (as the fleet "
                                 "file's security: {tls: true})"),
+       netns: bool = typer.Option(False, "--netns", help=NETNS_HELP),
        ) -> None:
     """Run a fleet declared in FLEET_FILE until Ctrl-C."""
     from tierlink.fleet.config import load_fleet, on_etcd, with_tls, with_tracing
@@ -208,7 +211,7 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
         require_fresh(config, models, fleet_file)
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
         fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"),
-                       prometheus_port=prometheus_port if prometheus else None)
+                       prometheus_port=prometheus_port if prometheus else None, netns=netns)
     except TierlinkError as exc:
         fail(exc)
     with fleet:

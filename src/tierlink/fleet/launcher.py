@@ -28,6 +28,14 @@ import httpx
 
 from tierlink.errors import TierlinkError
 from tierlink.fleet.config import FleetConfig, LinkConfig, NodeConfig
+from tierlink.fleet.netns_fleet import (
+    close_fabric,
+    command,
+    node_host,
+    open_fabric,
+    record,
+    shape_links,
+)
 from tierlink.fleet.security import FleetPki, prepare_pki
 from tierlink.fleet.topology import fleet_labels, upstream_rule
 from tierlink.netports import pick_port
@@ -61,6 +69,9 @@ class RunningFleet:
     traces_file: Path | None = None  # what the fleet's own receiver writes (tracing.collect)
     prometheus_url: str | None = None  # the Prometheus that scrapes this fleet, if started
     pki: FleetPki | None = None  # the fleet CA and the launcher's pairs (security.tls)
+    host: str = HOST  # where the root namespace's processes listen (netns: the bridge)
+    fabric: Any = None  # the namespaces of a fleet on kernel networking (netns.Fabric)
+    reaper: subprocess.Popen[bytes] | None = None  # cleans up if this process dies (netns)
 
     @property
     def scheme(self) -> str:
@@ -102,6 +113,7 @@ class RunningFleet:
         self.throttles.clear()
         if self.etcd is not None:
             self.etcd.stop()
+        close_fabric(self)
 
     def kill(self, node_id: str) -> None:
         """kill -9 one node (fault injection)."""
@@ -152,6 +164,9 @@ class RunningFleet:
         emulated to it). Returns its URL once it is ready."""
         if any(n.node_id == node.node_id for n in self.config.nodes):
             raise LaunchError(f"the fleet already has a node {node.node_id}")
+        if self.fabric is not None:
+            raise LaunchError("adding a node to a fleet on namespaces is not supported yet",
+                              hint="declare it in the fleet file")
         _check_models(replace(self.config, nodes=(node,)), self.models)
         self.config = replace(self.config, nodes=(*self.config.nodes, node))
         port = pick_port(HOST)
@@ -180,25 +195,32 @@ class RunningFleet:
 
 def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: Path,
            say: Say = lambda _: None, ready_timeout_s: float = 60.0,
-           prometheus_port: int | None = None) -> RunningFleet:
+           prometheus_port: int | None = None, netns: bool = False) -> RunningFleet:
     """Start everything; ``models`` maps a model name to its (onnx, card) paths.
     ``prometheus_port``: also a Prometheus scraping the fleet with its rules (0: a free
-    port; None: none)."""
+    port; None: none). ``netns``: each node in a network namespace of its own, links
+    shaped by the kernel (fleet/netns_fleet.py; root only)."""
     _check_models(config, models)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     for stale in run_dir.glob("*.ready"):  # a reused run directory must not fool the waits
         stale.unlink()
     fleet = RunningFleet(config, run_dir, models=dict(models))
-    fleet.pki = prepare_pki(config.security, run_dir, (HOST, "localhost"))
     try:
+        if netns:
+            open_fabric(fleet)
+            say(f"{len(config.nodes)} network namespaces on {fleet.host}/"
+                f"{fleet.fabric.plan.prefix_len} (fabric {fleet.fabric.plan.tag})")
+        fleet.pki = prepare_pki(config.security, run_dir, (fleet.host, HOST, "localhost"))
         _start_traces(fleet, ready_timeout_s)
         _start_control(fleet, ready_timeout_s)
         say(f"control plane at {', '.join(fleet.control_urls)}"
             + (f" (etcd: {len(fleet.etcd.members)} members)" if fleet.etcd else ""))
         ports = {n.node_id: pick_port(HOST) for n in config.nodes}
         link_ports = _start_links(fleet, ports, ready_timeout_s)
-        say(f"{len(link_ports)} emulated links up")
+        shape_links(fleet, link_ports)
+        say(f"{len(link_ports)} emulated links up"
+            + (" (bandwidth and loss in the kernel)" if fleet.fabric else ""))
         _start_nodes(fleet, ports, link_ports, models)
         _wait_nodes(fleet, ports, ready_timeout_s)
         say(f"{len(config.nodes)} nodes ready (device CPU: {fleet.cpu_mode})")
@@ -225,10 +247,12 @@ def _check_models(config: FleetConfig, models: dict[str, tuple[Path, Path]]) -> 
 def _spawn(fleet: RunningFleet, name: str, args: list[str]) -> subprocess.Popen[bytes]:
     log = open(fleet.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (owned by child)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    proc = subprocess.Popen(command(fleet, name, [sys.executable, *args]), stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
     log.close()
     fleet.procs[name] = proc
+    record(fleet)  # what the reaper ends if this process dies (netns)
     return proc
 
 
@@ -253,7 +277,7 @@ def _start_prometheus(fleet: RunningFleet, port: int) -> None:
     fleet.procs["prometheus"] = prometheus.start(
         fleet.run_dir, HOST, port, fleet.node_urls, fleet.control_urls,
         fleet.run_dir / "logs" / "prometheus.log")
-    fleet.prometheus_url = f"http://{HOST}:{port}"
+    fleet.prometheus_url = f"http://{fleet.host}:{port}"
 
 
 def _start_traces(fleet: RunningFleet, timeout_s: float) -> None:
@@ -264,7 +288,7 @@ def _start_traces(fleet: RunningFleet, timeout_s: float) -> None:
     if not tracing.collect:
         return
     ready, fleet.traces_file = fleet.run_dir / "otlp.ready", fleet.run_dir / "traces.jsonl"
-    proc = _spawn(fleet, TRACES, ["-m", "tierlink.telemetry.otlp_receiver", "--host", HOST,
+    proc = _spawn(fleet, TRACES, ["-m", "tierlink.telemetry.otlp_receiver", "--host", fleet.host,
                                   "--port", "0", "--out", str(fleet.traces_file),
                                   "--ready-file", str(ready)])
     fleet.otlp_endpoint = str(_wait_file(ready, proc, "OTLP receiver", timeout_s)["endpoint"])
@@ -293,13 +317,13 @@ def _start_replica(fleet: RunningFleet, replica: int, timeout_s: float, port: in
         "--etcd", ",".join(fleet.etcd.endpoints),
         "--repo-dir", str(fleet.run_dir / "registry.db.blobs")]
     proc = _spawn(fleet, name, [
-        "-m", "tierlink.control.server", "--host", HOST, "--port", str(port),
+        "-m", "tierlink.control.server", "--host", fleet.host, "--port", str(port),
         "--db", str(db), "--ttl", str(fleet.config.control_ttl_s),
         "--ready-file", str(ready), "--admin-token-file", str(token_file), *shared,
         *_control_tls(fleet),
         *(arg for key in fleet.config.trusted_keys for arg in ("--trusted-key", key))])
     info = _wait_file(ready, proc, f"control plane {name}", timeout_s)
-    fleet.control_urls[replica] = f"{fleet.scheme}://{HOST}:{info['port']}"
+    fleet.control_urls[replica] = f"{fleet.scheme}://{fleet.host}:{info['port']}"
     fleet.control_url = fleet.control_urls[0]
     fleet.admin_token = token_file.read_text().strip()
 
@@ -333,18 +357,21 @@ def _enrollment_token(fleet: RunningFleet) -> str:
         raise LaunchError(f"could not create an enrollment token: {exc}") from exc
 
 
-def _link_spec(link: LinkConfig, ports: dict[str, int]) -> dict[str, Any]:
-    return {"name": link.name, "listen_host": HOST, "listen_port": 0, "target_host": HOST,
-            "target_port": ports[link.dst], "delay_ms": link.delay_ms,
-            "jitter_ms": link.jitter_ms, "bandwidth_mbit": link.bandwidth_mbit,
-            "loss": link.loss}
+def _link_spec(fleet: RunningFleet, link: LinkConfig, ports: dict[str, int]) -> dict[str, Any]:
+    kernel = fleet.fabric is not None  # bandwidth and loss are shaped there (netns)
+    return {"name": link.name, "listen_host": fleet.host, "listen_port": 0,
+            "target_host": node_host(fleet, link.dst), "target_port": ports[link.dst],
+            "delay_ms": link.delay_ms, "jitter_ms": link.jitter_ms,
+            "bandwidth_mbit": None if kernel else link.bandwidth_mbit,
+            "loss": 0.0 if kernel else link.loss}
 
 
 def _start_links(fleet: RunningFleet, ports: dict[str, int], timeout_s: float) -> dict[str, int]:
     if not fleet.config.links:
         return {}
     spec_file = fleet.run_dir / "links.json"
-    spec_file.write_text(json.dumps([_link_spec(l, ports) for l in fleet.config.links], indent=2))
+    spec_file.write_text(json.dumps([_link_spec(fleet, l, ports) for l in fleet.config.links],
+                                    indent=2))
     ready = fleet.run_dir / "links.ready"
     proc = _spawn(fleet, "links", ["-m", "tierlink.netem.server", "--spec", str(spec_file),
                                    "--control-port", "0", "--ready-file", str(ready)])
@@ -357,7 +384,8 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                models: dict[str, tuple[Path, Path]]) -> NodeSpec:
     cfg = fleet.config
     upstreams = tuple(
-        UpstreamSpec(l.dst, f"{fleet.scheme}://{HOST}:{link_ports[l.name]}", rtt_ms=l.rtt_ms,
+        UpstreamSpec(l.dst, f"{fleet.scheme}://{fleet.host}:{link_ports[l.name]}",
+                     rtt_ms=l.rtt_ms,
                      bandwidth_mbit=l.bandwidth_mbit or 10_000.0, loss=l.loss)
         for l in cfg.links_from(node.node_id))
     sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in node.models)
@@ -367,7 +395,8 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
     return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, heads=heads,
                     labels=labels, upstream_tier=tier, upstream_match=match,
                     default_privacy=node.default_privacy,
-                    host=HOST, port=port, advertise_url=node.advertise_url,
+                    host=node_host(fleet, node.node_id), port=port,
+                    advertise_url=node.advertise_url,
                     control_url=",".join(fleet.control_urls), upstreams=upstreams,
                     routing_raw=dict(cfg.raw_routing), cost_raw=dict(cfg.raw_cost),
                     workers=node.workers, max_queue=node.max_queue,
@@ -397,12 +426,14 @@ def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[st
         spec_file = fleet.run_dir / f"{node.node_id}.json"
         spec_file.write_text(spec.to_json())
         proc = _spawn(fleet, node.node_id, ["-m", "tierlink.node.main", "--spec", str(spec_file)])
-        fleet.node_urls[node.node_id] = f"{fleet.scheme}://{HOST}:{ports[node.node_id]}"
+        fleet.node_urls[node.node_id] = \
+            f"{fleet.scheme}://{node_host(fleet, node.node_id)}:{ports[node.node_id]}"
         if node.cpu_quota:
             throttle = CpuThrottle.create(f"{fleet.run_dir.name}-{node.node_id}", node.cpu_quota)
             throttle.add(proc.pid)
             fleet.throttles.append(throttle)
             fleet.cpu_mode = throttle.mode
+            record(fleet)
 
 
 def _wait_nodes(fleet: RunningFleet, ports: dict[str, int], timeout_s: float) -> None:
