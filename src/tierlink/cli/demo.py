@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tierlink.fleet.config import load_fleet, on_etcd, with_tracing
+from tierlink.fleet.config import load_fleet, on_etcd, with_tls, with_tracing
 from tierlink.fleet.demo import (
     RUNS,
     WARM_UP_S,
@@ -43,7 +43,8 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
              requests: int | None = None, rate: float | None = None,
              chat: bool = False, log_path: Path | None = None,
              seed: int | None = None, etcd_replicas: int | None = None,
-             traces: bool = False, otlp_endpoint: str | None = None) -> dict[str, Any]:
+             traces: bool = False, otlp_endpoint: str | None = None,
+             netns: bool = False, tls: bool = False) -> dict[str, Any]:
     from tierlink.cli.models import zoo_models
     from tierlink.zoo.datasets import fashion_mnist
 
@@ -51,8 +52,8 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     settings = replace(settings, requests=requests or settings.requests,
                        rate_per_s=rate or settings.rate_per_s,
                        seed=settings.seed if seed is None else seed)
-    config = with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
-                          otlp_endpoint)
+    config = with_tls(with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
+                                   otlp_endpoint), tls)
     models, zoo_summary = zoo_models(config.zoo_profile, config.model_names())
     # MobileNetV2 (and its split profile), which the Fashion-MNIST zoo does not make.
     models.update(photo_models([n for n in config.model_names() if n not in models],
@@ -67,7 +68,7 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-demo-"))
     if log_path is not None:
         log_path.write_text("")  # this run's requests only
-    with launch(config, models, run_dir, say=_say) as fleet:
+    with launch(config, models, run_dir, say=_say, netns=netns) as fleet:
         _say(f"warming up: {WARM_UP_S:g} s of traffic per policy, not counted")
         warm_up(fleet, items, test.images, test.labels, settings.task,
                 [policy for _name, policy in RUNS])
@@ -77,7 +78,8 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
         report = {"runs": runs, "fleet": fleet_summary(fleet),
                   "thresholds": dict(config.routing.thresholds), "tuning": tuning,
                   "hard_examples": hard_example_summary(fleet.control_url,
-                                                       headers=fleet.admin_headers),
+                                                       headers=fleet.admin_headers,
+                                                       verify=fleet.verify()),
                   "environment": environment(fleet, settings, zoo_summary)}
     _print_report(report)
     if fleet.traces_file is not None:

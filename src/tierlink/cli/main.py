@@ -118,6 +118,9 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
              "replicas over a three-member etcd cluster (default: as the fleet file says)"),
          traces: bool = typer.Option(False, "--traces", help=TRACES_HELP),
          otlp_endpoint: str | None = typer.Option(None, "--otlp-endpoint", help=OTLP_HELP),
+         netns: bool = typer.Option(False, "--netns", help=NETNS_HELP),
+         tls: bool = typer.Option(False, "--tls", help="TLS on every hop (a fleet CA in the "
+                                  "run directory; claims bound to senders)"),
          ) -> None:
     """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
     from tierlink.cli.demo import run_demo
@@ -125,7 +128,7 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
     try:
         run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate,
                  chat=chat, log_path=log, seed=seed, etcd_replicas=etcd_replicas,
-                 traces=traces, otlp_endpoint=otlp_endpoint)
+                 traces=traces, otlp_endpoint=otlp_endpoint, netns=netns, tls=tls)
     except TierlinkError as exc:
         fail(exc)
 

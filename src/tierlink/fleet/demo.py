@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ def violations(fleet: RunningFleet) -> int:
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
-    with httpx.Client(timeout=5.0) as client:
+    with httpx.Client(timeout=5.0, trust_env=False, verify=fleet.verify()) as client:
         for url in fleet.node_urls.values():
             text = client.get(f"{url}/metrics").text
             for family in text_string_to_metric_families(text):
@@ -94,7 +95,7 @@ def drain(fleet: RunningFleet, timeout_s: float = 30.0) -> bool:
     """Wait until no node has work in flight, so one run's stragglers are not counted in the
     next run's figures. False if the fleet did not drain in time."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=2.0, trust_env=False, verify=fleet.verify()) as client:
         while time.monotonic() < deadline:
             busy = 0
             for url in fleet.node_urls.values():
@@ -117,8 +118,11 @@ def run_workload(fleet: RunningFleet, items: list[WorkItem], images: Any, labels
                if n.tier.label == "device"}
     drain(fleet)
     before = violations(fleet)
+    # On a fleet with TLS the driver is an application: it trusts the fleet CA and
+    # presents no certificate (a node's claims are not its to make).
+    tls = fleet.pki.client_context(operator=False) if fleet.pki else None
     records = asyncio.run(drive(items, images, labels, devices, task, policy, on_done,
-                                send_labels=send_labels))
+                                send_labels=send_labels, tls=tls))
     drain(fleet)
     return records, violations(fleet) - before
 
@@ -153,7 +157,7 @@ def open_heads(fleet: RunningFleet, phase: PhotoPhase,
                if phase.model in fleet.config.node(o).heads]
     deadline = time.monotonic() + timeout_s
     opened: dict[str, list[str]] = {}
-    with httpx.Client(timeout=5.0, trust_env=False) as http:
+    with httpx.Client(timeout=5.0, trust_env=False, verify=fleet.verify()) as http:
         for origin in holders:
             while True:
                 status = http.get(f"{fleet.node_urls[origin]}/tierlink/v1/status").json()
@@ -264,6 +268,10 @@ def fleet_summary(fleet: RunningFleet) -> dict[str, Any]:
                    "jitter_ms": l.jitter_ms, "bandwidth_mbit": l.bandwidth_mbit,
                    "loss": l.loss} for l in cfg.links],
         "routing": dict(cfg.raw_routing),
+        # where the nodes ran: loopback through the link emulator, or namespaces of their
+        # own with the kernel shaping links; TLS on every hop or not
+        "network": "netns" if fleet.fabric is not None else "loopback",
+        "tls": fleet.pki is not None,
     }
 
 
@@ -286,7 +294,8 @@ def environment(fleet: RunningFleet, settings: DemoSettings, zoo: dict[str, Any]
 
 
 def hard_example_summary(control_url: str, timeout_s: float = 10.0,
-                         headers: dict[str, str] | None = None) -> dict[str, Any]:
+                         headers: dict[str, str] | None = None,
+                         verify: ssl.SSLContext | bool = True) -> dict[str, Any]:
     """What the control plane's hard-example store holds after the runs: how many, from
     which models and privacy levels, and how often the escalating model was in fact wrong
     (where the client sent the label) — read back from its ``.npz`` export."""
@@ -295,7 +304,7 @@ def hard_example_summary(control_url: str, timeout_s: float = 10.0,
     import numpy as np
 
     response = httpx.get(f"{control_url}/v1/hard-examples/export", timeout=timeout_s,
-                         headers=headers)
+                         headers=headers, verify=verify, trust_env=False)
     response.raise_for_status()
     data = np.load(io.BytesIO(response.content), allow_pickle=False)
     labels, predictions = data["labels"], data["predictions"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,13 +122,14 @@ async def drive(items: list[WorkItem], images: np.ndarray, labels: np.ndarray,
                 device_urls: dict[str, str], task: str, policy: str | None,
                 on_done: Callable[[Record], None] = lambda r: None,
                 grace_s: float = 5.0, send_labels: bool = True,
-                input_name: str = "input") -> list[Record]:
+                input_name: str = "input", tls: ssl.SSLContext | None = None,
+                ) -> list[Record]:
     """Send every item at its time; wait for every answer (or error, or give up as lost).
     ``send_labels``: attach the true label (``tierlink.label``), so the hard examples the
     fleet collects from this run are labelled."""
     from tierlink.transport.client import OipClient
 
-    async with OipClient(max_connections=256) as client:
+    async with OipClient(max_connections=256, tls=tls) as client:
         # An application keeps its connection to its device open: open it before the
         # clock starts, so the first request does not count the connection's setup.
         await asyncio.gather(*(client.ready(url) for url in set(device_urls.values())))
