@@ -19,7 +19,7 @@ something, and measures:
 Prints a table, writes JSON (``{"cases": {name: figures}}``, the shape issue 5 asks for)::
 
     .venv/bin/python benchmarks/faults.py [--json PATH] [--cases kill_edge,slow_node]
-        [--zoo-profile test|full] [--rate 40]
+        [--zoo-profile test|full] [--rate 40] [--control etcd] [--netns]
 
 Every process it starts is stopped at the end of its case (the fleet's context manager), also
 when a case fails; a failing case is reported with its error and the others still run.
@@ -72,6 +72,7 @@ class Bench:
     profile: str
     scale: float = 1.0  # multiplies the long cases' durations (the integration tests use < 1)
     control: str = "sqlite"  # etcd: two control-plane replicas over a three-member etcd
+    netns: bool = False  # every node in a network namespace of its own (tierlink up --netns)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10.0,
                                                                      trust_env=False))
 
@@ -81,7 +82,7 @@ def fleet_of(bench: Bench, yaml_text: str, name: str) -> Iterator[RunningFleet]:
     config = parse_fleet(yaml.safe_load(yaml_text), source=f"<{name}>")
     if bench.control == "etcd":
         config = replace(config, control_store="etcd", control_replicas=2, etcd_members=3)
-    fleet = launch(config, bench.models, bench.work / name)
+    fleet = launch(config, bench.models, bench.work / name, netns=bench.netns)
     try:
         yield fleet
     finally:
@@ -663,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-down-s", type=float, default=3.0)
     parser.add_argument("--control", choices=("sqlite", "etcd"), default="sqlite",
                         help="etcd: every fleet's control plane is two replicas over etcd")
+    parser.add_argument("--netns", action="store_true",
+                        help="every node in a network namespace of its own, links shaped "
+                             "by the kernel (root only; see tierlink up --netns)")
     args = parser.parse_args(argv)
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [n for n in names if n not in CASES]
@@ -671,13 +675,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tierlink-faults-") as tmp:
         bench = load_bench(args.zoo_profile, Path(tmp), args.rate, args.control_down_s)
         bench.control = args.control
+        bench.netns = args.netns
         results = run(names, bench)
         bench.http.close()
     print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"cases": results, "zoo_profile": args.zoo_profile,
-                                         "rate_per_s": args.rate, "control": args.control},
+                                         "rate_per_s": args.rate, "control": args.control,
+                                         "netns": args.netns},
                                         indent=2))
         print(f"wrote {args.json}")
     return 0 if all("error" not in r for r in results.values()) else 1

@@ -275,8 +275,9 @@ def _start_prometheus(fleet: RunningFleet, port: int) -> None:
 
     port = port or pick_port(HOST)
     fleet.procs["prometheus"] = prometheus.start(
-        fleet.run_dir, HOST, port, fleet.node_urls, fleet.control_urls,
-        fleet.run_dir / "logs" / "prometheus.log")
+        fleet.run_dir, fleet.host, port, fleet.node_urls, fleet.control_urls,
+        fleet.run_dir / "logs" / "prometheus.log",
+        tls=fleet.pki.operator if fleet.pki else None)
     fleet.prometheus_url = f"http://{fleet.host}:{port}"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tierlink.errors import ConfigError, TierlinkError
+from tierlink.security.tls import TlsFiles
 
 RULES = Path(__file__).resolve().parents[3] / "deploy" / "rules" / "tierlink.rules.yml"
 SCRAPE_S = 2.0
@@ -39,22 +40,30 @@ def binary() -> str:
     return found
 
 
-def config_text(targets_file: Path, rules: Path | None, scrape_s: float = SCRAPE_S) -> str:
+def config_text(targets_file: Path, rules: Path | None, scrape_s: float = SCRAPE_S,
+                tls: TlsFiles | None = None) -> str:
+    """``tls``: the fleet runs TLS; Prometheus scrapes over HTTPS, verifying the fleet CA
+    and presenting these (an operator's) certificate and key."""
     rule_files = f'rule_files: ["{rules}"]\n' if rules is not None else ""
+    https = "" if tls is None else (
+        "    scheme: https\n"
+        f"    tls_config: {{ca_file: \"{tls.ca}\", cert_file: \"{tls.cert}\", "
+        f"key_file: \"{tls.key}\"}}\n")
     return (f"# written by tierlink up --prometheus; targets follow the fleet\n"
             f"global: {{scrape_interval: {scrape_s:g}s, scrape_timeout: {scrape_s:g}s, "
             f"evaluation_interval: {scrape_s:g}s}}\n"
             f"{rule_files}"
             "scrape_configs:\n"
             "  - job_name: tierlink\n"
-            f"    file_sd_configs: [{{files: [\"{targets_file}\"], refresh_interval: 5s}}]\n")
+            f"    file_sd_configs: [{{files: [\"{targets_file}\"], refresh_interval: 5s}}]\n"
+            f"{https}")
 
 
 def write_targets(path: Path, nodes: Mapping[str, str], controls: Sequence[str]) -> None:
     """The file_sd targets: each node (labelled with its id) and each control replica."""
-    groups = [{"targets": [url.removeprefix("http://")],
+    groups = [{"targets": [_address(url)],
                "labels": {"node": node_id, "role": "node"}} for node_id, url in nodes.items()]
-    groups += [{"targets": [url.removeprefix("http://")],
+    groups += [{"targets": [_address(url)],
                 "labels": {"node": f"control-{i}", "role": "control"}}
                for i, url in enumerate(controls) if url]
     tmp = path.with_suffix(".tmp")
@@ -62,9 +71,13 @@ def write_targets(path: Path, nodes: Mapping[str, str], controls: Sequence[str])
     tmp.replace(path)  # Prometheus never reads half a file
 
 
+def _address(url: str) -> str:
+    return url.removeprefix("http://").removeprefix("https://")
+
+
 def start(run_dir: Path, host: str, port: int, nodes: Mapping[str, str],
           controls: Sequence[str], log: Path, scrape_s: float = SCRAPE_S,
-          ) -> subprocess.Popen[bytes]:
+          tls: TlsFiles | None = None) -> subprocess.Popen[bytes]:
     """Prometheus on ``host:port`` for this fleet; returns once it answers ready."""
     exe = binary()
     home = run_dir / "prometheus"
@@ -72,7 +85,7 @@ def start(run_dir: Path, host: str, port: int, nodes: Mapping[str, str],
     targets = home / "targets.json"
     write_targets(targets, nodes, controls)
     config = home / "prometheus.yml"
-    config.write_text(config_text(targets, RULES if RULES.is_file() else None, scrape_s))
+    config.write_text(config_text(targets, RULES if RULES.is_file() else None, scrape_s, tls))
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [exe, f"--config.file={config}", f"--storage.tsdb.path={home / 'tsdb'}",
