@@ -19,6 +19,7 @@ from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
 from tierlink.providers import parse_providers
+from tierlink.settings.engine import EngineConfig, parse_engine
 from tierlink.settings.fields import (
     as_bool,
     as_float,
@@ -66,6 +67,7 @@ class NodeConfig:
     advertise_url: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)  # site, region: picks upstreams
     default_privacy: str = "any"  # of a request that names none; "local": fail closed
+    engine: EngineConfig = field(default_factory=EngineConfig)  # onnxruntime | ray
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +295,7 @@ def _node(raw: Any, where: str) -> NodeConfig:
                        else as_url(raw["advertise_url"], f"{where}.advertise_url")),
         labels=_labels(raw.get("labels") or {}, f"{where}.labels"),
         default_privacy=_privacy(raw.get("default_privacy", "any"), f"{where}.default_privacy"),
+        engine=parse_engine(raw.get("engine", "onnxruntime"), raw.get("ray"), where),
     )
 
 

@@ -36,6 +36,7 @@ from tierlink.fleet.netns_fleet import (
     record,
     shape_links,
 )
+from tierlink.fleet.ray_fleet import HEAD, start_ray, stop_ray
 from tierlink.fleet.security import FleetPki, prepare_pki
 from tierlink.fleet.topology import fleet_labels, upstream_rule
 from tierlink.netports import pick_port
@@ -72,6 +73,7 @@ class RunningFleet:
     host: str = HOST  # where the root namespace's processes listen (netns: the bridge)
     fabric: Any = None  # the namespaces of a fleet on kernel networking (netns.Fabric)
     reaper: subprocess.Popen[bytes] | None = None  # cleans up if this process dies (netns)
+    ray_address: str | None = None  # the Ray head of engine: ray nodes (fleet/ray_fleet.py)
 
     @property
     def scheme(self) -> str:
@@ -92,7 +94,8 @@ class RunningFleet:
         control plane, etcd), then clean cgroups."""
         # The trace receiver goes last: a node flushes its spans as it stops.
         controls = [n for n in self.procs if _is_control(n)]
-        order = [n for n in self.procs if n not in ("links", TRACES) and not _is_control(n)]
+        order = [n for n in self.procs
+                 if n not in ("links", TRACES, HEAD) and not _is_control(n)]
         order += ["links", *controls, TRACES]
         for name in order:
             proc = self.procs.get(name)
@@ -108,6 +111,7 @@ class RunningFleet:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        stop_ray(self)  # after the nodes deleted their deployments
         for throttle in self.throttles:
             throttle.close()
         self.throttles.clear()
@@ -216,6 +220,7 @@ def launch(config: FleetConfig, models: dict[str, tuple[Path, Path]], run_dir: P
         _start_control(fleet, ready_timeout_s)
         say(f"control plane at {', '.join(fleet.control_urls)}"
             + (f" (etcd: {len(fleet.etcd.members)} members)" if fleet.etcd else ""))
+        start_ray(fleet, ready_timeout_s)
         ports = {n.node_id: pick_port(HOST) for n in config.nodes}
         link_ports = _start_links(fleet, ports, ready_timeout_s)
         shape_links(fleet, link_ports)
@@ -411,6 +416,8 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     otlp_endpoint=fleet.otlp_endpoint,
                     otlp_protocol=cfg.tracing.settings.protocol,
                     trace_sample_ratio=cfg.tracing.settings.sample_ratio,
+                    engine_raw=node.engine.to_dict() if node.engine.on_ray else {},
+                    ray_address=fleet.ray_address if node.engine.on_ray else None,
                     tls_ca=str(fleet.pki.ca_file) if fleet.pki else None,
                     tls_client_auth=fleet.pki.client_auth if fleet.pki else "optional",
                     llms=node.chat.models if node.chat else (),

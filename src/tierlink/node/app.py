@@ -129,6 +129,18 @@ def _error(exc: TierlinkError) -> Response:
                     media_type="application/json")
 
 
+async def _engine_status(service: NodeService) -> dict[str, Any]:
+    """Where the node's models run: here (ONNX Runtime), or on Ray Serve with how many
+    replicas each has now (asked of Serve's controller, off the event loop)."""
+    remote = {n: rt for n, rt in service.runtimes.items() if getattr(rt, "remote", False)}
+    if not remote:
+        return {"kind": "onnxruntime"}
+    from tierlink.engines.ray_serve import replicas
+
+    counts = await asyncio.to_thread(lambda: {n: replicas(rt) for n, rt in remote.items()})
+    return {"kind": "ray", "replicas": counts}
+
+
 def _overload_gate(service: NodeService, config: OverloadConfig) -> OverloadGate:
     metrics, tier = service.metrics, service.spec.tier.label
     gate = OverloadGate(config, on_shed=lambda p, outcome: metrics.overload_shed.labels(
@@ -192,7 +204,8 @@ def _health_routes(app: FastAPI, service: NodeService, guard: PeerGuard) -> None
     async def status() -> dict[str, Any]:
         tls = getattr(app.state, "tls", None)  # the node's NodeTls (node/main.py)
         return {**service.status(), "overload": app.state.overload.snapshot(),
-                "tls": None if tls is None else tls.status()}
+                "tls": None if tls is None else tls.status(),
+                "engine": await _engine_status(service)}
 
     @app.post("/tierlink/v1/faults", openapi_extra=request_body(FAULTS_BODY))
     async def faults(request: Request) -> dict[str, Any]:

@@ -29,6 +29,9 @@ async def run_model(scheduler: Scheduler, rt: ModelRuntime, inputs: dict[str, np
         finally:
             timing.append((time.perf_counter() - start) * 1000.0)
 
+    # A runtime that waits on another process (Ray Serve) never runs on the loop thread,
+    # however short its calls are.
+    inline = slowdown <= 1.0 and not getattr(rt, "remote", False)
     out = await scheduler.submit(call, priority=priority, deadline_s=deadline_s,
-                                 key=rt.info.name, inline=slowdown <= 1.0)
+                                 key=rt.info.name, inline=inline)
     return out, timing[0]

@@ -26,6 +26,7 @@ from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.node.uplink import Uplink, UplinkMetrics, uplink_for_spec
+from tierlink.settings.engine import engine_from_dict
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
 
@@ -36,6 +37,13 @@ log = logging.getLogger("tierlink.node")
 
 
 def load_runtimes(spec: NodeSpec) -> dict[str, ModelRuntime]:
+    engine = engine_from_dict(spec.engine_raw)
+    if engine.on_ray:  # Ray Serve deployments behind this node's front door
+        from tierlink.engines.ray_serve import deploy
+
+        models = {src.name: (Path(src.onnx), ModelInfo.from_card(Path(src.card)))
+                  for src in spec.models}
+        return dict(deploy(spec.node_id, models, spec.ray_address or "", engine))
     runtimes: dict[str, ModelRuntime] = {}
     for src in spec.models:
         if is_exit_card(Path(src.card)):  # a multi-exit model: served with early exit
@@ -52,12 +60,24 @@ def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) ->
     # httpx logs every request at INFO: two lines per heartbeat, thousands per run.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     tracing.configure(spec.tracing(), spec.node_id)
+    loaded = runtimes if runtimes is not None else load_runtimes(spec)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve_node(spec, runtimes if runtimes is not None
-                                  else load_runtimes(spec)))
+            runner.run(serve_node(spec, loaded))
     finally:
         tracing.shutdown()  # spans still batched go out before the process ends
+        _undeploy(loaded)
+
+
+def _undeploy(runtimes: dict[str, ModelRuntime]) -> None:
+    """Delete this node's Ray Serve deployments (the cluster is not the node's to stop)."""
+    from tierlink.engines.ray_serve import PLATFORM
+
+    served = {n: rt for n, rt in runtimes.items() if rt.platform == PLATFORM}
+    if served:
+        from tierlink.engines.ray_serve import undeploy
+
+        undeploy(served)  # type: ignore[arg-type]
 
 
 def _loop_factory() -> Any:

@@ -93,6 +93,10 @@ class NodeSpec:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_auth: str = "optional"
+    # How the node runs its models (settings/engine.py): {} = ONNX Runtime in this process;
+    # {"kind": "ray", ...} = Ray Serve deployments on the cluster at ray_address
+    engine_raw: dict[str, Any] = field(default_factory=dict)
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if self.default_privacy not in ("local", "site", "any"):

@@ -1,0 +1,145 @@
+"""A cloud tier on Ray Serve (`engine: ray`): `tierlink up` starts a Ray cluster, the cloud
+node deploys its model there and answers through its own OIP front door (the same answers
+as ONNX Runtime in process; a malformed tensor refused before Ray), and stopping the fleet
+ends exactly the cluster it started. And a two-node Ray cluster across network namespaces:
+the replica runs on the worker in its own namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tierlink.engines import ray_cluster
+from tierlink.fleet.launcher import RunningFleet
+from tierlink.netns.fabric import Fabric, in_netns
+from tierlink.netports import pick_port
+from tierlink.node.runtime import ModelInfo, OnnxModel
+from tierlink.zoo.datasets import Split
+
+from .integration_support import Models, infer, wait_for
+
+pytestmark = pytest.mark.integration
+
+FLEET = """
+name: itest-ray
+seed: 3
+zoo: {profile: test}
+control: {ttl_s: 3}
+routing:
+  policy: tierlink
+  thresholds: {fmnist-small: 0.99999}
+nodes:
+  - {id: cloud-1, tier: cloud, models: [fmnist-large], engine: ray, workers: 4,
+     ray: {min_replicas: 1, max_replicas: 2, num_cpus: 0.5}}
+  - {id: dev-1, tier: device, models: [fmnist-small]}
+links:
+  - {from: dev-1, to: cloud-1, delay_ms: 2}
+"""
+
+
+def local_logits(models: Models, x: np.ndarray) -> np.ndarray:
+    onnx, card = models["fmnist-large"]
+    return OnnxModel(onnx, ModelInfo.from_card(card)).infer({"input": x})["logits"]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_cloud_node_serves_through_ray_serve_and_stops_its_cluster(
+        start_fleet: Callable[[str], RunningFleet], zoo_models: Models, http: httpx.Client,
+        fmnist_test: Split, hard_samples: np.ndarray) -> None:
+    fleet = start_fleet(FLEET)
+    cloud = fleet.node_urls["cloud-1"]
+    meta = http.get(f"{cloud}/v2/models/fmnist-large").json()
+    assert meta["platform"] == "ray_serve_onnxruntime" and \
+        meta["parameters"]["provider"] == "ray_serve"
+    engine = http.get(f"{cloud}/tierlink/v1/status").json()["engine"]
+    assert engine == {"kind": "ray", "replicas": {"fmnist-large": 1}}
+
+    x = fmnist_test.images[hard_samples[0]: hard_samples[0] + 1]
+    routed = infer(http, fleet.node_urls["dev-1"], "fmnist", x,
+                   {"tierlink.privacy": "any", "tierlink.deadline_ms": 5000.0})
+    assert routed.status == 200 and routed.path == ["dev-1", "cloud-1"], routed.error
+    direct = infer(http, cloud, "fmnist-large", fmnist_test.images[:4])
+    assert direct.status == 200, direct.error
+    np.testing.assert_allclose(direct.outputs["logits"],
+                               local_logits(zoo_models, fmnist_test.images[:4]), rtol=1e-4,
+                               atol=1e-5)
+    bad = infer(http, cloud, "fmnist-large", np.zeros((1, 1, 27, 28), np.float32))
+    assert bad.status == 400 and "shape" in bad.error["error"]
+
+    head = fleet.procs["ray-head"].pid
+    assert group_alive(head)
+    fleet.stop()
+    wait_for(lambda: not group_alive(head) or None, 30, "the Ray cluster's processes ending")
+
+
+DRIVER = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    import numpy as np
+    import ray
+    from tierlink.engines.ray_serve import deploy, undeploy
+    from tierlink.node.runtime import ModelInfo
+    from tierlink.settings.engine import EngineConfig
+
+    address, onnx, card = sys.argv[1:4]
+    ray.init(address=address, log_to_driver=False)
+    deadline = time.monotonic() + 60
+    while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
+    served = deploy("cloud-ns", {"fmnist-large": (Path(onnx), ModelInfo.from_card(Path(card)))},
+                    address, EngineConfig(kind="ray", min_replicas=1, max_replicas=1,
+                                          num_cpus=0.5))
+    x = np.load(sys.argv[4])
+    logits = served["fmnist-large"].infer({"input": x})["logits"]
+    undeploy(served)
+    print(json.dumps({"nodes": nodes, "logits": logits.tolist()}))
+""")
+
+
+def test_a_two_node_ray_cluster_across_namespaces(zoo_models: Models, tmp_path: Path,
+                                                 fmnist_test: Split) -> None:
+    fabric = Fabric.create(["ray-worker"])
+    gateway, worker_host = fabric.plan.gateway, fabric.plan.host("ray-worker")
+    port = pick_port(gateway)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        # The head has no CPUs: the replica can only run on the worker in the namespace.
+        head = ray_cluster.start(ray_cluster.head_command(gateway, port, 0),
+                                 tmp_path / "head.log")
+        procs.append(head)
+        ray_cluster.wait_listening(gateway, port, head)
+        procs.append(ray_cluster.start(in_netns(worker_host, ray_cluster.worker_command(
+            f"{gateway}:{port}", worker_host.address, 1)), tmp_path / "worker.log"))
+        x = fmnist_test.images[:2]
+        np.save(tmp_path / "x.npy", x)
+        onnx, card = zoo_models["fmnist-large"]
+        out = subprocess.run([sys.executable, "-c", DRIVER, f"{gateway}:{port}", str(onnx),
+                              str(card), str(tmp_path / "x.npy")], capture_output=True,
+                             text=True, timeout=180, env=ray_cluster.ray_env(), check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        answer = json.loads(out.stdout.strip().splitlines()[-1])
+        assert answer["nodes"] == sorted([gateway, worker_host.address])
+        np.testing.assert_allclose(np.array(answer["logits"]), local_logits(zoo_models, x),
+                                   rtol=1e-4, atol=1e-5)
+    finally:
+        for proc in reversed(procs):
+            ray_cluster.stop(proc)
+        fabric.destroy()
+    assert not any(group_alive(p.pid) for p in procs)
