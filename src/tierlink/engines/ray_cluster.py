@@ -13,6 +13,7 @@ namespaces).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tierlink.errors import TierlinkError
-from tierlink.netports import pick_port
+from tierlink.netports import DEFAULT_EPHEMERAL_LOW, LOWEST_PORT, pick_port
 
 OBJECT_STORE_BYTES = 128 * 2**20  # the default (30% of memory) is far too much for a node
 
@@ -59,7 +60,19 @@ def _ports(host: str) -> list[str]:
     collide with a fleet's own ports and with a second cluster: workers take ports the
     kernel hands out, the agent one picked for it."""
     return ["--min-worker-port", "0", "--max-worker-port", "0",
-            "--dashboard-agent-listen-port", str(pick_port(host))]
+            "--dashboard-agent-listen-port", str(_port_on(host))]
+
+
+def _port_on(host: str) -> int:
+    """A free port on ``host`` when it is an address of this namespace; any port below the
+    ephemeral range otherwise (a worker started in a namespace of its own, where nothing
+    else listens)."""
+    try:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+    except OSError:
+        return random.randint(LOWEST_PORT, DEFAULT_EPHEMERAL_LOW - 1)
+    return pick_port(host)
 
 
 def start(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
