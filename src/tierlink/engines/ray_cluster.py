@@ -35,7 +35,10 @@ class RayClusterError(TierlinkError):
 
 def ray_env() -> dict[str, str]:
     """The environment every process of the cluster (and its drivers) shares."""
-    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1")
+    # Ray runs its workers at nice 15 by default: replicas serving a latency-bound tier
+    # would then lose every CPU contest with the node that waits on them.
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1",
+                RAY_worker_niceness="0")
 
 
 def head_command(host: str, port: int, num_cpus: float,

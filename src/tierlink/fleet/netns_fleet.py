@@ -9,14 +9,24 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from tierlink.fleet.config import FleetConfig
 from tierlink.netns.fabric import Fabric, in_netns
 from tierlink.netns.reaper import write_state
 from tierlink.netns.shaping import link_commands, qdisc_commands
 
-if TYPE_CHECKING:
-    from tierlink.fleet.launcher import RunningFleet
+
+class RunningFleet(Protocol):
+    """What of a running fleet (fleet/launcher.py) these functions read and set."""
+
+    config: FleetConfig
+    run_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]]
+    throttles: list[Any]
+    host: str
+    fabric: Any
+    reaper: subprocess.Popen[bytes] | None
 
 STATE_FILE = "netns.json"
 

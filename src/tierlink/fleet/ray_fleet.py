@@ -5,12 +5,23 @@ maximum, gives those nodes its address, and stops it — its own process group, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import subprocess
+from pathlib import Path
+from typing import Any, Protocol
 
+from tierlink.fleet.config import FleetConfig
 from tierlink.netports import pick_port
 
-if TYPE_CHECKING:
-    from tierlink.fleet.launcher import RunningFleet
+
+class RunningFleet(Protocol):
+    """What of a running fleet (fleet/launcher.py) these functions read and set."""
+
+    config: FleetConfig
+    run_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]]
+    host: str
+    fabric: Any
+    ray_address: str | None
 
 HEAD = "ray-head"
 
@@ -26,10 +37,9 @@ def start_ray(fleet: RunningFleet, timeout_s: float) -> None:
     if not needs_ray(fleet):
         return
     if fleet.fabric is not None:
-        from tierlink.fleet.launcher import LaunchError
-
-        raise LaunchError("engine: ray nodes on namespaces are not supported yet",
-                          hint="run the fleet without --netns")
+        raise ray_cluster.RayClusterError(
+            "engine: ray nodes on namespaces are not supported yet",
+            hint="run the fleet without --netns")
     cpus = sum(n.engine.max_replicas * n.engine.num_cpus
                for n in fleet.config.nodes if n.engine.on_ray)
     port = pick_port(fleet.host)
