@@ -93,7 +93,7 @@ DRIVER = textwrap.dedent("""
     from pathlib import Path
     import numpy as np
     import ray
-    from tierlink.engines.ray_serve import deploy, undeploy
+    from tierlink.node.ray_serve import deploy, undeploy
     from tierlink.node.runtime import ModelInfo
     from tierlink.settings.engine import EngineConfig
 

@@ -1,3 +1,3 @@
-"""Engines that run a node's models somewhere other than its own process: Ray Serve for a
-cloud tier that scales its replicas with load (ray_serve.py), and the local Ray cluster
-`tierlink up` starts for it (ray_cluster.py). Ray is imported only where it is used."""
+"""A local Ray cluster for a fleet's ``engine: ray`` nodes (ray_cluster.py): started and
+stopped by its process group. The nodes' side — Ray Serve deployments behind a node's front
+door — is tierlink.node.ray_serve. Ray is imported only where it is used."""

@@ -135,7 +135,7 @@ async def _engine_status(service: NodeService) -> dict[str, Any]:
     remote = {n: rt for n, rt in service.runtimes.items() if getattr(rt, "remote", False)}
     if not remote:
         return {"kind": "onnxruntime"}
-    from tierlink.engines.ray_serve import replicas
+    from tierlink.node.ray_serve import replicas
 
     counts = await asyncio.to_thread(lambda: {n: replicas(rt) for n, rt in remote.items()})
     return {"kind": "ray", "replicas": counts}

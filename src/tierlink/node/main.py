@@ -39,7 +39,7 @@ log = logging.getLogger("tierlink.node")
 def load_runtimes(spec: NodeSpec) -> dict[str, ModelRuntime]:
     engine = engine_from_dict(spec.engine_raw)
     if engine.on_ray:  # Ray Serve deployments behind this node's front door
-        from tierlink.engines.ray_serve import deploy
+        from tierlink.node.ray_serve import deploy
 
         models = {src.name: (Path(src.onnx), ModelInfo.from_card(Path(src.card)))
                   for src in spec.models}
@@ -71,11 +71,11 @@ def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) ->
 
 def _undeploy(runtimes: dict[str, ModelRuntime]) -> None:
     """Delete this node's Ray Serve deployments (the cluster is not the node's to stop)."""
-    from tierlink.engines.ray_serve import PLATFORM
+    from tierlink.node.ray_serve import PLATFORM
 
     served = {n: rt for n, rt in runtimes.items() if rt.platform == PLATFORM}
     if served:
-        from tierlink.engines.ray_serve import undeploy
+        from tierlink.node.ray_serve import undeploy
 
         undeploy(served)  # type: ignore[arg-type]
 

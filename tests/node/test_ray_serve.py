@@ -1,5 +1,5 @@
-"""The Ray engine's parts that need no cluster: a model's signature from its graph, the
-cluster's commands (ports that cannot collide with a fleet's), autoscaling settings."""
+"""The Ray Serve runtime's parts that need no cluster: a model's signature from its graph,
+autoscaling settings from the fleet file."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from tierlink.engines import ray_cluster
-from tierlink.engines.ray_serve import _autoscaling, app_name, signature
+from tierlink.node.ray_serve import _autoscaling, app_name, signature
 from tierlink.node.runtime import TensorSpec
 from tierlink.settings.engine import EngineConfig
 
@@ -27,16 +26,6 @@ def test_a_signature_is_read_from_the_graph(tmp_path: Path) -> None:
     sig = signature(path)
     assert sig.inputs == (TensorSpec("x", "FP32", (-1, 3)),)
     assert sig.outputs == (TensorSpec("y", "FP32", (-1, 2)), TensorSpec("k", "INT64", (-1,)))
-
-
-def test_cluster_commands_keep_clear_of_fixed_ports() -> None:
-    head = ray_cluster.head_command("127.0.0.1", 20000, 1.5)
-    assert head[head.index("--num-cpus") + 1] == "1.5" and "--block" in head
-    assert head[head.index("--min-worker-port") + 1] == "0"
-    assert "--include-dashboard=false" in head and "--ray-client-server-port" in head
-    worker = ray_cluster.worker_command("10.0.0.1:20000", "10.99.99.99", 1)
-    assert worker[worker.index("--address") + 1] == "10.0.0.1:20000"
-    assert "--dashboard-agent-listen-port" in worker  # any port: a namespace of its own
 
 
 def test_autoscaling_follows_the_fleet_file() -> None:

@@ -8,7 +8,7 @@ never reaches Ray) and sends them to the deployment through a Serve handle. Each
 holds one ONNX Runtime session (one thread) and answers ``{output name: array}``.
 
 Lifecycle: :func:`deploy` connects the node process to the Ray cluster at ``address``
-(``tierlink up`` starts one: engines/ray_cluster.py), deploys every model as an application
+(``tierlink up`` starts one: tierlink.engines.ray_cluster), deploys every model as an application
 named ``tierlink-<node>-<model>`` and waits until they run; :func:`undeploy` deletes exactly
 those applications and disconnects — never the cluster, which belongs to whoever started it.
 """
@@ -27,7 +27,7 @@ from tierlink.errors import ConfigError, RuntimeFailure
 from tierlink.node.runtime import ModelInfo, TensorSpec, validate_inputs
 from tierlink.settings.engine import EngineConfig
 
-log = logging.getLogger("tierlink.engines.ray")
+log = logging.getLogger("tierlink.node.ray")
 CALL_TIMEOUT_S = 30.0
 PLATFORM = "ray_serve_onnxruntime"
 
