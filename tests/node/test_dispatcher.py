@@ -210,3 +210,18 @@ def test_stages_are_traced_escalation_and_fallback_with_their_reasons():
         "tierlink.model": "s", "tierlink.next": "edge-1"}
     assert spans["tierlink.fallback"]["tierlink.peer"] == "edge-1"
     assert spans["tierlink.fallback"]["tierlink.reason"] == "unavailable"
+
+
+def test_an_upstream_refusing_what_it_was_sent_keeps_its_breaker_closed():
+    """A peer that refuses this node's claims (or an input it may not hold) is up and
+    judging correctly: the plan falls back, the breaker stays closed for later requests."""
+    from tierlink.errors import PeerRefused
+
+    refusal = PeerRefused("edge-1: a 'local' input arrived from node dev-1",
+                          reason="local_forwarded")
+    d, calls, _, boards = make(remote={"edge-1": refusal})
+    for _ in range(5):
+        out = run(d)
+        assert out.outcome.served_by == "edge-2"
+    assert calls.count("edge-1") == 5
+    assert boards.board.states().get("edge-1", "closed") == "closed"

@@ -35,6 +35,8 @@ from tierlink.errors import (
     DeadlineExceeded,
     InvalidRequest,
     Overloaded,
+    PeerRefused,
+    PrivacyViolation,
     TierlinkError,
     UpstreamError,
     UpstreamTimeout,
@@ -301,8 +303,11 @@ class Dispatcher:
             reason = reason_of(exc)
             self._fell_back(fallbacks, Fallback(placement.node_id, reason, exc.message[:200]))
             # A step that failed here before reaching the upstream (a split plan's head
-            # refused by this node's scheduler) says nothing about the upstream's health.
-            if placement.kind == "remote" and not exc.details.get("before_hop"):
+            # refused by this node's scheduler) says nothing about the upstream's health,
+            # nor does an upstream that refused what was sent to it (a claim this node may
+            # not make, an input it may not hold): it is up and judging correctly.
+            if placement.kind == "remote" and not exc.details.get("before_hop") \
+                    and not isinstance(exc, PeerRefused | PrivacyViolation):
                 self._breakers.failure(placement.node_id, reason)
             return None
         if placement.kind == "remote":
