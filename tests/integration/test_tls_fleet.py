@@ -6,7 +6,10 @@ items refused and counted — and certificates that rotate under load losing not
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -98,6 +101,16 @@ def test_every_hop_runs_tls_with_node_certificates(
         tls = op.get(f"{fleet.node_urls[node]}/tierlink/v1/status").json()["tls"]
         assert tls["identity"].startswith("urn:tierlink:node:") and tls["identity"].endswith(
             f":{node}") and tls["managed"], tls
+    # An operator's command verifies the control plane with the fleet CA (TIERLINK_CA).
+    assert fleet.pki is not None
+    env = dict(os.environ, TIERLINK_ADMIN_TOKEN=fleet.admin_token,
+               TIERLINK_CA=str(fleet.pki.ca_file), TIERLINK_CERT=str(fleet.pki.operator.cert),
+               TIERLINK_KEY=str(fleet.pki.operator.key))
+    listed = subprocess.run([sys.executable, "-m", "tierlink.cli.main", "enroll", "list",
+                             "--control", fleet.control_url, "--json"], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert {n["node_id"] for n in json.loads(listed.stdout)} == set(fleet.node_urls)
     with pytest.raises(httpx.HTTPError):  # no plain HTTP anywhere
         httpx.get(fleet.node_urls["edge-1"].replace("https", "http") + "/v2/health/live",
                   timeout=2.0)

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
+from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
 from tierlink.errors import ControlPlaneError, TierlinkError, error_from_dict
 
 app = typer.Typer(help="Enrollment tokens and node credentials (operators).",
@@ -29,7 +29,7 @@ def _call(method: str, url: str, token: str | None, **kwargs: Any) -> Any:
 
     try:
         response = httpx.request(method, url, headers=admin_headers(token), timeout=10.0,
-                                 trust_env=False, **kwargs)
+                                 trust_env=False, verify=fleet_verify(), **kwargs)
     except httpx.HTTPError as exc:
         raise ControlPlaneError(f"cannot reach the control plane at {url}: {exc}") from exc
     try:

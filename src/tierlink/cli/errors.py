@@ -3,6 +3,8 @@ and the operator credential commands that call the control plane share."""
 
 from __future__ import annotations
 
+import os
+import ssl
 from typing import NoReturn
 
 import typer
@@ -30,6 +32,22 @@ def admin_authorization(token: str | None) -> str | None:
     """The ``Authorization`` header value for an operator, None without a token (an open
     control plane)."""
     return f"Bearer admin:{token.strip()}" if token and token.strip() else None
+
+
+def fleet_verify() -> ssl.SSLContext | bool:
+    """How operator commands verify a control plane on HTTPS: the fleet CA in
+    ``TIERLINK_CA`` (and, where ``TIERLINK_CERT`` / ``TIERLINK_KEY`` name them, the
+    operator's certificate; `tierlink up --tls` prints the three), else the system's trust."""
+    ca = os.environ.get("TIERLINK_CA")
+    if not ca:
+        return True
+    from pathlib import Path
+
+    from tierlink.security.tls import TlsFiles, client_context
+
+    cert, key = os.environ.get("TIERLINK_CERT"), os.environ.get("TIERLINK_KEY")
+    return client_context(TlsFiles(Path(ca), Path(cert) if cert else None,
+                                   Path(key) if key else None))
 
 
 def admin_headers(token: str | None) -> dict[str, str]:

@@ -18,7 +18,7 @@ from tierlink.cli.calibration import calibration
 from tierlink.cli.cascade import app as cascade_app
 from tierlink.cli.chat_router import chat_router_cmd
 from tierlink.cli.enroll import app as enroll_app
-from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
+from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
 from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.llm import app as llm_app
 from tierlink.cli.model import app as model_app
@@ -242,6 +242,9 @@ def _print_endpoints(info: dict[str, Any]) -> None:
     console.print(f"fleet view: {info['control']}/ui (it asks for the operator token)")
     console.print(f"operator token: export TIERLINK_ADMIN_TOKEN=$(cat {info['run_dir']}/"
                   "admin.token)")
+    if info.get("ca"):  # TLS: what operator commands verify the fleet with, and present
+        console.print(f"TLS: export TIERLINK_CA={info['ca']} TIERLINK_CERT="
+                      f"{info['operator_cert']} TIERLINK_KEY={info['operator_key']}")
     if info["prometheus"]:
         console.print(f"prometheus {info['prometheus']} (rules and alerts: "
                       f"{info['prometheus']}/alerts)")
@@ -384,7 +387,8 @@ def status(control: str = typer.Argument(..., help="control plane URL"),
 
     try:
         response = httpx.get(f"{control.rstrip('/')}/v1/nodes", timeout=3.0,
-                             headers=admin_headers(admin_token), trust_env=False)
+                             headers=admin_headers(admin_token), trust_env=False,
+                             verify=fleet_verify())
     except httpx.HTTPError as exc:
         console.print(f"[red]error:[/red] cannot reach the control plane at {control}: {exc}")
         raise typer.Exit(2) from exc

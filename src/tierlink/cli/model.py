@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
+from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
 from tierlink.errors import TierlinkError
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def _client(url: str, admin_token: str | None) -> RepositoryClient:
     """The repository client (tests replace this to talk to an in-process app)."""
     from tierlink.repo.client import RepositoryClient
 
-    return RepositoryClient(url, headers=admin_headers(admin_token))
+    return RepositoryClient(url, headers=admin_headers(admin_token), verify=fleet_verify())
 
 
 def _token_option() -> Any:

@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail
+from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
 from tierlink.errors import ConfigError, ControlPlaneError, RolloutError, TierlinkError
 
 if TYPE_CHECKING:
@@ -86,7 +86,8 @@ def _http(url: str) -> Iterator[httpx.Client]:
     """A client for the control plane at ``url`` (tests replace this with a TestClient)."""
     import httpx
 
-    with httpx.Client(base_url=url.rstrip("/"), timeout=10.0, trust_env=False) as client:
+    with httpx.Client(base_url=url.rstrip("/"), timeout=10.0, trust_env=False,
+                      verify=fleet_verify()) as client:
         yield client
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
@@ -45,13 +46,14 @@ class RepositoryClient:
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, *,
                  headers: Mapping[str, str] | None = None,
-                 http: httpx.Client | None = None) -> None:
+                 http: httpx.Client | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self._owned = http is None
         self._http = http if http is not None else httpx.Client(
-            base_url=self.base_url, timeout=timeout_s, trust_env=False)
+            base_url=self.base_url, timeout=timeout_s, trust_env=False, verify=verify)
 
     def upload_blob(self, path: Path | str) -> dict[str, Any]:
         """Upload a file as a blob (streamed); ``{"sha256", "size", "created"}``."""
