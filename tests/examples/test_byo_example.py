@@ -50,6 +50,7 @@ def test_a_family_model_exports_and_imports_against_the_declared_task(
     texts, y = mails(200)
     x = np.stack([spam_models.encode(t) for t in texts])
     build, _ = spam_models.FAMILY[name]
+    torch.manual_seed(0)  # the initial weights too: not whatever earlier tests left
     model = build()
     spam_models.train(model, x, y, epochs=25, seed=0)
     spam_models.export(model, tmp_path / f"{name}.onnx")
@@ -59,4 +60,4 @@ def test_a_family_model_exports_and_imports_against_the_declared_task(
                                       tmp_path / "heldout.npz", declared=declared),
                         model_store)
     assert card["labels"] == ["ham", "spam"] and card["input"][0]["datatype"] == "INT64"
-    assert card["metric"]["eval"] > 0.8  # two kinds of mail: easy to tell apart
+    assert card["metric"]["eval"] > 0.8, card["metric"]  # easy to tell apart
