@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tracing_cost import cpu_s  # benchmarks/ is on the path: this file runs as a script
 
 from tierlink.fleet.config import parse_fleet, with_tls
 from tierlink.transport.oip import encode_infer_request
@@ -46,18 +46,6 @@ FLEET = {
 }
 CASES = ("client_hop", "node_hop", "handshake")
 NODES = ("dev-2", "edge-1")
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total / TICKS
-
-
 def calls(fleet: Any, http: httpx.Client, body: tuple[bytes, dict[str, str]]
           ) -> dict[str, Callable[[], int]]:
     edge, dev = fleet.node_urls["edge-1"], fleet.node_urls["dev-2"]
@@ -139,13 +127,19 @@ def report(results: dict[str, Any], requests: int, rounds: int) -> dict[str, Any
             out[f][case] = {"p50_ms": round(statistics.median(ms), 3),
                             "p95_ms": round(ms[int(0.95 * len(ms))], 3),
                             "cpu_ms_per_request": round(statistics.median(r["cpu_ms"]), 3)}
-    out["ratio_tls_plain"] = {case: {k: round(out["tls"][case][k] / out["plain"][case][k], 3)
+    out["ratio_tls_plain"] = {case: {k: _ratio(out["tls"][case][k], out["plain"][case][k])
                                      for k in ("p50_ms", "p95_ms", "cpu_ms_per_request")}
                               for case in CASES}
     out["node_to_node_hop"] = {f: {k: round(out[f]["node_hop"][k] - out[f]["client_hop"][k], 3)
                                    for k in ("p50_ms", "cpu_ms_per_request")}
                                for f in results}
     return out
+
+
+def _ratio(tls: float, plain: float) -> float | None:
+    """None where the plain figure is 0 (CPU is read in 10 ms ticks: a short run may see
+    none)."""
+    return round(tls / plain, 3) if plain else None
 
 
 def print_table(out: dict[str, Any]) -> None:
@@ -156,8 +150,8 @@ def print_table(out: dict[str, Any]) -> None:
             print(f"{case:<12} {f:<6} {r['p50_ms']:>8} {r['p95_ms']:>8} "
                   f"{r['cpu_ms_per_request']:>11}")
         ratio = out["ratio_tls_plain"][case]
-        print(f"{'':<12} {'tls/plain':<6} {ratio['p50_ms']:>6}x {ratio['p95_ms']:>7}x "
-              f"{ratio['cpu_ms_per_request']:>10}x")
+        print(f"{'':<12} {'tls/plain':<6} {ratio['p50_ms']!s:>6}x {ratio['p95_ms']!s:>7}x "
+              f"{ratio['cpu_ms_per_request']!s:>10}x")
     hop = out["node_to_node_hop"]
     print(f"node-to-node hop (node_hop - client_hop): plain {hop['plain']['p50_ms']} ms, "
           f"tls {hop['tls']['p50_ms']} ms p50; CPU {hop['plain']['cpu_ms_per_request']} vs "

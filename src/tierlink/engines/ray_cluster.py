@@ -101,23 +101,19 @@ def wait_listening(host: str, port: int, proc: subprocess.Popen[bytes],
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    """End the process group ``proc`` leads: what this ``ray start`` started, nothing else."""
+    """End the process group ``proc`` leads: what this ``ray start`` started, nothing else.
+    SIGTERM, then SIGKILL to what is left after ``grace_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            break
-        try:
-            proc.wait(grace_s)
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader: a zombie would keep its group "alive"
             if not _group_alive(proc.pid):
                 return
-        except subprocess.TimeoutExpired:
-            continue
-        deadline = time.monotonic() + grace_s
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _group_alive(proc.pid):
-            return
 
 
 def _group_alive(pgid: int) -> bool:

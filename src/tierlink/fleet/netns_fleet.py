@@ -9,29 +9,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
-from tierlink.fleet.config import FleetConfig
+from tierlink.fleet.state import FleetState
 from tierlink.netns.fabric import Fabric, in_netns
 from tierlink.netns.reaper import write_state
 from tierlink.netns.shaping import link_commands, qdisc_commands
 
-
-class RunningFleet(Protocol):
-    """What of a running fleet (fleet/launcher.py) these functions read and set."""
-
-    config: FleetConfig
-    run_dir: Path
-    procs: dict[str, subprocess.Popen[bytes]]
-    throttles: list[Any]
-    host: str
-    fabric: Any
-    reaper: subprocess.Popen[bytes] | None
-
 STATE_FILE = "netns.json"
 
 
-def open_fabric(fleet: RunningFleet) -> None:
+def open_fabric(fleet: FleetState) -> None:
     """Make the fleet's namespaces and start its reaper; the fleet's processes in the
     root namespace listen on the bridge's address from now on."""
     fleet.fabric = Fabric.create([n.node_id for n in fleet.config.nodes])
@@ -45,18 +32,18 @@ def open_fabric(fleet: RunningFleet) -> None:
     log.close()
 
 
-def node_host(fleet: RunningFleet, node_id: str) -> str:
+def node_host(fleet: FleetState, node_id: str) -> str:
     return fleet.fabric.plan.host(node_id).address if fleet.fabric else fleet.host
 
 
-def command(fleet: RunningFleet, name: str, argv: Sequence[str]) -> list[str]:
+def command(fleet: FleetState, name: str, argv: Sequence[str]) -> list[str]:
     """``argv`` as the process ``name`` runs: a node inside its namespace."""
     if fleet.fabric is None or name not in {h.node_id for h in fleet.fabric.plan.hosts}:
         return list(argv)
     return in_netns(fleet.fabric.plan.host(name), argv)
 
 
-def record(fleet: RunningFleet) -> None:
+def record(fleet: FleetState) -> None:
     """What the reaper removes if the launcher dies: every process, the fabric, cgroups."""
     if fleet.fabric is None:
         return
@@ -65,7 +52,7 @@ def record(fleet: RunningFleet) -> None:
     write_state(fleet.run_dir / STATE_FILE, fleet.fabric.plan, pids, groups)
 
 
-def shape_links(fleet: RunningFleet, link_ports: dict[str, int]) -> None:
+def shape_links(fleet: FleetState, link_ports: dict[str, int]) -> None:
     """Each link's bandwidth and loss in the kernel (the emulator keeps delay, jitter)."""
     if fleet.fabric is None:
         return
@@ -78,7 +65,7 @@ def shape_links(fleet: RunningFleet, link_ports: dict[str, int]) -> None:
     fleet.fabric.apply(commands)
 
 
-def close_fabric(fleet: RunningFleet) -> list[str]:
+def close_fabric(fleet: FleetState) -> list[str]:
     """Remove the namespaces (after the processes in them stopped) and end the reaper."""
     if fleet.fabric is None:
         return []

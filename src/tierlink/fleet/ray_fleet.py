@@ -5,32 +5,17 @@ maximum, gives those nodes its address, and stops it — its own process group, 
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-from typing import Any, Protocol
-
-from tierlink.fleet.config import FleetConfig
+from tierlink.fleet.state import FleetState
 from tierlink.netports import pick_port
-
-
-class RunningFleet(Protocol):
-    """What of a running fleet (fleet/launcher.py) these functions read and set."""
-
-    config: FleetConfig
-    run_dir: Path
-    procs: dict[str, subprocess.Popen[bytes]]
-    host: str
-    fabric: Any
-    ray_address: str | None
 
 HEAD = "ray-head"
 
 
-def needs_ray(fleet: RunningFleet) -> bool:
+def needs_ray(fleet: FleetState) -> bool:
     return any(n.engine.on_ray for n in fleet.config.nodes)
 
 
-def start_ray(fleet: RunningFleet, timeout_s: float) -> None:
+def start_ray(fleet: FleetState, timeout_s: float) -> None:
     """A head on the fleet's host with CPUs for every Ray node's replicas at their maximum."""
     from tierlink.engines import ray_cluster
 
@@ -50,7 +35,7 @@ def start_ray(fleet: RunningFleet, timeout_s: float) -> None:
     fleet.ray_address = f"{fleet.host}:{port}"
 
 
-def stop_ray(fleet: RunningFleet) -> None:
+def stop_ray(fleet: FleetState) -> None:
     proc = fleet.procs.get(HEAD)
     if proc is not None:
         from tierlink.engines import ray_cluster

@@ -58,7 +58,7 @@ class NodeTls:
         self._clock = clock
         self.renewals = 0
         self.failures = 0
-        self.facts: dict[str, object] = {}
+        self.facts: dict[str, Any] = {}  # pki.describe of the loaded certificate
 
     @property
     def server(self) -> ssl.SSLContext:
@@ -86,8 +86,7 @@ class NodeTls:
                 self._read_facts()
                 self.renewals += 1
                 log.info("certificate renewed (serial %s, valid until %s)", self.facts["serial"],
-                         time.strftime("%H:%M:%S", time.localtime(float(str(
-                             self.facts["not_after"])))))
+                         time.strftime("%H:%M:%S", time.localtime(self._not_after())))
             except (TierlinkError, OSError, ssl.SSLError) as exc:
                 self.failures += 1
                 wait = min(30.0, max(0.5, (self._not_after() - self._clock()) / 10))
@@ -120,10 +119,10 @@ class NodeTls:
         self.facts = pki.describe(self.files.cert.read_bytes())
 
     def _not_after(self) -> float:
-        return float(str(self.facts.get("not_after", 0.0)))
+        return float(self.facts.get("not_after", 0.0))
 
     def _renew_at(self) -> float:
-        start = float(str(self.facts.get("not_before", 0.0)))
+        start = float(self.facts.get("not_before", 0.0))
         return start + RENEW_AT * (self._not_after() - start)
 
 

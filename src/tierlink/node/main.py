@@ -71,9 +71,7 @@ def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) ->
 
 def _undeploy(runtimes: dict[str, ModelRuntime]) -> None:
     """Delete this node's Ray Serve deployments (the cluster is not the node's to stop)."""
-    from tierlink.node.ray_serve import PLATFORM
-
-    served = {n: rt for n, rt in runtimes.items() if rt.platform == PLATFORM}
+    served = {n: rt for n, rt in runtimes.items() if getattr(rt, "remote", False)}
     if served:
         from tierlink.node.ray_serve import undeploy
 

@@ -44,12 +44,11 @@ def _extension(ssl_object: ssl.SSLObject) -> dict[str, Any]:
     der = ssl_object.getpeercert(binary_form=True)
     chain = [ssl.DER_cert_to_PEM_cert(der)] if der else []
     identity = peer_identity(der) if der else None
-    cipher = ssl_object.cipher()
     return {"server_cert": None, "client_cert_chain": chain,
             "client_cert_name": identity.uri() if identity else None,
             "client_cert_error": None,
             "tls_version": _TLS_VERSIONS.get(ssl_object.version() or ""),
-            "cipher_suite": None, "tierlink_cipher": cipher[0] if cipher else None}
+            "cipher_suite": None}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -64,6 +63,3 @@ def peer_of(scope: Any) -> CertIdentity | None:
         return None
     return CertIdentity.parse(tls["client_cert_name"])
 
-
-def is_tls(scope: Any) -> bool:
-    return scope.get("scheme") == "https"

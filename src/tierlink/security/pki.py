@@ -25,6 +25,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -215,7 +216,7 @@ def identity_of(cert_der_or_pem: bytes) -> CertIdentity | None:
     return None
 
 
-def describe(cert_pem: bytes) -> dict[str, object]:
+def describe(cert_pem: bytes) -> dict[str, Any]:
     """What ``tierlink pki show`` and a node's status print of a certificate."""
     cert = x509.load_pem_x509_certificate(cert_pem)
     identity = identity_of(cert_pem)
