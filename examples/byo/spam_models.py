@@ -127,8 +127,12 @@ class Large(nn.Module):
         return self.conv(tokens) + self.bag(tokens)
 
 
-FAMILY = {  # name -> (builder, epochs): ~16k, ~2M and ~17M parameters
-    "spam-tiny": (lambda: BagOfWords(1 << 12, 4, 0, bigrams=False), 8),
+FAMILY = {  # name -> (builder, epochs): ~66k, ~2M and ~17M parameters
+    # The device's model is small (256 KB) but reads word pairs through a hidden layer: a
+    # cascade keeps what the device is sure of, so what matters is that its confidence
+    # ranks mails well (a 16k-parameter bag of single words was 95% right but sure of too
+    # few mails: 69% answered on the device at the fleet's guarantee, this one ~85%).
+    "spam-tiny": (lambda: BagOfWords(1 << 13, 8, 8, bigrams=True), 8),
     "spam-base": (lambda: BagOfWords(1 << 16, 32, 32, bigrams=True), 6),
     "spam-large": (Large, 6),
 }
@@ -174,6 +178,7 @@ def main() -> None:
               "heldout": len(held), "models": {}}
     for name, (build, epochs) in FAMILY.items():
         t0 = time.perf_counter()
+        torch.manual_seed(args.seed)  # the initial weights too, whatever was trained before
         model = build()
         train(model, x[train_rows], y[train_rows], epochs, args.seed)
         with torch.no_grad():
