@@ -36,7 +36,7 @@ def test_tuned_thresholds_meet_their_target_on_the_calibration_split(zoo, splits
         assert calib.accuracy >= top.accuracy - 0.01
         assert calib.cost < top.cost  # and it is cheaper than asking the cloud every time
     elif goal.kind == "escalation_budget":
-        assert calib.escalated <= 0.3
+        assert calib.escalated <= 0.3 + 1e-9  # shares are counts / n: 1 - 0.7 in floats
     else:
         assert calib.cost <= 0.3 * top.cost
     assert set(report.thresholds()) == {"fmnist-small", "fmnist-medium"}

@@ -70,7 +70,7 @@ def zoo_models() -> Models:
 
 @pytest.fixture(scope="session")
 def fmnist_test() -> Split:
-    """The test split: ``.images`` (10000, 1, 28, 28) float32 in [0, 1], ``.labels`` int64."""
+    """The test split: ``.images`` (5000, 1, 28, 28) float32 in [0, 1], ``.labels`` int64."""
     from tierlink.zoo.datasets import DEFAULT_ROOT, INSTALL_HINT, fashion_mnist
 
     if not DEFAULT_ROOT.is_dir():

