@@ -27,7 +27,7 @@ import pytest
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.zoo.datasets import Split
 
-from .integration_support import Models, least_confident, running_fleet
+from .integration_support import Models, least_confident, least_confident_of_all, running_fleet
 
 # 1 cloud, 2 edges, 2 devices under a CPU quota (as in examples/fleet.yaml; unthrottled where
 # cgroups are unavailable); short links so the tests spend their time routing, not waiting.
@@ -83,6 +83,14 @@ def hard_samples(zoo_models: Models, fmnist_test: Split) -> np.ndarray:
     """Indices of 100 test images the device model is least sure of: a cascade escalates
     them, so requests built from them travel up the tiers."""
     return least_confident(zoo_models["fmnist-small"][0], fmnist_test.images, 100)
+
+
+@pytest.fixture(scope="session")
+def cloud_samples(zoo_models: Models, fmnist_test: Split) -> np.ndarray:
+    """Indices of 20 test images that neither the device's nor the edge's model is sure of:
+    a cascade through both sends them to the cloud."""
+    return least_confident_of_all([zoo_models[m][0] for m in ("fmnist-small", "fmnist-medium")],
+                                  fmnist_test.images, 20)
 
 
 @pytest.fixture(scope="package")

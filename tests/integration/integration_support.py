@@ -197,16 +197,28 @@ def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str,
 def least_confident(onnx_path: Path, images: np.ndarray, n: int, pool: int = 1000) -> np.ndarray:
     """Indices of the ``n`` images (among the first ``pool``) the model is least sure of:
     those a cascade escalates, so the routing tests exercise every tier."""
+    return np.argsort(top_probability(onnx_path, images[:pool]))[:n]
+
+
+def least_confident_of_all(onnx_paths: list[Path], images: np.ndarray, n: int,
+                           pool: int = 1000) -> np.ndarray:
+    """Indices of the ``n`` images (among the first ``pool``) that the surest of the models
+    is least sure of: a cascade through all of them escalates these to its last stage."""
+    surest = np.max([top_probability(p, images[:pool]) for p in onnx_paths], axis=0)
+    return np.argsort(surest)[:n]
+
+
+def top_probability(onnx_path: Path, images: np.ndarray) -> np.ndarray:
+    """(N,) the model's top softmax probability per image (temperature 1)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-    logits = session.run(None, {session.get_inputs()[0].name: images[:pool]})[0]  # (pool, 10)
+    logits = session.run(None, {session.get_inputs()[0].name: images})[0]  # (N, 10)
     z = logits - logits.max(axis=1, keepdims=True)
-    probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
-    return np.argsort(probs.max(axis=1))[:n]
+    return (np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)).max(axis=1)
 
 
 # -- models ---------------------------------------------------------------------------------

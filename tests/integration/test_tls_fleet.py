@@ -36,7 +36,7 @@ control: {ttl_s: 3}
 security: {tls: true, cert_ttl_s: CERT_TTL}
 routing:
   policy: tierlink
-  thresholds: {fmnist-small: 0.99999, fmnist-medium: 0.99999}
+  thresholds: {fmnist-small: 0.99999, fmnist-medium: 0.9}  # the edge answers what it is sure of
 nodes:
   - {id: cloud-1, tier: cloud,  models: [fmnist-large]}
   - {id: edge-1,  tier: edge,   models: [fmnist-medium]}
@@ -89,11 +89,11 @@ def refusals(client: httpx.Client, fleet: RunningFleet, node: str, reason: str) 
 
 def test_every_hop_runs_tls_with_node_certificates(
         tls_fleet: RunningFleet, clients: dict[str, httpx.Client], fmnist_test: Split,
-        hard_samples: np.ndarray) -> None:
+        cloud_samples: np.ndarray) -> None:
     fleet, op = tls_fleet, clients["operator"]
     assert all(url.startswith("https://") for url in
                [fleet.control_url, *fleet.node_urls.values()])
-    x = fmnist_test.images[hard_samples[0]: hard_samples[0] + 1]
+    x = fmnist_test.images[cloud_samples[0]: cloud_samples[0] + 1]
     answer = infer(clients["anonymous"], fleet.node_urls["dev-1"], "fmnist", x, ANY)
     assert answer.status == 200, answer.error
     assert answer.path == ["dev-1", "edge-1", "cloud-1"]  # two node-to-node TLS hops
