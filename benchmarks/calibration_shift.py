@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tierlink.cascade.guarantee import tune_guaranteed
-from tierlink.cascade.tune import Stage, evaluate
+from tierlink.cascade.tune import Stage, answering_stage, answers_correct, evaluate
 from tierlink.core.types import Tier
 from tierlink.quantize.variants import with_variants
 from tierlink.zoo import ensure_zoo
@@ -67,25 +67,30 @@ def stages_for(paths: dict[str, Path], fit: Split, judge: Split) -> tuple[list[S
     return out
 
 
+def cascade_right(stages: list[Stage], bar: float) -> np.ndarray:
+    """(N,) whether the cascade's answer is right with ``bar`` at every stage but the last."""
+    bars = [bar] * (len(stages) - 1)
+    return answers_correct(stages, answering_stage(stages, bars))
+
+
 def discord(stages: list[Stage], bar: float) -> dict[str, int]:
     """Inputs the cascade at ``bar`` gets wrong where the cloud model is right (lost) and
     the other way round (won)."""
-    first, second, top = stages
-    right = np.where(first.confidence >= bar, first.correct,
-                     np.where(second.confidence >= bar, second.correct, top.correct))
-    return {"lost": int((~right & top.correct).sum()), "won": int((right & ~top.correct).sum())}
+    right, top = cascade_right(stages, bar), stages[-1].correct
+    return {"lost": int((~right & top).sum()), "won": int((right & ~top).sum())}
 
 
 def slice_share(stages: list[Stage], bar: float, size: int, draws: int) -> float:
     """Share of random ``size``-request slices on which the cascade is within 0.5 point."""
-    first, second, top = stages
-    right = np.where(first.confidence >= bar, first.correct,
-                     np.where(second.confidence >= bar, second.correct, top.correct))
-    diff = right.astype(int) - top.correct.astype(int)
+    diff = cascade_right(stages, bar).astype(int) - stages[-1].correct.astype(int)
     rng = np.random.default_rng(0)
     ok = [diff[rng.choice(len(diff), size, replace=False)].sum() >= -0.005 * size
           for _ in range(draws)]
     return float(np.mean(ok))
+
+
+def per_5k(counts: dict[str, int], n: int) -> dict[str, float]:
+    return {k: round(v * 5000 / n, 1) for k, v in counts.items()}
 
 
 def arm(paths: dict[str, Path], calib: Split, test: Split, args: argparse.Namespace
@@ -95,7 +100,6 @@ def arm(paths: dict[str, Path], calib: Split, test: Split, args: argparse.Namesp
     bar = tuned.chosen.thresholds[0]
     on_test = evaluate(judge, tuned.chosen.thresholds)
     top = float(judge[-1].correct.mean())
-    per_5k = 5000 / len(calib.labels)
     return {
         "bar": bar, "guarantee": tuned.guarantee.describe(),
         "calib_discordance": discord(fit, bar), "test_discordance": discord(judge, bar),
@@ -103,8 +107,9 @@ def arm(paths: dict[str, Path], calib: Split, test: Split, args: argparse.Namesp
         "test_escalated": round(on_test.escalated, 4),
         "test_device_share": round(on_test.shares[0], 4),
         "slices_within_0_5pt": slice_share(judge, bar, args.slice, args.slices),
-        "discordance_above_common_bar_per_5k": {
-            k: round(v * per_5k, 1) for k, v in discord(fit, COMMON_BAR).items()},
+        "discordance_above_common_bar_per_5k": per_5k(discord(fit, COMMON_BAR), len(calib)),
+        "test_discordance_above_common_bar_per_5k": per_5k(discord(judge, COMMON_BAR),
+                                                           len(test)),
     }
 
 
@@ -117,9 +122,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"chain": list(CHAIN), "target": f"accuracy >= top - {100 * DROP:.2f} pt, "
             f"{100 * CONFIDENCE:g}% confidence", "slice": args.slice, "slices": args.slices,
             "test_samples": len(splits.test), "arms": arms,
-            "test_discordance_above_common_bar_per_5k": {
-                k: round(v * 5000 / len(splits.test), 1) for k, v in
-                discord(stages_for(paths, splits.calib, splits.test)[1], COMMON_BAR).items()}}
+            # the test split as the zoo's own temperatures (fitted on test_calib) see it
+            "test_discordance_above_common_bar_per_5k":
+                arms["test_calib"]["test_discordance_above_common_bar_per_5k"]}
 
 
 def print_table(result: dict[str, Any]) -> None:
