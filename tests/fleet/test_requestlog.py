@@ -9,7 +9,14 @@ import pytest
 
 from tierlink.core.types import Priority, Privacy
 from tierlink.errors import ConfigError
-from tierlink.fleet.requestlog import append_log, read_log, read_runs
+from tierlink.fleet.requestlog import (
+    append_log,
+    measured,
+    read_log,
+    read_runs,
+    warm_up_run,
+    warm_ups,
+)
 from tierlink.fleet.workload import Record, WorkItem
 
 
@@ -31,6 +38,26 @@ def test_runs_round_trip_in_sending_order(tmp_path: Path) -> None:
     assert e.item == _record(1, 0.04).item and e.latency_ms == 3.5
     assert e.served_by == "dev-1" and e.timings == {"compute_ms": 0.2} and e.answered
     assert len(read_log(log, "device_only")) == 1
+
+
+def test_a_runs_warm_up_is_kept_apart_from_the_run(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    append_log(log, warm_up_run("tierlink"), [_record(0, 0.0)])  # as the demo writes it
+    append_log(log, "tierlink", [_record(0, 0.0), _record(1, 0.04)])
+    runs = read_runs(log)
+    assert list(runs) == ["warm-up:tierlink", "tierlink"]
+    assert list(measured(runs)) == ["tierlink"] and len(read_log(log)) == 2  # the run
+    assert {name: len(e) for name, e in warm_ups(runs).items()} == {"tierlink": 1}
+
+
+def test_the_simulator_refuses_warm_up_costs_from_a_log_without_any(tmp_path: Path) -> None:
+    from tierlink.cli.sim import _measured_http
+
+    log = tmp_path / "requests.jsonl"
+    append_log(log, "tierlink", [_record(0, 0.0)])
+    with pytest.raises(ConfigError, match="holds no warm-up") as caught:
+        _measured_http(None, log, None, 784, warm_up=True)  # type: ignore[arg-type]
+    assert "demo --log" in str(caught.value.hint)
 
 
 def test_bad_logs_are_refused_with_what_is_wrong(tmp_path: Path) -> None:

@@ -69,9 +69,7 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     if log_path is not None:
         log_path.write_text("")  # this run's requests only
     with launch(config, models, run_dir, say=_say, netns=netns) as fleet:
-        _say(f"warming up: {WARM_UP_S:g} s of traffic per policy, not counted")
-        warm_up(fleet, items, test.images, test.labels, settings.task,
-                [policy for _name, policy in RUNS])
+        _say(f"each run is warmed up first: {WARM_UP_S:g} s of its traffic, not counted")
         runs = {name: _one_run(fleet, name, policy, items, test, settings, photos,
                                prediction, log_path)
                 for name, policy in RUNS}
@@ -110,15 +108,17 @@ def _card_summary(card_path: Path) -> dict[str, Any]:
 def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
              settings: DemoSettings, photos: PhotoPhase | None,
              prediction: Prediction | None, log_path: Path | None = None) -> dict[str, Any]:
-    from tierlink.fleet.requestlog import append_log
+    from tierlink.fleet.requestlog import append_log, warm_up_run
     from tierlink.fleet.workload import summarize, summarize_split
 
     def fmnist(on_done: Any) -> tuple[list, int]:
         return run_workload(fleet, items, test.images, test.labels, settings.task, policy,
                             on_done)
 
+    warm = warm_up(fleet, items, test.images, test.labels, settings.task, policy)
     records, violations = _with_progress(name, len(items), fmnist, _fmnist_live)
     if log_path is not None:
+        append_log(log_path, warm_up_run(name), warm)
         append_log(log_path, name, records)
     run = summarize(records, violations) | breakdown(records, fleet.config, prediction)
     if photos is not None:

@@ -169,6 +169,9 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
                                                          "its first)"),
         http_from: Path | None = typer.Option(None, help="measure the HTTP costs of a request "
                                                          "and a hop from a live run's log"),
+        http_warm_up: bool = typer.Option(False, "--http-warm-up", help="... from the "
+                                          "log's warm-ups (sent right before each run, not "
+                                          "counted) instead of its measured requests"),
         photos: bool = typer.Option(True, help="with the demo's workload, then its photo "
                                                "workload (split plans), as the demo runs it")
         ) -> None:
@@ -179,7 +182,8 @@ def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (a
         run_sim(fleet_file, scenario_file=scenario, requests=requests, rate=rate,
                 arrivals=arrivals, duration_s=duration, seed=seed, runs=runs,
                 json_path=json_path, png_path=png_path, scale=scale, replay=replay,
-                replay_run=replay_run, http_from=http_from, photos=photos)
+                replay_run=replay_run, http_from=http_from,
+                http_warm_up=http_warm_up, photos=photos)
     except TierlinkError as exc:
         fail(exc)
 

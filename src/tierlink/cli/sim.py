@@ -24,7 +24,7 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
             runs: str, json_path: Path | None, png_path: Path | None,
             scale: str | None = None, progress: bool = True, replay: Path | None = None,
             replay_run: str | None = None, http_from: Path | None = None,
-            photos: bool = True) -> dict[str, Any]:
+            http_warm_up: bool = False, photos: bool = True) -> dict[str, Any]:
     from tierlink.sim.outcomes import zoo_outcomes
     from tierlink.sim.run import RUNS, simulate
 
@@ -37,7 +37,8 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
     sc = _scenario(scenario_file)
     http_by_run: dict[str, Any] = {}
     if http_from is not None:
-        sc, http_by_run = _measured_http(sc, http_from, config, outcomes.input_bytes)
+        sc, http_by_run = _measured_http(sc, http_from, config, outcomes.input_bytes,
+                                         http_warm_up)
     seed = config.seed if seed is None else seed
     if replay is not None:
         items = _replayed(replay, replay_run, config, outcomes.size)
@@ -207,16 +208,24 @@ def _replayed(path: Path, run: str | None, config: FleetConfig, n_samples: int) 
     return items
 
 
-def _measured_http(sc: Any, path: Path, config: FleetConfig, input_bytes: int
-                   ) -> tuple[Any, dict[str, Any]]:
+def _measured_http(sc: Any, path: Path, config: FleetConfig, input_bytes: int,
+                   warm_up: bool = False) -> tuple[Any, dict[str, Any]]:
     """The scenario with the HTTP costs measured from every run of a live request log, and
-    those of each logged run on its own (a run of the same name uses its run's)."""
+    those of each logged run on its own (a run of the same name uses its run's).
+    ``warm_up``: from each run's warm-up (sent right before it) instead of the run."""
     from dataclasses import replace
 
-    from tierlink.fleet.requestlog import read_runs
+    from tierlink.fleet.requestlog import measured, read_runs, warm_ups
     from tierlink.sim.http import costs_by_run
 
-    pooled, own = costs_by_run(read_runs(path), config, input_bytes)
+    logged = read_runs(path)
+    runs = warm_ups(logged) if warm_up else measured(logged)
+    if not runs:
+        raise ConfigError(f"the request log {path} holds no "
+                          f"{'warm-up' if warm_up else 'measured run'}",
+                          hint="log a demo run with `tierlink demo --log` (it logs each "
+                               "run's warm-up too)")
+    pooled, own = costs_by_run(runs, config, input_bytes)
     return replace(sc, scenario=replace(sc.scenario, http=pooled)), own
 
 

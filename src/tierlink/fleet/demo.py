@@ -20,7 +20,7 @@ import os
 import platform
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from tierlink.zoo.photo_models import PHOTO_TASK
 
 # tierlink, then the baselines: what a team without a router would deploy (each request to
 # the most capable tier its privacy allows), and the two extremes.
-WARM_UP_S = 3.0  # of traffic per policy before the runs (see warm_up)
+WARM_UP_S = 3.0  # of traffic per policy before its run (see warm_up)
 RUNS = (("tierlink", None), ("static_rules", "static_rules"), ("cloud_only", "cloud_only"),
         ("device_only", "device_only"))
 
@@ -128,16 +128,17 @@ def run_workload(fleet: RunningFleet, items: list[WorkItem], images: Any, labels
 
 
 def warm_up(fleet: RunningFleet, items: list[WorkItem], images: Any, labels: Any, task: str,
-            policies: Sequence[str | None], seconds: float = WARM_UP_S) -> None:
-    """Before anything is measured, ``seconds`` of the workload through every policy the
-    runs will use, answers dropped. A node's first requests pay once for what is made on
-    first use (a policy, connection pools, first-run code paths: stalls of up to ~150 ms
-    on every device in its first seconds of traffic); unwarmed, the first run would carry
-    all of it."""
+            policy: str | None, seconds: float = WARM_UP_S) -> list[Record]:
+    """Right before a run is measured, ``seconds`` of its workload through its policy, not
+    counted; the records come back (``demo --log`` keeps them as the run's warm-up, which
+    the simulator can measure the HTTP costs from, taken minutes apart from no other run).
+    A node's first requests pay once for what is made on first use (a policy, connection
+    pools, first-run code paths: stalls of up to ~150 ms on every device in its first
+    seconds of traffic); unwarmed, the run would carry all of it."""
     first = [i for i in items if i.at_s < seconds]
-    for policy in policies:
-        run_workload(fleet, first, images, labels, task, policy, lambda _r: None,
-                     send_labels=False)
+    records, _ = run_workload(fleet, first, images, labels, task, policy, lambda _r: None,
+                              send_labels=False)
+    return records
 
 
 def run_photos(fleet: RunningFleet, phase: PhotoPhase, policy: str | None,

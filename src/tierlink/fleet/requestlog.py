@@ -5,7 +5,8 @@
 ``tierlink demo --log PATH`` writes it; ``tierlink sim --replay PATH`` sends the same
 requests at the same times through a simulated fleet, and the simulator's HTTP costs can be
 measured from it (``sim/http.py``). Lines of several runs share one file, each tagged with
-its run's name.
+its run's name; a run's warm-up (requests sent right before it, not counted) is tagged
+``warm-up:<run>``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from tierlink.core.types import Priority, Privacy
 from tierlink.errors import ConfigError
 from tierlink.fleet.workload import Record, WorkItem
 
-__all__ = ["LoggedRequest", "append_log", "read_log", "read_runs"]
+__all__ = [
+    "LoggedRequest",
+    "append_log",
+    "measured",
+    "read_log",
+    "read_runs",
+    "warm_up_run",
+    "warm_ups",
+]
+
+WARM_UP = "warm-up:"  # the tag of a run's warm-up: warm-up:<run>
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +58,26 @@ def append_log(path: Path, run: str, records: Iterable[Record]) -> None:
                 "served_by": r.served_by, "timings": dict(r.timings)}) + "\n")
 
 
+def warm_up_run(run: str) -> str:
+    """The name ``run``'s warm-up is logged under."""
+    return f"{WARM_UP}{run}"
+
+
+def measured(runs: dict[str, list[LoggedRequest]]) -> dict[str, list[LoggedRequest]]:
+    """The runs that were measured (warm-ups left out)."""
+    return {name: e for name, e in runs.items() if not name.startswith(WARM_UP)}
+
+
+def warm_ups(runs: dict[str, list[LoggedRequest]]) -> dict[str, list[LoggedRequest]]:
+    """Each run's warm-up, by the run's name."""
+    return {name.removeprefix(WARM_UP): e for name, e in runs.items()
+            if name.startswith(WARM_UP)}
+
+
 def read_log(path: Path, run: str | None = None) -> list[LoggedRequest]:
-    """The requests of ``run`` (default: the log's first run), in sending order."""
+    """The requests of ``run`` (default: the log's first measured run), in sending order."""
     runs = read_runs(path)
-    chosen = run or next(iter(runs))
+    chosen = run or next(iter(measured(runs) or runs))
     if chosen not in runs:
         raise ConfigError(f"the request log {path} has no run {chosen!r}",
                           hint=f"runs in it: {', '.join(runs)}")
