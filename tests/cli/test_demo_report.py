@@ -74,3 +74,38 @@ def test_the_breakdown_table_shows_each_privacy_level_and_sla_class(capsys):
     assert "by privacy level and SLA class" in out
     assert "privacy site" in out and "interactive (500 ms)" in out
     assert "static_rules" in out
+
+
+def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up's requests (the run's first seconds, answers dropped) go out right before
+    the run's own, and ``--log`` keeps them apart as ``warm-up:<run>``."""
+    from types import SimpleNamespace
+
+    from tierlink.fleet.demo import DemoSettings
+    from tierlink.fleet.requestlog import measured, read_runs, warm_ups
+
+    sent: list[tuple[str | None, int, bool]] = []
+
+    def drive(_fleet, items, _images, _labels, _task, policy, on_done, send_labels=True):
+        sent.append((policy, len(items), send_labels))
+        records = [Record(i, 0, True, False, "", 2.0, pred=0, tier="device",
+                          served_by=i.origin, timings={"compute_ms": 0.2}) for i in items]
+        for r in records:
+            on_done(r)
+        return records, 0
+
+    monkeypatch.setattr("tierlink.fleet.demo.run_workload", drive)
+    monkeypatch.setattr(cli_demo, "run_workload", drive)
+    items = [WorkItem(i, i, "dev-1", 150.0, Priority.INTERACTIVE, Privacy.SITE, 0.5 * i)
+             for i in range(10)]  # 3 s of warm-up: the first six
+    test = SimpleNamespace(images=None, labels=None)
+    fleet = SimpleNamespace(config=load_fleet(EXAMPLE))
+    log = tmp_path / "requests.jsonl"
+    run = cli_demo._one_run(fleet, "device_only", "device_only", items, test,
+                            DemoSettings.quick(), None, None, log)
+    assert sent == [("device_only", 6, False), ("device_only", 10, True)]
+    assert run["requests"] == 10
+    runs = read_runs(log)
+    assert [len(e) for e in measured(runs).values()] == [10]
+    assert {name: len(e) for name, e in warm_ups(runs).items()} == {"device_only": 6}
