@@ -70,6 +70,11 @@ def simulated(seed: int, log: Path, warm_up: bool) -> dict[str, Any]:
                    progress=sys.stderr.isatty(), http_from=log, http_warm_up=warm_up)
 
 
+def fitted(live: dict[str, Any], seed: int, log: Path, *, warm_up: bool) -> dict[str, Any]:
+    """The live run of workload ``seed`` beside its simulation, HTTP costs from ``log``."""
+    return side_by_side(live, simulated(seed, log, warm_up), seed, log, warm_up)
+
+
 def side_by_side(live: dict[str, Any], sim: dict[str, Any], seed: int, fit: Path,
                  warm_up: bool) -> dict[str, Any]:
     source = f"{fit.name} ({'warm-ups' if warm_up else 'measured requests'})"
@@ -116,14 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (demo, demo_log), (other, other_log) = (live_run(folder, s) for s in SEEDS)
     result: dict[str, Any] = {"bounds": BOUNDS}
-    result |= side_by_side(demo, simulated(SEEDS[0], demo_log, True), SEEDS[0], demo_log,
-                           True)
-    result["other"] = side_by_side(other, simulated(SEEDS[1], other_log, True), SEEDS[1],
-                                   other_log, True)
+    result |= fitted(demo, SEEDS[0], demo_log, warm_up=True)
+    result["other"] = fitted(other, SEEDS[1], other_log, warm_up=True)
     result["both_within"] = result["all_within"] and result["other"]["all_within"]
-    result["cross_fit"] = {
-        str(seed): side_by_side(live, simulated(seed, log, False), seed, log, False)
-        for seed, live, log in ((SEEDS[0], demo, other_log), (SEEDS[1], other, demo_log))}
+    result["cross_fit"] = {str(seed): fitted(live, seed, log, warm_up=False)
+                           for seed, live, log in ((SEEDS[0], demo, other_log),
+                                                   (SEEDS[1], other, demo_log))}
     result["live_to_live"] = {r: {f"{k}_rel": round(other["runs"][r][k] / demo["runs"][r][k]
                                                    - 1.0, 4) for k in ("p50_ms", "p95_ms")}
                               for r in RUNS}

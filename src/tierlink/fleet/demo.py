@@ -130,8 +130,9 @@ def run_workload(fleet: RunningFleet, items: list[WorkItem], images: Any, labels
 def warm_up(fleet: RunningFleet, items: list[WorkItem], images: Any, labels: Any, task: str,
             policy: str | None, seconds: float = WARM_UP_S) -> list[Record]:
     """Right before a run is measured, ``seconds`` of its workload through its policy, not
-    counted; the records come back (``demo --log`` keeps them as the run's warm-up, which
-    the simulator can measure the HTTP costs from, taken minutes apart from no other run).
+    counted; the records come back (``demo --log`` keeps them as the run's warm-up: the
+    simulator can measure the HTTP costs from them, taken on the machine as the run found
+    it).
     A node's first requests pay once for what is made on first use (a policy, connection
     pools, first-run code paths: stalls of up to ~150 ms on every device in its first
     seconds of traffic); unwarmed, the run would carry all of it."""

@@ -6,8 +6,9 @@ with a fixed seed, into 5,000 for calibration (temperature, cascade thresholds, 
 calibration, early exits) and 5,000 for the test split (every figure, the demo's inputs).
 Calibration comes from the test images because the traffic does: images held out of the
 *training* set share near-duplicates with what the models trained on, so there every tier
-answers alike when it is sure (above a device confidence of 0.885, device and cloud models
-disagree on no such image in 5,000, but on 8 and 6 in the two halves of the test images), and
+answers alike when it is sure (with the 10-epoch device model, above a device confidence of
+0.885 device and cloud models disagreed on no such image in 5,000, but on 8 and 6 in the two
+halves of the test images), and
 thresholds tuned on them promise the traffic more than it gets
 (``benchmarks/calibration_shift.py``). The other 5,000 training images stay held
 out, as before the change, so that the trained weights are those of earlier builds.
