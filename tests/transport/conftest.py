@@ -11,6 +11,7 @@ tests that drive :class:`OipClient` with ``asyncio.run`` can both talk to it. Ro
     POST /v2/models/crash/infer           500 text/plain
     POST /v2/models/garbage/infer         200 with a body that is not an OIP response
     POST /v2/models/slow/infer            answers only when the server stops
+    POST /v2/models/lazy/infer            echoes after ``lazy_s``
     POST /v2/models/hangup/infer          closes the connection without answering
 
 ``replies[path]`` (a test sets it) answers that path (query string ignored) with a given
@@ -61,6 +62,7 @@ class TinyOipServer:
     host: str = "127.0.0.1"
     port: int = 0
     connections: int = 0
+    lazy_s: float = 0.1
     received: list[Received] = field(default_factory=list)
     replies: dict[str, Reply] = field(default_factory=dict)
     truncated: dict[str, tuple[bytes, int]] = field(default_factory=dict)
@@ -124,6 +126,8 @@ class TinyOipServer:
         if model == "slow":
             assert self._release is not None
             await self._release.wait()
+        if model == "lazy":
+            await asyncio.sleep(self.lazy_s)
         if model == "hangup":
             return None
         return route_infer(model, parts, req)
@@ -174,7 +178,7 @@ def route_infer(model: str, parts: list[str], req: Received) -> Reply:
         return 500, {"Content-Type": "text/plain"}, b"boom"
     if model == "garbage":
         return 200, {"Content-Type": "application/json"}, b"{not an oip response"
-    if model not in ("echo", "slow"):
+    if model not in ("echo", "slow", "lazy"):
         return error_reply(ModelNotFound(f"unknown model {model!r}"))
     try:
         return echo(parts, req)

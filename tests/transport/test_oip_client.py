@@ -96,6 +96,39 @@ def test_calls_reuse_one_pooled_connection(oip_server) -> None:
     assert oip_server.connections == 1
 
 
+def test_a_call_given_up_leaves_its_connection_pooled(oip_server) -> None:
+    """A caller that stops waiting (a hedge's loser, cancelled) does not cost the
+    connection: the answer is read and dropped, and the next call reuses it."""
+
+    async def scenario(client: OipClient) -> None:
+        assert await client.ready(oip_server.url)  # one warm connection
+        call = asyncio.ensure_future(client.infer(oip_server.url, "lazy", {"x": IMAGE}))
+        await asyncio.sleep(oip_server.lazy_s / 4)  # sent, not answered yet
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(oip_server.lazy_s * 1.5)  # the dropped answer has come back
+        await client.infer(oip_server.url, "echo", {"x": IMAGE})
+
+    run(scenario)
+    assert oip_server.connections == 1
+    assert [r.path for r in oip_server.received][-2:] == ["/v2/models/lazy/infer",
+                                                          "/v2/models/echo/infer"]
+
+
+def test_closing_ends_a_call_nobody_waits_for(oip_server) -> None:
+    """``close`` does not wait for an abandoned call's answer (nor leave it running)."""
+
+    async def scenario(client: OipClient) -> None:
+        call = asyncio.ensure_future(client.infer(oip_server.url, "slow", {"x": IMAGE}))
+        await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    run(scenario)  # the server answers "slow" only when it stops: close did not wait
+
+
 def test_ready_and_metadata(oip_server) -> None:
     async def scenario(client: OipClient):
         return await client.ready(oip_server.url), await client.model_metadata(

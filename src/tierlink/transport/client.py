@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -91,10 +91,14 @@ class OipClient:
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self._tls = tls  # HTTPS peers: verified against it, our certificate presented
+        self._in_flight: set[asyncio.Future[Reply]] = set()  # exchanges under way: _shielded
 
     async def close(self) -> None:
         """Close every pooled connection. The client cannot be used afterwards."""
         self._closed = True
+        for exchange in self._in_flight:
+            exchange.cancel()
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -200,7 +204,7 @@ class OipClient:
             # aiohttp's own total timeout and ours bound the whole exchange (connect, send,
             # answer, body), which is what a deadline means.
             async with asyncio.timeout(timeout):
-                reply = await self._exchange(method, url, timeout, **kwargs)
+                reply = await self._shielded(self._exchange(method, url, timeout, **kwargs))
         except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
             raise UpstreamTimeout(
                 f"{method} {url} got no answer within {timeout:.3g} s", url=url, timeout_s=timeout
@@ -217,6 +221,23 @@ class OipClient:
         if not reply.is_success:
             raise _status_error(reply, url)
         return reply
+
+    async def _shielded(self, exchange: Coroutine[Any, Any, Reply]) -> Reply:
+        """Await ``exchange`` in a task that a caller who gives up leaves running: its answer
+        is read and dropped, and its keep-alive connection goes back to the pool. Cancelled
+        halfway, aiohttp would close the connection and the next call to that peer would pay
+        a new handshake (a round trip): a hedge's loser did that to the only warm connection
+        to its node at every hedge. Its own timeout still ends it (and then the connection);
+        ``close`` ends it at once."""
+        task = asyncio.ensure_future(exchange)
+        self._in_flight.add(task)
+        task.add_done_callback(self._settled)
+        return await asyncio.shield(task)
+
+    def _settled(self, task: asyncio.Future[Reply]) -> None:
+        self._in_flight.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: when nobody waits any more, nobody is told
 
     async def _exchange(self, method: str, url: str, timeout: float, **kwargs: Any) -> Reply:
         import aiohttp
