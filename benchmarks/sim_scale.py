@@ -100,6 +100,47 @@ def profile(config: Any, views: Any, outcomes: Any, items: list, seed: int,
                     for (f, line, name), v in rows]}
 
 
+def plan_cost(config: Any, views: Any, outcomes: Any, items: list, seed: int,
+              repeats: int = 20_000) -> dict[str, Any]:
+    """What the acting policy's plan costs on its own, outside the event loop and without
+    a profiler: a device's view after a few simulated seconds of traffic, rebuilt for each
+    plan as each request sees a fresh one (the policy's memos hold for one view only)."""
+    import asyncio
+
+    from tierlink.core.types import ClusterView, Request
+    from tierlink.sim import loop
+    from tierlink.sim.build import build
+    from tierlink.sim.fleet import drive
+
+    async def warmed() -> tuple[Any, Any]:
+        fleet, _ = build(config, views, {outcomes.task: outcomes},
+                         asyncio.get_running_loop().time, seed)
+        await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
+                    outcomes.input_bytes, None)
+        node = fleet.nodes[items[-1].origin]
+        fleet.view_of(node)
+        return node, node.view
+
+    node, view = loop.run(warmed)
+    item = items[-1]
+    req = Request("r", outcomes.task, item.deadline_ms, item.origin, item.privacy,
+                  item.priority, outcomes.input_bytes)
+    policy = node._policy_for(req)
+    nodes, links = list(view.nodes.values()), list(view.links.values())
+    fresh = [ClusterView.build(view.self_id, nodes, links, {}) for _ in range(repeats)]
+    wall = time.perf_counter()
+    for v in fresh:
+        policy.plan(req, v, node.rng)
+    plan_us = 1e6 * (time.perf_counter() - wall) / repeats
+    wall = time.perf_counter()
+    for _ in range(repeats):
+        ClusterView.build(view.self_id, nodes, links, {})
+    build_us = 1e6 * (time.perf_counter() - wall) / repeats
+    return {"device_plan_us": round(plan_us, 1), "view_build_us": round(build_us, 1),
+            "view_nodes": len(nodes), "budget_us_at_target": 60.0,
+            "note": "one device's plan over its view (the fleet's own policy), timed alone"}
+
+
 def main(argv: list[str] | None = None) -> None:
     from tierlink.sim.run import run_once
 
@@ -128,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile_s > 0:
         sample = items_for(config, outcomes.size, args.profile_s, rate, args.seed + 1)
         out["profile"] = profile(config, views, outcomes, sample, args.seed)
+        out["profile"]["alone"] = plan_cost(config, views, outcomes, sample[:5000], args.seed)
     print(json.dumps({k: v for k, v in out.items() if k != "profile"}, indent=2))
     if "profile" in out:
         prof = out["profile"]
@@ -135,6 +177,9 @@ def main(argv: list[str] | None = None) -> None:
               "(under the profiler); share of the time inside:")
         for label, share in prof["stage_share"].items():
             print(f"{100 * share:5.1f}%  {label}")
+        alone = prof["alone"]
+        print(f"a device's plan alone: {alone['device_plan_us']} us; its view's build "
+              f"{alone['view_build_us']} us (60 us per request is the target's budget)")
         for row in prof["top"]:
             print(f"{100 * row['own_share']:5.1f}%  {row['function']}")
     if args.json:

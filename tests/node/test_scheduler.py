@@ -167,6 +167,7 @@ def test_full_queue_is_refused_at_once_with_numbers() -> None:
             for i in range(2)
         ]
         await until(lambda: sched.snapshot().queue_depth == 2)
+        assert sched.load() == (2, 1, 1)  # queued, in flight, workers: as the snapshot says
         with pytest.raises(AdmissionRefused) as info:
             await sched.submit(rec.job("x"), priority=RT, deadline_s=None)
         err = info.value
@@ -177,6 +178,7 @@ def test_full_queue_is_refused_at_once_with_numbers() -> None:
         gate.release.set()
         await asyncio.gather(blocker, *queued)
         assert "x" not in rec.ran
+        assert sched.load() == (0, 0, 1)
         stats = sched.snapshot()
         assert (stats.admitted, stats.refused, stats.completed) == (3, 1, 3)
         assert stats.refused_by_reason == {"queue_full": 1}

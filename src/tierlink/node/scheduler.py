@@ -458,6 +458,11 @@ class Scheduler:
             return 0.0
         return self._ewma_ms * must_finish / self._workers
 
+    def load(self) -> tuple[int, int, int]:
+        """``(queued, in flight, workers)`` now: a node's view of itself, without the
+        copies :meth:`snapshot` makes."""
+        return self._queued, self._inflight, self._workers
+
     def service_estimate_ms(self, key: str = "") -> float:
         """Expected run time of one job of ``key`` (its EWMA, else the global one)."""
         return self._ewma_by_key.get(key, self._ewma_ms)

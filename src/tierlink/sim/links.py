@@ -49,18 +49,19 @@ class SimLink:
         """``src`` -> ``dst``."""
         await self._carry(self._up, nbytes)
 
-    async def reply(self, nbytes: int) -> None:
-        """``dst`` -> ``src``."""
-        await self._carry(self._down, nbytes)
+    async def reply(self, nbytes: int, then_s: float = 0.0) -> None:
+        """``dst`` -> ``src``; ``then_s``: what the receiver does with it before it is
+        through (its HTTP stack), waited for in the same sleep."""
+        await self._carry(self._down, nbytes, then_s)
 
-    async def _carry(self, way: _Direction, nbytes: int) -> None:
+    async def _carry(self, way: _Direction, nbytes: int, then_s: float = 0.0) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
         back = self.back_at(now)
         if back is not None:
             await asyncio.sleep(back - now)
             now = loop.time()
-        delay = self._delay(way, now, nbytes)
+        delay = self._delay(way, now, nbytes) + then_s
         if delay > 0:
             await asyncio.sleep(delay)
 

@@ -151,6 +151,7 @@ class SimNode:
                                      hedger=Hedger(routing.hedging))
         self._learned: tuple[float, ...] = ()
         self._model_views: tuple[ModelView, ...] = ()
+        self._me: tuple[tuple[object, ...], NodeView] | None = None
         self.view = ClusterView.build(node_id, [self.me()], [])
         self.view_at = float("-inf")
         self.before_plan: Callable[[SimNode], None] = lambda _node: None  # view refresh
@@ -181,9 +182,9 @@ class SimNode:
     # -- what the registry and the policy see ----------------------------------------------
 
     def me(self) -> NodeView:
-        stats = self.scheduler.snapshot()
-        learned = tuple(stats.service_ms_by_key.get(name, m.latency_ms)
-                        for name, m in self.models.items())
+        """This node as it is now (the same object while nothing it shows has changed)."""
+        sched = self.scheduler
+        learned = tuple(sched.service_estimate_ms(name) for name in self.models)  # seeded
         if learned != self._learned:  # the models' views change only with what is learned
             self._learned = learned
             self._model_views = tuple(replace(m, latency_ms=ms) for m, ms
@@ -192,13 +193,17 @@ class SimNode:
         if self.heads:  # priced at this node's real speed, as the live node does
             card_ms = {name: m.latency_ms for name, m in self.models.items()}
             profiles = tuple(self.heads.values())
-            factor = head_factor(profiles, card_ms, stats.service_ms_by_key)
+            factor = head_factor(profiles, card_ms, sched.snapshot().service_ms_by_key)
             if self._heads_memo is None or self._heads_memo[0] != factor:
                 self._heads_memo = (factor, scaled(profiles, factor))  # same objects while
             heads = self._heads_memo[1]  # the factor holds: the policy caches per profile
-        return NodeView(self.node_id, self.tier, self._model_views,
-                        queue_depth=stats.queue_depth, inflight=stats.inflight,
-                        workers=stats.workers, heads=heads)
+        key = (sched.load(), self._model_views, heads)
+        if self._me is None or self._me[0] != key:
+            queued, inflight, workers = key[0]
+            self._me = (key, NodeView(self.node_id, self.tier, self._model_views,
+                                      queue_depth=queued, inflight=inflight, workers=workers,
+                                      heads=heads))
+        return self._me[1]
 
     def link_views(self) -> list[LinkView]:
         return [e.view() for e in self.estimators.values()]
@@ -320,10 +325,10 @@ class SimNode:
         forwarded = replace(req, deadline_ms=send_ms, hops=req.hops + 1)
         self.outstanding[up] = self.outstanding.get(up, 0) + 1
         start = self._clock()
-        try:
-            result, server_ms = await asyncio.wait_for(
-                self._exchange(up, req.input_bytes, lambda t: t.handle(forwarded, inputs)),
-                budget_ms / 1000.0)
+        try:  # a timeout scope rather than wait_for: no task per hop on Python 3.11
+            async with asyncio.timeout(budget_ms / 1000.0):
+                result, server_ms = await self._exchange(
+                    up, req.input_bytes, lambda t: t.handle(forwarded, inputs))
         except TimeoutError:
             raise UpstreamTimeout(f"{up} did not answer in {budget_ms:.1f} ms") from None
         finally:
@@ -362,9 +367,9 @@ class SimNode:
             raise DeadlineExceeded(f"no time left to send features to {up}", before_hop=True)
         sent = self._clock()
         try:
-            _, tail_ms = await asyncio.wait_for(
-                self._exchange(up, wire, lambda t: t._run_tail(model, point, codec, req)),
-                left_ms / 1000.0)
+            async with asyncio.timeout(left_ms / 1000.0):
+                _, tail_ms = await self._exchange(
+                    up, wire, lambda t: t._run_tail(model, point, codec, req))
         except TimeoutError:
             raise UpstreamTimeout(f"{up} did not answer in {left_ms:.1f} ms") from None
         total_ms = (self._clock() - sent) * 1000.0
@@ -421,9 +426,7 @@ class SimNode:
             raise
         _check_alive(target, life)
         server_ms = (self._clock() - began) * 1000.0
-        await link.reply(RESPONSE_BYTES)
-        if hop_s:
-            await asyncio.sleep(hop_s / 2)  # the answer's way through both stacks
+        await link.reply(RESPONSE_BYTES, hop_s / 2)  # and through both HTTP stacks
         return result, server_ms
 
 
