@@ -58,3 +58,18 @@ def test_the_collector_is_held_back_during_a_run_and_restored_after() -> None:
     with pytest.raises(SimulationStalled):
         run(never)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_timers_due_together_run_in_the_order_set_and_cancelled_ones_never() -> None:
+    async def main() -> tuple[list[int], float]:
+        loop = asyncio.get_running_loop()
+        ran: list[int] = []
+        handles = [loop.call_at(1.0, ran.append, i) for i in range(300)]
+        for i, h in enumerate(handles):  # two in three: the loop compacts its timers
+            if i % 3:
+                h.cancel()
+        await asyncio.sleep(2.0)
+        return ran, loop.time()
+
+    ran, end = run(main)
+    assert ran == list(range(0, 300, 3)) and end == 2.0

@@ -12,12 +12,15 @@ hour passes in however long its callbacks take to run.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
+import heapq
 import selectors
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+_Ts = TypeVarTuple("_Ts")
 GC_EVERY = 100_000  # allocations between young-generation collections while a run lasts
 
 
@@ -59,8 +62,19 @@ class SimulationStalled(RuntimeError):
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop with the clock virtual and the timer queue lean.
+
+    Timers are kept as ``(when, seq, handle)`` in the heap rather than as bare handles: the
+    heap then orders them in C instead of calling ``TimerHandle.__lt__`` a dozen times per
+    timer (a simulated request sets several; that was a tenth of the loop's time). Timers
+    due at the same moment run in the order they were set. One iteration otherwise does
+    what ``BaseEventLoop._run_once`` does (drop cancelled timers, wait for the first one —
+    here: move the clock to it —, run what is ready), without I/O or debug hooks.
+    """
+
     def __init__(self) -> None:
         self._now = 0.0
+        self._timer_seq = 0
         super().__init__(_VirtualSelector(self))
         self._clock_resolution = 1e-9
 
@@ -69,6 +83,58 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+
+    def call_at(self, when: float, callback: Callable[[*_Ts], object],
+                *args: *_Ts, context: contextvars.Context | None = None
+                ) -> asyncio.TimerHandle:
+        if when is None:
+            raise TypeError("when cannot be None")
+        base: Any = self  # asyncio's own fields, untyped
+        base._check_closed()
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        self._timer_seq += 1
+        heapq.heappush(base._scheduled, (when, self._timer_seq, timer))
+        base_timer: Any = timer
+        base_timer._scheduled = True
+        return timer
+
+    def _run_once(self) -> None:
+        base: Any = self  # asyncio's own fields, untyped
+        scheduled: list[tuple[float, int, Any]] = base._scheduled
+        if (len(scheduled) > _MIN_TIMERS_TO_COMPACT
+                and base._timer_cancelled_count > len(scheduled) // 2):
+            kept = []
+            for entry in scheduled:
+                if entry[2]._cancelled:
+                    entry[2]._scheduled = False
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            base._scheduled = scheduled = kept
+            base._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][2]._cancelled:
+                base._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)[2]._scheduled = False
+        ready = base._ready
+        if not ready and not base._stopping:
+            if not scheduled:
+                raise SimulationStalled("the simulation is waiting on something that never "
+                                        "happens: no timer is set and nothing is ready")
+            self._now += min(max(0.0, scheduled[0][0] - self._now), _MAX_WAIT_S)
+        end = self._now + self._clock_resolution
+        while scheduled and scheduled[0][0] < end:
+            handle = heapq.heappop(scheduled)[2]
+            handle._scheduled = False
+            ready.append(handle)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+
+
+_MIN_TIMERS_TO_COMPACT = 100  # asyncio's own figures: compact once half are cancelled
+_MAX_WAIT_S = 86400.0  # asyncio's longest select timeout: one step of the clock at most
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:

@@ -150,7 +150,10 @@ class SimNode:
                                      margin_ms=routing.reserve_ms,
                                      hedger=Hedger(routing.hedging))
         self._learned: tuple[float, ...] = ()
+        self._learned_at = -1  # the scheduler's ``learned`` that the views below follow
         self._model_views: tuple[ModelView, ...] = ()
+        self._heads_now: tuple[ModelView, ...] = ()
+        self._card_ms = {name: m.latency_ms for name, m in self.models.items()}
         self._me: tuple[tuple[object, ...], NodeView] | None = None
         self.view = ClusterView.build(node_id, [self.me()], [])
         self.view_at = float("-inf")
@@ -184,26 +187,33 @@ class SimNode:
     def me(self) -> NodeView:
         """This node as it is now (the same object while nothing it shows has changed)."""
         sched = self.scheduler
-        learned = tuple(sched.service_estimate_ms(name) for name in self.models)  # seeded
-        if learned != self._learned:  # the models' views change only with what is learned
-            self._learned = learned
-            self._model_views = tuple(replace(m, latency_ms=ms) for m, ms
-                                      in zip(self.models.values(), learned, strict=True))
-        heads: tuple[ModelView, ...] = ()
-        if self.heads:  # priced at this node's real speed, as the live node does
-            card_ms = {name: m.latency_ms for name, m in self.models.items()}
-            profiles = tuple(self.heads.values())
-            factor = head_factor(profiles, card_ms, sched.snapshot().service_ms_by_key)
-            if self._heads_memo is None or self._heads_memo[0] != factor:
-                self._heads_memo = (factor, scaled(profiles, factor))  # same objects while
-            heads = self._heads_memo[1]  # the factor holds: the policy caches per profile
-        key = (sched.load(), self._model_views, heads)
+        if sched.learned != self._learned_at:  # models and heads follow what is learned
+            self._learned_at = sched.learned
+            self._relearn()
+        key = (sched.load(), self._model_views, self._heads_now)
         if self._me is None or self._me[0] != key:
             queued, inflight, workers = key[0]
             self._me = (key, NodeView(self.node_id, self.tier, self._model_views,
                                       queue_depth=queued, inflight=inflight, workers=workers,
-                                      heads=heads))
+                                      heads=self._heads_now))
         return self._me[1]
+
+    def _relearn(self) -> None:
+        """The models' views at their learned run times; the heads priced at this node's
+        real speed, as the live node prices them (the same objects while the factor holds:
+        the policy caches its pricing per profile)."""
+        learned = tuple(self.scheduler.service_estimate_ms(name) for name in self.models)
+        if learned != self._learned:
+            self._learned = learned
+            self._model_views = tuple(replace(m, latency_ms=ms) for m, ms
+                                      in zip(self.models.values(), learned, strict=True))
+        if not self.heads:
+            return
+        profiles = tuple(self.heads.values())
+        factor = head_factor(profiles, self._card_ms, self.scheduler.service_estimates())
+        if self._heads_memo is None or self._heads_memo[0] != factor:
+            self._heads_memo = (factor, scaled(profiles, factor))
+        self._heads_now = self._heads_memo[1]
 
     def link_views(self) -> list[LinkView]:
         return [e.view() for e in self.estimators.values()]
