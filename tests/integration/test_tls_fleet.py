@@ -111,6 +111,11 @@ def test_every_hop_runs_tls_with_node_certificates(
                             capture_output=True, text=True, timeout=60, check=False)
     assert listed.returncode == 0, listed.stderr
     assert {n["node_id"] for n in json.loads(listed.stdout)} == set(fleet.node_urls)
+    examples = subprocess.run([sys.executable, "-m", "tierlink.cli.main", "hard-examples",
+                               "list", fleet.control_url, "--json"], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert examples.returncode == 0, examples.stderr
+    assert isinstance(json.loads(examples.stdout), list)
     with pytest.raises(httpx.HTTPError):  # no plain HTTP anywhere
         httpx.get(fleet.node_urls["edge-1"].replace("https", "http") + "/v2/health/live",
                   timeout=2.0)

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_authorization, fail
+from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_authorization, fail, fleet_verify
 from tierlink.errors import TierlinkError
 
 if TYPE_CHECKING:
@@ -32,10 +32,16 @@ TIMEOUT_S = 60.0  # an export of the whole store can be tens of megabytes
 
 
 def _client(url: str, token: str | None = None) -> ControlClient:
-    """The control plane client (tests replace this to talk to an in-process app)."""
+    """The control plane client (tests replace this to talk to an in-process app). On a
+    fleet with TLS it verifies the control plane with the fleet CA in ``TIERLINK_CA`` (and
+    presents ``TIERLINK_CERT`` / ``TIERLINK_KEY``), as the other operator commands do."""
+    import ssl
+
     from tierlink.control.client import ControlClient
 
-    return ControlClient(url, timeout_s=TIMEOUT_S, authorization=admin_authorization(token))
+    verify = fleet_verify()
+    return ControlClient(url, timeout_s=TIMEOUT_S, authorization=admin_authorization(token),
+                         tls=verify if isinstance(verify, ssl.SSLContext) else None)
 
 
 async def _page(url: str, model: str | None, node: str | None, limit: int,
