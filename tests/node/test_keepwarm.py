@@ -11,6 +11,10 @@ class Up:
     url: str
     last_used: float = float("-inf")
 
+    @property
+    def node_id(self) -> str:  # the node the client is told to expect there
+        return "node@" + self.url
+
 
 class Client:
     """Records the checks, and how many to one URL were in flight together at most (a real
@@ -22,7 +26,9 @@ class Client:
         self.in_flight: dict[str, int] = {}
         self.most_at_once: dict[str, int] = {}
 
-    async def ready(self, base_url: str, timeout_s: float | None = None) -> bool:
+    async def ready(self, base_url: str, timeout_s: float | None = None, *,
+                    peer: str | None = None) -> bool:
+        assert peer == "node@" + base_url  # each check says whom it expects to reach
         self.calls.append(base_url)
         self.in_flight[base_url] = self.in_flight.get(base_url, 0) + 1
         self.most_at_once[base_url] = max(self.most_at_once.get(base_url, 0),

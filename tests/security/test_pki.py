@@ -46,11 +46,34 @@ def test_a_node_certificate_names_the_node_the_ca_says_with_the_csr_s_addresses(
     assert identity_of(issued.cert_pem) == CertIdentity("node", "edge-1", "edge")
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    assert sans.get_values_for_type(x509.DNSName) == ["edge.local"]
+    # the identity as a name callers verify, then the CSR's own name
+    assert sans.get_values_for_type(x509.DNSName) == ["edge-1.node.tierlink.internal",
+                                                       "edge.local"]
     assert cert.public_key() == key.public_key()
     assert issued.not_after == NOW + 3600.0 and issued.not_before >= NOW - 60.0
     assert describe(issued.cert_pem)["identity"] == "urn:tierlink:node:edge:edge-1"
     cert.verify_directly_issued_by(ca.cert)
+
+
+def test_nobody_gets_an_identity_name_by_asking_for_it() -> None:
+    """A CSR (or a host list) naming another node's or the control plane's identity name
+    does not get it: the CA writes only the one it vouches for."""
+    ca = Authority.create("t", NOW)
+    asked = ("edge-2.node.tierlink.internal", "CONTROL.tierlink.internal.", "10.0.0.9")
+    issued = ca.sign_csr(csr_pem(new_key(), asked), CertIdentity("node", "dev-1", "device"),
+                         NOW, 60.0)
+    _, pair = ca.issue_pair(CertIdentity("client", "app"), asked, NOW, 60.0)
+    for pem, own in ((issued.cert_pem, ["dev-1.node.tierlink.internal"]), (pair.cert_pem, [])):
+        sans = x509.load_pem_x509_certificate(pem).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value
+        assert sans.get_values_for_type(x509.DNSName) == own
+        assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.9"]
+    control = ca.issue_pair(CertIdentity("control", "c1"), ("127.0.0.1",), NOW, 60.0)[1]
+    sans = x509.load_pem_x509_certificate(control.cert_pem).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["control.tierlink.internal"]
+    with pytest.raises(InvalidRequest, match="cannot be named"):
+        ca.issue_pair(CertIdentity("node", "a..b", "edge"), (), NOW, 60.0)
 
 
 def test_a_short_life_is_backdated_by_a_tenth_at_most() -> None:

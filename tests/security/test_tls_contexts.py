@@ -120,3 +120,41 @@ def test_contexts_refuse_what_they_cannot_use(pki: Pki, tmp_path: Path) -> None:
         server_context(pki.trust_only)
     with pytest.raises(ConfigError, match="fleet CA"):
         client_context(TlsFiles(tmp_path / "missing.pem"))
+
+
+def test_a_caller_reaches_the_node_it_names_or_nobody(pki: Pki) -> None:
+    """An address proves nothing (a node's CSR names what addresses it likes; on one
+    machine they all share 127.0.0.1): a caller that names the node it means to reach gets
+    that node or a refused handshake, before anything is sent."""
+    from tierlink.errors import UpstreamUnavailable
+    from tierlink.transport.client import OipClient
+
+    server = pki.pair(CertIdentity("node", "edge-1", "edge"), "server")
+
+    async def main() -> None:
+        async with serve(server, "optional") as url, \
+                OipClient(tls=client_context(pki.trust_only)) as client:
+            assert await client.ready(url, peer="edge-1")
+            await client.probe(url, 10, peer="edge-1")
+            assert not await client.ready(url, peer="edge-2")
+            with pytest.raises(UpstreamUnavailable, match="it is not node edge-2"):
+                await client.probe(url, 10, peer="edge-2")
+            assert await client.ready(url)  # no node named: the address is checked
+    asyncio.run(main())
+
+
+def test_only_the_control_plane_passes_for_the_control_plane(pki: Pki) -> None:
+    from tierlink.control.client import ControlClient
+    from tierlink.errors import ControlPlaneError
+
+    control = pki.pair(CertIdentity("control", "c1"), "control")
+    node = pki.pair(CertIdentity("node", "edge-1", "edge"), "edge")
+
+    async def export(files: TlsFiles) -> bytes:
+        async with serve(files, "optional") as url, \
+                ControlClient(url, timeout_s=5.0, tls=client_context(pki.trust_only)) as client:
+            return await client.export_hard_examples()
+
+    assert asyncio.run(export(control)) == b"-"
+    with pytest.raises(ControlPlaneError, match="control.tierlink.internal"):
+        asyncio.run(export(node))  # a node's certificate, at the control plane's address

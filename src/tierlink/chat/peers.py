@@ -46,9 +46,11 @@ def parse_models(listing: Mapping[str, Any]) -> tuple[Tier, tuple[LanguageModelV
 class PeerModels:
     def __init__(self, upstreams: Callable[[], Mapping[str, str]],
                  http: Callable[[], aiohttp.ClientSession], refresh_s: float = 2.0,
-                 timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 peer: Callable[[str], str | None] = lambda _node: None) -> None:
         self._upstreams = upstreams  # now: node id -> base URL
         self._http = http
+        self._peer = peer  # node id -> the name TLS checks it by (None: its URL's host)
         self.refresh_s = refresh_s
         self.timeout_s = timeout_s
         self._clock = clock
@@ -87,7 +89,8 @@ class PeerModels:
 
         try:
             timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-            async with self._http().get(url.rstrip("/") + "/v1/models", timeout=timeout) as r:
+            async with self._http().get(url.rstrip("/") + "/v1/models", timeout=timeout,
+                                        server_hostname=self._peer(node_id)) as r:
                 if r.status != 200:
                     return
                 tier, models = parse_models(await r.json())

@@ -50,13 +50,16 @@ def forward_body(req: ChatRequest, model: str, origin: str) -> dict[str, Any]:
 
 
 async def relay(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
+                report: Generation, meta: dict[str, Any],
+                server_hostname: str | None = None) -> AsyncIterator[Chunk]:
     """POST the request upstream and yield its pieces; usage and ``tierlink`` land in
-    ``report`` and ``meta``."""
+    ``report`` and ``meta``. ``server_hostname``: the upstream's identity name, which TLS
+    checks (``security.names.expect_node``)."""
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     timeout = aiohttp.ClientTimeout(total=body["tierlink"]["deadline_ms"] / 1e3)
     try:
-        async with http.post(url.rstrip("/") + path, json=body, timeout=timeout) as r:
+        async with http.post(url.rstrip("/") + path, json=body, timeout=timeout,
+                             server_hostname=server_hostname) as r:
             if r.status != 200:
                 raise _error(await r.read(), r.status)
             async for raw in r.content:

@@ -32,6 +32,7 @@ from tierlink.errors import (
 from tierlink.estimate.chat import ChatEstimate
 from tierlink.llm.results import Chunk, Generation
 from tierlink.policy.chat import ChatAsk, ChatOption, ChatPlan
+from tierlink.security.names import expect_node
 from tierlink.telemetry.llm_metrics import LLMMetrics
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ class ChatService:
         self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
                         if lm.source.router}
         peers = None if upstreams is None and not self._fixed else \
-            PeerModels(lambda: self.upstreams, self.http)
+            PeerModels(lambda: self.upstreams, self.http,
+                       peer=lambda node_id: expect_node(node_id, self.tls))
         self.placer = ChatPlacer(node_id, tier, node or NodeLink(), peers)
         if metrics is not None:
             for name, lm in models.items():
@@ -331,7 +333,8 @@ class ChatService:
         spec = SpecReport()
         verifier = HttpVerifier(self.http(), link.url, link.model,
                                 key=f"{self.node_id}:{uuid.uuid4().hex}",
-                                timeout_s=req.tierlink.deadline_ms / 1e3)
+                                timeout_s=req.tierlink.deadline_ms / 1e3,
+                                server_hostname=expect_node(link.node_id, self.tls))
         meta.update(self.meta(lm, report))
         try:
             async for piece in self.drafters[lm.name].generate(ids, req.params, verifier,
@@ -360,7 +363,7 @@ class ChatService:
         try:
             async for piece in relay(self.http(), url,
                                      forward_body(req, option.model, self.node_id), report,
-                                     upstream):
+                                     upstream, expect_node(option.node_id, self.tls)):
                 yield piece
         finally:
             meta.update(upstream)

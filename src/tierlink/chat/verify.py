@@ -115,8 +115,9 @@ class HttpVerifier:
     """A device's side of the wire: one session per generation, over a pooled session."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str, model: str, key: str,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, server_hostname: str | None = None) -> None:
         self.http = session
+        self.server_hostname = server_hostname  # the verifier's identity, checked by TLS
         self.url = f"{url.rstrip('/')}/tierlink/v1/llm/{model}/verify"
         self.key = key
         self.timeout_s = timeout_s
@@ -126,7 +127,8 @@ class HttpVerifier:
         """Tell the verifier this sequence is done (best effort: it evicts idle ones anyway)."""
         try:
             async with self.http.delete(f"{self.url}/{self.key}",
-                                        timeout=aiohttp.ClientTimeout(total=2.0)):
+                                        timeout=aiohttp.ClientTimeout(total=2.0),
+                                        server_hostname=self.server_hostname):
                 pass
         except (aiohttp.ClientError, TimeoutError):
             pass
@@ -140,7 +142,8 @@ class HttpVerifier:
                              "seed": params.seed}}
         try:
             async with self.http.post(self.url, json=body,
-                                      timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                                      timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                      server_hostname=self.server_hostname) as r:
                 data = await r.json(content_type=None)
                 if r.status != 200:
                     raise UpstreamUnavailable(f"verifier answered {r.status}: "

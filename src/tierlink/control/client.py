@@ -40,6 +40,7 @@ from tierlink.core.types import (
     Tier,
 )
 from tierlink.errors import ControlPlaneError, InvalidRequest, TierlinkError
+from tierlink.security.names import CONTROL_HOST
 
 if TYPE_CHECKING:
     from tierlink.repo.manifest import SignedManifest
@@ -76,10 +77,12 @@ class ControlClient:
         self.timeout_s = timeout_s
         self.download_timeout_s = download_timeout_s
         self._transport = transport
-        # HTTPS replicas are verified against the fleet CA (the node's client context)
+        # HTTPS replicas are verified against the fleet CA (the node's client context), and
+        # must prove they are the control plane: its identity name, not just the address
         self._verify: ssl.SSLContext | bool = tls if tls is not None else True
+        self._hooks = {"request": [_expect_control]} if tls is not None else {}
         self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport, trust_env=False,
-                                       verify=self._verify)
+                                       verify=self._verify, event_hooks=self._hooks)
         self._downloads: httpx.AsyncClient | None = None  # made at the first download
         self.failovers = 0  # calls moved to another replica
         if authorization:
@@ -227,7 +230,7 @@ class ControlClient:
             self._downloads = httpx.AsyncClient(
                 timeout=self.download_timeout_s,
                 transport=self._transport, trust_env=False, headers=self._http.headers,
-                verify=self._verify)
+                verify=self._verify, event_hooks=self._hooks)
         return self._downloads
 
     async def close(self) -> None:
@@ -273,6 +276,12 @@ class ControlClient:
         self.failovers += 1
         log.warning("control plane replica at %s failed (%s); using %s", url,
                     type(exc).__name__, self.base_url)
+
+
+async def _expect_control(request: httpx.Request) -> None:
+    """TLS checks the server's certificate for the control plane's identity name
+    (``security/names.py``): a certificate the fleet CA issued to a node is refused."""
+    request.extensions["sni_hostname"] = CONTROL_HOST
 
 
 def _unreachable(exc: httpx.HTTPError, url: str, what: str,

@@ -61,7 +61,7 @@ class Forwarder:
                                                  LABELS.get())
                 resp = await self._client.infer(up.spec.url, req.task, inputs, params,
                                                 timeout_s=budget_ms / 1000.0,
-                                                request_id=req.request_id)
+                                                request_id=req.request_id, peer=node)
         finally:
             self.outstanding[node] -= 1
         total_ms = (self._clock() - start) * 1000.0

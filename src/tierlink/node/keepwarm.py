@@ -32,7 +32,11 @@ DEFAULT_CONNECTIONS = 2  # warm connections per upstream (the module's docstring
 
 
 class Target(Protocol):
-    """An upstream as the keep-warm loop sees it: its URL and when it was last used."""
+    """An upstream as the keep-warm loop sees it: which node, its URL and when it was last
+    used."""
+
+    @property
+    def node_id(self) -> str: ...
 
     @property
     def url(self) -> str: ...
@@ -41,7 +45,8 @@ class Target(Protocol):
 
 
 class ReadyClient(Protocol):
-    async def ready(self, base_url: str, timeout_s: float | None = None) -> bool: ...
+    async def ready(self, base_url: str, timeout_s: float | None = None, *,
+                    peer: str | None = None) -> bool: ...
 
 
 class KeepWarm:
@@ -93,7 +98,8 @@ class KeepWarm:
     async def _ping(self, target: Target) -> bool:
         """``connections`` checks sent together, so the client opens (or uses) that many
         connections: requests in flight at once cannot share one."""
-        ok = all(await asyncio.gather(*(self._client.ready(target.url, timeout_s=self._timeout_s)
+        ok = all(await asyncio.gather(*(self._client.ready(target.url, timeout_s=self._timeout_s,
+                                                           peer=target.node_id)
                                         for _ in range(self._connections))))
         if ok:
             target.last_used = self._clock()

@@ -209,7 +209,7 @@ class Scheduler:
         self._inflight = 0
         self._ewma_ms = self._config.initial_service_ms
         self._ewma_by_key: dict[str, float] = {}
-        self._learned = 0  # grows whenever a service time is learned or seeded
+        self.learned = 0  # grows at each service time learned or seeded (views follow it)
         self._counts = {"admitted": 0, "expired": 0, "completed": 0, "failed": 0,
                         "cancelled": 0, "shed": 0}
         self._refused_by_reason: dict[str, int] = {}
@@ -464,17 +464,6 @@ class Scheduler:
         copies :meth:`snapshot` makes."""
         return self._queued, self._inflight, self._workers
 
-    @property
-    def learned(self) -> int:
-        """Grows whenever a service time is learned or seeded: what a node built from
-        :meth:`service_estimate_ms` is current while this has not moved."""
-        return self._learned
-
-    def service_estimates(self) -> Mapping[str, float]:
-        """The learned service times by key: a read-only view that follows them (no copy,
-        unlike :meth:`snapshot`)."""
-        return MappingProxyType(self._ewma_by_key)
-
     def service_estimate_ms(self, key: str = "") -> float:
         """Expected run time of one job of ``key`` (its EWMA, else the global one)."""
         return self._ewma_by_key.get(key, self._ewma_ms)
@@ -485,11 +474,11 @@ class Scheduler:
         if not (service_ms >= 0 and math.isfinite(service_ms)):
             raise ConfigError(f"service time of {key!r} must be finite and >= 0, got {service_ms}")
         self._ewma_by_key[key] = service_ms
-        self._learned += 1
+        self.learned += 1
 
     def _learn(self, key: str, run_ms: float) -> None:
         alpha = self._config.ewma_alpha
-        self._learned += 1
+        self.learned += 1
         self._ewma_ms += alpha * (run_ms - self._ewma_ms)
         if key:
             prev = self._ewma_by_key.get(key)

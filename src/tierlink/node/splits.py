@@ -78,6 +78,10 @@ class Upstream:
     def url(self) -> str:
         return self.spec.url
 
+    @property
+    def node_id(self) -> str:
+        return self.spec.node_id
+
     @staticmethod
     def maker(node_id: str, routing: RoutingConfig) -> Callable[[UpstreamSpec], Upstream]:
         """What makes ``node_id``'s upstream toward a chosen node: a fresh link estimator
@@ -199,7 +203,8 @@ class SplitPlans:
         for nbytes in (PROBE_SMALL, PROBE_LARGE):
             start = self._clock()
             try:
-                await self._client.probe(up.spec.url, nbytes, timeout_s=5.0)
+                await self._client.probe(up.spec.url, nbytes, timeout_s=5.0,
+                                         peer=up.spec.node_id)
             except TierlinkError:
                 return  # an unreachable upstream is the breakers' business, not the probe's
             up.estimator.observe((self._clock() - start) * 1000.0, 0.0, nbytes, probe=True)
@@ -347,7 +352,7 @@ class SplitPlans:
                       protocol.CUT: placement.cut, protocol.CODEC: placement.codec}
             resp = await self._client.infer(up.spec.url, placement.model or "",
                                             {"features": payload}, params,
-                                            timeout_s=left_ms / 1000.0)
+                                            timeout_s=left_ms / 1000.0, peer=placement.node_id)
         total_ms = (self._clock() - sent) * 1000.0
         tail_ms = float(resp.parameters.get(protocol.SERVER_MS, 0.0))
         if learn:
@@ -437,7 +442,8 @@ class SplitPlans:
             if node is None or not any(m.name == model for m in node.models):
                 continue
             try:
-                await self._client.open_split(up.spec.url, model, cut, timeout_s=30.0)
+                await self._client.open_split(up.spec.url, model, cut, timeout_s=30.0,
+                                              peer=up_id)
             except TierlinkError as exc:
                 log.warning("could not ask %s to open %s at %s: %s", up_id, model, cut, exc)
 

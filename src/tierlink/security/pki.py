@@ -14,7 +14,10 @@ without parsing free-text subjects::
 
 The CA never takes a name from a request: a node's certificate names the node its bearer
 credential proved (see control/certificates.py); the CSR contributes its public key and
-the addresses the node serves on (IP / DNS SANs), nothing else.
+the addresses the node serves on (IP / DNS SANs), nothing else. A server's identity is
+also written as a DNS name the CA alone assigns (``<node_id>.node.tierlink.internal``,
+``control.tierlink.internal``: security/names.py), which callers verify instead of an
+address; a request naming one of those is not copied.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tierlink.errors import ConfigError, InvalidRequest
+from tierlink.security.names import identity_hosts, reserved
 
 ROLES = ("node", "operator", "client", "control")
 _PREFIX = "urn:tierlink:"
@@ -163,7 +167,8 @@ class Authority:
             raise InvalidRequest("the CSR must carry an EC (P-256) public key")
         try:
             hosts = request.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-            names = [n for n in hosts.value if isinstance(n, x509.DNSName | x509.IPAddress)]
+            names = [n for n in hosts.value if isinstance(n, x509.IPAddress)
+                     or (isinstance(n, x509.DNSName) and not reserved(n.value))]
         except x509.ExtensionNotFound:
             names = []
         return self._issue(public, identity, names, now, ttl_s)
@@ -172,13 +177,17 @@ class Authority:
                    ttl_s: float) -> tuple[bytes, Issued]:
         """A new key and its certificate (operators, clients, control-plane replicas)."""
         key = new_key()
-        return key_pem(key), self._issue(key.public_key(), identity, _host_names(hosts),
-                                         now, ttl_s)
+        names = _host_names(tuple(h for h in hosts if not reserved(h)))
+        return key_pem(key), self._issue(key.public_key(), identity, names, now, ttl_s)
 
     def _issue(self, public: ec.EllipticCurvePublicKey, identity: CertIdentity,
                names: Sequence[x509.GeneralName], now: float, ttl_s: float) -> Issued:
         if self.key is None:
             raise ConfigError("this CA has no key to sign with")
+        try:  # the identity as a name callers verify (security/names.py)
+            own = [x509.DNSName(h) for h in identity_hosts(identity.role, identity.name)]
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), hint="rename the node") from None
         serial = x509.random_serial_number()
         # Backdated a little for clocks a bit behind ours; not much, or a short life's
         # renewal time (a share of not_before..not_after) would come late.
@@ -190,7 +199,8 @@ class Authority:
                 .not_valid_before(_utc(start)).not_valid_after(_utc(end))
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(x509.SubjectAlternativeName(
-                    [x509.UniformResourceIdentifier(identity.uri()), *names]), critical=False)
+                    [x509.UniformResourceIdentifier(identity.uri()), *own, *names]),
+                    critical=False)
                 .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                       ExtendedKeyUsageOID.CLIENT_AUTH]),
                                critical=False)

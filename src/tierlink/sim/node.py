@@ -210,7 +210,8 @@ class SimNode:
         if not self.heads:
             return
         profiles = tuple(self.heads.values())
-        factor = head_factor(profiles, self._card_ms, self.scheduler.service_estimates())
+        factor = head_factor(profiles, self._card_ms,
+                             self.scheduler.snapshot().service_ms_by_key)
         if self._heads_memo is None or self._heads_memo[0] != factor:
             self._heads_memo = (factor, scaled(profiles, factor))
         self._heads_now = self._heads_memo[1]

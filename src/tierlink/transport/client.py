@@ -40,6 +40,7 @@ from tierlink.errors import (
     UpstreamUnavailable,
     error_from_dict,
 )
+from tierlink.security.names import expect_node
 from tierlink.transport.oip import (
     HEADER_LENGTH,
     InferResponseData,
@@ -127,13 +128,16 @@ class OipClient:
         version: str | None = None,
         outputs: list[str] | None = None,
         request_id: str | None = None,
+        peer: str | None = None,
     ) -> InferResponseData:
         """POST ``{base_url}/v2/models/{model}[/versions/{version}]/infer``; all outputs unless
         ``outputs`` names some. ``binary`` sends inputs and asks for outputs as binary data.
 
         ``parameters`` values must be scalars (see ``oip.pack_param``). ``headers`` are added to
-        the request (deadline, trace context). Raises the errors listed in the module docstring;
-        :class:`~tierlink.errors.InvalidRequest` if ``inputs`` cannot be encoded.
+        the request (deadline, trace context). ``peer``: the node id the caller means to reach
+        (over TLS the server must prove it is that node; see :meth:`_send`). Raises the
+        errors listed in the module docstring; :class:`~tierlink.errors.InvalidRequest` if
+        ``inputs`` cannot be encoded.
         """
         url = _model_url(base_url, model, version) + "/infer"
         body, request_headers = encode_infer_request(
@@ -146,39 +150,45 @@ class OipClient:
         )
         if headers:
             request_headers.update(headers)
-        reply = await self._send("POST", url, timeout_s, data=body, headers=request_headers)
+        reply = await self._send("POST", url, timeout_s, peer, data=body,
+                                 headers=request_headers)
         return _decode_infer(reply, url)
 
-    async def ready(self, base_url: str, timeout_s: float | None = None) -> bool:
+    async def ready(self, base_url: str, timeout_s: float | None = None, *,
+                    peer: str | None = None) -> bool:
         """GET ``/v2/health/ready``: True on HTTP 200; False on any other status, on timeout and
-        when the server cannot be reached. Never raises for the network."""
+        when the server cannot be reached (or, with ``peer``, is not that node). Never raises
+        for the network."""
         try:
-            reply = await self._send("GET", f"{base_url.rstrip('/')}/v2/health/ready", timeout_s)
+            reply = await self._send("GET", f"{base_url.rstrip('/')}/v2/health/ready", timeout_s,
+                                     peer)
         except TierlinkError:  # unreachable, timed out, or any non-2xx answer
             return False
         return reply.status == 200
 
-    async def probe(self, base_url: str, nbytes: int, timeout_s: float | None = None) -> None:
+    async def probe(self, base_url: str, nbytes: int, timeout_s: float | None = None, *,
+                    peer: str | None = None) -> None:
         """POST ``nbytes`` of padding to ``/tierlink/v1/probe`` (answered at once, empty):
         a timed exchange of a known size that teaches a link estimator the bandwidth."""
-        await self._send("POST", f"{base_url.rstrip('/')}/tierlink/v1/probe", timeout_s,
+        await self._send("POST", f"{base_url.rstrip('/')}/tierlink/v1/probe", timeout_s, peer,
                          data=bytes(nbytes))
 
     async def open_split(self, base_url: str, model: str, cut: str,
-                         timeout_s: float | None = None) -> None:
+                         timeout_s: float | None = None, *, peer: str | None = None) -> None:
         """POST ``/tierlink/v1/splits/{model}/open?cut=CUT``: ask the node to open the tail
         of ``model`` at ``cut`` now, so the first split request that uses it does not pay
         for cutting the model and opening its session."""
         await self._send("POST", f"{base_url.rstrip('/')}/tierlink/v1/splits/{model}/open",
-                         timeout_s, params={"cut": cut})
+                         timeout_s, peer, params={"cut": cut})
 
     async def model_metadata(
-        self, base_url: str, model: str, version: str | None = None, timeout_s: float | None = None
+        self, base_url: str, model: str, version: str | None = None, timeout_s: float | None = None,
+        *, peer: str | None = None,
     ) -> dict[str, Any]:
         """GET ``/v2/models/{model}[/versions/{version}]``: the OIP model metadata object
         (``name``, ``versions``, ``platform``, ``inputs``, ``outputs``)."""
         url = _model_url(base_url, model, version)
-        reply = await self._send("GET", url, timeout_s)
+        reply = await self._send("GET", url, timeout_s, peer)
         try:
             doc = json.loads(reply.content)
         except (ValueError, RecursionError) as exc:
@@ -189,8 +199,13 @@ class OipClient:
             raise UpstreamError(f"{url} sent model metadata that is not a JSON object", url=url)
         return doc
 
-    async def _send(self, method: str, url: str, timeout_s: float | None, **kwargs: Any) -> Reply:
-        """One HTTP exchange, bounded end to end by ``timeout_s``; non-2xx raises."""
+    async def _send(self, method: str, url: str, timeout_s: float | None,
+                    peer: str | None = None, **kwargs: Any) -> Reply:
+        """One HTTP exchange, bounded end to end by ``timeout_s``; non-2xx raises.
+
+        Over TLS with ``peer`` named, the server's certificate must carry that node's
+        identity name (``security/names.py``), not merely the URL's address: a certificate
+        the fleet CA issued to any other node fails the handshake, before anything is sent."""
         import aiohttp
 
         timeout = self._timeout_s if timeout_s is None else timeout_s
@@ -200,6 +215,7 @@ class OipClient:
                 url=url,
                 timeout_s=timeout,
             )
+        kwargs["server_hostname"] = expect_node(peer, self._tls)
         try:
             # aiohttp's own total timeout and ours bound the whole exchange (connect, send,
             # answer, body), which is what a deadline means.
@@ -208,6 +224,14 @@ class OipClient:
         except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
             raise UpstreamTimeout(
                 f"{method} {url} got no answer within {timeout:.3g} s", url=url, timeout_s=timeout
+            ) from exc
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise UpstreamUnavailable(
+                f"{method} {url}: the server failed the TLS check"
+                + (f" (it is not node {peer}: its certificate does not name it)"
+                   if peer is not None and "mismatch" in str(exc) else "")
+                + f": {exc.certificate_error}", url=url, peer=peer or "",
+                hint="check that the fleet's registry and links point at the right node",
             ) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise UpstreamUnavailable(
