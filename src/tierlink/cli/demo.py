@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -68,20 +69,26 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-demo-"))
     if log_path is not None:
         log_path.write_text("")  # this run's requests only
-    with launch(config, models, run_dir, say=_say, netns=netns) as fleet:
-        _say(f"each run is warmed up first: {WARM_UP_S:g} s of its traffic, not counted")
-        runs = {name: _one_run(fleet, name, policy, items, test, settings, photos,
-                               prediction, log_path)
-                for name, policy in RUNS}
-        report = {"runs": runs, "fleet": fleet_summary(fleet),
-                  "thresholds": dict(config.routing.thresholds), "tuning": tuning,
-                  "hard_examples": hard_example_summary(fleet.control_url,
-                                                       headers=fleet.admin_headers,
-                                                       verify=fleet.verify()),
-                  "environment": environment(fleet, settings, zoo_summary)}
+    try:
+        with launch(config, models, run_dir, say=_say, netns=netns) as fleet:
+            _say(f"each run is warmed up first: {WARM_UP_S:g} s of its traffic, not counted")
+            runs = {name: _one_run(fleet, name, policy, items, test, settings, photos,
+                                   prediction, log_path)
+                    for name, policy in RUNS}
+            report = {"runs": runs, "fleet": fleet_summary(fleet),
+                      "thresholds": dict(config.routing.thresholds), "tuning": tuning,
+                      "hard_examples": hard_example_summary(fleet.control_url,
+                                                           headers=fleet.admin_headers,
+                                                           verify=fleet.verify()),
+                      "environment": environment(fleet, settings, zoo_summary)}
+    except BaseException:
+        _say(f"the fleet's logs and state are kept in {run_dir}")
+        raise
     _print_report(report)
-    if fleet.traces_file is not None:
+    if fleet.traces_file is not None:  # the run directory holds them: kept
         _say(f"traces: tierlink trace list -f {fleet.traces_file}")
+    else:  # nothing in it is needed any more (logs, state, certificates of a stopped fleet)
+        shutil.rmtree(run_dir, ignore_errors=True)
     if chat:
         from tierlink.cli.demo_chat import chat_phase
 
