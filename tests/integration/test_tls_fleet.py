@@ -225,3 +225,30 @@ def test_certificates_rotate_under_load_losing_nothing(
     assert all(t["renewal_failures"] == 0 for t in tls.values()), tls
     assert len(statuses) > 50 and set(statuses) == {200}, json.dumps(
         {s: statuses.count(s) for s in set(statuses)})
+
+
+def test_required_client_certificates_turn_away_anonymous_callers(
+        start_fleet: Callable[[str], RunningFleet], fmnist_test: Split,
+        cloud_samples: np.ndarray, tmp_path: Path) -> None:
+    """`client_auth: required`: a caller without a fleet certificate fails the handshake at
+    every node; an application with one (`tierlink pki issue client APP`) is answered, and
+    the nodes still forward to each other (each presents its own)."""
+    fleet = start_fleet(FLEET.replace("CERT_TTL", "600").replace(
+        "security: {tls: true,", "security: {tls: true, client_auth: required,"))
+    assert fleet.pki is not None
+    with httpx.Client(verify=fleet.pki.client_context(operator=False), timeout=10.0,
+                      trust_env=False) as anonymous:
+        for url in fleet.node_urls.values():
+            with pytest.raises(httpx.HTTPError):
+                anonymous.get(f"{url}/v2/health/live")
+    key, issued = Authority.load(fleet.pki.ca_dir).issue_pair(
+        CertIdentity("client", "app"), (), time.time(), 600.0)
+    write_file(tmp_path / "app.key", key, 0o600)
+    write_file(tmp_path / "app.pem", issued.cert_pem, 0o644)
+    verify = client_context(TlsFiles(fleet.pki.ca_file, tmp_path / "app.pem",
+                                     tmp_path / "app.key"))
+    x = fmnist_test.images[cloud_samples[0]: cloud_samples[0] + 1]
+    with httpx.Client(verify=verify, timeout=10.0, trust_env=False) as app:
+        answer = infer(app, fleet.node_urls["dev-1"], "fmnist", x, ANY)
+    assert answer.status == 200, answer.error
+    assert answer.path == ["dev-1", "edge-1", "cloud-1"]
