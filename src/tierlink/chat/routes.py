@@ -3,12 +3,18 @@
 a node with one, the verifier's endpoint for speculative decoding,
 ``POST /tierlink/v1/llm/{model}/verify``. Errors answer in OpenAI's shape with the status
 of tierlink's error tree (4xx for the caller's mistakes).
+
+On a node with TLS a chat request's claims (its ``tierlink`` origin, hops and privacy) are
+bound to the authenticated sender as an inference request's are (``node/peers.py``,
+``security/claims.py``): an application speaks for the node it calls, a node relays only
+what it may, and a ``local`` request never arrives from another node.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tierlink.chat import openai
 from tierlink.chat.service import ChatService
 from tierlink.errors import InvalidRequest, TierlinkError
+from tierlink.security.claims import HOPS, ORIGIN, PRIVACY
 from tierlink.transport.openapi import (
     OPENAI_CHAT_REQUEST,
     OPENAI_COMPLETION_REQUEST,
@@ -57,12 +64,25 @@ async def _one_model(chat: ChatService, name: str) -> Response:
 
 async def _answer(chat: ChatService, request: Request,
                   parse: Callable[[Any], openai.ChatRequest]) -> Response:
-    req = parse(await _json(request))
+    req = _bound(request, parse(await _json(request)))
     prep = await chat.prepare(req)  # refusals come as a status, before any answer
     if not req.stream:
         return JSONResponse(await chat.complete(req, prep))
     return StreamingResponse(chat.stream(req, prep), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+def _bound(request: Request, req: openai.ChatRequest) -> openai.ChatRequest:
+    """``req`` with its origin bound to the TLS sender; raises ``PeerRefused`` (403,
+    counted) when the sender may not claim what it says. As it is without TLS."""
+    guard = getattr(request.app.state, "peers", None)
+    if guard is None or not guard.enabled:
+        return req
+    t = req.tierlink
+    bound = guard.bind(request.scope, {ORIGIN: t.origin or "", HOPS: t.hops,
+                                       PRIVACY: t.privacy.value})
+    origin = str(bound.get(ORIGIN) or "") or None
+    return req if origin == t.origin else replace(req, tierlink=replace(t, origin=origin))
 
 
 async def _json(request: Request) -> Any:

@@ -42,6 +42,9 @@ def install_verify_route(app: FastAPI, models: dict[str, LanguageModel]) -> None
     async def verify(name: str, request: Request) -> Response:
         start = time.perf_counter()
         try:
+            guard = getattr(request.app.state, "peers", None)
+            if guard is not None:  # on a node with TLS: a drafting node's certificate
+                guard.require(request.scope, "verifying drafts")
             lm = models.get(name)
             if lm is None:
                 from tierlink.errors import ModelNotFound
