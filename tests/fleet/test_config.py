@@ -74,3 +74,19 @@ def test_a_device_may_fail_closed():
     cfg = parse_fleet(data)
     assert cfg.node("dev-1").default_privacy == "local"
     assert cfg.node("edge-1").default_privacy == "any"
+
+
+def test_a_tls_fleet_refuses_a_node_id_no_certificate_can_name():
+    """On a fleet with TLS a node is verified by a name in its certificate
+    (`<id>.node.tierlink.internal`): an id with an empty part between dots cannot be one."""
+    import copy
+
+    from tierlink.fleet.config import with_tls
+
+    data = copy.deepcopy(MIN)
+    data["nodes"][0]["id"] = data["links"][0]["from"] = "dev..1"
+    plain = parse_fleet(data)  # without TLS it is only an id
+    with pytest.raises(ConfigError, match="cannot be named in a certificate"):
+        with_tls(plain, True)
+    with pytest.raises(ConfigError, match="dev..1"):
+        parse_fleet({**data, "security": {"tls": True}})

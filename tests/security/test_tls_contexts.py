@@ -126,7 +126,7 @@ def test_a_caller_reaches_the_node_it_names_or_nobody(pki: Pki) -> None:
     """An address proves nothing (a node's CSR names what addresses it likes; on one
     machine they all share 127.0.0.1): a caller that names the node it means to reach gets
     that node or a refused handshake, before anything is sent."""
-    from tierlink.errors import UpstreamUnavailable
+    from tierlink.errors import UpstreamError, UpstreamUnavailable
     from tierlink.transport.client import OipClient
 
     server = pki.pair(CertIdentity("node", "edge-1", "edge"), "server")
@@ -140,6 +140,8 @@ def test_a_caller_reaches_the_node_it_names_or_nobody(pki: Pki) -> None:
             with pytest.raises(UpstreamUnavailable, match="it is not node edge-2"):
                 await client.probe(url, 10, peer="edge-2")
             assert await client.ready(url)  # no node named: the address is checked
+            with pytest.raises(UpstreamError, match="cannot be named"):  # not a 500
+                await client.probe(url, 10, peer="a..b")
     asyncio.run(main())
 
 

@@ -19,6 +19,7 @@ from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
 from tierlink.providers import parse_providers
+from tierlink.security.names import node_host
 from tierlink.settings.engine import EngineConfig, parse_engine
 from tierlink.settings.fields import (
     as_bool,
@@ -123,6 +124,15 @@ class FleetConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     # TLS on every hop, a fleet CA, claims bound to senders (settings/security.py)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def __post_init__(self) -> None:
+        if self.security.tls:  # each node's identity is a name in its certificate
+            for n in self.nodes:
+                try:
+                    node_host(n.node_id)
+                except ValueError as exc:
+                    raise ConfigError(str(exc), hint="rename the node, or run without TLS"
+                                      ) from None
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""

@@ -215,8 +215,8 @@ class OipClient:
                 url=url,
                 timeout_s=timeout,
             )
-        kwargs["server_hostname"] = expect_node(peer, self._tls)
         try:
+            kwargs["server_hostname"] = expect_node(peer, self._tls)
             # aiohttp's own total timeout and ours bound the whole exchange (connect, send,
             # answer, body), which is what a deadline means.
             async with asyncio.timeout(timeout):
