@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -155,7 +156,8 @@ class NodeService:
                                 scheduler=self.scheduler, client=self._client,
                                 routing=self.routing, metrics=self.metrics, clock=clock,
                                 upstreams=self._upstreams, view=lambda: self.view,
-                                refresh_view=self.refresh_view, count_exits=self._count_exits)
+                                refresh_view=self.refresh_view, count_exits=self._count_exits,
+                                work_dir=Path(spec.state_dir) if spec.state_dir else None)
         self.forward = Forwarder(self._upstreams, self._client, self.routing, clock, self.split)
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local,
                                      self.forward.run_remote,

@@ -101,14 +101,15 @@ class SplitPlans:
                  routing: RoutingConfig, metrics: NodeMetrics, clock: Callable[[], float],
                  upstreams: Mapping[str, Upstream], view: Callable[[], ClusterView],
                  refresh_view: Callable[[], None],
-                 count_exits: Callable[[str, dict[str, np.ndarray]], None]) -> None:
+                 count_exits: Callable[[str, dict[str, np.ndarray]], None],
+                 work_dir: Path | None = None) -> None:
         self._node_id, self._tier = node_id, tier
         self._runtimes = runtimes  # the model manager's dict: swapped in place at a switch
         self._spec_heads = heads
         self._scheduler, self._client, self._routing = scheduler, client, routing
         self._metrics, self._clock, self._upstreams = metrics, clock, upstreams
         self._view, self._refresh_view, self._count_exits = view, refresh_view, count_exits
-        self._split_dir = Path(tempfile.mkdtemp(prefix=f"tierlink-{node_id}-split-"))
+        self._split_dir = _fresh_dir(work_dir, node_id)
         self.sessions = self._make_sessions()
         # Head models with this machine's split profile (`tierlink split profile`): what
         # the policy prices the first half of a split plan with.
@@ -470,3 +471,15 @@ class SplitPlans:
                 cuts = list(dict.fromkeys(p.cut for p in plans))[:WARM_CUTS]
                 wanted += [(head.name, cut) for cut in cuts]
         return list(dict.fromkeys(wanted))
+
+
+def _fresh_dir(work_dir: Path | None, node_id: str) -> Path:
+    """Where cut models go: ``work_dir/splits`` (the node's state directory, emptied of what
+    an earlier run — one killed before it could clean up — left there), else a temporary
+    directory. ``stop`` removes it either way."""
+    if work_dir is None:
+        return Path(tempfile.mkdtemp(prefix=f"tierlink-{node_id}-split-"))
+    path = work_dir / "splits"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
