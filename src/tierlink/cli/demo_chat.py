@@ -3,6 +3,7 @@ cloud-only vs device-only on labelled prompts at three privacy levels."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,19 +28,24 @@ def chat_phase(quick: bool, fleet_file: Path = CHAT_FLEET,
     runs: dict[str, Any] = {}
     reference: dict[tuple[str, str], str] = {}
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-chat-"))
-    with launch(config, {}, run_dir, say=lambda m: console.print(f"[dim]{m}[/dim]"),
-                ready_timeout_s=180.0) as fleet:
-        for run in RUNS:
-            with Progress(TextColumn(f"chat {run:<12}"), BarColumn(), MofNCompleteColumn(),
-                          console=console) as bar:
-                task = bar.add_task(run, total=len(items))
+    try:
+        with launch(config, {}, run_dir, say=lambda m: console.print(f"[dim]{m}[/dim]"),
+                    ready_timeout_s=180.0) as fleet:
+            for run in RUNS:
+                with Progress(TextColumn(f"chat {run:<12}"), BarColumn(),
+                              MofNCompleteColumn(), console=console) as bar:
+                    task = bar.add_task(run, total=len(items))
 
-                def advance(n: int, bar: Progress = bar, task: Any = task) -> None:
-                    bar.update(task, completed=n)
-                records = run_chat(fleet, items, run, progress=advance)
-            if run == "cloud_only":
-                reference = {(r["device"], r["prompt"]): r["text"] for r in records}
-            runs[run] = summarize(records, reference)
+                    def advance(n: int, bar: Progress = bar, task: Any = task) -> None:
+                        bar.update(task, completed=n)
+                    records = run_chat(fleet, items, run, progress=advance)
+                if run == "cloud_only":
+                    reference = {(r["device"], r["prompt"]): r["text"] for r in records}
+                runs[run] = summarize(records, reference)
+    except BaseException:
+        console.print(f"[dim]the chat fleet's logs and state are kept in {run_dir}[/dim]")
+        raise
+    shutil.rmtree(run_dir, ignore_errors=True)  # a stopped fleet's logs, state, certificates
     _print(runs)
     return {"fleet": config.name, "prompts": len(items), "runs": runs}
 
