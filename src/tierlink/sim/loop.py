@@ -41,8 +41,7 @@ class _VirtualSelector(selectors.BaseSelector):
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
-            raise SimulationStalled("the simulation is waiting on something that never "
-                                    "happens: no timer is set and nothing is ready")
+            raise SimulationStalled(_STALLED)
         self._loop.advance(max(timeout, 0.0))
         return []
 
@@ -119,8 +118,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         ready = base._ready
         if not ready and not base._stopping:
             if not scheduled:
-                raise SimulationStalled("the simulation is waiting on something that never "
-                                        "happens: no timer is set and nothing is ready")
+                raise SimulationStalled(_STALLED)
             self._now += min(max(0.0, scheduled[0][0] - self._now), _MAX_WAIT_S)
         end = self._now + self._clock_resolution
         while scheduled and scheduled[0][0] < end:
@@ -133,6 +131,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                 handle._run()
 
 
+_STALLED = ("the simulation is waiting on something that never happens: no timer is set "
+            "and nothing is ready")
 _MIN_TIMERS_TO_COMPACT = 100  # asyncio's own figures: compact once half are cancelled
 _MAX_WAIT_S = 86400.0  # asyncio's longest select timeout: one step of the clock at most
 
