@@ -103,7 +103,7 @@ def import_family(family: Path, fleet: Path, calib_share: float, env: dict[str, 
 
 def evaluation_part() -> tuple[np.ndarray, np.ndarray]:
     """The held-out mails of the import's evaluation part: (tokens, labels)."""
-    from tierlink.modelstore.data import split
+    from tierlink.models.data import split
     from tierlink.modelstore.store import ModelStore
 
     store = ModelStore.default()

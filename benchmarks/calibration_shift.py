@@ -34,11 +34,12 @@ import numpy as np
 from tierlink.cascade.guarantee import tune_guaranteed
 from tierlink.cascade.tune import Stage, answering_stage, answers_correct, evaluate
 from tierlink.core.types import Tier
+from tierlink.models.calibration import fit_temperature
+from tierlink.models.data import Labelled
+from tierlink.models.evaluate import onnx_logits, softmax
 from tierlink.quantize.variants import with_variants
 from tierlink.zoo import ensure_zoo
-from tierlink.zoo.calibration import fit_temperature
-from tierlink.zoo.datasets import Split, fashion_mnist, training_holdout
-from tierlink.zoo.evaluate import onnx_logits, softmax
+from tierlink.zoo.datasets import fashion_mnist, training_holdout
 
 CHAIN = ("fmnist-small-fp16", "fmnist-medium", "fmnist-large")
 TIERS = (Tier.DEVICE, Tier.EDGE, Tier.CLOUD)
@@ -54,11 +55,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def stages_for(paths: dict[str, Path], fit: Split, judge: Split) -> tuple[list[Stage], ...]:
+def stages_for(paths: dict[str, Path], fit: Labelled, judge: Labelled) -> tuple[list[Stage], ...]:
     """Stages on ``fit`` and on ``judge``, each model's temperature fitted on ``fit``."""
     out: tuple[list[Stage], list[Stage]] = ([], [])
     for (name, path), tier in zip(paths.items(), TIERS, strict=True):
-        logits = {"fit": onnx_logits(path, fit.images), "judge": onnx_logits(path, judge.images)}
+        logits = {"fit": onnx_logits(path, fit.input), "judge": onnx_logits(path, judge.input)}
         t = fit_temperature(logits["fit"], fit.labels)
         for part, split, stages in (("fit", fit, out[0]), ("judge", judge, out[1])):
             probs = softmax(logits[part], t)
@@ -93,7 +94,7 @@ def per_5k(counts: dict[str, int], n: int) -> dict[str, float]:
     return {k: round(v * 5000 / n, 1) for k, v in counts.items()}
 
 
-def arm(paths: dict[str, Path], calib: Split, test: Split, args: argparse.Namespace
+def arm(paths: dict[str, Path], calib: Labelled, test: Labelled, args: argparse.Namespace
         ) -> dict[str, Any]:
     fit, judge = stages_for(paths, calib, test)
     tuned = tune_guaranteed(fit, CONFIDENCE, drop=DROP)

@@ -114,7 +114,7 @@ class Load(threading.Thread):
     def run(self) -> None:
         self.started = time.monotonic()
         try:
-            self.records = asyncio.run(drive(self.items, self.bench.images, self.bench.labels,
+            self.records = asyncio.run(drive(self.items, self.bench.input, self.bench.labels,
                                              self.urls, "fmnist", None,
                                              on_done=self.done.append))
         except BaseException as exc:  # noqa: BLE001 (reported by finish())
@@ -356,7 +356,7 @@ class AsyncSender(threading.Thread):
         sample = int(self.bench.hard[i % len(self.bench.hard)])
         body = {"id": f"req-{i}", "inputs": [{
             "name": "input", "datatype": "FP32", "shape": [1, 1, 28, 28],
-            "data": self.bench.images[sample].reshape(-1).tolist()}],
+            "data": self.bench.input[sample].reshape(-1).tolist()}],
             "parameters": {"tierlink.async": True, "tierlink.deadline_ms": 500,
                            "tierlink.privacy": "any", "tierlink.label": int(self.bench.labels[sample])}}
         self.sent += 1
@@ -616,8 +616,8 @@ def load_bench(profile: str, work: Path, rate: float, control_down_s: float) -> 
     zoo = ensure_zoo(task="fmnist", profile=profile, progress=True)
     models = {name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards}
     test = fashion_mnist().test
-    hard = least_confident(models["fmnist-small"][0], test.images, 100)
-    return Bench(models, test.images, test.labels, hard, work, rate, control_down_s, profile)
+    hard = least_confident(models["fmnist-small"][0], test.input, 100)
+    return Bench(models, test.input, test.labels, hard, work, rate, control_down_s, profile)
 
 
 def least_confident(onnx_path: Path, images: np.ndarray, n: int) -> np.ndarray:

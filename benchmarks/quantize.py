@@ -29,11 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from tierlink.models.evaluate import accuracy, onnx_logits
+from tierlink.models.onnx import ort_session
 from tierlink.quantize.settings import QuantSettings
 from tierlink.quantize.timing import side_by_side
 from tierlink.quantize.variants import ensure_variant, eval_data, variant_name, verdict
 from tierlink.zoo.cache import Zoo, ensure_zoo, load_zoo
-from tierlink.zoo.evaluate import accuracy, onnx_logits, ort_session
 
 PRECISIONS = ("fp16", "int8-dynamic", "int8-static", "mixed", "int4-weight")
 TARGET_SPEEDUP, TARGET_DROP_PT = 2.0, 0.3
@@ -63,7 +64,7 @@ def variant_paths(zoo: Zoo, parent: str, explore: bool, tmp: Path,
             if not set(settings.exclude) <= layers:
                 continue
             out = tmp / f"{parent}-{label.replace(' ', '_')}.onnx"
-            quantize_model(zoo.path(parent), out, settings, data.calib.images)
+            quantize_model(zoo.path(parent), out, settings, data.calib.input)
             paths[f"{parent} {label}"] = (out, settings.precision)
     return paths
 
@@ -73,11 +74,11 @@ def measure_model(zoo: Zoo, parent: str, data: Any, rounds: int, explore: bool,
     with tempfile.TemporaryDirectory(prefix="tierlink-qbench-") as tmp:
         paths = variant_paths(load_zoo(zoo.task, zoo.profile, zoo.root), parent, explore,
                               Path(tmp), data)
-        logits = {k: onnx_logits(p, data.test.images) for k, (p, _) in paths.items()}
+        logits = {k: onnx_logits(p, data.test.input) for k, (p, _) in paths.items()}
         print(f"  timing {len(paths)} models side by side, {rounds} rounds", file=sys.stderr,
               flush=True)
         timing = side_by_side({k: ort_session(p, 1) for k, (p, _) in paths.items()},
-                              data.test.images, rounds=rounds)
+                              data.test.input, rounds=rounds)
         sizes = {k: p.stat().st_size for k, (p, _) in paths.items()}
     base_acc = accuracy(logits["fp32"], data.test.labels)
     rows = []

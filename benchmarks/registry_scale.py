@@ -435,7 +435,7 @@ def failover_and_join(args: argparse.Namespace) -> dict[str, Any]:
     cfg = parse_fleet(yaml.safe_load(FLEET))
     zoo = ensure_zoo(task="fmnist", profile="test", progress=False)
     models = {name: (zoo.path(name), zoo.card_path(name)) for name in zoo.cards}
-    images = fashion_mnist().test.images[:400]
+    images = fashion_mnist().test.input[:400]
     run = Path(tempfile.mkdtemp(prefix="tierlink-registry-scale-fleet-"))
     with launch(cfg, models, run) as fleet, Load(fleet, images) as load:
         stop = threading.Event()

@@ -105,7 +105,7 @@ def _fmnist(specs: Sequence[str], samples: int, cuts: Sequence[str]) -> dict[str
 
 
 def _mobilenet(specs: Sequence[str], cuts: Sequence[str], views: bool) -> dict[str, Any]:
-    from tierlink.zoo.evaluate import ort_session
+    from tierlink.models.onnx import ort_session
     from tierlink.zoo.mobilenet import ensure_mobilenet
     from tierlink.zoo.photos import imagenet_photos
 

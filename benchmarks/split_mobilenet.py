@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from tierlink.models.onnx import ort_session
 from tierlink.split.codecs import DEFAULT_SPECS, get_codec
 from tierlink.split.partition import cut_points, split_model
-from tierlink.zoo.evaluate import ort_session
 from tierlink.zoo.mobilenet import NUM_BLOCKS, ensure_mobilenet, top_k
 from tierlink.zoo.photos import imagenet_photos
 

@@ -87,7 +87,7 @@ def measure(requests: int, rounds: int, say: Callable[[str], None] = print) -> d
 
     base = parse_fleet(FLEET)
     models, _ = zoo_models(base.zoo_profile, base.model_names(), progress=False)
-    image = fashion_mnist().test.images[:1]
+    image = fashion_mnist().test.input[:1]
     body = encode_infer_request({"input": image}, {"tierlink.privacy": "any",
                                                    "tierlink.deadline_ms": 2000.0}, None)
     root = Path(tempfile.mkdtemp(prefix="tierlink-tls-cost-"))

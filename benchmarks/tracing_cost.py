@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = parse_fleet(FLEET)
     models, _ = zoo_models(base.zoo_profile, base.model_names(), progress=False)
-    images = fashion_mnist().test.images
+    images = fashion_mnist().test.input
     rng = np.random.default_rng(3)
     bodies = [encode_infer_request({"input": images[i: i + 1]}, {
         "tierlink.privacy": "any", "tierlink.deadline_ms": 2000.0}, None)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tierlink.errors import ZooError
+from tierlink.errors import ModelError
 
 
 def fsync_file(path: Path) -> None:
@@ -51,7 +51,7 @@ def replace_synced(path: Path, data: bytes) -> None:
 
 def write_json(path: Path, data: Any, what: str) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically (temp file, then rename; not
-    fsynced: cards and profiles can be made again); ``ZooError`` naming ``what`` when the
+    fsynced: cards and profiles can be made again); ``ModelError`` naming ``what`` when the
     disk refuses."""
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -59,4 +59,4 @@ def write_json(path: Path, data: Any, what: str) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise ZooError(f"cannot write {what} {path}: {exc}") from exc
+        raise ModelError(f"cannot write {what} {path}: {exc}") from exc

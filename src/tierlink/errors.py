@@ -25,7 +25,9 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── SplitError                  400: a model cannot be cut there (not a single-tensor cut)
     │   └── CodecError              400: a feature payload is malformed, truncated or of an
     │                               unknown codec / version; a codec spec is unknown
-    ├── ZooError                    model zoo could not be built or loaded
+    ├── ModelError                  a model's file or card cannot be read or used (missing,
+    │   │                           malformed, does not match its card, no runtime for it)
+    │   ├── ZooError                the demo's model zoo could not be built or loaded
     │   ├── QuantizationError       a variant cannot be made: precision does not apply,
     │   │                           bad settings
     │   └── ImportRefused           a model or its data cannot be imported (not ONNX, a
@@ -193,17 +195,23 @@ class CodecError(SplitError):
             "the payload must be one encoded by tierlink.split.codecs")
 
 
-class ZooError(TierlinkError):
+class ModelError(TierlinkError):
+    code = "model_error"
+    hint = ("a model's card names its files and how it was made: import, build or install "
+            "the model again to replace them")
+
+
+class ZooError(ModelError):
     code = "zoo_error"
     hint = "rebuild the zoo with `tierlink zoo build`"
 
 
-class QuantizationError(ZooError):
+class QuantizationError(ModelError):
     code = "quantization_error"
     hint = "see `tierlink quantize --help` for the precisions and their settings"
 
 
-class ImportRefused(ZooError):
+class ImportRefused(ModelError):
     code = "import_refused"
     http_status = 400
     hint = "see `tierlink model import --help` for what a model and its data must be"

@@ -6,10 +6,10 @@ import pytest
 from tierlink.cascade.report import Goal, tune_chain
 from tierlink.cascade.stages import Chain
 from tierlink.core.types import Tier
+from tierlink.models.calibration import ece
+from tierlink.models.evaluate import onnx_logits
 from tierlink.zoo import ensure_zoo
-from tierlink.zoo.calibration import ece
 from tierlink.zoo.datasets import load_splits
-from tierlink.zoo.evaluate import onnx_logits
 
 CHAIN = Chain(("fmnist-small", "fmnist-medium", "fmnist-large"),
               (Tier.DEVICE, Tier.EDGE, Tier.CLOUD))
@@ -47,7 +47,7 @@ def test_tuned_thresholds_meet_their_target_on_the_calibration_split(zoo, splits
 def test_temperature_fitted_on_calibration_lowers_ece_on_held_out_test(zoo, splits):
     for name in CHAIN.models:
         card = zoo.card(name)
-        logits = onnx_logits(zoo.path(name), splits.test.images)
+        logits = onnx_logits(zoo.path(name), splits.test.input)
         before = ece(logits, splits.test.labels)
         after = ece(logits, splits.test.labels, card.temperature)
         assert after < before, (name, before, after)

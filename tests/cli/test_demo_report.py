@@ -99,7 +99,7 @@ def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
     monkeypatch.setattr(cli_demo, "run_workload", drive)
     items = [WorkItem(i, i, "dev-1", 150.0, Priority.INTERACTIVE, Privacy.SITE, 0.5 * i)
              for i in range(10)]  # 3 s of warm-up: the first six
-    test = SimpleNamespace(images=None, labels=None)
+    test = SimpleNamespace(input=None, labels=None)
     fleet = SimpleNamespace(config=load_fleet(EXAMPLE))
     log = tmp_path / "requests.jsonl"
     run = cli_demo._one_run(fleet, "device_only", "device_only", items, test,

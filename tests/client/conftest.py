@@ -18,7 +18,7 @@ import pytest
 from integration.conftest import fmnist_test, zoo_models  # noqa: F401  (fixtures, reused)
 from integration.integration_support import Models, running_fleet
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 NODE = "edge-1"
 MODEL = "fmnist-medium"
@@ -41,5 +41,5 @@ def node_fleet(zoo_models: Models,  # noqa: F811  (the reused fixture, requested
 
 
 @pytest.fixture(scope="session")
-def images(fmnist_test: Split) -> np.ndarray:  # noqa: F811  (the reused fixture, requested)
-    return np.ascontiguousarray(fmnist_test.images[:2])  # (2, 1, 28, 28) float32
+def images(fmnist_test: Labelled) -> np.ndarray:  # noqa: F811  (the reused fixture, requested)
+    return np.ascontiguousarray(fmnist_test.input[:2])  # (2, 1, 28, 28) float32

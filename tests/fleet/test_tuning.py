@@ -24,7 +24,7 @@ def fleet(tuned_on: dict | None) -> object:
 def models(tmp_path, monkeypatch):
     """Two 'models' whose cards say their sha256 (load_card is replaced: only the hash
     matters here)."""
-    from tierlink.zoo import cards
+    from tierlink.models import card as cards
 
     shas = {"m-small": "a" * 64, "m-medium": "b" * 64}
     out = {}

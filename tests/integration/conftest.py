@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import Models, least_confident, least_confident_of_all, running_fleet
 
@@ -69,8 +69,8 @@ def zoo_models() -> Models:
 
 
 @pytest.fixture(scope="session")
-def fmnist_test() -> Split:
-    """The test split: ``.images`` (5000, 1, 28, 28) float32 in [0, 1], ``.labels`` int64."""
+def fmnist_test() -> Labelled:
+    """The test split: ``.input`` (5000, 1, 28, 28) float32 in [0, 1], ``.labels`` int64."""
     from tierlink.zoo.datasets import DEFAULT_ROOT, INSTALL_HINT, fashion_mnist
 
     if not DEFAULT_ROOT.is_dir():
@@ -79,18 +79,18 @@ def fmnist_test() -> Split:
 
 
 @pytest.fixture(scope="session")
-def hard_samples(zoo_models: Models, fmnist_test: Split) -> np.ndarray:
+def hard_samples(zoo_models: Models, fmnist_test: Labelled) -> np.ndarray:
     """Indices of 100 test images the device model is least sure of: a cascade escalates
     them, so requests built from them travel up the tiers."""
-    return least_confident(zoo_models["fmnist-small"][0], fmnist_test.images, 100)
+    return least_confident(zoo_models["fmnist-small"][0], fmnist_test.input, 100)
 
 
 @pytest.fixture(scope="session")
-def cloud_samples(zoo_models: Models, fmnist_test: Split) -> np.ndarray:
+def cloud_samples(zoo_models: Models, fmnist_test: Labelled) -> np.ndarray:
     """Indices of 20 test images that neither the device's nor the edge's model is sure of:
     a cascade through both sends them to the cloud."""
     return least_confident_of_all([zoo_models[m][0] for m in ("fmnist-small", "fmnist-medium")],
-                                  fmnist_test.images, 20)
+                                  fmnist_test.input, 20)
 
 
 @pytest.fixture(scope="package")

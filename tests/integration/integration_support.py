@@ -230,8 +230,8 @@ def profiled_mobilenet(root: Path, sample: np.ndarray, cuts: frozenset[str],
     profile of ``cuts`` only, timed on ``sample``; raises ``ZooError`` if it cannot be made."""
     import shutil
 
+    from tierlink.models.card import load_card
     from tierlink.split.profile import profile_model, profile_path, save_profile
-    from tierlink.zoo.cards import load_card
     from tierlink.zoo.mobilenet import MODEL_NAME, card_path, ensure_mobilenet
 
     source = ensure_mobilenet()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import assert_consistent, node_status, route
 
@@ -39,12 +39,12 @@ links:
 OUTAGE_S = 3.0 + 2.0
 
 
-def tiers_reached(fleet: RunningFleet, http: httpx.Client, data: Split, samples: np.ndarray,
+def tiers_reached(fleet: RunningFleet, http: httpx.Client, data: Labelled, samples: np.ndarray,
                   privacy: str) -> set[str]:
     """Send each sample to dev-1; every answer must be a consistent 200."""
     tiers = set()
     for sample in samples:
-        answer = route(http, fleet.node_urls["dev-1"], data.images[sample: sample + 1],
+        answer = route(http, fleet.node_urls["dev-1"], data.input[sample: sample + 1],
                        privacy=privacy)
         assert_consistent(fleet, "dev-1", answer)
         tiers.add(answer.parameters["tierlink.tier"])
@@ -62,7 +62,7 @@ def wait_for_view(http: httpx.Client, fleet: RunningFleet, nodes: set[str],
 
 
 def test_nodes_route_from_their_cached_view_while_control_is_down(
-        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Split,
+        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET)
     wait_for_view(http, fleet, {"dev-1", "edge-1", "cloud-1"})

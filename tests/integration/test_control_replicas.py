@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import assert_consistent, route
 
@@ -45,13 +45,13 @@ def listed(fleet: RunningFleet, http: httpx.Client, replica: int) -> dict[str, A
     return {n["node_id"]: n for n in r.json()["nodes"]}
 
 
-def serve_for(fleet: RunningFleet, http: httpx.Client, data: Split, samples: np.ndarray,
+def serve_for(fleet: RunningFleet, http: httpx.Client, data: Labelled, samples: np.ndarray,
               seconds: float) -> set[str]:
     """Route requests from dev-1 for ``seconds``; every one must be a consistent 200."""
     started, tiers, i = time.monotonic(), set(), 0
     while time.monotonic() - started < seconds:
         sample = int(samples[i % len(samples)])
-        answer = route(http, fleet.node_urls["dev-1"], data.images[sample: sample + 1],
+        answer = route(http, fleet.node_urls["dev-1"], data.input[sample: sample + 1],
                        privacy="any")
         assert_consistent(fleet, "dev-1", answer)
         tiers.add(answer.parameters["tierlink.tier"])
@@ -66,7 +66,7 @@ def hard_example_ids(fleet: RunningFleet, http: httpx.Client, replica: int) -> s
     return {int(e["id"]) for e in r.json()["examples"]}
 
 
-def hard_examples_delivered(fleet: RunningFleet, http: httpx.Client, data: Split,
+def hard_examples_delivered(fleet: RunningFleet, http: httpx.Client, data: Labelled,
                             samples: np.ndarray, replica: int) -> set[int]:
     """Route hard inputs until ``replica`` lists hard examples (nodes deliver in batches)."""
     deadline = time.monotonic() + 20.0
@@ -78,7 +78,7 @@ def hard_examples_delivered(fleet: RunningFleet, http: httpx.Client, data: Split
 
 
 def test_replicas_share_one_view_and_survive_a_replica_and_an_etcd_member(
-        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Split,
+        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET)
     assert len(fleet.control_urls) == 2 and fleet.etcd is not None

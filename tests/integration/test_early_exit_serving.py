@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import Models, infer, metric_sum
 
@@ -48,10 +48,10 @@ def split_params(cut: str) -> dict[str, Any]:
 
 
 def test_device_exits_early_and_splits_at_the_exit_boundary(
-        exit_models: Models, fmnist_test: Split, http: httpx.Client, tmp_path: Path) -> None:
+        exit_models: Models, fmnist_test: Labelled, http: httpx.Client, tmp_path: Path) -> None:
     from .integration_support import running_fleet
 
-    x = fmnist_test.images[:24]
+    x = fmnist_test.input[:24]
     with running_fleet(FLEET, tmp_path / "fleet", exit_models) as fleet:
         dev, cloud = fleet.node_urls["dev-1"], fleet.node_urls["cloud-1"]
         whole = infer(http, cloud, "fmnist-exits", x)  # the model endpoint: every sample

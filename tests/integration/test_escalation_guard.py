@@ -22,7 +22,7 @@ from tierlink.fleet import breakdown as bd
 from tierlink.fleet.config import FleetConfig, load_fleet
 from tierlink.fleet.demo import DemoSettings, run_workload, threshold_prediction, workload_for
 from tierlink.fleet.launcher import launch
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import assert_all_gone
 
@@ -39,7 +39,7 @@ def demo_fleet_without_photos() -> FleetConfig:
 
 
 def test_live_escalations_follow_the_tuned_thresholds_under_demo_load(
-        fmnist_test: Split, tmp_path: Path) -> None:
+        fmnist_test: Labelled, tmp_path: Path) -> None:
     from tierlink.cli.main import zoo_models
     from tierlink.fleet.tuning import retune, stale_thresholds
 
@@ -52,7 +52,7 @@ def test_live_escalations_follow_the_tuned_thresholds_under_demo_load(
     fleet = launch(config, models, tmp_path / "fleet")
     groups = [t.group for t in fleet.throttles if t.group is not None]
     try:
-        records, violations = run_workload(fleet, items, fmnist_test.images,
+        records, violations = run_workload(fleet, items, fmnist_test.input,
                                            fmnist_test.labels, "fmnist", None,
                                            lambda r: None)
     finally:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import Models
 
@@ -40,9 +40,9 @@ def faults() -> ModuleType:
 
 @pytest.fixture(params=["sqlite", "etcd"])
 def bench(request: pytest.FixtureRequest, faults: ModuleType, zoo_models: Models,
-          fmnist_test: Split, hard_samples: np.ndarray, tmp_path: Path) -> Any:
+          fmnist_test: Labelled, hard_samples: np.ndarray, tmp_path: Path) -> Any:
     """Every case on a SQLite control plane, and on two replicas over etcd."""
-    b = faults.Bench(zoo_models, fmnist_test.images, fmnist_test.labels, hard_samples,
+    b = faults.Bench(zoo_models, fmnist_test.input, fmnist_test.labels, hard_samples,
                      tmp_path, rate=20.0, control_down_s=2.0, profile="test", scale=0.4,
                      control=request.param)
     yield b

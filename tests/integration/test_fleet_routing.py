@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import Answer, assert_consistent, metric_samples, metric_sum, route
 
@@ -20,13 +20,13 @@ DEVICES = ("dev-1", "dev-2")
 INPUTS = "tierlink_inputs_received_total"
 
 
-def send_all(fleet: RunningFleet, http: httpx.Client, data: Split, samples: np.ndarray,
+def send_all(fleet: RunningFleet, http: httpx.Client, data: Labelled, samples: np.ndarray,
              privacy: str, deadline_ms: float = 2000.0) -> list[tuple[str, Answer]]:
     """Send each sample, alternating the devices; every answer must be a consistent 200."""
     answers = []
     for i, sample in enumerate(samples):
         entry = DEVICES[i % len(DEVICES)]
-        answer = route(http, fleet.node_urls[entry], data.images[sample: sample + 1],
+        answer = route(http, fleet.node_urls[entry], data.input[sample: sample + 1],
                        privacy=privacy, deadline_ms=deadline_ms)
         assert_consistent(fleet, entry, answer)
         answers.append((entry, answer))
@@ -34,7 +34,7 @@ def send_all(fleet: RunningFleet, http: httpx.Client, data: Split, samples: np.n
 
 
 def test_local_request_is_served_by_its_device(
-        shared_fleet: RunningFleet, http: httpx.Client, fmnist_test: Split,
+        shared_fleet: RunningFleet, http: httpx.Client, fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     # Inputs the device model is unsure of: anything but `local` would escalate them.
     for entry, answer in send_all(shared_fleet, http, fmnist_test, hard_samples[:12], "local"):
@@ -44,7 +44,7 @@ def test_local_request_is_served_by_its_device(
 
 
 def test_site_requests_never_reach_the_cloud(
-        shared_fleet: RunningFleet, http: httpx.Client, fmnist_test: Split,
+        shared_fleet: RunningFleet, http: httpx.Client, fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     answers = send_all(shared_fleet, http, fmnist_test, hard_samples[:30], "site")
 
@@ -66,7 +66,7 @@ def test_site_requests_never_reach_the_cloud(
 
 
 def test_any_request_with_time_can_reach_the_cloud(
-        shared_fleet: RunningFleet, http: httpx.Client, fmnist_test: Split,
+        shared_fleet: RunningFleet, http: httpx.Client, fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     cloud_url = shared_fleet.node_urls["cloud-1"]
     before = metric_sum(http, cloud_url, INPUTS, privacy="any", verdict="allowed")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import Models, route, tierlink
 
@@ -67,7 +67,7 @@ def browser_page() -> Iterator[Any]:
 
 def test_the_fleet_view_follows_the_fleet_live(
         start_fleet: Callable[[str], RunningFleet], zoo_models: Models, browser_page: Any,
-        http: httpx.Client, fmnist_test: Split, hard_samples: np.ndarray,
+        http: httpx.Client, fmnist_test: Labelled, hard_samples: np.ndarray,
         tmp_path: Path) -> None:
     key = tmp_path / "publisher.key"
     public = tierlink("model", "keygen", "--out", str(key)).strip().splitlines()[-1]
@@ -87,7 +87,7 @@ def test_the_fleet_view_follows_the_fleet_live(
     # Traffic: the figures fill from the nodes' heartbeats.
     for i, sample in enumerate(np.concatenate([hard_samples[:20], np.arange(20)])):
         entry = fleet.node_urls["dev-1" if i % 2 else "dev-2"]
-        assert route(http, entry, fmnist_test.images[sample: sample + 1],
+        assert route(http, entry, fmnist_test.input[sample: sample + 1],
                      privacy="any").status == 200
     page.wait_for_function(
         "() => document.getElementById('sla').textContent.endsWith('%')", timeout=20_000)

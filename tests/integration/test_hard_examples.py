@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
+from tierlink.models.data import Labelled
 from tierlink.transport.oip import HEADER_LENGTH, decode_infer_response, encode_infer_request
-from tierlink.zoo.datasets import Split
 
 from .integration_support import Models, least_confident, metric_sum, wait_for
 
@@ -52,12 +52,12 @@ class Sent:
     path: list[str]
 
 
-def send(http: httpx.Client, url: str, data: Split, sample: int, privacy: str,
+def send(http: httpx.Client, url: str, data: Labelled, sample: int, privacy: str,
          request_id: str) -> Sent:
     label = int(data.labels[sample])
     params = {"tierlink.privacy": privacy, "tierlink.deadline_ms": 3000.0,
               "tierlink.label": label}
-    body, headers = encode_infer_request({"input": data.images[sample: sample + 1]}, params,
+    body, headers = encode_infer_request({"input": data.input[sample: sample + 1]}, params,
                                          None, request_id=request_id)
     resp = http.post(f"{url}/v2/models/fmnist/infer", content=body, headers=headers)
     assert resp.status_code == 200, resp.text
@@ -70,9 +70,9 @@ def send(http: httpx.Client, url: str, data: Split, sample: int, privacy: str,
 
 
 def test_only_escalated_any_inputs_reach_the_control_plane(
-        start_fleet: Any, zoo_models: Models, fmnist_test: Split, http: httpx.Client) -> None:
+        start_fleet: Any, zoo_models: Models, fmnist_test: Labelled, http: httpx.Client) -> None:
     fleet: RunningFleet = start_fleet(FLEET)
-    ranked = least_confident(zoo_models["fmnist-small"][0], fmnist_test.images, 1000)
+    ranked = least_confident(zoo_models["fmnist-small"][0], fmnist_test.input, 1000)
     unsure, sure = ranked[:36], ranked[-8:]  # by the device model's raw confidence
     url = fleet.node_urls["dev-1"]
     groups = {"any-unsure": ("any", unsure[:16]), "site": ("site", unsure[16:26]),
@@ -116,7 +116,7 @@ def test_only_escalated_any_inputs_reach_the_control_plane(
         assert set(by_id) == set(expected)
         for rid, row in by_id.items():
             s = expected[rid]
-            np.testing.assert_array_equal(npz["inputs"][row], fmnist_test.images[s.sample])
+            np.testing.assert_array_equal(npz["inputs"][row], fmnist_test.input[s.sample])
             assert npz["labels"][row] == s.label
 
 

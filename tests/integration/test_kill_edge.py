@@ -15,7 +15,7 @@ import pytest
 from tierlink.core.types import Priority, Privacy
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.fleet.workload import Record, WorkItem, drive, summarize
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import metric_sum, node_status, wait_for
 
@@ -62,7 +62,7 @@ def steady_load(samples: np.ndarray) -> list[WorkItem]:
 class LoadThread(threading.Thread):
     """Runs ``drive`` on its own event loop; ``done`` lists records in completion order."""
 
-    def __init__(self, items: list[WorkItem], data: Split, urls: dict[str, str]) -> None:
+    def __init__(self, items: list[WorkItem], data: Labelled, urls: dict[str, str]) -> None:
         super().__init__(name="steady-load", daemon=True)
         self.items, self.data, self.urls = items, data, urls
         self.done: list[Record] = []
@@ -71,7 +71,7 @@ class LoadThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.records = asyncio.run(drive(self.items, self.data.images, self.data.labels,
+            self.records = asyncio.run(drive(self.items, self.data.input, self.data.labels,
                                              self.urls, "fmnist", None,
                                              on_done=self.done.append))
         except BaseException as exc:  # noqa: BLE001 (the test thread reports it)
@@ -97,7 +97,7 @@ def breaker_open_or_expired(http: httpx.Client, url: str,
 
 
 def test_kill_edge_under_load_loses_nothing(
-        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Split,
+        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET)
     load = LoadThread(steady_load(hard_samples), fmnist_test, fleet.node_urls)

@@ -14,7 +14,7 @@ import pytest
 from tierlink.core.types import Tier
 from tierlink.fleet.config import NodeConfig
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import node_status, route
 
@@ -39,15 +39,15 @@ links:
 JOIN_WITHIN_S = 10.0
 
 
-def served_by(fleet: RunningFleet, http: httpx.Client, data: Split, sample: int) -> str:
-    answer = route(http, fleet.node_urls["dev-1"], data.images[sample: sample + 1],
+def served_by(fleet: RunningFleet, http: httpx.Client, data: Labelled, sample: int) -> str:
+    answer = route(http, fleet.node_urls["dev-1"], data.input[sample: sample + 1],
                    privacy="site")
     assert answer.status == 200, answer.error
     return answer.served_by
 
 
 def test_a_new_edge_takes_traffic_and_a_drained_one_gets_none(
-        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Split,
+        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET)
     assert set(node_status(http, fleet.node_urls["dev-1"])["links"]) == {"edge-1"}
@@ -70,7 +70,7 @@ def test_a_new_edge_takes_traffic_and_a_drained_one_gets_none(
     answers: list[int] = []
 
     def send(sample: int) -> None:
-        answer = route(http, fleet.node_urls["dev-1"], fmnist_test.images[sample: sample + 1],
+        answer = route(http, fleet.node_urls["dev-1"], fmnist_test.input[sample: sample + 1],
                        privacy="site")
         answers.append(answer.status)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import launch
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import Models, fleet_config, infer, wait_for
 
@@ -62,7 +62,7 @@ def sent_bytes(netns: str) -> int:
 
 
 def test_requests_cross_namespaces_on_shaped_links_and_a_stop_removes_them(
-        zoo_models: Models, tmp_path: Path, fmnist_test: Split, cloud_samples: np.ndarray,
+        zoo_models: Models, tmp_path: Path, fmnist_test: Labelled, cloud_samples: np.ndarray,
         http: httpx.Client) -> None:
     fleet = launch(fleet_config(FLEET, "itest-netns"), zoo_models, tmp_path / "run",
                    netns=True)
@@ -73,7 +73,7 @@ def test_requests_cross_namespaces_on_shaped_links_and_a_stop_removes_them(
             {h.address for h in plan.hosts}  # each node its own address
         assert fleet.control_url.startswith(f"http://{plan.gateway}:")
         before = sent_bytes(hosts["dev-1"].netns)
-        x = fmnist_test.images[cloud_samples[0]: cloud_samples[0] + 1]
+        x = fmnist_test.input[cloud_samples[0]: cloud_samples[0] + 1]
         answer = infer(http, fleet.node_urls["dev-1"], "fmnist", x, ANY)
         assert answer.status == 200, answer.error
         assert answer.path == ["dev-1", "edge-1", "cloud-1"]

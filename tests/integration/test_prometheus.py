@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
+from tierlink.models.data import Labelled
 from tierlink.netports import pick_port
-from tierlink.zoo.datasets import Split
 
 from .integration_support import metric_sum, route, wait_for
 
@@ -81,7 +81,7 @@ def all_targets_up(http: httpx.Client, prom: Prometheus, expected: int) -> list[
 
 def test_prometheus_scrapes_every_node_and_the_control_plane(
         shared_fleet: RunningFleet, prometheus: Prometheus, http: httpx.Client,
-        fmnist_test: Split,
+        fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     expected = len(shared_fleet.node_urls) + 1
     targets = wait_for(lambda: all_targets_up(http, prometheus, expected),
@@ -91,7 +91,7 @@ def test_prometheus_scrapes_every_node_and_the_control_plane(
 
     dev = shared_fleet.node_urls["dev-2"]
     for sample in hard_samples[:5]:
-        assert route(http, dev, fmnist_test.images[sample: sample + 1], privacy="any").status == 200
+        assert route(http, dev, fmnist_test.input[sample: sample + 1], privacy="any").status == 200
     sent = metric_sum(http, dev, "tierlink_requests_total", kind="task", model="fmnist")
     assert sent >= 5
     query = (f'sum(tierlink_requests_total{{instance="{dev.removeprefix("http://")}",'
@@ -110,7 +110,7 @@ def test_prometheus_scrapes_every_node_and_the_control_plane(
 
 def test_the_rules_load_and_record_sla_attainment_from_the_fleet(
         shared_fleet: RunningFleet, prometheus: Prometheus, http: httpx.Client,
-        fmnist_test: Split, hard_samples: np.ndarray) -> None:
+        fmnist_test: Labelled, hard_samples: np.ndarray) -> None:
     expected = len(shared_fleet.node_urls) + 1
     wait_for(lambda: all_targets_up(http, prometheus, expected), TARGETS_UP_TIMEOUT_S,
              f"{expected} scrape targets up", interval_s=0.5)
@@ -122,7 +122,7 @@ def test_the_rules_load_and_record_sla_attainment_from_the_fleet(
 
     def recorded() -> tuple[float] | None:  # a tuple: 0.0 is an answer too
         for sample in hard_samples[:3]:
-            route(http, dev, fmnist_test.images[sample: sample + 1], privacy="any")
+            route(http, dev, fmnist_test.input[sample: sample + 1], privacy="any")
         data = _api(http, prometheus.url, "query",
                     query='tierlink:sla_attainment:ratio_rate5m{tier="device"}')
         # One series per priority: one without traffic in the window is 0/0 (NaN).
@@ -186,7 +186,7 @@ links:
 
 
 def test_tierlink_up_starts_prometheus_with_the_rules_and_a_trace_receiver(
-        zoo_models: object, http: httpx.Client, fmnist_test: Split, hard_samples: np.ndarray,
+        zoo_models: object, http: httpx.Client, fmnist_test: Labelled, hard_samples: np.ndarray,
         tmp_path: Path) -> None:
     """`tierlink up --prometheus --traces`, as an operator types it: Prometheus scrapes
     every node and the control plane with deploy/rules loaded, spans of a request reach the
@@ -218,7 +218,7 @@ def test_tierlink_up_starts_prometheus_with_the_rules_and_a_trace_receiver(
         rules = {r["name"] for g in _api(http, prom.url, "rules")["groups"] for r in g["rules"]}
         assert "TierlinkNodeDown" in rules
         sample = hard_samples[0]
-        answer = route(http, info["nodes"]["dev-1"], fmnist_test.images[sample: sample + 1],
+        answer = route(http, info["nodes"]["dev-1"], fmnist_test.input[sample: sample + 1],
                        privacy="any")
         assert answer.status == 200
         traces = Path(info["traces_file"])

@@ -20,10 +20,10 @@ import pytest
 
 from tierlink.engines import ray_cluster
 from tierlink.fleet.launcher import RunningFleet
+from tierlink.models.data import Labelled
 from tierlink.netns.fabric import Fabric, in_netns
 from tierlink.netports import pick_port
 from tierlink.node.runtime import ModelInfo, OnnxModel
-from tierlink.zoo.datasets import Split
 
 from .integration_support import Models, infer, wait_for
 
@@ -61,7 +61,7 @@ def group_alive(pgid: int) -> bool:
 
 def test_a_cloud_node_serves_through_ray_serve_and_stops_its_cluster(
         start_fleet: Callable[[str], RunningFleet], zoo_models: Models, http: httpx.Client,
-        fmnist_test: Split, hard_samples: np.ndarray) -> None:
+        fmnist_test: Labelled, hard_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET)
     cloud = fleet.node_urls["cloud-1"]
     meta = http.get(f"{cloud}/v2/models/fmnist-large").json()
@@ -70,14 +70,14 @@ def test_a_cloud_node_serves_through_ray_serve_and_stops_its_cluster(
     engine = http.get(f"{cloud}/tierlink/v1/status").json()["engine"]
     assert engine == {"kind": "ray", "replicas": {"fmnist-large": 1}}
 
-    x = fmnist_test.images[hard_samples[0]: hard_samples[0] + 1]
+    x = fmnist_test.input[hard_samples[0]: hard_samples[0] + 1]
     routed = infer(http, fleet.node_urls["dev-1"], "fmnist", x,
                    {"tierlink.privacy": "any", "tierlink.deadline_ms": 5000.0})
     assert routed.status == 200 and routed.path == ["dev-1", "cloud-1"], routed.error
-    direct = infer(http, cloud, "fmnist-large", fmnist_test.images[:4])
+    direct = infer(http, cloud, "fmnist-large", fmnist_test.input[:4])
     assert direct.status == 200, direct.error
     np.testing.assert_allclose(direct.outputs["logits"],
-                               local_logits(zoo_models, fmnist_test.images[:4]), rtol=1e-4,
+                               local_logits(zoo_models, fmnist_test.input[:4]), rtol=1e-4,
                                atol=1e-5)
     bad = infer(http, cloud, "fmnist-large", np.zeros((1, 1, 27, 28), np.float32))
     assert bad.status == 400 and "shape" in bad.error["error"]
@@ -114,7 +114,7 @@ DRIVER = textwrap.dedent("""
 
 
 def test_a_two_node_ray_cluster_across_namespaces(zoo_models: Models, tmp_path: Path,
-                                                 fmnist_test: Split) -> None:
+                                                 fmnist_test: Labelled) -> None:
     fabric = Fabric.create(["ray-worker"])
     gateway, worker_host = fabric.plan.gateway, fabric.plan.host("ray-worker")
     port = pick_port(gateway)
@@ -127,7 +127,7 @@ def test_a_two_node_ray_cluster_across_namespaces(zoo_models: Models, tmp_path: 
         ray_cluster.wait_listening(gateway, port, head)
         procs.append(ray_cluster.start(in_netns(worker_host, ray_cluster.worker_command(
             f"{gateway}:{port}", worker_host.address, 1)), tmp_path / "worker.log"))
-        x = fmnist_test.images[:2]
+        x = fmnist_test.input[:2]
         np.save(tmp_path / "x.npy", x)
         onnx, card = zoo_models["fmnist-large"]
         out = subprocess.run([sys.executable, "-c", DRIVER, f"{gateway}:{port}", str(onnx),

@@ -1,4 +1,4 @@
-"""Split plans across real processes: the device runs the head of the cloud's model, sends
+"""Labelled plans across real processes: the device runs the head of the cloud's model, sends
 the encoded features over an emulated link, the cloud runs the tail.
 
 Judged against the cloud running the whole model: with the identity codec the answer is
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
+from tierlink.models.data import Labelled
 from tierlink.split.partition import cut_points
-from tierlink.zoo.datasets import Split
 
 from .integration_support import Models, infer, metric_sum
 
@@ -59,13 +59,13 @@ CUT = ""
 
 
 def test_split_answers_match_the_whole_model(start_fleet: Any, zoo_models: Models,
-                                             fmnist_test: Split, http: httpx.Client) -> None:
+                                             fmnist_test: Labelled, http: httpx.Client) -> None:
     global CUT
     fleet: RunningFleet = start_fleet(FLEET % "false")
     cuts = [c.tensor for c in cut_points(zoo_models["fmnist-large"][0]) if c.index > 0]
     CUT = cuts[len(cuts) // 2]
     dev, cloud = fleet.node_urls["dev-1"], fleet.node_urls["cloud-1"]
-    x = fmnist_test.images[:4]
+    x = fmnist_test.input[:4]
     wait_for_cloud(http, dev, x[:1])
     whole = infer(http, cloud, "fmnist-large", x)
     assert whole.status == 200
@@ -82,11 +82,11 @@ def test_split_answers_match_the_whole_model(start_fleet: Any, zoo_models: Model
     assert metric_sum(http, dev, "tierlink_split_requests_total") >= 6
 
 
-def test_local_features_stay_unless_allowed(start_fleet: Any, fmnist_test: Split,
+def test_local_features_stay_unless_allowed(start_fleet: Any, fmnist_test: Labelled,
                                             http: httpx.Client) -> None:
     fleet: RunningFleet = start_fleet(FLEET % "false")
     dev = fleet.node_urls["dev-1"]
-    x = fmnist_test.images[:1]
+    x = fmnist_test.input[:1]
     global CUT
     CUT = CUT or "/11/MaxPool_output_0"
     wait_for_cloud(http, dev, x)
@@ -97,7 +97,7 @@ def test_local_features_stay_unless_allowed(start_fleet: Any, fmnist_test: Split
     assert received == 0  # nothing of it reached the cloud
 
 
-def test_a_malformed_feature_payload_is_a_clear_error(start_fleet: Any, fmnist_test: Split,
+def test_a_malformed_feature_payload_is_a_clear_error(start_fleet: Any, fmnist_test: Labelled,
                                                       http: httpx.Client) -> None:
     from tierlink.transport.oip import encode_infer_request
 
@@ -108,7 +108,7 @@ def test_a_malformed_feature_payload_is_a_clear_error(start_fleet: Any, fmnist_t
                                          None, binary_inputs=True)
     resp = http.post(f"{cloud}/v2/models/fmnist-large/infer", content=body, headers=headers)
     assert resp.status_code == 400 and "codec" in resp.text.lower(), resp.text
-    again = infer(http, cloud, "fmnist-large", fmnist_test.images[:1])
+    again = infer(http, cloud, "fmnist-large", fmnist_test.input[:1])
     assert again.status == 200  # still serving
 
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
+from tierlink.models.data import Labelled
 from tierlink.security.pki import Authority, CertIdentity, write_file
 from tierlink.security.tls import TlsFiles, client_context
-from tierlink.zoo.datasets import Split
 
 from .integration_support import infer, metric_sum
 
@@ -88,12 +88,12 @@ def refusals(client: httpx.Client, fleet: RunningFleet, node: str, reason: str) 
 
 
 def test_every_hop_runs_tls_with_node_certificates(
-        tls_fleet: RunningFleet, clients: dict[str, httpx.Client], fmnist_test: Split,
+        tls_fleet: RunningFleet, clients: dict[str, httpx.Client], fmnist_test: Labelled,
         cloud_samples: np.ndarray) -> None:
     fleet, op = tls_fleet, clients["operator"]
     assert all(url.startswith("https://") for url in
                [fleet.control_url, *fleet.node_urls.values()])
-    x = fmnist_test.images[cloud_samples[0]: cloud_samples[0] + 1]
+    x = fmnist_test.input[cloud_samples[0]: cloud_samples[0] + 1]
     answer = infer(clients["anonymous"], fleet.node_urls["dev-1"], "fmnist", x, ANY)
     assert answer.status == 200, answer.error
     assert answer.path == ["dev-1", "edge-1", "cloud-1"]  # two node-to-node TLS hops
@@ -140,9 +140,9 @@ def rogue_ctx(rogue: Authority) -> ssl.SSLContext:
 
 
 def test_claims_are_bound_to_the_sender(
-        tls_fleet: RunningFleet, clients: dict[str, httpx.Client], fmnist_test: Split) -> None:
+        tls_fleet: RunningFleet, clients: dict[str, httpx.Client], fmnist_test: Labelled) -> None:
     fleet, edge = tls_fleet, tls_fleet.node_urls["edge-1"]
-    x = fmnist_test.images[:1]
+    x = fmnist_test.input[:1]
 
     def send(who: str, **params: object) -> tuple[int, str]:
         answer = infer(clients[who], edge, "fmnist", x, {**ANY, **params})
@@ -186,7 +186,7 @@ def test_claims_are_bound_to_the_sender(
 
 
 def test_certificates_rotate_under_load_losing_nothing(
-        start_fleet: Callable[[str], RunningFleet], fmnist_test: Split,
+        start_fleet: Callable[[str], RunningFleet], fmnist_test: Labelled,
         hard_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET.replace("CERT_TTL", "10"))  # renewed every ~6.7 s
     assert fleet.pki is not None
@@ -201,7 +201,7 @@ def test_certificates_rotate_under_load_losing_nothing(
                           timeout=10.0, trust_env=False) as app:
             i = 0
             while not stop.is_set():
-                x = fmnist_test.images[hard_samples[i % len(hard_samples)]][None]
+                x = fmnist_test.input[hard_samples[i % len(hard_samples)]][None]
                 statuses.append(infer(app, fleet.node_urls[entry], "fmnist", x, ANY).status)
                 i += 1
 
@@ -228,7 +228,7 @@ def test_certificates_rotate_under_load_losing_nothing(
 
 
 def test_required_client_certificates_turn_away_anonymous_callers(
-        start_fleet: Callable[[str], RunningFleet], fmnist_test: Split,
+        start_fleet: Callable[[str], RunningFleet], fmnist_test: Labelled,
         cloud_samples: np.ndarray, tmp_path: Path) -> None:
     """`client_auth: required`: a caller without a fleet certificate fails the handshake at
     every node; an application with one (`tierlink pki issue client APP`) is answered, and
@@ -247,7 +247,7 @@ def test_required_client_certificates_turn_away_anonymous_callers(
     write_file(tmp_path / "app.pem", issued.cert_pem, 0o644)
     verify = client_context(TlsFiles(fleet.pki.ca_file, tmp_path / "app.pem",
                                      tmp_path / "app.key"))
-    x = fmnist_test.images[cloud_samples[0]: cloud_samples[0] + 1]
+    x = fmnist_test.input[cloud_samples[0]: cloud_samples[0] + 1]
     with httpx.Client(verify=verify, timeout=10.0, trust_env=False) as app:
         answer = infer(app, fleet.node_urls["dev-1"], "fmnist", x, ANY)
     assert answer.status == 200, answer.error

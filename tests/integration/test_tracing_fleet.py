@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from tierlink.cli.main import app
 from tierlink.fleet.launcher import RunningFleet
+from tierlink.models.data import Labelled
 from tierlink.telemetry.trace_view import SpanRecord, find_trace, load_spans, ordered
-from tierlink.zoo.datasets import Split
 
 from .integration_support import infer
 
@@ -60,10 +60,10 @@ def spans_of(fleet: RunningFleet, trace_id: str, nodes: set[str]) -> list[SpanRe
 
 
 def test_one_request_is_one_trace_from_device_to_cloud(
-        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Split,
+        start_fleet: Callable[[str], RunningFleet], http: httpx.Client, fmnist_test: Labelled,
         cloud_samples: np.ndarray) -> None:
     fleet = start_fleet(FLEET)
-    x = fmnist_test.images[cloud_samples[0]: cloud_samples[0] + 1]
+    x = fmnist_test.input[cloud_samples[0]: cloud_samples[0] + 1]
     answer = infer(http, fleet.node_urls["dev-1"], "fmnist", x, {
         "tierlink.privacy": "any", "tierlink.deadline_ms": 5000.0,
         "traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
-from tierlink.zoo.datasets import Split
+from tierlink.models.data import Labelled
 
 from .integration_support import Models
 
@@ -34,8 +34,8 @@ def triton(shared_fleet: RunningFleet) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def batch(fmnist_test: Split) -> np.ndarray:
-    return np.ascontiguousarray(fmnist_test.images[:4])  # (4, 1, 28, 28) float32
+def batch(fmnist_test: Labelled) -> np.ndarray:
+    return np.ascontiguousarray(fmnist_test.input[:4])  # (4, 1, 28, 28) float32
 
 
 def onnxruntime_logits(models: Models, x: np.ndarray) -> np.ndarray:

@@ -19,14 +19,14 @@ import pytest
 
 import byo_support as byo
 from tierlink.errors import ImportRefused, TierlinkError
-from tierlink.modelstore import measure
-from tierlink.modelstore.data import Labelled, load_data, split
+from tierlink.models import kind_registry as registry_mod
+from tierlink.models.data import Labelled, load_data, split
+from tierlink.models.evaluate import FINE_THRESHOLDS
+from tierlink.models.kind_registry import KindRegistry
+from tierlink.models.kinds import Answer, Outputs, role
+from tierlink.models.task import TaskSpec, task_from_dict
 from tierlink.modelstore.importer import ImportRequest, import_model
 from tierlink.modelstore.store import ModelStore
-from tierlink.tasks import registry as registry_mod
-from tierlink.tasks.kinds import Answer, Outputs, role
-from tierlink.tasks.registry import KindRegistry
-from tierlink.tasks.spec import TaskSpec, task_from_dict
 
 CPU = "CPUExecutionProvider"
 
@@ -131,7 +131,7 @@ def test_a_good_import_writes_a_full_card(model_store, tmp_path, case_id):
     assert bool(card["cascade"]) is case.cascadable
     if case.cascadable:
         curve = card["cascade"]
-        assert [p["threshold"] for p in curve] == list(measure.CURVE)
+        assert [p["threshold"] for p in curve] == list(FINE_THRESHOLDS)
         shares = [p["answered_share"] for p in curve]
         assert shares == sorted(shares, reverse=True) and shares[0] > shares[-1]
         assert len({p["answered_accuracy"] for p in curve}) > 2
@@ -163,7 +163,7 @@ def test_a_good_import_installs_the_model_byte_for_byte(model_store, tmp_path, c
     assert json.loads(card_path.read_text()) == card
     stored = model_store.load_data(card["data"]["sha256"])
     original = load_data(tmp_path / "m.npz", [card["input"][0]["name"]])
-    np.testing.assert_array_equal(stored.y, original.y)
+    np.testing.assert_array_equal(stored.labels, original.labels)
     assert [p.name for p in model_store.root.iterdir() if p.name.startswith(".")] == []
 
 
@@ -172,8 +172,8 @@ def test_the_metric_is_the_models_own_accuracy_on_the_evaluation_part(model_stor
     card = import_model(request("m", onnx, "t", data, seed=3, calib_share=0.3), model_store)
     x, y = byo.classification_data()
     parts = split(Labelled({"x": x}, y, "sha"), 0.3, seed=3)
-    for part, key in ((parts.calib, "calib"), (parts.eval, "eval")):
-        right = ((part.x["x"] @ byo.W_CLS + byo.B_CLS).argmax(axis=1) == part.y).mean()
+    for part, key in ((parts.calib, "calib"), (parts.test, "eval")):
+        right = ((part.inputs["x"] @ byo.W_CLS + byo.B_CLS).argmax(axis=1) == part.labels).mean()
         assert card["metric"][key] == pytest.approx(right)
     assert (card["data"]["calib_samples"], card["data"]["eval_samples"]) == (60, 140)
     assert (card["data"]["seed"], card["data"]["calib_share"]) == (3, 0.3)
@@ -224,7 +224,7 @@ def test_a_multi_input_model_reads_its_inputs_by_name_from_the_npz(model_store, 
     assert [i["name"] for i in card["input"]] == ["a", "b"]
     assert card["metric"]["eval"] == pytest.approx(0.75, abs=0.1)
     stored = model_store.load_data(card["data"]["sha256"])
-    assert sorted(stored.x) == ["a", "b"]
+    assert sorted(stored.inputs) == ["a", "b"]
 
 
 def test_a_folder_of_npy_with_ids_and_class_names(model_store, tmp_path):
@@ -236,7 +236,7 @@ def test_a_folder_of_npy_with_ids_and_class_names(model_store, tmp_path):
     card = import_model(request("m", onnx, "pets", folder, labels=tuple(names)), model_store)
     assert card["labels"] == names and card["data"]["source"] == str(folder)
     assert card["data"]["calib_samples"] + card["data"]["eval_samples"] == 60
-    np.testing.assert_array_equal(model_store.load_data(card["data"]["sha256"]).y, y)
+    np.testing.assert_array_equal(model_store.load_data(card["data"]["sha256"]).labels, y)
     # the same samples as an .npz are the same data
     npz = byo.save_npz(tmp_path / "same.npz", x=x, y=y)
     assert import_model(request("m2", onnx, "pets", npz), model_store)["data"]["sha256"] == \
@@ -388,7 +388,7 @@ def test_a_single_sample_cannot_be_split(model_store, tmp_path, classifier):
 def rows_of(part: str, n: int = 200, seed: int = 0) -> np.ndarray:
     """The rows of the data that ``split`` puts in ``part``."""
     parts = split(Labelled({"x": np.zeros((n, 1))}, np.arange(n), "sha"), 0.5, seed)
-    return getattr(parts, part).y
+    return getattr(parts, part).labels
 
 
 def test_labels_out_of_range_for_a_classifier_in_the_calibration_part(model_store, tmp_path,
@@ -406,7 +406,7 @@ def test_labels_out_of_range_for_a_classifier_in_the_evaluation_part(model_store
                                                                      classifier, bad):
     onnx, _ = classifier
     x, y = byo.classification_data()
-    y[rows_of("eval")[0]] = bad
+    y[rows_of("test")[0]] = bad
     refused(model_store, request("m", onnx, "t", byo.save_npz(tmp_path / "d.npz", x=x, y=y)),
             "labels run")
     assert_clean(model_store, "m", "t")

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from tierlink.errors import ImportRefused, ModelNotFound
-from tierlink.modelstore.data import Labelled
+from tierlink.models.data import Labelled
+from tierlink.models.task import TaskSpec
+from tierlink.models.tensors import TensorDecl
 from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore, models_of
-from tierlink.tasks.spec import TaskSpec, TensorDecl
 
 TASK = TaskSpec("spam", "classification", (TensorDecl("tokens", "INT64", (-1, 8)),))
 
@@ -116,9 +117,9 @@ def test_data_is_kept_once_by_digest(model_store):
     mtime = path.stat().st_mtime_ns
     assert model_store.save_data(data) == path and path.stat().st_mtime_ns == mtime
     back = model_store.load_data("f" * 64)
-    assert sorted(back.x) == ["a", "b"] and back.sha256 == "f" * 64
-    np.testing.assert_array_equal(back.x["a"], data.x["a"])
-    np.testing.assert_array_equal(back.y, data.y)
+    assert sorted(back.inputs) == ["a", "b"] and back.sha256 == "f" * 64
+    np.testing.assert_array_equal(back.inputs["a"], data.inputs["a"])
+    np.testing.assert_array_equal(back.labels, data.labels)
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
 
 

@@ -18,6 +18,9 @@ from fastapi.testclient import TestClient
 import byo_support as byo
 from tierlink.core.types import Tier
 from tierlink.errors import RuntimeFailure
+from tierlink.models.kinds import sigmoid
+from tierlink.models.task import TaskSpec
+from tierlink.models.tensors import TensorDecl
 from tierlink.modelstore.importer import ImportRequest, import_model
 from tierlink.modelstore.store import ModelStore
 from tierlink.node.app import create_app
@@ -25,8 +28,6 @@ from tierlink.node.main import load_runtimes
 from tierlink.node.runtime import FakeModel, ModelInfo, read_answer
 from tierlink.node.service import NodeService
 from tierlink.node.spec import ModelSource, NodeSpec
-from tierlink.tasks.kinds import sigmoid
-from tierlink.tasks.spec import TaskSpec, TensorDecl
 from tierlink.transport import oip
 
 LOCAL = {"tierlink.privacy": "local", "tierlink.deadline_ms": 2000}

@@ -30,7 +30,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> ExitsModel:
 def images() -> np.ndarray:
     from tierlink.zoo.datasets import fashion_mnist
 
-    return fashion_mnist().test.images[:40]
+    return fashion_mnist().test.input[:40]
 
 
 def test_split_points_price_only_the_inputs_that_pass_the_exits() -> None:

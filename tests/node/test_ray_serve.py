@@ -8,8 +8,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from tierlink.models.tensors import TensorDecl
 from tierlink.node.ray_serve import _autoscaling, app_name, signature
-from tierlink.node.runtime import TensorSpec
 from tierlink.settings.engine import EngineConfig
 
 
@@ -24,8 +24,8 @@ def test_a_signature_is_read_from_the_graph(tmp_path: Path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph), str(path))
     sig = signature(path)
-    assert sig.inputs == (TensorSpec("x", "FP32", (-1, 3)),)
-    assert sig.outputs == (TensorSpec("y", "FP32", (-1, 2)), TensorSpec("k", "INT64", (-1,)))
+    assert sig.inputs == (TensorDecl("x", "FP32", (-1, 3)),)
+    assert sig.outputs == (TensorDecl("y", "FP32", (-1, 2)), TensorDecl("k", "INT64", (-1,)))
 
 
 def test_autoscaling_follows_the_fleet_file() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierlink.errors import ModelNotFound, QuantizationError, ZooError
+from tierlink.errors import ModelError, ModelNotFound, QuantizationError
 from tierlink.quantize.methods import pack_int4
 from tierlink.quantize.sensitivity import by_sensitivity, layer_sensitivity, mixed_search
 from tierlink.quantize.settings import QuantSettings, precision_for
@@ -65,7 +65,7 @@ def test_mixed_search_reports_an_unmet_budget() -> None:
 def test_bad_settings_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(QuantizationError, match=field) as err:
         QuantSettings(**kwargs)
-    assert isinstance(err.value, ZooError) and err.value.hint
+    assert isinstance(err.value, ModelError) and err.value.hint
 
 
 def test_precision_names_and_variant_names() -> None:

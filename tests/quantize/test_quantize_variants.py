@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tierlink.errors import QuantizationError
+from tierlink.models.card import file_sha256, save_card
 from tierlink.quantize.methods import quantize_model
 from tierlink.quantize.settings import PRECISIONS, QuantSettings
 from tierlink.quantize.variants import (
@@ -25,7 +26,6 @@ from tierlink.quantize.variants import (
     variant_name,
 )
 from tierlink.zoo.cache import Zoo, ensure_zoo, load_zoo
-from tierlink.zoo.cards import file_sha256, save_card
 from tierlink.zoo.datasets import fashion_mnist
 
 PARENT = "fmnist-small"
@@ -77,10 +77,10 @@ def test_each_precision_registers_a_measured_variant(made, precision: str) -> No
 
 
 def test_accuracy_fields_agree_with_the_parent(made, data) -> None:
-    from tierlink.zoo.evaluate import accuracy, onnx_logits
+    from tierlink.models.evaluate import accuracy, onnx_logits
 
     zoo, cards = made
-    parent_acc = accuracy(onnx_logits(zoo.path(PARENT), data.test.images), data.test.labels)
+    parent_acc = accuracy(onnx_logits(zoo.path(PARENT), data.test.input), data.test.labels)
     for card in cards.values():
         assert card.lineage.accuracy_delta == pytest.approx(card.test_accuracy - parent_acc,
                                                             abs=2e-5)

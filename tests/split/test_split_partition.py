@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tierlink.errors import SplitError
+from tierlink.models.onnx import ort_session
 from tierlink.split.partition import CutPoint, cut_points, split_model
 from tierlink.zoo import ensure_zoo
-from tierlink.zoo.evaluate import ort_session
 
 ZOO_MODELS = ("fmnist-small", "fmnist-medium", "fmnist-large")
 

@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 from tierlink.errors import ConfigError, TensorError, ZooError
+from tierlink.models.evaluate import CASCADE_THRESHOLDS, softmax
+from tierlink.models.onnx import ort_session
 from tierlink.zoo.datasets import DEFAULT_ROOT, fashion_mnist
-from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, ort_session, softmax
 from tierlink.zoo.exits import (
     NEVER,
     ExitRunner,
@@ -49,7 +50,7 @@ def test_split():
 
 @pytest.fixture(scope="module")
 def images(test_split):
-    return test_split.images[:64]
+    return test_split.input[:64]
 
 
 def _sessions(model):

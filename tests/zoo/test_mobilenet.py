@@ -92,7 +92,7 @@ def test_export_agrees_with_torch_and_sees_the_cat(exported, photos):
     images, names = photos
     two = images[[names.index("chelsea"), names.index("coffee")]]
     assert verify_export(exported.net, exported.path, two) < 1e-3
-    from tierlink.zoo.evaluate import onnx_logits
+    from tierlink.models.evaluate import onnx_logits
 
     cat, coffee = top_k(onnx_logits(exported.path, two, threads=1), k=1)
     assert cat[0][0] in CATS
@@ -122,8 +122,9 @@ def test_a_missing_weights_package_is_a_clear_error(monkeypatch):
 def test_ensure_keeps_a_valid_export_and_rebuilds_a_stale_one(tmp_path, monkeypatch):
     from types import MappingProxyType
 
+    from tierlink.models.card import ModelCard, TrainingInfo, file_sha256, save_card
+    from tierlink.models.tensors import TensorDecl
     from tierlink.zoo import mobilenet
-    from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256, save_card
 
     builds = []
     monkeypatch.setattr(mobilenet, "recipe", lambda: "recipe-1")
@@ -133,8 +134,8 @@ def test_ensure_keeps_a_valid_export_and_rebuilds_a_stale_one(tmp_path, monkeypa
     card = ModelCard(
         task="imagenet", name=mobilenet.MODEL_NAME, variant="mobilenetv2", version="1",
         tier="device", params=1, size_bytes=15, sha256=file_sha256(path),
-        input=TensorInfo("input", "FP32", (-1, 3, 224, 224)),
-        output=TensorInfo("logits", "FP32", (-1, 1000)), labels=("a",), test_accuracy=0.7,
+        input=TensorDecl("input", "FP32", (-1, 3, 224, 224)),
+        output=TensorDecl("logits", "FP32", (-1, 1000)), labels=("a",), test_accuracy=0.7,
         calib_accuracy=0.0, latency_ms=MappingProxyType(dict.fromkeys(
             ("batch1_p50", "batch1_p95", "batch32_per_sample"), 1.0)),
         cascade=(), temperature=1.0,

@@ -18,7 +18,8 @@ def test_a_fleet_without_the_photo_model_needs_nothing_made():
 
 
 def write_model(root: Path, content: bytes = b"onnx bytes") -> Path:
-    from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256, save_card
+    from tierlink.models.card import ModelCard, TrainingInfo, file_sha256, save_card
+    from tierlink.models.tensors import TensorDecl
     from tierlink.zoo.mobilenet import card_path
 
     path = root / f"{MODEL}.onnx"
@@ -26,8 +27,8 @@ def write_model(root: Path, content: bytes = b"onnx bytes") -> Path:
     card = ModelCard(
         task="imagenet", name=MODEL, variant="mobilenetv2", version="1", tier="device",
         params=1, size_bytes=len(content), sha256=file_sha256(path),
-        input=TensorInfo("input", "FP32", (-1, 3, 224, 224)),
-        output=TensorInfo("logits", "FP32", (-1, 1000)), labels=("a",), test_accuracy=0.7,
+        input=TensorDecl("input", "FP32", (-1, 3, 224, 224)),
+        output=TensorDecl("logits", "FP32", (-1, 1000)), labels=("a",), test_accuracy=0.7,
         calib_accuracy=0.0, latency_ms=MappingProxyType(dict.fromkeys(
             ("batch1_p50", "batch1_p95", "batch32_per_sample"), 1.0)),
         cascade=(), temperature=1.0, training=TrainingInfo(0, 0, 1.0, "pretrained", "x"))
@@ -79,8 +80,8 @@ def test_a_profile_of_another_build_is_remade(tmp_path, profiler):
 
 
 def test_a_profile_without_codec_measurements_is_remade(tmp_path, profiler):
+    from tierlink.models.card import load_card
     from tierlink.split.profile import SplitProfile, profile_path, save_profile
-    from tierlink.zoo.cards import load_card
     from tierlink.zoo.mobilenet import card_path
 
     onnx_path = write_model(tmp_path)

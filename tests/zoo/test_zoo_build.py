@@ -13,18 +13,10 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 from tierlink.errors import ModelNotFound, ZooError
-from tierlink.zoo import (
-    CLASS_NAMES,
-    Zoo,
-    ensure_zoo,
-    load_zoo,
-    model_names,
-    onnx_logits,
-    ort_session,
-    zoo_dir,
-)
-from tierlink.zoo.datasets import DEFAULT_ROOT, fashion_mnist
-from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, accuracy
+from tierlink.models.evaluate import CASCADE_THRESHOLDS, accuracy, onnx_logits
+from tierlink.models.onnx import ort_session
+from tierlink.zoo import Zoo, ensure_zoo, load_zoo, model_names, zoo_dir
+from tierlink.zoo.datasets import CLASS_NAMES, DEFAULT_ROOT, fashion_mnist
 
 pytestmark = pytest.mark.skipif(not DEFAULT_ROOT.is_dir(),
                                 reason="apt-get install -y dataset-fashion-mnist")
@@ -125,7 +117,7 @@ def test_cascade_curves_are_sane(built):
 def test_card_accuracy_is_reproducible_from_the_onnx_file(built, splits):
     card = built.zoo.card("fmnist-small")
     test = splits.test.head(card.training.test_samples)
-    logits = onnx_logits(built.zoo.path("fmnist-small"), test.images, threads=1)
+    logits = onnx_logits(built.zoo.path("fmnist-small"), test.input, threads=1)
     assert logits.shape == (len(test), 10) and logits.dtype == np.float32
     assert accuracy(logits, test.labels) == card.test_accuracy
 
@@ -196,7 +188,7 @@ def test_export_refuses_a_graph_that_disagrees_with_torch(tmp_path, splits):
 
     torch.manual_seed(0)
     net = build_net("small").eval()
-    images = splits.calib.images[:8]
+    images = splits.calib.input[:8]
     build.export_onnx(net, tmp_path / "ok.onnx", check_on=images)
     torch.manual_seed(1)
     with pytest.raises(ZooError, match="disagrees"):

@@ -112,9 +112,9 @@ def test_real_splits_have_the_documented_sizes_and_types(splits):
     assert (len(splits.train), len(splits.calib), len(splits.test)) == (55_000, CALIB_SIZE,
                                                                           5_000)
     for split in (splits.train, splits.calib, splits.test):
-        assert split.images.dtype == np.float32 and split.images.shape[1:] == (1, 28, 28)
+        assert split.input.dtype == np.float32 and split.input.shape[1:] == (1, 28, 28)
         assert split.labels.dtype == np.int64
-        assert 0.0 <= split.images.min() and split.images.max() <= 1.0
+        assert 0.0 <= split.input.min() and split.input.max() <= 1.0
         assert set(np.unique(split.labels)) == set(range(10))
     assert splits.class_names == CLASS_NAMES and len(CLASS_NAMES) == 10
 
@@ -130,7 +130,7 @@ def test_train_and_the_holdout_partition_the_official_training_set(splits):
     official = read_idx(DEFAULT_ROOT / "train-images-idx3-ubyte.gz", 3)
     held = training_holdout()
     assert len(held) == CALIB_SIZE
-    ours = _prints(np.concatenate([splits.train.images, held.images]) * 255)
+    ours = _prints(np.concatenate([splits.train.input, held.input]) * 255)
     np.testing.assert_allclose(ours, _prints(official.astype(np.float64)), atol=1e-2)
 
 
@@ -138,7 +138,7 @@ def test_train_and_the_holdout_partition_the_official_training_set(splits):
 def test_calib_and_test_partition_the_official_test_images(splits):
     # Calibration comes from the traffic's distribution: half of the official test images.
     official = read_idx(DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz", 3)
-    ours = _prints(np.concatenate([splits.calib.images, splits.test.images]) * 255)
+    ours = _prints(np.concatenate([splits.calib.input, splits.test.input]) * 255)
     np.testing.assert_allclose(ours, _prints(official.astype(np.float64)), atol=1e-2)
 
 
@@ -189,9 +189,9 @@ def test_mnist_rescales_the_pickle_to_bytes_over_255(tmp_path, monkeypatch):
     data = tiny_mnist({"train": 5, "calib": 3, "test": 2})
     splits = mnist(write_pickle(tmp_path / "m.pkl.gz", data))
     assert (len(splits.train), len(splits.calib), len(splits.test)) == (5, 3, 2)
-    np.testing.assert_allclose(splits.train.images.reshape(5, 784) * 255, data[0][0] * 256,
+    np.testing.assert_allclose(splits.train.input.reshape(5, 784) * 255, data[0][0] * 256,
                                atol=1e-4)
-    assert splits.test.images.shape == (2, 1, 28, 28) and splits.test.labels.dtype == np.int64
+    assert splits.test.input.shape == (2, 1, 28, 28) and splits.test.labels.dtype == np.int64
     assert splits.class_names == MNIST_CLASS_NAMES == tuple("0123456789")
 
 
@@ -223,19 +223,19 @@ def test_real_mnist_splits_have_the_documented_sizes_and_types(mnist_splits):
     splits = mnist_splits
     assert (len(splits.train), len(splits.calib), len(splits.test)) == (50_000, 10_000, 10_000)
     for split in (splits.train, splits.calib, splits.test):
-        assert split.images.dtype == np.float32 and split.images.shape[1:] == (1, 28, 28)
+        assert split.input.dtype == np.float32 and split.input.shape[1:] == (1, 28, 28)
         assert split.labels.dtype == np.int64
-        assert split.images.min() == 0.0 and split.images.max() == 1.0
+        assert split.input.min() == 0.0 and split.input.max() == 1.0
         assert set(np.unique(split.labels)) == set(range(10))
     # The pixel statistics baked into the MNIST graphs are those of its training images.
-    assert splits.train.images.mean() == pytest.approx(0.1307, abs=0.001)
-    assert splits.train.images.std() == pytest.approx(0.3081, abs=0.001)
+    assert splits.train.input.mean() == pytest.approx(0.1307, abs=0.001)
+    assert splits.train.input.std() == pytest.approx(0.3081, abs=0.001)
 
 
 @needs_mnist
 def test_real_mnist_splits_are_disjoint(mnist_splits):
     def prints(split):
-        return {hashlib.sha1(row.tobytes()).digest() for row in split.images}
+        return {hashlib.sha1(row.tobytes()).digest() for row in split.input}
 
     train, calib, test = (prints(s) for s in (mnist_splits.train, mnist_splits.calib,
                                                mnist_splits.test))

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from tierlink.cli.main import app
 from tierlink.errors import ZooError
-from tierlink.zoo import Zoo, ensure_zoo, ort_session
+from tierlink.models.onnx import ort_session
+from tierlink.zoo import Zoo, ensure_zoo
 from tierlink.zoo.datasets import MNIST_CLASS_NAMES, mnist_path
 from tierlink.zoo.profiles import get_profile, recipe_fingerprint
 

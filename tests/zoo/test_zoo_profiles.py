@@ -4,14 +4,14 @@ import pytest
 
 from tierlink.errors import ZooError
 from tierlink.zoo.profiles import (
+    DATA_STATS,
     PROFILES,
-    TASK_SPECS,
     TASKS,
     VARIANT_TIERS,
+    data_stats,
     get_profile,
     model_names,
     recipe_fingerprint,
-    task_spec,
 )
 
 # The fingerprints the code computed before tasks other than fmnist existed: the cards of
@@ -47,9 +47,9 @@ def test_other_tasks_have_their_own_fingerprints():
 def test_mnist_fingerprint_covers_its_pixel_statistics(monkeypatch):
     profile = get_profile("test")
     before = recipe_fingerprint(profile, "small", "mnist")
-    specs = dict(TASK_SPECS)
+    specs = dict(DATA_STATS)
     specs["mnist"] = type(specs["mnist"])("MNIST", pixel_mean=0.13, pixel_std=0.31)
-    monkeypatch.setattr("tierlink.zoo.profiles.TASK_SPECS", specs)
+    monkeypatch.setattr("tierlink.zoo.profiles.DATA_STATS", specs)
     assert recipe_fingerprint(profile, "small", "mnist") != before
     assert recipe_fingerprint(profile, "small") == FMNIST_FINGERPRINTS["test"]["small"]
 
@@ -69,8 +69,8 @@ def test_mnist_never_trains_on_mirrored_digits():
 def test_tasks_name_their_models_and_data():
     assert TASKS == ("fmnist", "mnist")
     assert model_names("mnist") == ("mnist-small", "mnist-medium", "mnist-large")
-    assert task_spec("mnist").title == "MNIST" and task_spec("fmnist").title == "Fashion-MNIST"
-    assert (task_spec("mnist").pixel_mean, task_spec("mnist").pixel_std) == (0.1307, 0.3081)
+    assert data_stats("mnist").title == "MNIST" and data_stats("fmnist").title == "Fashion-MNIST"
+    assert (data_stats("mnist").pixel_mean, data_stats("mnist").pixel_std) == (0.1307, 0.3081)
 
 
 def test_unknown_tasks_and_recipes_are_clear_errors():

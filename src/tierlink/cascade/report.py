@@ -12,8 +12,8 @@ from tierlink.cascade.tune import Operating, Stage, Target, TargetKind, evaluate
 from tierlink.core.types import CascadeRecord
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.models.data import Splits
 from tierlink.zoo.cache import Zoo
-from tierlink.zoo.datasets import Splits
 
 # A guaranteed target, by default: "accuracy >= cloud-only - 0.3 point, with 95%
 # probability" (of the expected accuracy; a batch size makes it a promise about any batch

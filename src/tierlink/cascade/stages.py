@@ -12,8 +12,8 @@ from tierlink.cascade.tune import Stage
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.models.data import Labelled
 from tierlink.zoo.cache import Zoo
-from tierlink.zoo.datasets import Split
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,19 +31,19 @@ def stage_cost(tier: Tier, latency_ms: float, input_bytes: int,
     return cost.compute(tier, latency_ms) + cost.transfer(tier, input_bytes)
 
 
-def build_stages(zoo: Zoo, chain: Chain, split: Split, cost: CostModel = DEFAULT_COST_MODEL,
+def build_stages(zoo: Zoo, chain: Chain, split: Labelled, cost: CostModel = DEFAULT_COST_MODEL,
                  threads: int = 1) -> list[Stage]:
     """One :class:`Stage` per model of ``chain`` on ``split``, confidence calibrated with
     each model's own temperature (from its card)."""
-    from tierlink.zoo.evaluate import onnx_logits, softmax
+    from tierlink.models.evaluate import onnx_logits, softmax
 
     if len(chain.models) != len(chain.tiers):
         raise ConfigError("a cascade chain needs one tier per model")
-    input_bytes = int(np.prod(split.images.shape[1:])) * 4  # FP32 on the wire
+    input_bytes = int(np.prod(split.input.shape[1:])) * 4  # FP32 on the wire
     stages = []
     for name, tier in zip(chain.models, chain.tiers, strict=True):
         card = zoo.card(name)
-        probs = softmax(onnx_logits(zoo.path(name), split.images, threads=threads),
+        probs = softmax(onnx_logits(zoo.path(name), split.input, threads=threads),
                         card.temperature)
         stages.append(Stage(
             model=name, tier=tier, confidence=probs.max(axis=1),

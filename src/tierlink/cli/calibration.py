@@ -86,12 +86,12 @@ def _pair(r: dict, prefix: str, scale: float, unit: str) -> str:
 
 
 def _plot(zoo: object, png: Path) -> None:
+    from tierlink.models.evaluate import onnx_logits
     from tierlink.zoo.datasets import load_splits
-    from tierlink.zoo.evaluate import onnx_logits
     from tierlink.zoo.plots import reliability_png
 
     test = load_splits(zoo.task).test  # type: ignore[attr-defined]
-    curves = {name: (onnx_logits(zoo.path(name), test.images), test.labels,  # type: ignore[attr-defined]
+    curves = {name: (onnx_logits(zoo.path(name), test.input), test.labels,  # type: ignore[attr-defined]
                      card.temperature)
               for name, card in zoo.cards.items()  # type: ignore[attr-defined]
               if card.lineage is None}

@@ -104,7 +104,7 @@ def _say(message: str) -> None:
 
 
 def _card_summary(card_path: Path) -> dict[str, Any]:
-    from tierlink.zoo.cards import load_card
+    from tierlink.models.card import load_card
 
     c = load_card(card_path)
     return {"params": c.params, "test_accuracy": c.test_accuracy,
@@ -119,10 +119,10 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
     from tierlink.fleet.workload import summarize, summarize_split
 
     def fmnist(on_done: Any) -> tuple[list, int]:
-        return run_workload(fleet, items, test.images, test.labels, settings.task, policy,
+        return run_workload(fleet, items, test.input, test.labels, settings.task, policy,
                             on_done)
 
-    warm = warm_up(fleet, items, test.images, test.labels, settings.task, policy)
+    warm = warm_up(fleet, items, test.input, test.labels, settings.task, policy)
     records, violations = _with_progress(name, len(items), fmnist, _fmnist_live)
     if log_path is not None:
         append_log(log_path, warm_up_run(name), warm)

@@ -88,12 +88,12 @@ def zoo_list(profile: str = typer.Option("full"),
 
 
 def _print_cards(zoo: Any, as_json: bool) -> None:
-    from tierlink.zoo.profiles import task_spec
+    from tierlink.zoo.profiles import data_stats
 
     if as_json:
         print(json.dumps({n: c.to_dict() for n, c in zoo.cards.items()}, indent=2))
         return
-    table = Table(title=f"model zoo ({task_spec(zoo.task).title} test split)")
+    table = Table(title=f"model zoo ({data_stats(zoo.task).title} test split)")
     for col in ("model", "tier", "params", "accuracy", "ms/sample (b1 p50)", "ms/sample (b32)"):
         table.add_column(col)
     for name, c in zoo.cards.items():
@@ -308,9 +308,9 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
     """Run one node serving OIP v2 (and routing tasks upstream), and the OpenAI API for
     its language models."""
     from tierlink.core.types import Tier
+    from tierlink.models.onnx import parse_providers
     from tierlink.node.main import run_node
     from tierlink.node.spec import ModelSource, NodeSpec
-    from tierlink.providers import parse_providers
 
     try:
         if spec is not None:

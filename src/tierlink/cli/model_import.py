@@ -48,9 +48,9 @@ def import_cmd(
 ) -> None:
     """Measure a model on its own labelled data (metric, calibration, latency per provider),
     write its card and install it in the local model store."""
+    from tierlink.models.onnx import parse_providers
     from tierlink.modelstore.importer import ImportRequest, import_model
     from tierlink.modelstore.store import ModelStore
-    from tierlink.providers import parse_providers
 
     try:
         req = ImportRequest(

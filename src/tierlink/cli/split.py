@@ -29,7 +29,7 @@ from rich.table import Table
 from tierlink.cli.errors import fail
 from tierlink.errors import SplitError, TierlinkError
 
-app = typer.Typer(help="Split computing: a model's cut points and feature codecs.",
+app = typer.Typer(help="Labelled computing: a model's cut points and feature codecs.",
                   no_args_is_help=True)
 console = Console(stderr=True)
 TAIL_BATCH = 500
@@ -174,11 +174,11 @@ def codec_report(path: Path, task: str, specs: Sequence[str], *,
     """Measure every codec of ``specs`` at every cut of ``cuts`` (default: all) on the first
     ``samples`` test images of ``task``: JSON-ready ``{"task", "samples", "accuracy",
     "cuts": [CutPoint...], "rows": [CodecRow...]}``."""
+    from tierlink.models.evaluate import accuracy, onnx_logits
     from tierlink.split.partition import cut_points
-    from tierlink.zoo.evaluate import accuracy, onnx_logits
 
     test = evaluation_images(task, samples)
-    whole = onnx_logits(path, test.images)  # (N, classes)
+    whole = onnx_logits(path, test.input)  # (N, classes)
     chosen = _chosen_cuts(cut_points(path), cuts)
     base = accuracy(whole, test.labels)
     rows: list[CodecRow] = []
@@ -194,15 +194,15 @@ def codec_report(path: Path, task: str, specs: Sequence[str], *,
 def evaluation_images(task: str, samples: int) -> Any:
     """The first ``samples`` labelled inputs a split tool measures with: the zoo task's test
     split, or (``store:NAME``) the evaluation part of an imported classifier's own data."""
-    from tierlink.zoo.datasets import Split, load_splits
+    from tierlink.models.data import Labelled
+    from tierlink.zoo.datasets import load_splits
 
     if not task.startswith("store:"):
         return load_splits(task).test.head(samples)
     from tierlink.modelstore.store import ModelStore
 
     part = ModelStore.default().single_input_classifier(task[6:], "split codecs")
-    x = next(iter(part.x.values()))
-    return Split(x[:samples], part.y[:samples].astype("int64"))
+    return Labelled.of(part.input[:samples], part.labels[:samples].astype("int64"))
 
 
 def _chosen_cuts(all_cuts: list[Any], wanted: Sequence[str] | None) -> list[Any]:
@@ -218,12 +218,13 @@ def _chosen_cuts(all_cuts: list[Any], wanted: Sequence[str] | None) -> list[Any]
 
 def _measure_cut(path: Path, tmp: Path, point: Any, specs: Sequence[str], test: Any,
                  whole: Any, base: float, clock: Callable[[], float]) -> list[CodecRow]:
+    from tierlink.models.evaluate import accuracy
+    from tierlink.models.onnx import ort_session
     from tierlink.split.codecs import get_codec
     from tierlink.split.partition import split_model
-    from tierlink.zoo.evaluate import accuracy, ort_session
 
     head, tail = split_model(path, point.tensor, tmp / "head.onnx", tmp / "tail.onnx")
-    features = _run(ort_session(head), test.images)  # (N, *cut shape)
+    features = _run(ort_session(head), test.input)  # (N, *cut shape)
     tail_session = ort_session(tail)
     fp32 = get_codec("fp32")
     fp32_bytes = sum(len(fp32.encode(features[i:i + 1])) for i in range(len(features))) / \

@@ -59,10 +59,10 @@ def _model(model: str, task: str, profile: str, quiet: bool) -> tuple[Any, Any, 
     if store.has(model):
         part = store.single_input_classifier(model, "split profile")
         onnx, card_path = store.paths(model)
-        return onnx, card_path, store.card(model)["sha256"], next(iter(part.x.values()))[:1]
+        return onnx, card_path, store.card(model)["sha256"], part.input[:1]
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.datasets import load_splits
 
     zoo = ensure_zoo(task=task, profile=profile, progress=not quiet)
     return (zoo.path(model), zoo.card_path(model), zoo.card(model).sha256,
-            load_splits(task).test.images[:1])
+            load_splits(task).test.input[:1])

@@ -18,7 +18,8 @@ import yaml
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
-from tierlink.providers import parse_providers
+from tierlink.models.onnx import parse_providers
+from tierlink.models.task import TaskSpec, task_from_dict
 from tierlink.security.names import node_host
 from tierlink.settings.engine import EngineConfig, parse_engine
 from tierlink.settings.fields import (
@@ -40,7 +41,6 @@ from tierlink.settings.routing import (
 )
 from tierlink.settings.security import SecurityConfig, parse_security
 from tierlink.settings.tracing import TracingConfig, parse_tracing
-from tierlink.tasks.spec import TaskSpec, task_from_dict
 
 # Re-exported: the routing and hard-example settings live in tierlink.settings (shared with
 # the nodes); a fleet file's readers keep finding them here.
@@ -263,7 +263,7 @@ def _checked_chat(nodes: tuple[NodeConfig, ...],
 
 
 def _tasks(raw: Any) -> Mapping[str, TaskSpec]:
-    from tierlink.tasks.registry import kind_of
+    from tierlink.models.kind_registry import kind_of
 
     tasks = {str(k): task_from_dict(str(k), v) for k, v in as_mapping(raw, "tasks").items()}
     for task in tasks.values():

@@ -193,7 +193,7 @@ def photo_phase(fleet: FleetConfig, settings: DemoSettings,
     """The photo workload for ``fleet``, or None when it names no photo model with a
     device head (or the settings ask for none). Loads the photos (10 views each) and runs
     the unsplit model on them once, here, for the reference answers."""
-    from tierlink.zoo.evaluate import onnx_logits, softmax
+    from tierlink.models.evaluate import onnx_logits, softmax
     from tierlink.zoo.photos import imagenet_photos
 
     model = photo_model(fleet)
@@ -219,9 +219,9 @@ def threshold_prediction(fleet: FleetConfig, models: dict[str, tuple[Path, Path]
     """What the device model's cascade threshold predicts (None: no device model of
     ``task`` in the fleet): the share of the calibration split below it, and per test
     sample whether its calibrated confidence is below it."""
-    from tierlink.zoo.cards import load_card
+    from tierlink.models.card import load_card
+    from tierlink.models.evaluate import onnx_logits, softmax
     from tierlink.zoo.datasets import load_splits
-    from tierlink.zoo.evaluate import onnx_logits, softmax
 
     name = next((m for n in fleet.nodes if n.tier.label == "device" for m in n.models
                  if m.startswith(f"{task}-")), None)
@@ -235,8 +235,8 @@ def threshold_prediction(fleet: FleetConfig, models: dict[str, tuple[Path, Path]
     def confidence(images: np.ndarray) -> np.ndarray:
         return softmax(onnx_logits(path, images, threads=1), temperature).max(axis=1)
 
-    return Prediction(threshold, float((confidence(splits.calib.images) < threshold).mean()),
-                      confidence(splits.test.images) < threshold)
+    return Prediction(threshold, float((confidence(splits.calib.input) < threshold).mean()),
+                      confidence(splits.test.input) < threshold)
 
 
 def cloud_room_ms(fleet: FleetConfig) -> float:

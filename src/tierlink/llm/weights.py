@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tierlink.errors import ModelNotFound, ZooError
-from tierlink.zoo.cache import tierlink_home
+from tierlink.errors import ModelError, ModelNotFound
+from tierlink.models.home import tierlink_home
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,7 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> LlamaConfig:
         if raw.get("model_type") not in ("llama", "mistral", "qwen2"):
-            raise ZooError(f"unsupported language model type {raw.get('model_type')!r}",
+            raise ModelError(f"unsupported language model type {raw.get('model_type')!r}",
                            hint="tierlink runs Llama-family decoders")
         rope = raw.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
@@ -100,11 +100,11 @@ def packaged_gguf(name: str) -> Path:
                             hint=f"known: {', '.join(sorted(PACKAGED))}")
     spec = importlib.util.find_spec(source.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ZooError(f"the package holding {name} is not installed",
+        raise ModelError(f"the package holding {name} is not installed",
                        hint=source.pip)
     path = Path(next(iter(spec.submodule_search_locations))) / source.gguf
     if not path.is_file():
-        raise ZooError(f"{path} is missing", hint=f"reinstall: {source.pip}")
+        raise ModelError(f"{path} is missing", hint=f"reinstall: {source.pip}")
     return path
 
 
@@ -160,7 +160,7 @@ def read_config(directory: Path) -> LlamaConfig:
     try:
         raw = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise ZooError(f"{directory} holds no readable config.json: {exc}") from exc
+        raise ModelError(f"{directory} holds no readable config.json: {exc}") from exc
     return LlamaConfig.from_hf(raw)
 
 

@@ -15,21 +15,23 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from tierlink.errors import ConfigError, ImportRefused, TensorError, ZooError
-from tierlink.modelstore import measure
-from tierlink.modelstore.data import DataSplit, load_data, split
+from tierlink.errors import ConfigError, ImportRefused, ModelError, TensorError
+from tierlink.models.calibration import calibration_error, kind_temperature
+from tierlink.models.data import Labelled, Splits, load_data, split
+from tierlink.models.evaluate import FINE_THRESHOLDS, cascade_points, feed, latency, run, signature
+from tierlink.models.kind_registry import kind_of
+from tierlink.models.kinds import OutputKind, check_kind_outputs
+from tierlink.models.onnx import DEFAULT_PROVIDERS, open_session
+from tierlink.models.task import TaskSpec, same_inputs
+from tierlink.models.tensors import TensorDecl
 from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore
-from tierlink.providers import DEFAULT_PROVIDERS, open_session
-from tierlink.tasks.kinds import OutputKind, check_kind_outputs
-from tierlink.tasks.registry import kind_of
-from tierlink.tasks.spec import TaskSpec, TensorDecl, same_inputs
 
 TIERS = ("device", "edge", "cloud")
 LABELS_HINT = ("y holds one target per sample: a class id (classification), 0/1 per label "
@@ -62,7 +64,7 @@ def import_model(req: ImportRequest, store: ModelStore,
     t0 = time.perf_counter()
     _check_request(req)
     opened = _open(req.onnx, req.providers)
-    inputs, outputs = measure.signature(opened.session)
+    inputs, outputs = signature(opened.session)
     task = _task(req, store, inputs)
     try:
         kind = kind_of(task.kind)
@@ -72,14 +74,13 @@ def import_model(req: ImportRequest, store: ModelStore,
     say(f"reading {req.data}")
     data = load_data(req.data, [i.name for i in inputs], task.labels)
     parts = split(data, req.calib_share, req.seed)
-    say(f"running {req.name} on {len(parts.calib)} calibration + {len(parts.eval)} "
+    say(f"running {req.name} on {len(parts.calib)} calibration + {len(parts.test)} "
         "evaluation samples")
     figures = _figures(opened.session, kind, task, parts, inputs)
     say("timing it")
-    latency = {opened.provider: measure.latency(opened.session,
-                                                measure.feed(parts.eval.x, inputs))}
-    latency |= _other_providers(req, opened.provider, parts, inputs)
-    card = _card(req, task, inputs, outputs, figures, latency, opened.provider, parts,
+    timings = {opened.provider: latency(opened.session, feed(parts.test.inputs, inputs))}
+    timings |= _other_providers(req, opened.provider, parts, inputs)
+    card = _card(req, task, inputs, outputs, figures, timings, opened.provider, parts,
                  time.perf_counter() - t0)
     _install(store, req, card, task, data)
     return card
@@ -95,7 +96,7 @@ def _check_request(req: ImportRequest) -> None:
 def _open(path: Path, providers: tuple[str, ...]) -> Any:
     try:
         return open_session(path, providers)
-    except ZooError as exc:
+    except ModelError as exc:
         raise ImportRefused(f"{path} is not an ONNX model ONNX Runtime can load: "
                             f"{exc.message[:300]}", hint="export it with torch.onnx.export, "
                             "tf2onnx or skl2onnx and check it with onnx.checker") from exc
@@ -132,42 +133,46 @@ def _check_signature(task: TaskSpec, kind: OutputKind, inputs: tuple[TensorDecl,
         raise ImportRefused(str(exc.message), hint=exc.hint) from exc
 
 
-def _figures(session: Any, kind: OutputKind, task: TaskSpec, parts: DataSplit,
+def _figures(session: Any, kind: OutputKind, task: TaskSpec, parts: Splits,
              inputs: tuple[TensorDecl, ...]) -> dict[str, Any]:
-    raw = {p: measure.run(session, measure.feed(getattr(parts, p).x, inputs))
-           for p in ("calib", "eval")}
+    raw = {p: run(session, feed(_part(parts, p).inputs, inputs)) for p in ("calib", "eval")}
     try:
-        temperature, nll_before, nll_after = measure.fit_temperature(
-            kind, raw["calib"], parts.calib.y, task)
+        temperature, nll_before, nll_after = kind_temperature(
+            kind, raw["calib"], parts.calib.labels, task)
         answers = {p: kind.answer(raw[p], task, temperature) for p in raw}
-        score = {p: kind.score(answers[p], getattr(parts, p).y, task) for p in raw}
-        correct = kind.correct(answers["calib"], parts.calib.y, task)
+        score = {p: kind.score(answers[p], _part(parts, p).labels, task) for p in raw}
+        correct = kind.correct(answers["calib"], parts.calib.labels, task)
     except TensorError as exc:
         raise ImportRefused(f"the model's outputs or the labels do not fit a {task.kind} "
                             f"task: {exc.message}", hint=LABELS_HINT) from exc
     conf = answers["calib"].confidence
-    curve = (measure.cascade_curve(conf, correct)
+    curve = ([asdict(p) for p in cascade_points(conf, correct, FINE_THRESHOLDS)]
              if conf is not None and correct is not None else [])
     return {"temperature": temperature, "nll_before": nll_before, "nll_after": nll_after,
             "score": score, "cascade": curve, "cascadable": bool(curve),
             "ece": _eces(kind, task, raw, parts, temperature) if curve else {}}
 
 
-def _eces(kind: OutputKind, task: TaskSpec, raw: dict[str, Any], parts: DataSplit,
+def _part(parts: Splits, name: str) -> Labelled:
+    """A part by the name cards give it: ``calib``, or ``eval`` (the test part)."""
+    return parts.calib if name == "calib" else parts.test
+
+
+def _eces(kind: OutputKind, task: TaskSpec, raw: dict[str, Any], parts: Splits,
           temperature: float) -> dict[str, float]:
     """ECE before and after the temperature, on the calibration part (fitted there) and on
     the evaluation part (a held-out check)."""
     out = {}
     for part, key in (("calib", ""), ("eval", "eval_")):
-        y = getattr(parts, part).y
+        y = _part(parts, part).labels
         for t, when in ((1.0, "before"), (temperature, "after")):
             answer = kind.answer(raw[part], task, t)
-            out[f"{key}ece_{when}"] = round(measure.ece(
+            out[f"{key}ece_{when}"] = round(calibration_error(
                 answer.confidence, kind.correct(answer, y, task)), 6)  # type: ignore[arg-type]
     return out
 
 
-def _other_providers(req: ImportRequest, first: str, parts: DataSplit,
+def _other_providers(req: ImportRequest, first: str, parts: Splits,
                      inputs: tuple[TensorDecl, ...]) -> dict[str, dict[str, float]]:
     """Latency on each further provider of the list that opens here (cards hold latency
     per provider; a node picks the figure of the provider it runs)."""
@@ -177,16 +182,16 @@ def _other_providers(req: ImportRequest, first: str, parts: DataSplit,
             continue
         try:
             other = open_session(req.onnx, (provider,))
-        except ZooError:
+        except ModelError:
             continue
         if other.provider == provider:
-            out[provider] = measure.latency(other.session, measure.feed(parts.eval.x, inputs))
+            out[provider] = latency(other.session, feed(parts.test.inputs, inputs))
     return out
 
 
 def _card(req: ImportRequest, task: TaskSpec, inputs: tuple[TensorDecl, ...],
           outputs: tuple[TensorDecl, ...], fig: dict[str, Any],
-          latency: dict[str, dict[str, float]], provider: str, parts: DataSplit,
+          latency: dict[str, dict[str, float]], provider: str, parts: Splits,
           seconds: float) -> dict[str, Any]:
     kind = kind_of(task.kind)
     blob = Path(req.onnx).read_bytes()
@@ -209,7 +214,7 @@ def _card(req: ImportRequest, task: TaskSpec, inputs: tuple[TensorDecl, ...],
         "provider": provider,
         "data": {"sha256": parts.calib.sha256, "source": str(req.data), "seed": parts.seed,
                  "calib_share": req.calib_share, "calib_samples": len(parts.calib),
-                 "eval_samples": len(parts.eval)},
+                 "eval_samples": len(parts.test)},
         "task_spec": task.to_dict(), "import_s": round(seconds, 3),
     }
 

@@ -23,7 +23,7 @@ from tierlink.quantize.settings import QuantSettings
 def quantize_imported(store: ModelStore, parent: str, settings: QuantSettings,
                       say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Make, measure and install ``parent``'s variant at ``settings``; its card."""
-    from tierlink.modelstore.data import split
+    from tierlink.models.data import split
     from tierlink.quantize.methods import quantize_model
     from tierlink.quantize.variants import variant_name
 
@@ -42,9 +42,9 @@ def quantize_imported(store: ModelStore, parent: str, settings: QuantSettings,
     with tempfile.TemporaryDirectory(prefix="tierlink-quantize-") as tmp:
         variant = Path(tmp) / f"{name}.onnx"
         say(f"{name}: quantizing ({settings.precision})")
-        result = quantize_model(onnx, variant, settings, next(iter(parts.calib.x.values())))
+        result = quantize_model(onnx, variant, settings, parts.calib.input)
         data_file = Path(tmp) / "data.npz"
-        arrays: dict[str, Any] = {"y": data.y, **dict(data.x)}
+        arrays: dict[str, Any] = {"y": data.labels, **dict(data.inputs)}
         np.savez(data_file, **arrays)
         say(f"{name}: measuring it on {parent}'s data")
         new = import_model(ImportRequest(
@@ -59,14 +59,14 @@ def quantize_imported(store: ModelStore, parent: str, settings: QuantSettings,
 
 def _lineage(store: ModelStore, parent: str, name: str, card: dict[str, Any],
              settings: QuantSettings, result: Any, parts: Any) -> dict[str, Any]:
-    from tierlink.modelstore import measure
-    from tierlink.providers import open_session
+    from tierlink.models.evaluate import run
+    from tierlink.models.onnx import open_session
     from tierlink.quantize.timing import side_by_side
 
     sessions = {k: open_session(store.paths(n)[0]).session
                 for k, n in (("parent", parent), ("variant", name))}
-    x = parts.eval.x
-    answers = {k: measure.run(s, x) for k, s in sessions.items()}
+    x = parts.test.inputs
+    answers = {k: run(s, x) for k, s in sessions.items()}
     top1 = {k: next(iter(v.values())).argmax(axis=1) for k, v in answers.items()}
     inputs = next(iter(x.values()))
     if len(inputs) < 32:  # side_by_side times batches of 32

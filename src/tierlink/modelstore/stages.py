@@ -13,12 +13,13 @@ from tierlink.cascade.stages import Chain, stage_cost
 from tierlink.cascade.tune import Stage
 from tierlink.errors import ConfigError, ImportRefused
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
-from tierlink.modelstore import measure
-from tierlink.modelstore.data import split
+from tierlink.models.data import split
+from tierlink.models.evaluate import feed, run, signature
+from tierlink.models.kind_registry import kind_of
+from tierlink.models.onnx import open_session
+from tierlink.models.task import task_from_dict
+from tierlink.models.tensors import NP_TYPES
 from tierlink.modelstore.store import ModelStore
-from tierlink.providers import open_session
-from tierlink.tasks.registry import kind_of
-from tierlink.tasks.spec import task_from_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +59,17 @@ def _stage_pair(store: ModelStore, name: str, tier: Any, card: dict[str, Any], p
                 cost: CostModel) -> tuple[Stage, Stage]:
     onnx, _ = store.paths(name)
     session = open_session(onnx).session
-    inputs, _ = measure.signature(session)
+    inputs, _ = signature(session)
     task = task_from_dict(card["task"], card["task_spec"], "card")
     kind = kind_of(task.kind)
-    input_bytes = sum(int(np.prod(i.shape[1:])) * np.dtype(measure.NP_TYPES[i.datatype]).itemsize
+    input_bytes = sum(int(np.prod(i.shape[1:])) * np.dtype(NP_TYPES[i.datatype]).itemsize
                       for i in inputs if all(d > 0 for d in i.shape[1:]))
     price = stage_cost(tier, float(card["latency_ms"]["batch1_p50"]), input_bytes, cost)
     out = []
-    for part in (parts.calib, parts.eval):
-        answer = kind.answer(measure.run(session, measure.feed(part.x, inputs)), task,
+    for part in (parts.calib, parts.test):
+        answer = kind.answer(run(session, feed(part.inputs, inputs)), task,
                              float(card["temperature"]))
-        correct = kind.correct(answer, part.y, task)
+        correct = kind.correct(answer, part.labels, task)
         if answer.confidence is None:  # checked by the caller: such kinds are not cascaded
             raise ImportRefused(f"{name}: its kind gives no confidence to cascade on")
         out.append(Stage(model=name, tier=tier, confidence=answer.confidence,

@@ -21,14 +21,15 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from tierlink.durable import fsync_dir, replace_synced
 from tierlink.errors import ImportRefused, ModelNotFound
-from tierlink.modelstore.data import Labelled
-from tierlink.tasks.spec import TaskSpec, task_from_dict
+from tierlink.models.data import Labelled
+from tierlink.models.task import TaskSpec, task_from_dict
 
 MODEL_FILE, CARD_FILE = "model.onnx", "card.json"
 
@@ -39,7 +40,7 @@ class ModelStore:
 
     @classmethod
     def default(cls) -> ModelStore:
-        from tierlink.zoo.cache import tierlink_home
+        from tierlink.models.home import tierlink_home
 
         return cls(tierlink_home() / "models")
 
@@ -97,7 +98,8 @@ class ModelStore:
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp.npz")
-            arrays: dict[str, Any] = {"y": data.y, **{f"x:{k}": v for k, v in data.x.items()}}
+            arrays: dict[str, Any] = {"y": data.labels,
+                                      **{f"x:{k}": v for k, v in data.inputs.items()}}
             np.savez(tmp, **arrays)
             os.replace(tmp, path)
         return path
@@ -109,15 +111,15 @@ class ModelStore:
                                 f"store ({path})", hint="import the model again with --data")
         with np.load(path, allow_pickle=False) as z:
             x = {k[2:]: z[k] for k in z.files if k.startswith("x:")}
-            return Labelled(x, z["y"], sha256)
+            return Labelled(MappingProxyType(x), z["y"], sha256)
 
     def eval_part(self, name: str) -> Labelled:
         """The evaluation part of the data ``name`` was imported with (never calibrated on)."""
-        from tierlink.modelstore.data import split
+        from tierlink.models.data import split
 
         data = self.card(name)["data"]
         return split(self.load_data(data["sha256"]), float(data["calib_share"]),
-                     int(data["seed"])).eval
+                     int(data["seed"])).test
 
     def single_input_classifier(self, name: str, tool: str) -> Labelled:
         """The evaluation part of an imported classifier with one input, for tools that

@@ -352,7 +352,7 @@ def _routed_outputs(rt: ModelRuntime | None) -> list[dict[str, Any]]:
     """What a routed answer carries: the answer tensors of the task's output kind."""
     if rt is None:
         return _ROUTED_OUTPUTS
-    from tierlink.tasks.registry import kind_of
+    from tierlink.models.kind_registry import kind_of
 
     spec = rt.info.spec_for(rt.outputs)
     ranks = {o.name: len(o.shape) for o in rt.outputs}
@@ -400,14 +400,14 @@ def _metadata(service: NodeService, name: str, version: str | None) -> dict[str,
         rt: ModelRuntime = service.runtime(name, version)
         return {"name": name, "versions": list(service.models.versions(name)),
                 "platform": rt.platform,
-                "inputs": [s.as_metadata() for s in rt.inputs],
-                "outputs": [s.as_metadata() for s in rt.outputs],
+                "inputs": [s.to_dict() for s in rt.inputs],
+                "outputs": [s.to_dict() for s in rt.outputs],
                 "parameters": {"task": rt.info.task, "tier": service.spec.tier.label,
                                "kind": rt.info.spec_for(rt.outputs).kind,
                                "provider": getattr(rt, "provider", "")}}
     if name in service.tasks():
         local = next((rt for rt in service.runtimes.values() if rt.info.task == name), None)
-        inputs = [s.as_metadata() for s in local.inputs] if local else []
+        inputs = [s.to_dict() for s in local.inputs] if local else []
         return {"name": name, "versions": [], "platform": "tierlink_router",
                 "inputs": inputs, "outputs": _routed_outputs(local),
                 "parameters": {"routed": True}}

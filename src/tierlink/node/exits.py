@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from tierlink.core.types import SplitPoint
-from tierlink.errors import SplitError, ZooError
-from tierlink.node.runtime import ModelInfo, TensorSpec, validate_inputs
+from tierlink.errors import ModelError, SplitError
+from tierlink.models.tensors import TensorDecl
+from tierlink.node.runtime import ModelInfo, validate_inputs
 
 PLATFORM = "tierlink_early_exit"
 
@@ -102,10 +103,10 @@ class ExitsModel:
         self._boundaries = {b.name: k for k, b in enumerate(card.boundaries)}
         self.path = directory / card.whole["file"]
         first = card.segments[0].input
-        self.inputs: tuple[TensorSpec, ...] = (
-            TensorSpec(first.name, "FP32", (-1, *first.shape[1:])),)
-        self.outputs: tuple[TensorSpec, ...] = (TensorSpec("logits", "FP32", (-1, len(card.labels))),
-                        TensorSpec("exit", "INT64", (-1,)))
+        self.inputs: tuple[TensorDecl, ...] = (
+            TensorDecl(first.name, "FP32", (-1, *first.shape[1:])),)
+        self.outputs: tuple[TensorDecl, ...] = (TensorDecl("logits", "FP32", (-1, len(card.labels))),
+                        TensorDecl("exit", "INT64", (-1,)))
         splits = exit_split_points(card.stage_ms(), op.calib.shares,
                                    [(b.name, b.fp32_bytes) for b in card.boundaries])
         self.info = ModelInfo(
@@ -150,7 +151,7 @@ class ExitsModel:
         for i in range(features.shape[0]):
             result = self._runner.run_segments(features[i:i + 1], start=k + 1)
             if not isinstance(result, ExitResult):
-                raise ZooError("early exit ran past the final exit")
+                raise ModelError("early exit ran past the final exit")
             results.append(result)
         return {"logits": _log_probs([r.probs for r in results]),
                 "exit": np.array([r.exit_index for r in results], dtype=np.int64)}

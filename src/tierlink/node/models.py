@@ -250,8 +250,8 @@ def check_fits(name: str, base: ModelRuntime, rt: ModelRuntime) -> None:
     if tuple(rt.inputs) != tuple(base.inputs):
         raise ArtifactRejected(
             f"{name} version {version} takes inputs "
-            f"{[s.as_metadata() for s in rt.inputs]}, the served version "
-            f"{[s.as_metadata() for s in base.inputs]}: requests for {name} would fail on it",
+            f"{[s.to_dict() for s in rt.inputs]}, the served version "
+            f"{[s.to_dict() for s in base.inputs]}: requests for {name} would fail on it",
             hint="publish a model with another input signature under a new name")
 
 

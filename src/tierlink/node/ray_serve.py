@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from tierlink.errors import ConfigError, RuntimeFailure
-from tierlink.node.runtime import ModelInfo, TensorSpec, validate_inputs
+from tierlink.models.tensors import TensorDecl
+from tierlink.node.runtime import ModelInfo, validate_inputs
 from tierlink.settings.engine import EngineConfig
 
 log = logging.getLogger("tierlink.node.ray")
@@ -34,8 +35,8 @@ PLATFORM = "ray_serve_onnxruntime"
 
 @dataclass(frozen=True, slots=True)
 class Signature:
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
 
 
 def signature(path: Path) -> Signature:
@@ -46,10 +47,10 @@ def signature(path: Path) -> Signature:
     graph = onnx.load(str(path), load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
 
-    def spec(value: Any) -> TensorSpec:
+    def spec(value: Any) -> TensorDecl:
         t = value.type.tensor_type
         shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-        return TensorSpec(value.name, _OIP_TYPES.get(t.elem_type, "BYTES"), shape)
+        return TensorDecl(value.name, _OIP_TYPES.get(t.elem_type, "BYTES"), shape)
 
     return Signature(tuple(spec(v) for v in graph.input if v.name not in initializers),
                      tuple(spec(v) for v in graph.output))
@@ -67,7 +68,7 @@ def replica_class() -> Any:
     @serve.deployment
     class OnnxReplica:
         def __init__(self, path: str) -> None:
-            from tierlink.providers import open_session
+            from tierlink.models.onnx import open_session
 
             self.session = open_session(Path(path), ("CPUExecutionProvider",), 1).session
             self.names = [o.name for o in self.session.get_outputs()]

@@ -20,33 +20,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from tierlink.core.types import CascadePoint, ModelView, SplitPoint
-from tierlink.errors import ConfigError, RuntimeFailure, TensorError, ZooError
-from tierlink.providers import DEFAULT_PROVIDERS, open_session
+from tierlink.errors import ConfigError, ModelError, RuntimeFailure, TensorError
+from tierlink.models.card import cascade_from_dicts
+from tierlink.models.kind_registry import kind_of
+from tierlink.models.onnx import DEFAULT_PROVIDERS, open_session
+from tierlink.models.task import TaskSpec, task_from_dict
+from tierlink.models.tensors import NP_TYPES, TensorDecl, from_ort
 from tierlink.split.profile import load_profile, profile_path
-from tierlink.tasks.registry import kind_of
-from tierlink.tasks.spec import TaskSpec, task_from_dict
-from tierlink.zoo.cards import cascade_from_dicts
 
 MAX_BATCH = 256
-
-ORT_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
-              "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(int8)": "INT8",
-              "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL"}
-NP_TYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
-             "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """An input or output of a model; ``-1`` marks a dynamic dimension (the batch)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-    def as_metadata(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
@@ -67,7 +49,7 @@ class ModelInfo:
     # first output is its logits.
     task_spec: TaskSpec | None = None
 
-    def spec_for(self, outputs: tuple[TensorSpec, ...]) -> TaskSpec:
+    def spec_for(self, outputs: tuple[TensorDecl, ...]) -> TaskSpec:
         """How to read this model's outputs: its declared task, else a classifier."""
         if self.task_spec is not None:
             return self.task_spec
@@ -102,20 +84,20 @@ class ModelInfo:
                        task_spec=(task_from_dict(card["task"], card["task_spec"], "card")
                                   if "task_spec" in card else None))
         except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
-            raise ZooError(f"model card {path} is unreadable or incomplete: {exc}") from exc
+            raise ModelError(f"model card {path} is unreadable or incomplete: {exc}") from exc
 
 
 class ModelRuntime(Protocol):
     info: ModelInfo
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
     platform: str
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
 def validate_inputs(
-    model: str, specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]
+    model: str, specs: tuple[TensorDecl, ...], inputs: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Check names, dtypes and shapes against the signature; returns the inputs to feed."""
     expected = {s.name for s in specs}
@@ -126,7 +108,7 @@ def validate_inputs(
     return inputs
 
 
-def _check_tensor(model: str, spec: TensorSpec, arr: np.ndarray) -> None:
+def _check_tensor(model: str, spec: TensorDecl, arr: np.ndarray) -> None:
     want = NP_TYPES.get(spec.datatype)
     if want is not None and arr.dtype != want:
         raise TensorError(f"input {spec.name!r} of {model!r} must be {spec.datatype}, "
@@ -157,8 +139,8 @@ class OnnxModel:
         self.skipped_providers = opened.skipped  # "PROVIDER: why" for those passed over
         self.path = Path(path)
         self.info = info.on_provider(opened.provider)
-        self.inputs = tuple(_spec(i) for i in self._session.get_inputs())
-        self.outputs = tuple(_spec(o) for o in self._session.get_outputs())
+        self.inputs = tuple(from_ort(i) for i in self._session.get_inputs())
+        self.outputs = tuple(from_ort(o) for o in self._session.get_outputs())
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = validate_inputs(self.info.name, self.inputs, inputs)
@@ -167,11 +149,6 @@ class OnnxModel:
         except Exception as exc:  # map onnxruntime's errors at this boundary
             raise RuntimeFailure(f"{self.info.name} failed: {exc}") from exc
         return {spec.name: np.asarray(v) for spec, v in zip(self.outputs, values, strict=True)}
-
-
-def _spec(arg: Any) -> TensorSpec:
-    shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)
-    return TensorSpec(arg.name, ORT_TYPES.get(arg.type, arg.type), shape)
 
 
 class FakeModel:
@@ -188,8 +165,8 @@ class FakeModel:
         self._classes = classes
         self._sharpness = sharpness
         self.calls = 0
-        self.inputs = (TensorSpec("input", "FP32", (-1, 1, 28, 28)),)
-        self.outputs = (TensorSpec("logits", "FP32", (-1, classes)),)
+        self.inputs = (TensorDecl("input", "FP32", (-1, 1, 28, 28)),)
+        self.outputs = (TensorDecl("logits", "FP32", (-1, classes)),)
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         x = validate_inputs(self.info.name, self.inputs, inputs)["input"]

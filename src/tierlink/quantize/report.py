@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from tierlink.errors import QuantizationError
+from tierlink.models.card import ModelCard
 from tierlink.quantize.variants import card_verdict
-from tierlink.zoo.cards import ModelCard
 
 
 def variant_row(card: ModelCard, parent: ModelCard, budget_pt: float) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tierlink.errors import ModelNotFound, QuantizationError
+from tierlink.models.card import Lineage, ModelCard, file_sha256, save_card
 from tierlink.quantize.methods import QuantResult, model_layers, quantize_model
 from tierlink.quantize.sensitivity import (
     LayerSensitivity,
@@ -31,7 +32,6 @@ from tierlink.quantize.sensitivity import (
 )
 from tierlink.quantize.settings import SUFFIXES, QuantSettings
 from tierlink.zoo.cache import Zoo, build_lock, load_zoo
-from tierlink.zoo.cards import Lineage, ModelCard, file_sha256, save_card
 
 Say = Callable[[str], None]
 FASTER = 1.10   # side-by-side speedup that counts as faster (beyond timing noise)
@@ -169,7 +169,7 @@ def _make(zoo: Zoo, parent: str, settings: QuantSettings, data: EvalData, say: S
             extra |= {"sensitivity": {s.layer: s.drop_pt for s in sensitivity},
                       "search": plan.to_dict()}
         say(f"{name}: quantizing ({settings.precision})")
-        result = quantize_model(src, tmp, settings, data.calib.images)
+        result = quantize_model(src, tmp, settings, data.calib.input)
         say(f"{name}: measuring against {parent}")
         card = measure_variant(name, base, src, tmp, result, settings, data, latency_rounds,
                                extra)
@@ -186,7 +186,7 @@ def _pick_granularity(src: Path, settings: QuantSettings, data: EvalData, trial:
                       say: Say) -> tuple[QuantSettings, dict[str, Any]]:
     """Static INT8 with one weight scale per channel and per tensor, judged on the
     calibration split; the more accurate one wins (a tie keeps ``settings.per_channel``)."""
-    from tierlink.zoo.evaluate import accuracy, onnx_logits
+    from tierlink.models.evaluate import accuracy, onnx_logits
 
     static = replace(settings, precision="int8-static")
     scores: dict[bool, float] = {}
@@ -194,8 +194,8 @@ def _pick_granularity(src: Path, settings: QuantSettings, data: EvalData, trial:
         say(f"{src.stem}: INT8 {'per channel' if per_channel else 'per tensor'} on the "
             f"calibration split")
         quantize_model(src, trial, replace(static, per_channel=per_channel),
-                       data.calib.images)
-        scores[per_channel] = accuracy(onnx_logits(trial, data.calib.images), data.calib.labels)
+                       data.calib.input)
+        scores[per_channel] = accuracy(onnx_logits(trial, data.calib.input), data.calib.labels)
     trial.unlink(missing_ok=True)
     best = max(scores, key=lambda pc: (scores[pc], pc == settings.per_channel))
     return (replace(settings, per_channel=best),
@@ -207,10 +207,10 @@ def _pick_granularity(src: Path, settings: QuantSettings, data: EvalData, trial:
 def _search(src: Path, settings: QuantSettings, data: EvalData, ranges: Path, trial: Path,
             say: Say) -> tuple[MixedPlan, tuple[LayerSensitivity, ...]]:
     """Sensitivity scan + mixed-precision search on the calibration split."""
-    from tierlink.zoo.evaluate import accuracy, onnx_logits
+    from tierlink.models.evaluate import accuracy, onnx_logits
 
     calib = data.calib
-    baseline = accuracy(onnx_logits(src, calib.images), calib.labels)
+    baseline = accuracy(onnx_logits(src, calib.input), calib.labels)
     static = replace(settings, precision="int8-static")
     memo: dict[tuple[str, ...], float] = {}
 
@@ -218,9 +218,9 @@ def _search(src: Path, settings: QuantSettings, data: EvalData, ranges: Path, tr
         key = tuple(sorted(set(excluded) | set(settings.exclude)))
         if key not in memo:
             say(f"{src.stem}: sensitivity trial {len(memo) + 1} (FP32: {', '.join(key) or '-'})")
-            quantize_model(src, trial, static.with_exclude(key), calib.images,
+            quantize_model(src, trial, static.with_exclude(key), calib.input,
                            calibration_cache=ranges)
-            memo[key] = accuracy(onnx_logits(trial, calib.images), calib.labels)
+            memo[key] = accuracy(onnx_logits(trial, calib.input), calib.labels)
         return memo[key]
 
     sensitivity = layer_sensitivity(model_layers(src), evaluate, baseline)
@@ -232,21 +232,22 @@ def measure_variant(name: str, parent: ModelCard, parent_path: Path, path: Path,
                     extra: dict[str, Any] | None = None) -> ModelCard:
     """The card of variant ``name`` at ``path``: the parent's card with this file's size, hash, accuracies,
     side-by-side latency, fitted temperature and lineage."""
+    from tierlink.models.calibration import calibrated_card
+    from tierlink.models.evaluate import accuracy, onnx_logits
+    from tierlink.models.onnx import ort_session
     from tierlink.quantize.timing import side_by_side
-    from tierlink.zoo.calibration import calibrated_card
-    from tierlink.zoo.evaluate import accuracy, onnx_logits, ort_session
 
     try:
         variant_session = ort_session(path, threads=1)
     except Exception as exc:
         raise QuantizationError(f"the {settings.precision} model does not load in ONNX "
                                 f"Runtime on this CPU: {exc}") from exc
-    logits = {split: (onnx_logits(parent_path, d.images), onnx_logits(path, d.images))
+    logits = {split: (onnx_logits(parent_path, d.input), onnx_logits(path, d.input))
               for split, d in (("calib", data.calib), ("test", data.test))}
     (p_test, v_test), (_, v_calib) = logits["test"], logits["calib"]
     test_acc = accuracy(v_test, data.test.labels)
     timing = side_by_side({"parent": ort_session(parent_path, 1), "variant": variant_session},
-                          data.test.images, rounds=latency_rounds)
+                          data.test.input, rounds=latency_rounds)
     lineage = Lineage(
         parent=parent.name, parent_sha256=parent.sha256, precision=settings.precision,
         agreement=round(float(np.mean(p_test.argmax(1) == v_test.argmax(1))), 5),

@@ -61,8 +61,9 @@ def measure_validation(onnx_path: Path | str, card_path: Path | str,
     of :data:`EVAL_BATCH` (``progress`` is called after each)."""
     import numpy as np
 
+    from tierlink.models.evaluate import accuracy, onnx_logits
+    from tierlink.models.onnx import ort_session
     from tierlink.zoo.datasets import load_splits
-    from tierlink.zoo.evaluate import accuracy, onnx_logits, ort_session
 
     task = str(_read_card(card_path)["task"])
     if limit is not None and limit < 1:
@@ -73,7 +74,7 @@ def measure_validation(onnx_path: Path | str, card_path: Path | str,
     session = ort_session(onnx_path, threads=1)
     chunks = []
     for start in range(0, len(test), EVAL_BATCH):
-        chunks.append(onnx_logits(session, test.images[start:start + EVAL_BATCH]))
+        chunks.append(onnx_logits(session, test.input[start:start + EVAL_BATCH]))
         if progress is not None:
             progress(min(start + EVAL_BATCH, len(test)), len(test))
     logits = np.concatenate(chunks)  # (N, classes)

@@ -63,14 +63,14 @@ def zoo_outcomes(task: str, names: Iterable[str], profile: str = "full",
     key = hashlib.sha256(("|".join(f"{n}={s}" for n, s in zip(wanted, shas, strict=True))
                           + f"|{task}|{test.labels.shape[0]}").encode()).hexdigest()[:16]
     path = (cache_dir or _cache_dir()) / f"outcomes-{task}-{key}.npz"
-    input_bytes = int(np.prod(test.images.shape[1:])) * 4
+    input_bytes = int(np.prod(test.input.shape[1:])) * 4
     if path.is_file():
         return _load(path, task, wanted, input_bytes)
-    from tierlink.zoo.evaluate import onnx_logits, softmax
+    from tierlink.models.evaluate import onnx_logits, softmax
 
     models = {}
     for name in wanted:
-        probs = softmax(onnx_logits(zoo.path(name), test.images, threads=1),
+        probs = softmax(onnx_logits(zoo.path(name), test.input, threads=1),
                         zoo.card(name).temperature)
         models[name] = Answers(probs.argmax(axis=1).astype(np.int16),
                                probs.max(axis=1).astype(np.float32))
@@ -80,7 +80,7 @@ def zoo_outcomes(task: str, names: Iterable[str], profile: str = "full",
 
 
 def _cache_dir() -> Path:
-    from tierlink.zoo.cache import tierlink_home
+    from tierlink.models.home import tierlink_home
 
     return tierlink_home() / "sim"
 

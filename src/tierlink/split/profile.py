@@ -29,7 +29,7 @@ import numpy as np
 
 from tierlink.core.types import CodecPoint, SplitPoint
 from tierlink.durable import write_json
-from tierlink.errors import ZooError
+from tierlink.errors import ModelError
 
 PROFILE_VERSION = 2
 READS_VERSIONS = (1, 2)
@@ -65,13 +65,13 @@ def load_profile(path: Path, sha256: str | None = None) -> SplitProfile | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise ZooError(f"cannot read split profile {path}: {exc}") from exc
+        raise ModelError(f"cannot read split profile {path}: {exc}") from exc
     if data.get("version") not in READS_VERSIONS or (sha256 and data.get("sha256") != sha256):
         return None
     try:
         points = tuple(SplitPoint.from_dict(p) for p in data["points"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ZooError(f"split profile {path} is malformed: {exc}") from exc
+        raise ModelError(f"split profile {path} is malformed: {exc}") from exc
     return SplitProfile(str(data["model"]), str(data["sha256"]), str(data["host"]),
                         float(data["full_ms"]), int(data["input_bytes"]), points)
 
@@ -88,7 +88,7 @@ def profile_model(name: str, model_path: Path, sample: np.ndarray, sha256: str, 
     """Time the whole model and every (head, tail) pair on ``sample`` (one input, batch 1),
     and each of ``codecs`` on every cut's features; ``only`` keeps the cuts whose tensor
     name it accepts (e.g. block boundaries)."""
-    from tierlink.onnxrt import ort_session
+    from tierlink.models.onnx import ort_session
     from tierlink.split.cache import cached_split
     from tierlink.split.partition import cut_points
 

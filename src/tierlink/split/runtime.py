@@ -77,7 +77,7 @@ class SplitSessions:
         return self._sessions[key]
 
     def _make(self, part: str, cut: str) -> Any:
-        from tierlink.onnxrt import ort_session
+        from tierlink.models.onnx import ort_session
         from tierlink.split.cache import cached_split
 
         tag = hashlib.sha1(f"{self.model_path}".encode()).hexdigest()[:12]

@@ -26,10 +26,14 @@ import torch
 from torch import nn
 
 from tierlink.errors import ZooError
-from tierlink.zoo.calibration import calibrated_card
-from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256, save_card
-from tierlink.zoo.datasets import Split, Splits, load_splits
-from tierlink.zoo.evaluate import accuracy, cascade_curve, measure_latency, onnx_logits, ort_session
+from tierlink.models.calibration import calibrated_card
+from tierlink.models.card import ModelCard, TrainingInfo, file_sha256, save_card
+from tierlink.models.data import Labelled, Splits
+from tierlink.models.evaluate import accuracy, cascade_curve, onnx_logits
+from tierlink.models.evaluate import latency as timed
+from tierlink.models.onnx import ort_session
+from tierlink.models.tensors import TensorDecl
+from tierlink.zoo.datasets import load_splits
 from tierlink.zoo.nets import NUM_CLASSES, build_net, count_params, fold_linear_batchnorm
 from tierlink.zoo.profiles import (
     MODEL_VERSION,
@@ -44,8 +48,8 @@ from tierlink.zoo.profiles import (
 from tierlink.zoo.progress import BuildReporter
 
 OPSET = 17
-INPUT = TensorInfo("input", "FP32", (-1, 1, 28, 28))
-OUTPUT = TensorInfo("logits", "FP32", (-1, NUM_CLASSES))
+INPUT = TensorDecl("input", "FP32", (-1, 1, 28, 28))
+OUTPUT = TensorDecl("logits", "FP32", (-1, NUM_CLASSES))
 EXPORT_ATOL = 1e-4
 
 Clock = Callable[[], float]
@@ -93,7 +97,7 @@ def build_model(task: str, variant: str, splits: Splits, profile: BuildProfile,
                             reporter, clock, task=task, teacher=teacher)
         onnx_path = out_dir / f"{name}.onnx"
         reporter.stage(name, "exporting")
-        export_onnx(trained.net, onnx_path, check_on=splits.calib.images[:64])
+        export_onnx(trained.net, onnx_path, check_on=splits.calib.input[:64])
     reporter.stage(name, "evaluating")
     card = measure_card(task, variant, onnx_path, trained, splits, profile)
     save_card(card, out_dir / f"{name}.json")
@@ -112,18 +116,18 @@ def _torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def teacher_logits(path: Path, data: Split, threads: int) -> tuple[np.ndarray, np.ndarray]:
+def teacher_logits(path: Path, data: Labelled, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """The teacher's logits on ``data`` as it is and mirrored (what a flipped batch shows
     the student): (N, 10) each."""
     if not path.exists():
         raise ZooError(f"{path.name} must be built before the models distilled from it",
                        hint="build the task's whole zoo: `tierlink zoo build`")
-    mirrored = np.ascontiguousarray(data.images[..., ::-1])
-    return (onnx_logits(path, data.images, threads=threads),
+    mirrored = np.ascontiguousarray(data.input[..., ::-1])
+    return (onnx_logits(path, data.input, threads=threads),
             onnx_logits(path, mirrored, threads=threads))
 
 
-def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: int,
+def train_net(name: str, variant: str, recipe: TrainRecipe, data: Labelled, seed: int,
               reporter: BuildReporter, clock: Clock = time.perf_counter, *,
               task: str = "fmnist", make_net: Callable[[], nn.Module] | None = None,
               loss_fn: LossFn = nn.functional.cross_entropy,
@@ -143,7 +147,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Split, seed: i
     fresh = build_net(variant, task) if make_net is None else make_net()
     net = fresh.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     opt = NesterovSGD(list(net.parameters()), recipe.weight_decay)
-    images, labels = torch.from_numpy(data.images), torch.from_numpy(data.labels)
+    images, labels = torch.from_numpy(data.input), torch.from_numpy(data.labels)
     soft = None if teacher is None else (torch.from_numpy(teacher[0]),
                                          torch.from_numpy(teacher[1]))
     if recipe.distill > 0 and soft is None:
@@ -285,10 +289,10 @@ def measure_card(task: str, variant: str, onnx_path: Path, trained: Trained, spl
     limit = profile.eval_samples
     calib = splits.calib.head(limit or len(splits.calib))
     test = splits.test.head(limit or len(splits.test))
-    calib_logits = onnx_logits(onnx_path, calib.images, threads=profile.threads)
-    test_logits = onnx_logits(onnx_path, test.images, threads=profile.threads)
-    latency = measure_latency(ort_session(onnx_path, threads=1), splits.test.images[:32],
-                              runs=profile.latency_runs)
+    calib_logits = onnx_logits(onnx_path, calib.input, threads=profile.threads)
+    test_logits = onnx_logits(onnx_path, test.input, threads=profile.threads)
+    latency = timed(ort_session(onnx_path, threads=1), splits.test.input[:32],
+                    runs=profile.latency_runs)
     training = TrainingInfo(
         epochs=profile.recipe(task, variant).epochs, seed=profile.seed,
         seconds=round(trained.seconds, 2), profile=profile.name,

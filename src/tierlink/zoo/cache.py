@@ -11,7 +11,6 @@ the cache valid.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -20,17 +19,11 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.errors import ModelNotFound, ZooError
-from tierlink.zoo.cards import ModelCard, file_sha256, load_card, save_card
+from tierlink.models.card import ModelCard, file_sha256, load_card, save_card
+from tierlink.models.home import tierlink_home
 from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names, recipe_fingerprint
 
 log = logging.getLogger(__name__)
-
-
-def tierlink_home(env: Mapping[str, str] | None = None) -> Path:
-    """``$TIERLINK_HOME``, default ``~/.cache/tierlink`` (read when called, never at import)."""
-    env = os.environ if env is None else env
-    home = env.get("TIERLINK_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".cache" / "tierlink"
 
 
 def zoo_dir(profile: str = "full") -> Path:
@@ -177,9 +170,9 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = Tru
 
 def _calibrate_missing(zoo: Zoo, eval_samples: int | None) -> None:
     """Fit the temperature of every card built before calibration existed (seconds)."""
-    from tierlink.zoo.calibration import calibrated_card
+    from tierlink.models.calibration import calibrated_card
+    from tierlink.models.evaluate import onnx_logits
     from tierlink.zoo.datasets import load_splits
-    from tierlink.zoo.evaluate import onnx_logits
 
     splits = load_splits(zoo.task)
     calib = splits.calib.head(eval_samples or len(splits.calib))
@@ -189,8 +182,8 @@ def _calibrate_missing(zoo: Zoo, eval_samples: int | None) -> None:
             continue
         log.info("calibrating %s (temperature scaling on the calibration split)", name)
         path = zoo.path(name)
-        updated = calibrated_card(card, onnx_logits(path, calib.images), calib.labels,
-                                  onnx_logits(path, test.images), test.labels)
+        updated = calibrated_card(card, onnx_logits(path, calib.input), calib.labels,
+                                  onnx_logits(path, test.input), test.labels)
         save_card(updated, zoo.card_path(name))
 
 

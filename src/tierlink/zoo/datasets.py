@@ -26,13 +26,13 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tierlink.errors import ZooError
+from tierlink.models.data import Labelled, Splits
 
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
 INSTALL_HINT = "apt-get install -y dataset-fashion-mnist"
@@ -54,33 +54,6 @@ _FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Split:
-    """One split: ``images`` (N, 1, 28, 28) float32 in [0, 1], ``labels`` (N,) int64."""
-
-    images: np.ndarray
-    labels: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def head(self, n: int) -> Split:
-        """The first ``n`` samples (all of them when ``n`` is larger)."""
-        return Split(self.images[:n], self.labels[:n])
-
-
-@dataclass(frozen=True, slots=True)
-class Splits:
-    """Train, calibration (held out, never trained on) and test splits of one task:
-    Fashion-MNIST 55k / 5k / 5k (calibration and test from the official test images),
-    MNIST 50k / 10k / 10k."""
-
-    train: Split
-    calib: Split
-    test: Split
-    class_names: tuple[str, ...] = CLASS_NAMES
 
 
 def read_idx(path: Path, ndim: int) -> np.ndarray:
@@ -115,7 +88,7 @@ def _parse_idx(raw: bytes, ndim: int, path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
-def _load_official(root: Path, which: str) -> Split:
+def _load_official(root: Path, which: str) -> Labelled:
     image_file, label_file = _FILES[which]
     images = read_idx(root / image_file, 3)  # (N, 28, 28) uint8
     labels = read_idx(root / label_file, 1)  # (N,) uint8
@@ -123,7 +96,7 @@ def _load_official(root: Path, which: str) -> Split:
         raise ZooError(f"Fashion-MNIST {which} files in {root} disagree: images "
                        f"{images.shape}, labels {labels.shape}", hint=INSTALL_HINT)
     pixels = (images.astype(np.float32) / 255.0)[:, None, :, :]  # (N, 1, 28, 28)
-    return Split(pixels, labels.astype(np.int64))
+    return Labelled.of(pixels, labels.astype(np.int64))
 
 
 def holdout_indices(n: int, held_out: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +108,7 @@ def holdout_indices(n: int, held_out: int, seed: int) -> tuple[np.ndarray, np.nd
     return np.sort(order[held_out:]), np.sort(order[:held_out])
 
 
-def training_holdout(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Split:
+def training_holdout(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Labelled:
     """The 5,000 official Fashion-MNIST training images held out of training: what
     calibrated the zoo before calibration moved to the test images
     (``benchmarks/calibration_shift.py`` compares the two)."""
@@ -143,7 +116,7 @@ def training_holdout(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Spl
     _require(root)
     official = _load_official(root, "train")
     _, held = holdout_indices(len(official), CALIB_SIZE, seed)
-    return Split(official.images[held], official.labels[held])
+    return official.take(held)
 
 
 def _require(root: Path) -> None:
@@ -165,9 +138,10 @@ def fashion_mnist(root: Path | None = None, *, seed: int = SPLIT_SEED) -> Splits
     test = _load_official(root, "test")
     test_idx, calib_idx = holdout_indices(len(test), CALIB_SIZE, TEST_SPLIT_SEED)
     return Splits(
-        train=Split(official.images[train_idx], official.labels[train_idx]),
-        calib=Split(test.images[calib_idx], test.labels[calib_idx]),
-        test=Split(test.images[test_idx], test.labels[test_idx]),
+        train=official.take(train_idx),
+        calib=test.take(calib_idx),
+        test=test.take(test_idx),
+        class_names=CLASS_NAMES,
     )
 
 
@@ -222,7 +196,7 @@ def mnist(path: Path | None = None) -> Splits:
     return Splits(train=train, calib=calib, test=test, class_names=MNIST_CLASS_NAMES)
 
 
-def _mnist_split(part: Any, which: str, path: Path) -> Split:
+def _mnist_split(part: Any, which: str, path: Path) -> Labelled:
     images, labels = part if isinstance(part, tuple) and len(part) == 2 else (None, None)
     n = MNIST_SIZES[which]
     if (not isinstance(images, np.ndarray) or not isinstance(labels, np.ndarray)
@@ -231,7 +205,7 @@ def _mnist_split(part: Any, which: str, path: Path) -> Split:
                        f"labels", hint=f"reinstall it with `{MNIST_INSTALL_HINT}`")
     as_bytes = np.round(images.astype(np.float32) * 256.0)  # (N, 784): exact in the pickle
     pixels = (as_bytes / 255.0).astype(np.float32).reshape(n, 1, 28, 28)  # (N, 1, 28, 28)
-    return Split(pixels, labels.astype(np.int64))
+    return Labelled.of(pixels, labels.astype(np.int64))
 
 
 def load_splits(task: str) -> Splits:

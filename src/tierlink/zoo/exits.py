@@ -41,20 +41,20 @@ import numpy as np
 
 from tierlink.core.types import CascadePoint
 from tierlink.errors import ConfigError, TensorError, ZooError
-from tierlink.zoo.cards import (
+from tierlink.models.card import (
     Calibration,
-    TensorInfo,
     TrainingInfo,
     calibration_from_dict,
     cascade_from_dicts,
     file_sha256,
     write_json,
 )
-from tierlink.zoo.evaluate import CASCADE_THRESHOLDS, softmax
+from tierlink.models.evaluate import CASCADE_THRESHOLDS, softmax
+from tierlink.models.tensors import TensorDecl
 from tierlink.zoo.profiles import FMNIST_SPLITS_ID, SPECS, BuildProfile, TrainRecipe, get_profile
 
 if TYPE_CHECKING:
-    from tierlink.zoo.datasets import Split
+    from tierlink.models.data import Labelled
 
 EXITS_NAME = "fmnist-exits"
 EXITS_VERSION = "1"
@@ -106,8 +106,8 @@ class SegmentInfo:
     file: str
     sha256: str
     size_bytes: int
-    input: TensorInfo
-    outputs: tuple[TensorInfo, ...]
+    input: TensorDecl
+    outputs: tuple[TensorDecl, ...]
     macs: int
     latency_ms: Mapping[str, float]
 
@@ -245,8 +245,8 @@ def _card(d: Mapping[str, Any]) -> ExitCard:
         training=TrainingInfo(**d["training"]))
 
 
-def _tensor(d: Mapping[str, Any]) -> TensorInfo:
-    return TensorInfo(str(d["name"]), str(d["datatype"]), tuple(int(x) for x in d["shape"]))
+def _tensor(d: Mapping[str, Any]) -> TensorDecl:
+    return TensorDecl(str(d["name"]), str(d["datatype"]), tuple(int(x) for x in d["shape"]))
 
 
 def _segment(d: Mapping[str, Any]) -> SegmentInfo:
@@ -472,15 +472,15 @@ def exit_logits(sessions: Sequence[Any], images: np.ndarray, *,
     return tuple(np.concatenate(c) if c else np.zeros((0, 10), np.float32) for c in chunks)
 
 
-def evaluate_exits(model: ExitModel, thresholds: Sequence[float], split: Split, *,
+def evaluate_exits(model: ExitModel, thresholds: Sequence[float], split: Labelled, *,
                    threads: int = 2) -> ExitEvaluation:
     """Early exit at ``thresholds`` on ``split`` (run with ONNX Runtime), costed with the
     card's batch-1 segment latencies. To compare many thresholds, build :class:`ExitScores`
     once and call :func:`evaluate_scores`."""
-    from tierlink.zoo.evaluate import ort_session
+    from tierlink.models.onnx import ort_session
 
     sessions = [ort_session(p, threads) for p in model.segment_paths]
-    scores = ExitScores.of(exit_logits(sessions, split.images), split.labels,
+    scores = ExitScores.of(exit_logits(sessions, split.input), split.labels,
                            model.card.temperatures)
     return evaluate_scores(scores, thresholds, model.card.stage_ms())
 
@@ -526,7 +526,7 @@ class ExitRunner:
     _sessions: list[Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from tierlink.zoo.evaluate import ort_session
+        from tierlink.models.onnx import ort_session
 
         _check_thresholds(self.thresholds, len(self.model.card.exits))
         self._sessions = [ort_session(p, self.threads) for p in self.model.segment_paths]

@@ -26,11 +26,14 @@ from torch import nn
 from torch.nn import functional
 
 from tierlink.errors import ZooError
+from tierlink.models.calibration import measure_calibration
+from tierlink.models.card import TrainingInfo, file_sha256
+from tierlink.models.data import Labelled, Splits
+from tierlink.models.evaluate import accuracy, cascade_curve, latency
+from tierlink.models.onnx import ort_session
+from tierlink.models.tensors import TensorDecl
 from tierlink.zoo.build import EXPORT_ATOL, OPSET, Trained, _torch_threads, train_net
-from tierlink.zoo.calibration import measure_calibration
-from tierlink.zoo.cards import TensorInfo, TrainingInfo, file_sha256
-from tierlink.zoo.datasets import Split, Splits, load_splits
-from tierlink.zoo.evaluate import accuracy, cascade_curve, measure_latency, ort_session
+from tierlink.zoo.datasets import load_splits
 from tierlink.zoo.exits import (
     BASE_VARIANT,
     BRANCHES,
@@ -64,7 +67,7 @@ from tierlink.zoo.nets import (
     count_params,
     fold_linear_batchnorm,
 )
-from tierlink.zoo.profiles import SPECS, BuildProfile, TrainRecipe, task_spec
+from tierlink.zoo.profiles import SPECS, BuildProfile, TrainRecipe, data_stats
 from tierlink.zoo.progress import BuildReporter
 
 CHAIN_ATOL = 1e-5  # segments s1 -> s2 -> s3 against the whole graph
@@ -103,7 +106,7 @@ class Chain(nn.Module):
 
 def build_chain(task: str = TASK) -> Chain:
     """A freshly initialised multi-exit net: the ``large`` stages with side branches."""
-    spec, stats = SPECS[BASE_VARIANT], task_spec(task)
+    spec, stats = SPECS[BASE_VARIANT], data_stats(task)
     segments, cin = [], 1
     for i, widths in enumerate(spec.stages):
         layers: list[nn.Module] = [Normalize(stats.pixel_mean, stats.pixel_std)] if i == 0 else []
@@ -140,7 +143,7 @@ def build_exits(profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *
     with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
         trained = train_chain(train, exits_recipe(profile), profile.seed, reporter, clock)
         reporter.stage(EXITS_NAME, "exporting")
-        paths = export_exits(trained.net, out_dir, check_on=splits.calib.images[:64])
+        paths = export_exits(trained.net, out_dir, check_on=splits.calib.input[:64])
         macs = segment_macs(trained.net)
     reporter.stage(EXITS_NAME, "evaluating")
     card = measure_exits(paths, trained, macs, splits, profile)
@@ -150,7 +153,7 @@ def build_exits(profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *
     return card
 
 
-def train_chain(data: Split, recipe: TrainRecipe, seed: int, reporter: BuildReporter,
+def train_chain(data: Labelled, recipe: TrainRecipe, seed: int, reporter: BuildReporter,
                 clock: Clock = time.perf_counter) -> Trained:
     """Train a fresh multi-exit net on ``data`` with the zoo's loop (Nesterov SGD, one-cycle
     schedule, flips) and the joint loss ``sum(w_k * CE(exit_k))``."""
@@ -275,11 +278,11 @@ def measure_exits(paths: ExitPaths, trained: Trained, macs: Sequence[int], split
     calib = splits.calib.head(limit or len(splits.calib))
     test = splits.test.head(limit or len(splits.test))
     sessions = [ort_session(p, profile.threads) for p in paths.segments]
-    calib_logits, test_logits = exit_logits(sessions, calib.images), exit_logits(
-        sessions, test.images)
+    calib_logits, test_logits = exit_logits(sessions, calib.input), exit_logits(
+        sessions, test.input)
     exits = tuple(_exit_info(name, c, calib.labels, t, test.labels)
                   for name, c, t in zip(EXIT_NAMES, calib_logits, test_logits, strict=True))
-    segments, boundaries = _segment_infos(paths, macs, splits.test.images[:32],
+    segments, boundaries = _segment_infos(paths, macs, splits.test.input[:32],
                                           profile.latency_runs)
     temps = tuple(e.temperature for e in exits)
     point = _operating_point(ExitScores.of(calib_logits, calib.labels, temps),
@@ -317,14 +320,14 @@ def _segment_infos(paths: ExitPaths, macs: Sequence[int], sample: np.ndarray,
     for k, path in enumerate(paths.segments):
         session = ort_session(path, threads=1)
         outs = session.run(None, {SEGMENT_INPUTS[k]: x})
-        latency = measure_latency(session, x, runs=runs)
+        timing = latency(session, x, runs=runs)
         segments.append(SegmentInfo(
             file=path.name, sha256=file_sha256(path), size_bytes=path.stat().st_size,
-            input=TensorInfo(SEGMENT_INPUTS[k], "FP32", (-1, *x.shape[1:])),
-            outputs=tuple(TensorInfo(n, "FP32", (-1, *o.shape[1:]))
+            input=TensorDecl(SEGMENT_INPUTS[k], "FP32", (-1, *x.shape[1:])),
+            outputs=tuple(TensorDecl(n, "FP32", (-1, *o.shape[1:]))
                           for n, o in zip(SEGMENT_OUTPUTS[k], outs, strict=True)),
             macs=int(macs[k]),
-            latency_ms=MappingProxyType({k: round(v, 4) for k, v in latency.items()})))
+            latency_ms=MappingProxyType({k: round(v, 4) for k, v in timing.items()})))
         if k < len(paths.segments) - 1:
             shape = tuple(int(d) for d in outs[0].shape[1:])
             boundaries.append(Boundary(SEGMENT_OUTPUTS[k][0], shape, 4 * math.prod(shape)))

@@ -82,7 +82,7 @@ def _class_lines() -> list[str]:
 
 def top_k(logits: np.ndarray, k: int = 5) -> list[list[tuple[str, float]]]:
     """Per row of ``logits`` (N, 1000): the ``k`` most likely classes with probabilities."""
-    from tierlink.zoo.evaluate import softmax
+    from tierlink.models.evaluate import softmax
 
     probs = softmax(np.asarray(logits))
     names = imagenet_classes()
@@ -197,13 +197,13 @@ def recipe() -> str:
 
 @lru_cache(maxsize=1)
 def _weights_digest() -> str:
-    from tierlink.zoo.cards import file_sha256
+    from tierlink.models.card import file_sha256
 
     return file_sha256(weights_path())
 
 
 def _valid(onnx_path: Path) -> bool:
-    from tierlink.zoo.cards import file_sha256, load_card
+    from tierlink.models.card import file_sha256, load_card
 
     if not onnx_path.is_file() or not card_path(onnx_path).is_file():
         return False
@@ -222,7 +222,7 @@ def _valid(onnx_path: Path) -> bool:
 def _build(onnx_path: Path, say: Callable[[str], None] | None) -> None:
     import torch
 
-    from tierlink.zoo.cards import save_card
+    from tierlink.models.card import save_card
     from tierlink.zoo.photos import imagenet_photos
 
     torch.set_num_threads(1)
@@ -307,7 +307,7 @@ def verify_export(net: Any, path: Path, images: np.ndarray) -> float:
     difference. Raises ``ZooError`` when it reaches ``EXPORT_ATOL`` or the top-1 differs."""
     import torch
 
-    from tierlink.zoo.evaluate import onnx_logits
+    from tierlink.models.evaluate import onnx_logits
 
     with torch.no_grad():
         expected = net(torch.from_numpy(images)).numpy()
@@ -329,16 +329,18 @@ def _card(path: Path, net: Any, images: np.ndarray, seconds: float) -> Any:
     and ``training.seconds`` the export time. Latency: the photos, one thread."""
     import torch
 
-    from tierlink.zoo.cards import ModelCard, TensorInfo, TrainingInfo, file_sha256
-    from tierlink.zoo.evaluate import measure_latency, ort_session
+    from tierlink.models.card import ModelCard, TrainingInfo, file_sha256
+    from tierlink.models.evaluate import latency as timed
+    from tierlink.models.onnx import ort_session
+    from tierlink.models.tensors import TensorDecl
 
-    latency = measure_latency(ort_session(path, threads=1), images, runs=50, warmup=5)
+    latency = timed(ort_session(path, threads=1), images, runs=50, warmup=5)
     return ModelCard(
         task="imagenet", name=MODEL_NAME, variant="mobilenetv2", version=BUILD_VERSION,
         tier="device", params=sum(p.numel() for p in net.parameters()),
         size_bytes=path.stat().st_size, sha256=file_sha256(path),
-        input=TensorInfo("input", "FP32", (-1, 3, 224, 224)),
-        output=TensorInfo("logits", "FP32", (-1, 1000)), labels=imagenet_classes(),
+        input=TensorDecl("input", "FP32", (-1, 3, 224, 224)),
+        output=TensorDecl("logits", "FP32", (-1, 1000)), labels=imagenet_classes(),
         test_accuracy=PUBLISHED_TOP1, calib_accuracy=0.0,
         latency_ms=MappingProxyType(latency), cascade=(), temperature=1.0,
         training=TrainingInfo(epochs=0, seed=0, seconds=round(seconds, 2), profile="pretrained",

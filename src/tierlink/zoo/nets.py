@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from tierlink.errors import ZooError
-from tierlink.zoo.profiles import SPECS, NetSpec, task_spec
+from tierlink.zoo.profiles import SPECS, NetSpec, data_stats
 
 NUM_CLASSES = 10
 
@@ -71,7 +71,7 @@ def build_net(variant: str, task: str = "fmnist") -> nn.Sequential:
     spec = SPECS.get(variant)
     if spec is None:
         raise ZooError(f"unknown zoo variant {variant!r}; expected one of {sorted(SPECS)}")
-    stats = task_spec(task)
+    stats = data_stats(task)
     layers, channels = _features(spec, Normalize(stats.pixel_mean, stats.pixel_std))
     return nn.Sequential(*layers, *_head(spec, channels))
 

@@ -38,9 +38,9 @@ def ensure_split_profile(name: str, onnx_path: Path, say: Say = lambda _: None) 
     """The split profile beside ``onnx_path``'s card, made (block cuts ``features.*``,
     :data:`PROFILE_ROUNDS` rounds) when missing, made for another file, or without codec
     measurements. Holds the zoo's build lock, so concurrent callers profile once."""
+    from tierlink.models.card import load_card
     from tierlink.split.profile import load_profile, profile_path
     from tierlink.zoo.cache import build_lock
-    from tierlink.zoo.cards import load_card
     from tierlink.zoo.mobilenet import card_path
 
     card = load_card(card_path(onnx_path))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tierlink.zoo.calibration import reliability
+from tierlink.models.calibration import reliability
 
 
 def reliability_png(curves: Mapping[str, tuple[np.ndarray, np.ndarray, float]], path: Path,

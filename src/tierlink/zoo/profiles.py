@@ -26,7 +26,7 @@ VARIANT_TIERS: Mapping[str, str] = MappingProxyType(
 
 
 @dataclass(frozen=True, slots=True)
-class TaskSpec:
+class DataStats:
     """What the zoo needs to know of a task's data: its name for people, and the per-pixel
     mean and std of its training images, baked into every graph of the task."""
 
@@ -35,9 +35,9 @@ class TaskSpec:
     pixel_std: float
 
 
-TASK_SPECS: Mapping[str, TaskSpec] = MappingProxyType({
-    "fmnist": TaskSpec("Fashion-MNIST", pixel_mean=0.2860, pixel_std=0.3530),
-    "mnist": TaskSpec("MNIST", pixel_mean=0.1307, pixel_std=0.3081),
+DATA_STATS: Mapping[str, DataStats] = MappingProxyType({
+    "fmnist": DataStats("Fashion-MNIST", pixel_mean=0.2860, pixel_std=0.3530),
+    "mnist": DataStats("MNIST", pixel_mean=0.1307, pixel_std=0.3081),
 })
 
 
@@ -176,11 +176,11 @@ def get_profile(name: str) -> BuildProfile:
     return profile
 
 
-def task_spec(task: str) -> TaskSpec:
+def data_stats(task: str) -> DataStats:
     """The data facts of ``task``; ``ZooError`` for a task the zoo does not know."""
-    spec = TASK_SPECS.get(task)
+    spec = DATA_STATS.get(task)
     if spec is None:
-        known = ", ".join(f"'{t}' ({s.title})" for t, s in TASK_SPECS.items())
+        known = ", ".join(f"'{t}' ({s.title})" for t, s in DATA_STATS.items())
         raise ZooError(f"the zoo has no task {task!r}; it knows {list(TASKS)}",
                        hint=f"use task {known}")
     return spec
@@ -188,7 +188,7 @@ def task_spec(task: str) -> TaskSpec:
 
 def model_names(task: str) -> tuple[str, ...]:
     """The zoo's model names for ``task``, smallest first: ``fmnist-small`` ..."""
-    task_spec(task)
+    data_stats(task)
     return tuple(f"{task}-{variant}" for variant in VARIANT_TIERS)
 
 
@@ -219,7 +219,7 @@ def recipe_fingerprint(profile: BuildProfile, variant: str, task: str = "fmnist"
         parts += ("distill", recipe.distill, recipe.distill_temperature,
                   recipe_fingerprint(profile, TEACHER, task))
     if task != "fmnist":
-        spec = task_spec(task)
+        spec = data_stats(task)
         parts += (task, spec.pixel_mean, spec.pixel_std)
     else:  # its calibration split moved to the official test images (zoo.datasets)
         parts += (FMNIST_SPLITS_ID,)

@@ -3,19 +3,26 @@
 A classifier's max softmax probability is the confidence a cascade thresholds on; trained
 nets are usually over-confident, so a single temperature ``T`` is fitted on the held-out
 calibration split by minimising the negative log-likelihood of ``softmax(logits / T)``.
-``T`` never changes the predicted class, only how sure the model says it is. Pure numpy.
+``T`` never changes the predicted class, only how sure the model says it is. Any output
+kind with logits is fitted the same way (:func:`kind_temperature`: a softmax NLL, or a
+sigmoid's binary cross-entropy for multilabel outputs). Pure numpy.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tierlink.errors import ZooError
-from tierlink.zoo.cards import Calibration, ModelCard
+from tierlink.errors import ModelError
+from tierlink.models.card import Calibration, ModelCard
+
+if TYPE_CHECKING:
+    from tierlink.models.kinds import OutputKind
+    from tierlink.models.task import TaskSpec
 
 ECE_BINS = 15
 T_MIN, T_MAX = 0.05, 20.0
@@ -86,16 +93,21 @@ def reliability(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0
     """Reliability table of ``softmax(logits / T)`` in ``bins`` equal-width bins."""
     _check(logits, labels)
     probs = np.exp(log_softmax(logits, temperature))
-    conf = probs.max(axis=1)
-    correct = (probs.argmax(axis=1) == labels).astype(np.float64)
+    return reliability_of(probs.max(axis=1), probs.argmax(axis=1) == labels, bins)
+
+
+def reliability_of(confidence: np.ndarray, correct: np.ndarray,
+                   bins: int = ECE_BINS) -> Reliability:
+    """Reliability table of any output kind's per-sample ``confidence`` and ``correct``."""
+    correct = np.asarray(correct, dtype=np.float64)
     edges = np.linspace(0.0, 1.0, bins + 1)
-    # Bin i holds (edges[i], edges[i+1]]; confidence is always > 1/C > 0.
-    index = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, bins - 1)
+    # Bin i holds (edges[i], edges[i+1]]; a confidence of 0 falls in the first bin.
+    index = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
     counts = np.bincount(index, minlength=bins).astype(np.float64)
     safe = np.maximum(counts, 1)
-    mean_conf = np.bincount(index, weights=conf, minlength=bins) / safe
+    mean_conf = np.bincount(index, weights=confidence, minlength=bins) / safe
     mean_acc = np.bincount(index, weights=correct, minlength=bins) / safe
-    ece = float((counts * np.abs(mean_acc - mean_conf)).sum() / len(labels))
+    ece = float((counts * np.abs(mean_acc - mean_conf)).sum() / max(1, len(confidence)))
     return Reliability(edges, counts.astype(np.int64), mean_conf, mean_acc, ece)
 
 
@@ -105,12 +117,49 @@ def ece(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0,
     return reliability(logits, labels, temperature, bins).ece
 
 
+def calibration_error(confidence: np.ndarray, correct: np.ndarray,
+                      bins: int = ECE_BINS) -> float:
+    """Expected calibration error of any output kind's confidence (:func:`ece` for logits)."""
+    return reliability_of(confidence, correct, bins).ece
+
+
+def kind_temperature(kind: OutputKind, raw: Mapping[str, np.ndarray], y: np.ndarray,
+                     task: TaskSpec) -> tuple[float, float, float]:
+    """(temperature, NLL before, NLL after) of a model of ``task`` on its calibration data:
+    :func:`best_temperature` on the kind's likelihood; 1.0 (and NaNs) where the kind fits
+    none."""
+    logits = kind.logits(raw, task) if kind.temperature_fit else None
+    if logits is None:
+        return 1.0, math.nan, math.nan
+    loss = _kind_nll(kind.name, logits, np.asarray(y))
+    t = best_temperature(loss)
+    return t, loss(1.0), loss(t)
+
+
+def _kind_nll(kind: str, logits: np.ndarray, y: np.ndarray) -> Callable[[float], float]:
+    from tierlink.models.kinds import class_ids, multilabel_targets, sigmoid, softmax
+
+    if kind == "multilabel":
+        target = multilabel_targets(y, logits.shape).astype(np.float64)
+
+        def bce(t: float) -> float:
+            p = np.clip(sigmoid(logits, t).astype(np.float64), 1e-12, 1 - 1e-12)
+            return float(-(target * np.log(p) + (1 - target) * np.log(1 - p)).mean())
+        return bce
+    labels = class_ids(y, logits.shape)
+
+    def ce(t: float) -> float:
+        p = softmax(logits, t).astype(np.float64)[np.arange(len(labels)), labels]
+        return float(-np.log(np.clip(p, 1e-12, None)).mean())
+    return ce
+
+
 def _check(logits: np.ndarray, labels: np.ndarray) -> None:
     if logits.ndim != 2 or labels.ndim != 1 or len(logits) != len(labels):
-        raise ZooError(f"calibration needs logits (N, C) and labels (N,), got "
+        raise ModelError(f"calibration needs logits (N, C) and labels (N,), got "
                        f"{logits.shape} and {labels.shape}")
     if len(labels) == 0:
-        raise ZooError("calibration needs at least one sample")
+        raise ModelError("calibration needs at least one sample")
 
 
 def calibrated_card(card: ModelCard, calib_logits: np.ndarray, calib_labels: np.ndarray,
@@ -118,7 +167,7 @@ def calibrated_card(card: ModelCard, calib_logits: np.ndarray, calib_labels: np.
     """``card`` with a temperature fitted on the calibration split, the before/after
     measures, and its cascade curve recomputed on calibrated confidence. The test split
     only measures how well the fit holds (``test_ece_*``); it never influences ``T``."""
-    from tierlink.zoo.evaluate import cascade_curve
+    from tierlink.models.evaluate import cascade_curve
 
     calibration = measure_calibration(calib_logits, calib_labels, test_logits, test_labels)
     t = calibration.temperature

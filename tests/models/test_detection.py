@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from tierlink.errors import TensorError
-from tierlink.tasks.detection import Detection, iou
-from tierlink.tasks.spec import TaskSpec, TensorDecl
+from tierlink.models.detection import Detection, iou
+from tierlink.models.task import TaskSpec
+from tierlink.models.tensors import TensorDecl
 
 ROLES = {"boxes": "boxes", "scores": "scores"}
 

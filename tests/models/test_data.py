@@ -10,7 +10,7 @@ import pytest
 
 from byo_support import classification_data, npy_folder, save_npz
 from tierlink.errors import ImportRefused
-from tierlink.modelstore.data import Labelled, load_data, split
+from tierlink.models.data import Labelled, load_data, split
 
 
 @pytest.fixture
@@ -29,9 +29,9 @@ def refused(path: Path, inputs: tuple[str, ...] = ("x",), labels: tuple[str, ...
 
 def test_npz_with_x_and_y_feeds_the_one_input_by_its_name(tmp_path, xy):
     data = load_data(save_npz(tmp_path / "d.npz", x=xy[0], y=xy[1]), ["tokens"])
-    assert list(data.x) == ["tokens"] and len(data) == 20
-    np.testing.assert_array_equal(data.x["tokens"], xy[0])
-    np.testing.assert_array_equal(data.y, xy[1])
+    assert list(data.inputs) == ["tokens"] and len(data) == 20
+    np.testing.assert_array_equal(data.inputs["tokens"], xy[0])
+    np.testing.assert_array_equal(data.labels, xy[1])
     assert len(data.sha256) == 64
 
 
@@ -39,8 +39,8 @@ def test_npz_of_a_multi_input_model_is_keyed_by_input_names(tmp_path, xy):
     x, y = xy
     path = save_npz(tmp_path / "d.npz", a=x[:, :3], b=x[:, 3:], y=y, extra=np.zeros(3))
     data = load_data(path, ["a", "b"])
-    assert sorted(data.x) == ["a", "b"]  # what the model does not take is left out
-    assert data.x["a"].shape == (20, 3) and data.x["b"].shape == (20, 1)
+    assert sorted(data.inputs) == ["a", "b"]  # what the model does not take is left out
+    assert data.inputs["a"].shape == (20, 3) and data.inputs["b"].shape == (20, 1)
 
 
 def test_npz_without_labels_is_refused(tmp_path, xy):
@@ -97,8 +97,8 @@ def test_neither_an_npz_nor_a_folder_is_refused(tmp_path, name):
 def test_a_folder_with_class_ids(tmp_path, xy):
     x, y = xy
     data = load_data(npy_folder(tmp_path / "f", x, y.tolist()), ["x"])
-    np.testing.assert_array_equal(data.x["x"], x)
-    np.testing.assert_array_equal(data.y, y)
+    np.testing.assert_array_equal(data.inputs["x"], x)
+    np.testing.assert_array_equal(data.labels, y)
 
 
 def test_a_folder_with_class_names_and_ids_mixed_without_a_header(tmp_path, xy):
@@ -106,7 +106,7 @@ def test_a_folder_with_class_names_and_ids_mixed_without_a_header(tmp_path, xy):
     labels = ["cat", "dog", "2", "bird", "0"]
     data = load_data(npy_folder(tmp_path / "f", x[:5], labels, header=False), ["x"],
                      ("cat", "dog", "bird"))
-    assert data.y.tolist() == [0, 1, 2, 2, 0]
+    assert data.labels.tolist() == [0, 1, 2, 2, 0]
 
 
 def test_a_folder_orders_samples_as_the_csv_does(tmp_path, xy):
@@ -114,8 +114,8 @@ def test_a_folder_orders_samples_as_the_csv_does(tmp_path, xy):
     folder = npy_folder(tmp_path / "f", x[:3], y[:3].tolist())
     (folder / "labels.csv").write_text("s0002.npy,2\n\ns0000.npy,0\n")  # blank lines skipped
     data = load_data(folder, ["x"])
-    np.testing.assert_array_equal(data.x["x"], x[[2, 0]])
-    assert data.y.tolist() == [2, 0]
+    np.testing.assert_array_equal(data.inputs["x"], x[[2, 0]])
+    assert data.labels.tolist() == [2, 0]
 
 
 def test_a_folder_without_labels_csv_is_refused(tmp_path, xy):
@@ -182,22 +182,22 @@ def test_the_digest_names_the_data(tmp_path, xy):
 def test_the_split_is_seeded_sorted_and_whole():
     data = Labelled({"x": np.arange(10.0)[:, None]}, np.arange(10), "sha")
     parts = split(data, 0.3, seed=4)
-    assert len(parts.calib) == 3 and len(parts.eval) == 7 and parts.seed == 4
-    both = np.concatenate([parts.calib.y, parts.eval.y])
+    assert len(parts.calib) == 3 and len(parts.test) == 7 and parts.seed == 4
+    both = np.concatenate([parts.calib.labels, parts.test.labels])
     assert sorted(both.tolist()) == list(range(10))
-    assert parts.calib.y.tolist() == sorted(parts.calib.y.tolist())
-    np.testing.assert_array_equal(parts.calib.x["x"][:, 0], parts.calib.y)  # rows kept paired
-    assert parts.calib.sha256 == parts.eval.sha256 == "sha"
+    assert parts.calib.labels.tolist() == sorted(parts.calib.labels.tolist())
+    np.testing.assert_array_equal(parts.calib.inputs["x"][:, 0], parts.calib.labels)  # rows kept paired
+    assert parts.calib.sha256 == parts.test.sha256 == "sha"
     again = split(data, 0.3, seed=4)
-    assert again.calib.y.tolist() == parts.calib.y.tolist()
-    assert any(split(data, 0.3, seed=s).calib.y.tolist() != parts.calib.y.tolist()
+    assert again.calib.labels.tolist() == parts.calib.labels.tolist()
+    assert any(split(data, 0.3, seed=s).calib.labels.tolist() != parts.calib.labels.tolist()
                for s in range(5, 10))
 
 
 @pytest.mark.parametrize("share", [0.01, 0.99])
 def test_each_part_keeps_at_least_one_sample(share):
     parts = split(Labelled({"x": np.zeros((3, 1))}, np.arange(3), "sha"), share)
-    assert len(parts.calib) >= 1 and len(parts.eval) >= 1
+    assert len(parts.calib) >= 1 and len(parts.test) >= 1
 
 
 def test_a_split_needs_two_samples_and_a_share_inside_zero_one():

@@ -7,7 +7,7 @@ from importlib import metadata
 from typing import Any
 
 from tierlink.errors import ConfigError
-from tierlink.tasks.kinds import Classification, Embedding, Multilabel, OutputKind, Regression
+from tierlink.models.kinds import Classification, Embedding, Multilabel, OutputKind, Regression
 
 ENTRY_POINT_GROUP = "tierlink.output_kinds"
 
@@ -48,7 +48,7 @@ class KindRegistry:
 
 
 def _builtin() -> tuple[OutputKind, ...]:
-    from tierlink.tasks.detection import Detection
+    from tierlink.models.detection import Detection
 
     return (Classification(), Multilabel(), Detection(), Regression(), Embedding())
 

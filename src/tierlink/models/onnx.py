@@ -1,4 +1,5 @@
-"""ONNX Runtime sessions on an ordered list of execution providers, with fallback.
+"""ONNX Runtime sessions as every part of tierlink opens them: an ordered list of execution
+providers with fallback, a fixed number of intra-op threads, no spinning.
 
 A node's spec (or ``model import --providers``) names the providers it wants in order, e.g.
 ``[CUDAExecutionProvider, CPUExecutionProvider]``. :func:`open_session` skips those this
@@ -15,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierlink.errors import ZooError
+from tierlink.errors import ModelError
 
 CPU = "CPUExecutionProvider"
 DEFAULT_PROVIDERS: tuple[str, ...] = (CPU,)
 
-log = logging.getLogger("tierlink.providers")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ def open_session(path: Path | str, providers: Sequence[str] = DEFAULT_PROVIDERS,
         for why in skipped:
             log.warning("%s: skipped %s", Path(path).name, why)
         return OpenedSession(session, provider, tuple(skipped))
-    raise ZooError(f"cannot load ONNX model {path}: {last}" if last else
+    raise ModelError(f"cannot load ONNX model {path}: {last}" if last else
                    f"cannot load ONNX model {path}: no provider of {wanted} is available")
 
 
@@ -90,3 +91,10 @@ def _full_name(name: str) -> str:
     short = {"cpu": "CPU", "cuda": "CUDA", "tensorrt": "Tensorrt", "openvino": "OpenVINO",
              "dml": "Dml", "coreml": "CoreML", "rocm": "ROCM", "migraphx": "MIGraphX"}
     return f"{short.get(name.lower(), name)}ExecutionProvider"
+
+
+def ort_session(path: Path | str, threads: int = 1) -> Any:
+    """A CPU session of the model at ``path`` (what the zoo, split heads and tails,
+    quantisation and the repository's checks run); ``ModelError`` naming it when it cannot
+    load."""
+    return open_session(path, (CPU,), threads).session

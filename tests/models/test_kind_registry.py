@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from tierlink.errors import ConfigError
-from tierlink.tasks import registry as registry_mod
-from tierlink.tasks.kinds import Answer, Outputs, role
-from tierlink.tasks.registry import ENTRY_POINT_GROUP, KindRegistry, kind_of
-from tierlink.tasks.spec import TaskSpec, TensorDecl
+from tierlink.models import kind_registry as registry_mod
+from tierlink.models.kind_registry import ENTRY_POINT_GROUP, KindRegistry, kind_of
+from tierlink.models.kinds import Answer, Outputs, role
+from tierlink.models.task import TaskSpec
+from tierlink.models.tensors import TensorDecl
 
 BUILTIN = ["classification", "detection", "embedding", "multilabel", "regression"]
 

@@ -12,16 +12,16 @@ import onnxruntime as ort
 import pytest
 
 import byo_support as byo
-from tierlink.errors import ConfigError, ZooError
-from tierlink.modelstore.importer import ImportRequest, import_model
-from tierlink.node.runtime import ModelInfo, OnnxModel
-from tierlink.providers import (
+from tierlink.errors import ConfigError, ModelError
+from tierlink.models.onnx import (
     CPU,
     DEFAULT_PROVIDERS,
     open_session,
     parse_providers,
     session_options,
 )
+from tierlink.modelstore.importer import ImportRequest, import_model
+from tierlink.node.runtime import ModelInfo, OnnxModel
 
 CUDA = "CUDAExecutionProvider"
 no_cuda = pytest.mark.skipif(CUDA in ort.get_available_providers(),
@@ -35,7 +35,7 @@ def onnx_path(tmp_path):
 
 @no_cuda
 def test_cuda_then_cpu_falls_back_to_cpu_on_this_build(onnx_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="tierlink.providers"):
+    with caplog.at_level(logging.WARNING, logger="tierlink.models.onnx"):
         opened = open_session(onnx_path, (CUDA, CPU))
     assert opened.provider == CPU and opened.session.get_providers() == [CPU]
     assert opened.skipped == (f"{CUDA}: not in this onnxruntime build",)
@@ -75,7 +75,7 @@ def test_a_provider_whose_session_fails_to_open_is_skipped_with_the_reason(onnx_
 def test_nothing_opens_a_file_that_is_not_onnx(tmp_path):
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00\x01 not a model")
-    with pytest.raises(ZooError, match="cannot load ONNX model"):
+    with pytest.raises(ModelError, match="cannot load ONNX model"):
         open_session(junk, (CUDA, CPU))
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tierlink.errors import ConfigError, TensorError
-from tierlink.tasks.kinds import (
+from tierlink.models.kinds import (
     Classification,
     Embedding,
     Multilabel,
@@ -19,7 +19,8 @@ from tierlink.tasks.kinds import (
     sigmoid,
     softmax,
 )
-from tierlink.tasks.spec import TaskSpec, TensorDecl
+from tierlink.models.task import TaskSpec
+from tierlink.models.tensors import TensorDecl
 
 X = (TensorDecl("x", "FP32", (-1, 4)),)
 

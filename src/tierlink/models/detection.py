@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from tierlink.errors import TensorError
-from tierlink.tasks.kinds import Answer, Outputs, role
-from tierlink.tasks.spec import TaskSpec
+from tierlink.models.kinds import Answer, Outputs, role
+from tierlink.models.task import TaskSpec
 
 
 class Detection:

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from tierlink.errors import ConfigError, TensorError
-from tierlink.tasks.spec import TaskSpec
+from tierlink.models.task import TaskSpec
 
 Outputs = Mapping[str, np.ndarray]
 

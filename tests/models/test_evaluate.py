@@ -3,12 +3,12 @@ import itertools
 import numpy as np
 import pytest
 
-from tierlink.errors import ZooError
-from tierlink.zoo.evaluate import (
+from tierlink.errors import ModelError
+from tierlink.models.evaluate import (
     CASCADE_THRESHOLDS,
     accuracy,
     cascade_curve,
-    measure_latency,
+    latency,
     softmax,
 )
 
@@ -23,7 +23,7 @@ def test_softmax_rows_sum_to_one_and_temperature_flattens():
 def test_accuracy_counts_top1_and_rejects_empty():
     logits = np.eye(4)
     assert accuracy(logits, np.array([0, 1, 2, 0])) == 0.75
-    with pytest.raises(ZooError):
+    with pytest.raises(ModelError):
         accuracy(np.zeros((0, 4)), np.zeros(0, np.int64))
 
 
@@ -61,13 +61,13 @@ class FakeSession:
         return [np.zeros((len(feeds["input"]), 10), np.float32)]
 
 
-def test_measure_latency_uses_the_injected_clock():
+def test_latency_by_count_uses_the_injected_clock():
     ticks = itertools.count(step=0.002)  # every call to the clock advances 2 ms
     session = FakeSession()
-    latency = measure_latency(session, np.zeros((40, 1, 28, 28), np.float32), runs=10,
-                              warmup=3, clock=lambda: next(ticks))
-    assert latency == pytest.approx({"batch1_p50": 2.0, "batch1_p95": 2.0,
+    timed = latency(session, np.zeros((40, 1, 28, 28), np.float32), runs=10,
+                    warmup=3, clock=lambda: next(ticks))
+    assert timed == pytest.approx({"batch1_p50": 2.0, "batch1_p95": 2.0,
                                      "batch32_per_sample": 2.0 / 32})
     assert session.batches.count(1) == 13 and session.batches.count(32) == 10
-    with pytest.raises(ZooError):
-        measure_latency(session, np.zeros((8, 1, 28, 28), np.float32))
+    with pytest.raises(ModelError):
+        latency(session, np.zeros((0, 1, 28, 28), np.float32))

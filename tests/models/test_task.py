@@ -9,7 +9,8 @@ import pytest
 
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import parse_fleet
-from tierlink.tasks.spec import TaskSpec, TensorDecl, same_inputs, task_from_dict, tensor_decl
+from tierlink.models.task import TaskSpec, same_inputs, task_from_dict
+from tierlink.models.tensors import TensorDecl, tensor_decl
 
 SPAM = {"kind": "classification",
         "input": {"name": "tokens", "datatype": "int64", "shape": [-1, 256]},

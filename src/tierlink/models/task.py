@@ -25,30 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.errors import ConfigError
-
-DATATYPES = ("FP32", "FP64", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL")
-
-
-@dataclass(frozen=True, slots=True)
-class TensorDecl:
-    """One input or output of a task's models; ``-1`` is any size (the batch first)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
-    def matches(self, other: TensorDecl) -> bool:
-        """Same name, datatype and rank; fixed sizes agree where both are fixed."""
-        return (self.name == other.name and self.datatype == other.datatype
-                and len(self.shape) == len(other.shape)
-                and all(a == b or -1 in (a, b) for a, b in zip(self.shape, other.shape,
-                                                                strict=True)))
-
-    def describe(self) -> str:
-        return f"{self.name} {self.datatype}{list(self.shape)}"
+from tierlink.models.tensors import TensorDecl, tensor_decl
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,23 +52,6 @@ class TaskSpec:
 
     def output(self, role: str) -> str | None:
         return self.outputs.get(role)
-
-
-def tensor_decl(raw: Any, where: str) -> TensorDecl:
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a mapping {{name, datatype, shape}}, got {raw!r}")
-    try:
-        name, datatype = str(raw["name"]), str(raw.get("datatype", "FP32")).upper()
-        shape = tuple(int(d) for d in raw["shape"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}",
-                          hint="e.g. {name: tokens, datatype: INT64, shape: [-1, 256]}") from exc
-    if datatype not in DATATYPES:
-        raise ConfigError(f"{where}.datatype {datatype!r} is not an OIP datatype",
-                          hint=f"one of {', '.join(DATATYPES)}")
-    if any(d == 0 or d < -1 for d in shape):
-        raise ConfigError(f"{where}.shape {list(shape)}: sizes are positive, or -1 for any")
-    return TensorDecl(name, datatype, shape)
 
 
 def task_from_dict(name: str, raw: Any, where: str = "tasks") -> TaskSpec:

@@ -1,10 +1,11 @@
-"""What an import measures (``modelstore/measure.py``): the signature, feeding the data,
+"""Measuring a model of any kind (``models/evaluate.py``, ``models/calibration.py``): the signature, feeding the data,
 running in batches, latency (on an injected clock), the fitted temperature, the cascade
 curve."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from types import MappingProxyType
 
 import numpy as np
@@ -13,10 +14,12 @@ from onnx import TensorProto, helper
 
 import byo_support as byo
 from tierlink.errors import ImportRefused
-from tierlink.modelstore import measure
-from tierlink.providers import open_session
-from tierlink.tasks.kinds import Classification, Multilabel, Regression, softmax
-from tierlink.tasks.spec import TaskSpec, TensorDecl
+from tierlink.models import evaluate as measure
+from tierlink.models.calibration import calibration_error, kind_temperature
+from tierlink.models.kinds import Classification, Multilabel, Regression, softmax
+from tierlink.models.onnx import open_session
+from tierlink.models.task import TaskSpec
+from tierlink.models.tensors import TensorDecl
 
 CLS = TaskSpec("t", "classification", (TensorDecl("x", "FP32", (-1, 4)),))
 
@@ -92,7 +95,7 @@ def test_fit_temperature_recovers_the_temperature_the_labels_were_drawn_at():
     logits = rng.normal(scale=3.0, size=(4000, 4)).astype(np.float32)
     p = softmax(logits, 2.5).astype(np.float64)
     y = np.array([rng.choice(4, p=row / row.sum()) for row in p])
-    t, before, after = measure.fit_temperature(Classification(), {"l": logits}, y, CLS)
+    t, before, after = kind_temperature(Classification(), {"l": logits}, y, CLS)
     assert t == pytest.approx(2.5, rel=0.1) and after < before
 
 
@@ -100,13 +103,13 @@ def test_fit_temperature_for_multilabel_uses_binary_cross_entropy():
     rng = np.random.default_rng(1)
     logits = rng.normal(scale=3.0, size=(3000, 3)).astype(np.float32)
     y = (rng.random((3000, 3)) < 1 / (1 + np.exp(-logits / 0.5))).astype(np.int64)
-    t, before, after = measure.fit_temperature(
+    t, before, after = kind_temperature(
         Multilabel(), {"l": logits}, y, TaskSpec("t", "multilabel", CLS.inputs))
     assert t == pytest.approx(0.5, rel=0.1) and after < before
 
 
 def test_no_temperature_for_a_kind_without_logits():
-    t, before, after = measure.fit_temperature(
+    t, before, after = kind_temperature(
         Regression(), {"v": np.zeros(3, np.float32)}, np.zeros(3),
         TaskSpec("t", "regression", CLS.inputs, MappingProxyType({})))
     assert t == 1.0 and math.isnan(before) and math.isnan(after)
@@ -115,23 +118,23 @@ def test_no_temperature_for_a_kind_without_logits():
 def test_cascade_curve_by_hand():
     conf = np.array([0.5, 0.6, 0.9, 1.0])
     correct = np.array([False, True, True, True])
-    curve = {p["threshold"]: p for p in measure.cascade_curve(conf, correct)}
-    assert list(curve) == list(measure.CURVE)
+    curve = {p["threshold"]: p for p in map(asdict, measure.cascade_points(
+        conf, correct, measure.FINE_THRESHOLDS))}
+    assert list(curve) == list(measure.FINE_THRESHOLDS)
     assert curve[0.5] == {"threshold": 0.5, "answered_share": 1.0, "answered_accuracy": 0.75}
     assert curve[0.6] == {"threshold": 0.6, "answered_share": 0.75, "answered_accuracy": 1.0}
     assert curve[0.999]["answered_share"] == 0.25
-    none = measure.cascade_curve(np.array([0.5]), np.array([False]))
-    assert none[-1] == {"threshold": 0.999, "answered_share": 0.0, "answered_accuracy": 1.0}
+    none = measure.cascade_points(np.array([0.5]), np.array([False]), measure.FINE_THRESHOLDS)
+    assert asdict(none[-1]) == {"threshold": 0.999, "answered_share": 0.0, "answered_accuracy": 1.0}
 
 
-def test_ece_agrees_with_the_zoos_definition():
-    from tierlink.modelstore.measure import ece
-    from tierlink.tasks.kinds import softmax
-    from tierlink.zoo.calibration import ece as zoo_ece
+def test_the_ece_of_confidences_is_the_ece_of_their_logits():
+    from tierlink.models.calibration import ece
+    from tierlink.models.kinds import softmax
 
     rng = np.random.default_rng(3)
     logits = rng.normal(size=(500, 4)) * 3
     labels = rng.integers(0, 4, 500)
     probs = softmax(logits, 1.3)
-    assert ece(probs.max(axis=1), probs.argmax(axis=1) == labels) == pytest.approx(
-        zoo_ece(logits, labels, 1.3), abs=1e-4)
+    assert calibration_error(probs.max(axis=1), probs.argmax(axis=1) == labels) == \
+        pytest.approx(ece(logits, labels, 1.3), abs=1e-4)

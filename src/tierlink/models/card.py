@@ -1,4 +1,4 @@
-"""Model cards: the JSON written beside every zoo ``.onnx`` file.
+"""Model cards: the JSON written beside every model file.
 
 A card says what the model is (task, variant, tier, signature, labels), how good it is
 (test and calibration accuracy, the cascade curve on the calibration split), how fast it
@@ -19,7 +19,8 @@ from typing import Any
 
 from tierlink.core.types import CascadePoint, ModelView
 from tierlink.durable import write_json  # re-exported: card writers use it from here
-from tierlink.errors import ZooError
+from tierlink.errors import ModelError
+from tierlink.models.tensors import TensorDecl
 
 LATENCY_KEYS = ("batch1_p50", "batch1_p95", "batch32_per_sample")
 TIERS = ("device", "edge", "cloud")
@@ -27,18 +28,6 @@ _REQUIRED = ("task", "name", "variant", "version", "tier", "params", "size_bytes
              "input", "output", "labels", "test_accuracy", "calib_accuracy", "latency_ms",
              "cascade", "temperature", "training")
 _TRAINING_REQUIRED = ("epochs", "seed", "seconds", "profile", "torch_version")
-
-
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    """One input or output of the graph; ``-1`` marks the dynamic batch dimension."""
-
-    name: str
-    datatype: str  # OIP datatype, e.g. "FP32"
-    shape: tuple[int, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +121,8 @@ class ModelCard:
     params: int
     size_bytes: int
     sha256: str
-    input: TensorInfo
-    output: TensorInfo
+    input: TensorDecl
+    output: TensorDecl
     labels: tuple[str, ...]
     test_accuracy: float
     calib_accuracy: float
@@ -177,28 +166,28 @@ class ModelCard:
 
 
 def card_from_dict(data: Mapping[str, Any], source: str = "model card") -> ModelCard:
-    """Validate and convert parsed JSON; a missing or malformed field is a ``ZooError``
+    """Validate and convert parsed JSON; a missing or malformed field is a ``ModelError``
     naming the field."""
     if not isinstance(data, Mapping):
-        raise ZooError(f"{source} is not a JSON object")
+        raise ModelError(f"{source} is not a JSON object")
     _require(data, _REQUIRED, source)
     _require(data["training"], _TRAINING_REQUIRED, f"{source} field 'training'")
     _require(data["latency_ms"], LATENCY_KEYS, f"{source} field 'latency_ms'")
     try:
         card = _convert(data)
     except (TypeError, ValueError, KeyError) as exc:
-        raise ZooError(f"{source} has a malformed field: {exc!r}") from exc
+        raise ModelError(f"{source} has a malformed field: {exc!r}") from exc
     if card.tier not in TIERS:
-        raise ZooError(f"{source} field 'tier' is {card.tier!r}; expected one of {TIERS}")
+        raise ModelError(f"{source} field 'tier' is {card.tier!r}; expected one of {TIERS}")
     return card
 
 
 def _require(data: Any, keys: tuple[str, ...], source: str) -> None:
     if not isinstance(data, Mapping):
-        raise ZooError(f"{source} is not a JSON object")
+        raise ModelError(f"{source} is not a JSON object")
     missing = [k for k in keys if k not in data]
     if missing:
-        raise ZooError(f"{source} lacks field(s) {', '.join(map(repr, missing))}")
+        raise ModelError(f"{source} lacks field(s) {', '.join(map(repr, missing))}")
 
 
 def _convert(data: Mapping[str, Any]) -> ModelCard:
@@ -248,8 +237,8 @@ def _lineage(data: Mapping[str, Any] | None) -> Lineage | None:
                    settings=MappingProxyType(dict(data["settings"])))
 
 
-def _tensor(data: Mapping[str, Any]) -> TensorInfo:
-    return TensorInfo(str(data["name"]), str(data["datatype"]),
+def _tensor(data: Mapping[str, Any]) -> TensorDecl:
+    return TensorDecl(str(data["name"]), str(data["datatype"]),
                       tuple(int(d) for d in data["shape"]))
 
 
@@ -265,11 +254,11 @@ def _training(data: Mapping[str, Any]) -> TrainingInfo:
 
 
 def load_card(path: Path) -> ModelCard:
-    """Read and validate the card at ``path``; ``ZooError`` when missing or invalid."""
+    """Read and validate the card at ``path``; ``ModelError`` when missing or invalid."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise ZooError(f"cannot read model card {path}: {exc}") from exc
+        raise ModelError(f"cannot read model card {path}: {exc}") from exc
     return card_from_dict(data, source=f"model card {path}")
 
 
@@ -286,5 +275,5 @@ def file_sha256(path: Path) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     except OSError as exc:
-        raise ZooError(f"cannot read {path}: {exc}") from exc
+        raise ModelError(f"cannot read {path}: {exc}") from exc
     return digest.hexdigest()

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from tierlink.core.types import CascadePoint, ModelView
-from tierlink.errors import ZooError
-from tierlink.zoo.cards import card_from_dict, load_card, save_card
+from tierlink.errors import ModelError
+from tierlink.models.card import card_from_dict, load_card, save_card
 
 
 def card_dict(**overrides):
@@ -41,26 +41,26 @@ def test_a_card_round_trips_through_json(tmp_path):
 def test_a_missing_field_is_named(field):
     data = card_dict()
     del data[field]
-    with pytest.raises(ZooError, match=f"lacks field.*'{field}'"):
+    with pytest.raises(ModelError, match=f"lacks field.*'{field}'"):
         card_from_dict(data)
 
 
 def test_missing_nested_fields_are_named():
-    with pytest.raises(ZooError, match="'training'.*'seed'"):
+    with pytest.raises(ModelError, match="'training'.*'seed'"):
         card_from_dict(card_dict(training={"epochs": 1}))
-    with pytest.raises(ZooError, match="'batch1_p95'"):
+    with pytest.raises(ModelError, match="'batch1_p95'"):
         card_from_dict(card_dict(latency_ms={"batch1_p50": 1.0, "batch32_per_sample": 1.0}))
 
 
 def test_malformed_values_and_files_are_zoo_errors(tmp_path):
-    with pytest.raises(ZooError, match="tier"):
+    with pytest.raises(ModelError, match="tier"):
         card_from_dict(card_dict(tier="fog"))
-    with pytest.raises(ZooError, match="malformed"):
+    with pytest.raises(ModelError, match="malformed"):
         card_from_dict(card_dict(params="many"))
-    with pytest.raises(ZooError, match="cannot read"):
+    with pytest.raises(ModelError, match="cannot read"):
         load_card(tmp_path / "absent.json")
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ZooError, match="cannot read"):
+    with pytest.raises(ModelError, match="cannot read"):
         load_card(tmp_path / "bad.json")
 
 

@@ -1,7 +1,12 @@
-"""Labelled data for an imported model: an ``.npz`` (``x``, ``y``; a multi-input model's
-inputs under their own names) or a folder of ``.npy`` files (one sample each) with a
-``labels.csv`` (``file,label``). Split once, seeded, into a calibration part (temperature,
-thresholds) and an evaluation part (the figures a card reports).
+"""Labelled data, one type for every model: :class:`Labelled` (inputs by name, labels) and
+:class:`Splits` (calibration and test parts, and the training part where a model was
+trained here).
+
+A zoo task's data comes from its source (``tierlink.zoo.datasets``); a user's model's data
+from an ``.npz`` (``x``, ``y``; a multi-input model's inputs under their own names) or a
+folder of ``.npy`` files (one sample each) with a ``labels.csv`` (``file,label``)
+(:func:`load_data`), split once, seeded, into a calibration part (temperature, thresholds)
+and a test part (the figures a card reports) (:func:`split`).
 """
 
 from __future__ import annotations
@@ -12,34 +17,68 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
-from tierlink.errors import ImportRefused
+from tierlink.errors import ImportRefused, ModelError
 
 LABELS_CSV = "labels.csv"
 
 
 @dataclass(frozen=True, slots=True)
 class Labelled:
-    """Inputs by input name (N, ...) each, and targets ``y`` (N, ...)."""
+    """Inputs by input name, (N, ...) each, and their labels (N, ...): class ids, 0/1 per
+    label, boxes or values, as the task's output kind reads them. ``sha256``: of the data as
+    loaded (inputs, then labels), naming which data a card was measured on ("" where the
+    data's source names it instead)."""
 
-    x: Mapping[str, np.ndarray]
-    y: np.ndarray
-    sha256: str  # of the data as loaded (inputs then targets): which data a card measured
+    inputs: Mapping[str, np.ndarray]
+    labels: np.ndarray
+    sha256: str = ""
+
+    @classmethod
+    def of(cls, x: np.ndarray, labels: np.ndarray, name: str = "input") -> Labelled:
+        """Data of a model with one input."""
+        return cls(MappingProxyType({name: x}), labels)
+
+    @property
+    def input(self) -> np.ndarray:
+        """The only input's array, e.g. images (N, 1, 28, 28)."""
+        if len(self.inputs) != 1:
+            raise ModelError(f"the data feeds {len(self.inputs)} inputs {sorted(self.inputs)}, "
+                             "not one", hint="name the input: data.inputs[NAME]")
+        return next(iter(self.inputs.values()))
 
     def __len__(self) -> int:
-        return len(self.y)
+        return int(self.labels.shape[0])
 
     def take(self, rows: np.ndarray) -> Labelled:
-        return Labelled({k: v[rows] for k, v in self.x.items()}, self.y[rows], self.sha256)
+        """The samples at ``rows``, in that order."""
+        return Labelled(MappingProxyType({k: v[rows] for k, v in self.inputs.items()}),
+                        self.labels[rows], self.sha256)
+
+    def head(self, n: int) -> Labelled:
+        """The first ``n`` samples (all of them when ``n`` is larger)."""
+        return Labelled(MappingProxyType({k: v[:n] for k, v in self.inputs.items()}),
+                        self.labels[:n], self.sha256 if n >= len(self) else "")
+
+
+EMPTY = Labelled(MappingProxyType({}), np.zeros(0, np.int64))
 
 
 @dataclass(frozen=True, slots=True)
-class DataSplit:
+class Splits:
+    """A model's data in parts: ``calib`` (held out of training: temperature, thresholds,
+    INT8 calibration), ``test`` (every figure a card reports) and ``train`` (where it was
+    trained here; empty for an imported model). ``seed``: the split's, for data split by
+    :func:`split`."""
+
     calib: Labelled
-    eval: Labelled
-    seed: int
+    test: Labelled
+    train: Labelled = EMPTY
+    class_names: tuple[str, ...] = ()
+    seed: int = 0
 
 
 def load_data(path: Path, input_names: Sequence[str], labels: Sequence[str] = ()) -> Labelled:
@@ -60,10 +99,10 @@ def load_data(path: Path, input_names: Sequence[str], labels: Sequence[str] = ()
         if len(arr) != len(y):
             raise ImportRefused(f"--data {path}: input {name!r} has {len(arr)} samples but "
                                 f"there are {len(y)} labels", hint="one label per sample")
-    return Labelled(x, y, _digest(x, y))
+    return Labelled(MappingProxyType(x), y, _digest(x, y))
 
 
-def split(data: Labelled, calib_share: float = 0.5, seed: int = 0) -> DataSplit:
+def split(data: Labelled, calib_share: float = 0.5, seed: int = 0) -> Splits:
     """A seeded random split; each part keeps at least one sample."""
     if len(data) < 2:
         raise ImportRefused(f"the data has {len(data)} sample(s); at least 2 are needed "
@@ -72,7 +111,7 @@ def split(data: Labelled, calib_share: float = 0.5, seed: int = 0) -> DataSplit:
         raise ImportRefused(f"--calib-share must be in (0, 1), got {calib_share}")
     order = np.random.default_rng(seed).permutation(len(data))
     cut = min(max(1, round(calib_share * len(data))), len(data) - 1)
-    return DataSplit(data.take(np.sort(order[:cut])), data.take(np.sort(order[cut:])), seed)
+    return Splits(data.take(np.sort(order[:cut])), data.take(np.sort(order[cut:])), seed=seed)
 
 
 def _npz(path: Path, input_names: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
