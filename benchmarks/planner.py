@@ -121,7 +121,7 @@ def simulate_plan(name: str, plan: Any, inv: Any, views: Any, outcomes: Any,
 def main(argv: list[str] | None = None) -> None:
     from tierlink.cli.main import zoo_models
     from tierlink.core.types import Tier
-    from tierlink.node.runtime import ModelInfo
+    from tierlink.models.runtime import ModelInfo
     from tierlink.plan.inventory import load_inventory
     from tierlink.plan.planner import fixed, plan
     from tierlink.sim.outcomes import zoo_outcomes

@@ -422,7 +422,8 @@ class CpuMeter:
 
 def time_inprocess(onnx: Path, card: Path, x: np.ndarray, n: int, warmup: int,
                    samples: Samples, meter: CpuMeter | None) -> None:
-    from tierlink.node.runtime import ModelInfo, OnnxModel
+    from tierlink.models.onnx import OnnxModel
+    from tierlink.models.runtime import ModelInfo
 
     model = OnnxModel(onnx, ModelInfo.from_card(card), threads=1)
     feed = {model.inputs[0].name: x}

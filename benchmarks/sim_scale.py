@@ -46,7 +46,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from tierlink.cli.main import zoo_models
     from tierlink.fleet.config import load_fleet
     from tierlink.fleet.tuning import fresh_thresholds
-    from tierlink.node.runtime import ModelInfo
+    from tierlink.models.runtime import ModelInfo
     from tierlink.sim.generate import generate
     from tierlink.sim.outcomes import zoo_outcomes
 

@@ -227,7 +227,7 @@ def _plan(text: str) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tierlink.models.card import load_card
-    from tierlink.split.profile import load_profile
+    from tierlink.models.split_profile import load_profile
     from tierlink.zoo.mobilenet import card_path, ensure_mobilenet
     from tierlink.zoo.photo_models import ensure_split_profile
     from tierlink.zoo.photos import imagenet_photos

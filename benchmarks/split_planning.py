@@ -36,7 +36,7 @@ def views() -> tuple[Any, Any]:
         SplitPoint,
         Tier,
     )
-    from tierlink.split.profile import load_profile, profile_path
+    from tierlink.models.split_profile import load_profile, profile_path
     from tierlink.zoo.mobilenet import card_path, ensure_mobilenet
     from tierlink.zoo.photo_models import PHOTO_TASK, ensure_split_profile
 

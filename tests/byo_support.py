@@ -229,3 +229,39 @@ def npy_folder(path: Path, x: np.ndarray, labels: Sequence[object],
         rows.append(f"s{i:04d}.npy,{label}")
     (path / "labels.csv").write_text("\n".join(rows) + "\n")
     return path
+
+
+PYTHON_MODEL = '''
+"""A user's Python model: the classifier above (W_CLS, B_CLS) as numpy, its weights in a
+data file beside the module, and a knob to make it a worse model."""
+from pathlib import Path
+
+import numpy as np
+
+
+class Model:
+    inputs = [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> None:
+        data = np.load(self.path / "weights.npz")
+        self.w, self.b = data["w"], data["b"]
+
+    def predict(self, inputs: dict) -> dict:
+        return {"logits": (inputs["x"] @ self.w + self.b).astype(np.float32)}
+'''
+
+
+def python_classifier(directory: Path, *, scale: float = 1.0, declare_inputs: bool = True,
+                      module: str = "model") -> Path:
+    """A Python model's source (``model.py`` + ``weights.npz``): the same answers as
+    :func:`classifier` (``scale`` multiplies the weights: its confidence changes, its
+    answers do not)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    source = PYTHON_MODEL if declare_inputs else PYTHON_MODEL.replace(
+        '    inputs = [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]\n', "")
+    (directory / f"{module}.py").write_text(source)
+    np.savez(directory / "weights.npz", w=W_CLS * scale, b=B_CLS * scale)
+    return directory

@@ -1,5 +1,5 @@
 """One ONNX Runtime session opened exactly as a tierlink node opens it (``OnnxModel`` in
-``src/tierlink/node/runtime.py``): ``threads`` intra-op threads, one inter-op thread, no
+``src/tierlink/models/onnx.py``): ``threads`` intra-op threads, one inter-op thread, no
 spinning, the CPU provider, ONNX Runtime's default graph optimisations.
 
 The peer runtimes (``mlserver_onnx.py``, ``kserve_onnx.py``) run in their servers' own

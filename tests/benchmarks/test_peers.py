@@ -150,7 +150,8 @@ def test_peer_sessions_are_opened_like_the_nodes(tmp_path: Path) -> None:
     """Equal work per request: the peers' session options are the node's."""
     from onnx import TensorProto, helper, save
 
-    from tierlink.node.runtime import ModelInfo, OnnxModel
+    from tierlink.models.onnx import OnnxModel
+    from tierlink.models.runtime import ModelInfo
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "relu",

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 import byo_support as byo
 from tierlink.cli.main import app
+from tierlink.models.split_profile import profile_path
 from tierlink.modelstore.importer import ImportRequest, import_model
-from tierlink.split.profile import profile_path
 
 runner = CliRunner()
 

@@ -231,7 +231,8 @@ def profiled_mobilenet(root: Path, sample: np.ndarray, cuts: frozenset[str],
     import shutil
 
     from tierlink.models.card import load_card
-    from tierlink.split.profile import profile_model, profile_path, save_profile
+    from tierlink.models.split_profile import profile_path, save_profile
+    from tierlink.split.profile import profile_model
     from tierlink.zoo.mobilenet import MODEL_NAME, card_path, ensure_mobilenet
 
     source = ensure_mobilenet()

@@ -2,7 +2,8 @@
 node deploys its model there and answers through its own OIP front door (the same answers
 as ONNX Runtime in process; a malformed tensor refused before Ray), and stopping the fleet
 ends exactly the cluster it started. And a two-node Ray cluster across network namespaces:
-the replica runs on the worker in its own namespace."""
+the replica runs on the worker in its own namespace. And a version rolled out to a Ray node
+is served through Ray, like the version it started with."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ import pytest
 from tierlink.engines import ray_cluster
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.models.data import Labelled
+from tierlink.models.onnx import OnnxModel
+from tierlink.models.runtime import ModelInfo
 from tierlink.netns.fabric import Fabric, in_netns
 from tierlink.netports import pick_port
-from tierlink.node.runtime import ModelInfo, OnnxModel
 
-from .integration_support import Models, infer, wait_for
+from .integration_support import Models, infer, tierlink, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -88,13 +90,44 @@ def test_a_cloud_node_serves_through_ray_serve_and_stops_its_cluster(
     wait_for(lambda: not group_alive(head) or None, 30, "the Ray cluster's processes ending")
 
 
+ROLLOUT_FLEET = FLEET.replace("name: itest-ray", "name: itest-ray-rollout") + \
+    "trusted_keys: [%s]\n"
+
+
+def test_a_version_rolled_out_to_a_ray_node_is_served_through_ray(
+        start_fleet: Callable[[str], RunningFleet], zoo_models: Models, http: httpx.Client,
+        fmnist_test: Labelled, tmp_path: Path) -> None:
+    key = tmp_path / "publisher.key"
+    public = tierlink("model", "keygen", "--out", str(key)).strip().splitlines()[-1]
+    fleet = start_fleet(ROLLOUT_FLEET % public)
+    token, url, cloud = fleet.admin_token, fleet.control_url, fleet.node_urls["cloud-1"]
+    onnx, card = zoo_models["fmnist-large"]
+    tierlink("model", "publish", "fmnist-large", str(onnx), "--card", str(card), "--version",
+             "2", "--key", str(key), "--control", url, "--eval-limit", "100", token=token)
+    tierlink("rollout", "start", "fmnist-large", "2", "--tier", "cloud", "--stages", "1",
+             "--soak", "1s", "--control", url, token=token)
+
+    def on_version_2() -> bool | None:
+        meta = http.get(f"{cloud}/v2/models/fmnist-large").json()
+        return meta["versions"] == ["2"] or None
+
+    wait_for(on_version_2, 120, "cloud-1 serving fmnist-large version 2")
+    meta = http.get(f"{cloud}/v2/models/fmnist-large/versions/2").json()
+    assert meta["platform"] == "ray_serve_onnxruntime" and \
+        meta["parameters"]["provider"] == "ray_serve"
+    answer = infer(http, cloud, "fmnist-large", fmnist_test.input[:4])
+    assert answer.status == 200, answer.error
+    np.testing.assert_allclose(answer.outputs["logits"],
+                               local_logits(zoo_models, fmnist_test.input[:4]), atol=1e-5)
+
+
 DRIVER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     import numpy as np
     import ray
-    from tierlink.node.ray_serve import deploy, undeploy
-    from tierlink.node.runtime import ModelInfo
+    from tierlink.models.runtimes import LoadSpec
+    from tierlink.node.ray_serve import RayHost
     from tierlink.settings.engine import EngineConfig
 
     address, onnx, card = sys.argv[1:4]
@@ -103,12 +136,12 @@ DRIVER = textwrap.dedent("""
     while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
-    served = deploy("cloud-ns", {"fmnist-large": (Path(onnx), ModelInfo.from_card(Path(card)))},
-                    address, EngineConfig(kind="ray", min_replicas=1, max_replicas=1,
-                                          num_cpus=0.5))
+    host = RayHost("cloud-ns", address, EngineConfig(kind="ray", min_replicas=1,
+                                                     max_replicas=1, num_cpus=0.5))
+    served = host(LoadSpec(card=Path(card), model_file=Path(onnx)))
     x = np.load(sys.argv[4])
-    logits = served["fmnist-large"].infer({"input": x})["logits"]
-    undeploy(served)
+    logits = served.infer({"input": x})["logits"]
+    host.close()
     print(json.dumps({"nodes": nodes, "logits": logits.tolist()}))
 """)
 

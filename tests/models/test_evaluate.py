@@ -56,6 +56,9 @@ class FakeSession:
     def get_inputs(self):
         return [self._Input()]
 
+    def get_outputs(self):
+        return [self._Input()]
+
     def run(self, outputs, feeds):
         self.batches.append(len(feeds["input"]))
         return [np.zeros((len(feeds["input"]), 10), np.float32)]

@@ -1,16 +1,19 @@
-"""The output-kind registry (``tasks/registry.py``): built-in kinds, a user's kind
-registered directly or through the ``tierlink.output_kinds`` entry points, duplicates
-refused, unknown names answered with the known ones."""
+"""The output-kind registry (``models/kind_registry.py``): the built-in kinds, declared
+under the ``tierlink.output_kinds`` entry points like a user's; a user's kind registered
+directly or through an entry point; duplicates refused; unknown names answered with the
+known ones."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import metadata
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tierlink.core import registry as core_registry
 from tierlink.errors import ConfigError
 from tierlink.models import kind_registry as registry_mod
 from tierlink.models.kind_registry import ENTRY_POINT_GROUP, KindRegistry, kind_of
@@ -73,8 +76,8 @@ class EntryPoints:
 
 @pytest.fixture
 def entry_points(monkeypatch: pytest.MonkeyPatch) -> EntryPoints:
-    fake = EntryPoints()
-    monkeypatch.setattr(registry_mod.metadata, "entry_points", fake)
+    fake = EntryPoints(found=list(metadata.entry_points(group=ENTRY_POINT_GROUP)))
+    monkeypatch.setattr(core_registry.metadata, "entry_points", fake)
     return fake
 
 
@@ -85,7 +88,7 @@ def test_the_builtin_kinds_are_registered():
 
 
 def test_a_users_kind_registered_directly_answers():
-    reg = KindRegistry()
+    reg = KindRegistry(discover=False)
     reg.register(Ranking())
     kind = reg.get("ranking")
     task = TaskSpec("r", "ranking", (TensorDecl("x", "FP32", (-1, 3)),))
@@ -95,15 +98,15 @@ def test_a_users_kind_registered_directly_answers():
 
 
 def test_a_duplicate_name_is_refused():
-    reg = KindRegistry((Ranking(),))
+    reg = KindRegistry((Ranking(),), discover=False)
     with pytest.raises(ConfigError, match="output kind 'ranking' is already registered"):
         reg.register(Ranking())
     with pytest.raises(ConfigError, match="'classification' is already registered"):
-        KindRegistry(registry_mod._builtin()).register(registry_mod._builtin()[0])
+        KindRegistry().register(kind_of("classification").__class__())
 
 
 def test_an_unknown_kind_names_the_known_ones_and_the_entry_point_group(entry_points):
-    reg = KindRegistry(registry_mod._builtin())
+    reg = KindRegistry()
     with pytest.raises(ConfigError) as err:
         reg.get("segmentation")
     assert err.value.message == "unknown output kind 'segmentation'"
@@ -114,7 +117,7 @@ def test_an_unknown_kind_names_the_known_ones_and_the_entry_point_group(entry_po
 def test_a_users_kind_comes_in_through_an_entry_point(entry_points, exported):
     entry_points.found.append(FakeEntryPoint("ranking", exported))
     entry_points.found.append(FakeEntryPoint("other", "ignored", group="tierlink.policies"))
-    reg = KindRegistry(registry_mod._builtin())
+    reg = KindRegistry()
     assert reg.names() == sorted([*BUILTIN, "ranking"])
     assert isinstance(reg.get("ranking"), Ranking)
     assert entry_points.asked == [ENTRY_POINT_GROUP]  # loaded once, lazily, by its group
@@ -126,11 +129,11 @@ def test_an_entry_point_may_not_replace_a_builtin_kind(entry_points):
 
     entry_points.found.append(FakeEntryPoint("classification", Impostor))
     with pytest.raises(ConfigError, match="'classification' is already registered"):
-        KindRegistry(registry_mod._builtin()).names()
+        KindRegistry().names()
 
 
 def test_entry_points_are_not_read_at_construction(entry_points):
-    KindRegistry(registry_mod._builtin())
+    KindRegistry()
     assert entry_points.asked == []
 
 

@@ -68,7 +68,7 @@ CASES = {
 
 def request(name: str, onnx: Path, task: str, data: Path, **kw: Any) -> ImportRequest:
     kw.setdefault("tier", "edge")
-    return ImportRequest(name=name, onnx=onnx, task=task, data=data, **kw)
+    return ImportRequest(name=name, model=onnx, task=task, data=data, **kw)
 
 
 def first_import(store: ModelStore, tmp_path: Path, case: Case, name: str = "m",
@@ -298,8 +298,7 @@ class Argmax:
 
 
 def test_a_users_registered_kind_imports(model_store, classifier, monkeypatch):
-    monkeypatch.setattr(registry_mod, "_REGISTRY",
-                        KindRegistry((*registry_mod._builtin(), Argmax())))
+    monkeypatch.setattr(registry_mod, "_REGISTRY", KindRegistry((Argmax(),)))
     onnx, data = classifier
     card = import_model(request("m", onnx, "t", data, kind="argmax"), model_store)
     assert card["kind"] == "argmax" and card["metric"]["name"] == "hits"
@@ -598,3 +597,41 @@ def test_a_label_shape_refusal_hints_at_the_data(model_store, tmp_path):
                                        kind=case.kind, outputs=MappingProxyType(case.outputs)),
                   "detection labels must be")
     assert "/v2/models" not in (err.hint or "")
+
+
+def test_a_python_model_is_imported_without_onnx(model_store, tmp_path):
+    x, y = byo.classification_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y)
+    card = import_model(request("py", byo.python_classifier(tmp_path / "src"), "t", data),
+                        model_store)
+    model_file = model_store.paths("py")[0]
+    assert model_file.name == "model.zip" and card["provider"] == "python"
+    assert card["latency_ms"]["batch1_p50"] > 0 and card["params"] == 0
+    assert 0.0 < card["metric"]["eval"] < 1.0 and card["cascadable"]
+    graph = import_model(request("g", byo.classifier(tmp_path / "g.onnx"), "t", data),
+                         model_store)
+    assert card["metric"] == graph["metric"] and card["cascade"] == graph["cascade"]
+
+
+def test_a_python_model_of_a_new_task_must_declare_its_inputs(model_store, tmp_path):
+    x, y = byo.classification_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y)
+    with pytest.raises(ImportRefused, match="declares no inputs"):
+        import_model(request("py", byo.python_classifier(tmp_path / "src",
+                                                         declare_inputs=False), "t", data),
+                     model_store)
+    assert model_store.names() == []
+    # once the task is declared (here by an ONNX model of it), the class need not
+    import_model(request("g", byo.classifier(tmp_path / "g.onnx"), "t", data), model_store)
+    card = import_model(request("py", byo.python_classifier(tmp_path / "src2",
+                                                            declare_inputs=False), "t", data),
+                        model_store)
+    assert card["input"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+
+
+def test_graph_tools_refuse_a_python_model(model_store, tmp_path):
+    x, y = byo.classification_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y)
+    import_model(request("py", byo.python_classifier(tmp_path / "src"), "t", data), model_store)
+    with pytest.raises(ImportRefused, match="quantize works on ONNX graphs; py is a python"):
+        model_store.graph("py", "quantize")

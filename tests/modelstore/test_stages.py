@@ -72,3 +72,26 @@ def test_a_regression_with_uncertainty_and_tolerance_is_a_stage(model_store, tmp
     assert ((0 < stage.confidence) & (stage.confidence <= 1)).all()
     assert len(np.unique(stage.confidence)) > 50
     assert 0.0 < stage.correct.mean() < 1.0
+
+
+def test_a_python_model_and_an_onnx_model_in_one_chain(model_store, tmp_path):
+    """A user's Python classifier on the device, an ONNX graph in the cloud: imported with
+    the same data, measured alike, cascaded in one chain."""
+    x, y = byo.classification_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y)
+    py = import_model(ImportRequest("py-small", byo.python_classifier(tmp_path / "src",
+                                                                      scale=0.5),
+                                    "t", "device", data), model_store)
+    graph = import_model(ImportRequest("onnx-large", byo.classifier(tmp_path / "large.onnx"),
+                                       "t", "cloud", data), model_store)
+    assert (py["format"], py["file"], py["entry"]) == ("python", "model.zip", "model:Model")
+    assert py["output"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 3]}]
+    # the same answers (weights halved: less sure, same argmax), so the same accuracy
+    assert py["metric"]["eval"] == graph["metric"]["eval"]
+    assert py["temperature"] == pytest.approx(graph["temperature"] * 0.5, rel=0.02)
+    stages = imported_stages(model_store, Chain(("py-small", "onnx-large"),
+                                                (Tier.DEVICE, Tier.CLOUD)))
+    assert [s.model for s in stages.calib] == ["py-small", "onnx-large"]
+    np.testing.assert_array_equal(stages.eval[0].correct, stages.eval[1].correct)
+    np.testing.assert_allclose(stages.eval[0].confidence, stages.eval[1].confidence,
+                               rtol=1e-3, atol=1e-4)  # calibrated: the same confidence

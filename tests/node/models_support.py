@@ -21,7 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnx import TensorProto, helper, numpy_helper
 
 from tierlink.errors import ControlPlaneError, RepositoryError
-from tierlink.node.runtime import ModelInfo, OnnxModel
+from tierlink.models.onnx import OnnxModel
+from tierlink.models.runtime import ModelInfo
 from tierlink.repo.manifest import SignedManifest, Validation, VersionManifest
 from tierlink.repo.signing import public_key_string, sign_manifest
 from tierlink.repo.verify import hash_file

@@ -7,8 +7,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tierlink.core.types import Tier
+from tierlink.models.runtime import FakeModel, ModelInfo
 from tierlink.node.app import create_app
-from tierlink.node.runtime import FakeModel, ModelInfo
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.transport import oip

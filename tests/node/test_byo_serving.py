@@ -19,13 +19,13 @@ import byo_support as byo
 from tierlink.core.types import Tier
 from tierlink.errors import RuntimeFailure
 from tierlink.models.kinds import sigmoid
+from tierlink.models.runtime import FakeModel, ModelInfo, read_answer
 from tierlink.models.task import TaskSpec
 from tierlink.models.tensors import TensorDecl
 from tierlink.modelstore.importer import ImportRequest, import_model
 from tierlink.modelstore.store import ModelStore
 from tierlink.node.app import create_app
 from tierlink.node.main import load_runtimes
-from tierlink.node.runtime import FakeModel, ModelInfo, read_answer
 from tierlink.node.service import NodeService
 from tierlink.node.spec import ModelSource, NodeSpec
 from tierlink.transport import oip

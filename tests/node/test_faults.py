@@ -6,8 +6,8 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from tierlink.core.types import Tier
+from tierlink.models.runtime import FakeModel, ModelInfo
 from tierlink.node.app import create_app
-from tierlink.node.runtime import FakeModel, ModelInfo
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.transport import oip

@@ -18,6 +18,7 @@ from uplink_support import FakeClock, FakeUpstream, make_uplink, until
 
 from tierlink.core.types import Placement, Privacy, Request, Tier
 from tierlink.fleet.config import HardExampleConfig
+from tierlink.models.runtime import FakeModel, ModelInfo, ModelRuntime
 from tierlink.node.hard_examples import (
     KIND,
     HardExampleUploader,
@@ -25,7 +26,6 @@ from tierlink.node.hard_examples import (
     build_examples,
     example_key,
 )
-from tierlink.node.runtime import FakeModel, ModelInfo, ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.node.uplink import CONTROL, Uplink, UplinkConfig, UplinkMetrics

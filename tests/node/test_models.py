@@ -23,6 +23,7 @@ from models_support import NAME, FakeSource, base_runtime, publish, tamper, trus
 from tierlink.control.client import ControlClient, HeartbeatLoop
 from tierlink.control.schemas import Heartbeat
 from tierlink.core.types import Tier
+from tierlink.models.runtime import ModelRuntime
 from tierlink.node.app import create_app
 from tierlink.node.models import (
     START_CRASH_LIMIT,
@@ -32,7 +33,6 @@ from tierlink.node.models import (
     _StateFiles,
     parse_desired,
 )
-from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.node.slots import SlotManager, SlotVersions
 from tierlink.node.spec import NodeSpec

@@ -4,7 +4,13 @@ import pytest
 
 from tierlink.core.types import Privacy, Request, Tier
 from tierlink.errors import ConfigError
-from tierlink.policy import REGISTRY, PolicyConfig, PolicyRegistry, TierlinkPolicy
+from tierlink.policy import (
+    REGISTRY,
+    CloudOnlyPolicy,
+    PolicyConfig,
+    PolicyRegistry,
+    TierlinkPolicy,
+)
 from tierlink.policy.placement import hard_slice_accuracy
 from tierlink.testing.views import fleet_view
 
@@ -111,8 +117,11 @@ def test_hard_slice_accuracy_is_below_overall():
 def test_registry_refuses_duplicates_and_unknown_names():
     reg = PolicyRegistry()
     reg.register("x", TierlinkPolicy)
-    with pytest.raises(ConfigError):
-        reg.register("x", TierlinkPolicy)
+    reg.register("x", TierlinkPolicy)  # the same factory again: one entry
+    with pytest.raises(ConfigError, match="policy 'x' is already registered"):
+        reg.register("x", CloudOnlyPolicy)
+    with pytest.raises(ConfigError, match="policy 'tierlink' is already registered"):
+        reg.register("tierlink", CloudOnlyPolicy)  # a built-in's name (its entry point)
     with pytest.raises(ConfigError, match="unknown policy"):
         REGISTRY.create("nope")
 

@@ -65,7 +65,7 @@ def test_no_split_without_heads_or_for_local_privacy():
 def exits_view(mbit: float, rtt: float) -> ClusterView:
     """A device that serves a multi-exit net (slow: throttled) and may split it at its exit
     boundaries; the cloud serves the same net (fast). 80% of inputs exit at exit 1."""
-    from tierlink.node.exits import exit_split_points
+    from tierlink.models.exits import exit_split_points
 
     bounds = [("features1", 25_088), ("features2", 12_544)]
     dev_points = exit_split_points((3.0, 30.0, 30.0), (0.8, 0.15, 0.05), bounds)

@@ -12,24 +12,22 @@ import pytest
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
-from tierlink.errors import ConfigError, TensorError, ZooError
+from tierlink.errors import ConfigError, ModelError, TensorError, ZooError
 from tierlink.models.evaluate import CASCADE_THRESHOLDS, softmax
-from tierlink.models.onnx import ort_session
-from tierlink.zoo.datasets import DEFAULT_ROOT, fashion_mnist
-from tierlink.zoo.exits import (
+from tierlink.models.exit_card import exit_card_from_dict
+from tierlink.models.exit_runner import (
     NEVER,
     ExitRunner,
     ExitScores,
     Handoff,
     choose_thresholds,
-    ensure_exits,
     evaluate_exits,
     evaluate_scores,
-    exit_card_from_dict,
     exit_logits,
-    exits_dir,
-    load_exits,
 )
+from tierlink.models.onnx import ort_session
+from tierlink.zoo.datasets import DEFAULT_ROOT, fashion_mnist
+from tierlink.zoo.exits import ensure_exits, exits_dir, load_exits
 
 needs_data = pytest.mark.skipif(not DEFAULT_ROOT.is_dir(),
                                 reason="apt-get install -y dataset-fashion-mnist")
@@ -118,7 +116,7 @@ def test_card_round_trips_through_json_and_rejects_a_missing_field(model):
     data = json.loads(model.card_path.read_text())
     assert exit_card_from_dict(data) == model.card
     del data["exits"][1]["calibration"]
-    with pytest.raises(ZooError, match="calibration"):
+    with pytest.raises(ModelError, match="calibration"):
         exit_card_from_dict(data)
 
 
@@ -148,13 +146,23 @@ def test_ensure_is_idempotent_and_a_changed_file_is_stale(model, tmp_path):
         load_exits("test", copy_root)
 
 
+@needs_data
+def test_a_malformed_card_is_a_zoo_error_so_ensure_rebuilds(model, tmp_path):
+    copy_root = tmp_path / "zoo"
+    shutil.copytree(model.root.parent, copy_root)
+    (exits_dir("test", copy_root) / "fmnist-exits.json").write_text('{"name": 1}')
+    with pytest.raises(ZooError, match="malformed"):
+        load_exits("test", copy_root)
+
+
 def test_loading_a_zoo_without_the_model_says_so(tmp_path):
     with pytest.raises(ZooError, match="not built"):
         load_exits("test", tmp_path)
 
 
 def test_importing_the_module_does_not_import_torch():
-    code = "import sys, tierlink.zoo.exits; sys.exit('torch' in sys.modules)"
+    code = ("import sys, tierlink.zoo.exits, tierlink.models.exits; "
+            "sys.exit('torch' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     assert subprocess.run([sys.executable, "-c", code], check=False, env=env).returncode == 0
 

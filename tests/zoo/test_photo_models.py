@@ -58,7 +58,7 @@ def profiler(monkeypatch):
 
 
 def test_the_split_profile_is_made_once_beside_the_card(tmp_path, profiler):
-    from tierlink.split.profile import load_profile
+    from tierlink.models.split_profile import load_profile
 
     onnx_path = write_model(tmp_path)
     said: list[str] = []
@@ -81,7 +81,7 @@ def test_a_profile_of_another_build_is_remade(tmp_path, profiler):
 
 def test_a_profile_without_codec_measurements_is_remade(tmp_path, profiler):
     from tierlink.models.card import load_card
-    from tierlink.split.profile import SplitProfile, profile_path, save_profile
+    from tierlink.models.split_profile import SplitProfile, profile_path, save_profile
     from tierlink.zoo.mobilenet import card_path
 
     onnx_path = write_model(tmp_path)

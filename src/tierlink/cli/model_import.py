@@ -1,5 +1,6 @@
-"""``tierlink model import`` and ``tierlink model imported``: users' own ONNX models into the
-local model store (``modelstore/``), where fleet files name them like zoo models."""
+"""``tierlink model import`` and ``tierlink model imported``: users' own models (ONNX graphs,
+or Python classes) into the local model store (``modelstore/``), where fleet files name
+them like zoo models."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ console = Console(stderr=True)
 
 def import_cmd(
     name: str = typer.Argument(..., help="the name fleets serve it under, e.g. spam-small"),
-    onnx: Path = typer.Argument(..., help="the ONNX model"),
+    model: Path = typer.Argument(..., help="the model: an .onnx file, or a Python model's "
+                                           "source (its .py file, or the directory holding "
+                                           "it and its data files)"),
     task: str = typer.Option(..., "--task", help="the task it answers, e.g. spam"),
     tier: str = typer.Option(..., "--tier", help="device, edge or cloud: where it is meant "
                                                  "to run"),
@@ -38,6 +41,8 @@ def import_cmd(
     seed: int = typer.Option(0, help="seed of the calibration/evaluation split"),
     providers: str = typer.Option("cpu", help="execution providers in order, e.g. cuda,cpu"),
     version: str = typer.Option("1", help="the version its card states"),
+    entry: str = typer.Option("model:Model", help="a Python model's class, MODULE:CLASS "
+                                                  "(with load() and predict(inputs))"),
     control: str | None = typer.Option(None, help="also publish it, signed, to this control "
                                                   "plane's repository (as `model publish`)"),
     key: Path | None = typer.Option(None, help="private signing key, with --control"),
@@ -54,12 +59,13 @@ def import_cmd(
 
     try:
         req = ImportRequest(
-            name=name, onnx=onnx, task=task, tier=tier, data=data, kind=kind,
+            name=name, model=model, task=task, tier=tier, data=data, kind=kind,
             declared=_declared(fleet, task), outputs=_pairs(output, "--output"),
             labels=tuple(x.strip() for x in labels.split(",")) if labels else (),
             options={k: _value(v) for k, v in _pairs(option, "--option").items()},
             calib_share=calib_share, seed=seed,
-            providers=parse_providers(providers, "--providers"), version=version)
+            providers=parse_providers(providers, "--providers"), version=version,
+            entry=entry)
         if control is not None and key is None:
             raise ConfigError("--control needs --key (the publisher's private key)",
                               hint="make one with `tierlink model keygen --out KEY`")

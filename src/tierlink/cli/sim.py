@@ -114,7 +114,7 @@ def _models(config: FleetConfig) -> tuple[FleetConfig, dict[str, Any], dict[str,
     thresholds that belong to them, and each model's view as a node builds it."""
     from tierlink.cli.models import zoo_models
     from tierlink.fleet.tuning import fresh_thresholds
-    from tierlink.node.runtime import ModelInfo
+    from tierlink.models.runtime import ModelInfo
 
     wanted = tuple(m for m in config.model_names() if m.startswith(f"{TASK}-"))
     if not wanted:
@@ -159,7 +159,7 @@ def _photo_phase(config: FleetConfig, seed: int) -> tuple[Any, dict[str, Any], A
     from dataclasses import replace
 
     from tierlink.fleet.demo import DemoSettings, photo_model, photo_phase
-    from tierlink.node.runtime import ModelInfo
+    from tierlink.models.runtime import ModelInfo
     from tierlink.sim.outcomes import photo_outcomes
     from tierlink.zoo.photo_models import photo_models
 

@@ -153,7 +153,7 @@ def resolve_model(model: str, profile: str, progress: bool = False) -> tuple[Pat
     task = next((t for t in TASKS if model.startswith(f"{t}-")), "fmnist")
     store = ModelStore.default()
     if store.has(model):  # a user's model (`tierlink model import`)
-        return store.paths(model)[0], f"store:{model}"
+        return store.graph(model, "split"), f"store:{model}"
     path = Path(model)
     if path.suffix == ".onnx" or path.exists():
         if not path.is_file():

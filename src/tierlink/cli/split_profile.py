@@ -27,7 +27,8 @@ def profile_cmd(
     feature codec's payload size and encode / decode time there, and save it beside the
     model card as <model>.splits.json, where nodes read it and report it
     with their heartbeat."""
-    from tierlink.split.profile import profile_model, profile_path, save_profile
+    from tierlink.models.split_profile import profile_path, save_profile
+    from tierlink.split.profile import profile_model
 
     try:
         onnx, card_path, sha256, sample = _model(model, task, profile, as_json)
@@ -58,7 +59,7 @@ def _model(model: str, task: str, profile: str, quiet: bool) -> tuple[Any, Any, 
     store = ModelStore.default()
     if store.has(model):
         part = store.single_input_classifier(model, "split profile")
-        onnx, card_path = store.paths(model)
+        onnx, card_path = store.graph(model, "split profile"), store.paths(model)[1]
         return onnx, card_path, store.card(model)["sha256"], part.input[:1]
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.datasets import load_splits

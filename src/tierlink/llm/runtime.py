@@ -232,3 +232,13 @@ async def _drain(events: asyncio.Queue[Event]) -> None:
 
 
 __all__ = ["Chunk", "Generation", "LMSource", "LanguageModel", "Session"]
+
+
+def load_language_model(spec: Any) -> LanguageModel:
+    """The ``llm`` format's runtime factory (:mod:`tierlink.models.runtimes`): the model a
+    node spec's ``llms:`` entry (``spec.options["source"]``, an :class:`LMSource`) names."""
+    source = spec.options.get("source")
+    if not isinstance(source, LMSource):
+        raise ConfigError(f"a language model is loaded from a node's llms: entry, not from "
+                          f"{spec.card} alone", hint="list it under llms: in the fleet file")
+    return LanguageModel.load(source)

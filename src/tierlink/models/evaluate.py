@@ -115,19 +115,36 @@ def feed(x: Mapping[str, np.ndarray], inputs: tuple[TensorDecl, ...]) -> dict[st
     return out
 
 
-def run(session: Any, x: Mapping[str, np.ndarray], batch: int = 256,
+Predict = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+def predictor(model: Any) -> Predict:
+    """One call of a model, inputs by name to outputs by name, whatever it is: an ONNX
+    Runtime session, a runtime (``predict`` on valid inputs, else ``infer``), or already
+    such a callable."""
+    if hasattr(model, "get_outputs"):  # an ONNX Runtime session
+        names = [o.name for o in model.get_outputs()]
+        return lambda feed: dict(zip(names, model.run(names, dict(feed)), strict=True))
+    for method in ("predict", "infer"):
+        if callable(getattr(model, method, None)):
+            return getattr(model, method)  # type: ignore[no-any-return]
+    return model  # type: ignore[no-any-return]
+
+
+def run(model: Any, x: Mapping[str, np.ndarray], batch: int = 256,
         progress: Callable[[int], None] = lambda n: None) -> dict[str, np.ndarray]:
-    """Every output of a model with any inputs over all of ``x``, batch by batch."""
-    names = [o.name for o in session.get_outputs()]
+    """Every output of a model (:func:`predictor`) with any inputs over all of ``x``, batch
+    by batch."""
+    predict = predictor(model)
     n = len(next(iter(x.values())))
-    chunks: dict[str, list[np.ndarray]] = {k: [] for k in names}
+    chunks: dict[str, list[np.ndarray]] = {}
     for start in range(0, n, batch):
         try:
-            values = session.run(names, {k: v[start:start + batch] for k, v in x.items()})
-        except Exception as exc:  # onnxruntime's own errors: the model cannot run this data
+            values = predict({k: v[start:start + batch] for k, v in x.items()})
+        except Exception as exc:  # the runtime's own errors: the model cannot run this data
             raise ImportRefused(f"the model fails on the data: {str(exc)[:300]}") from exc
-        for k, v in zip(names, values, strict=True):
-            chunks[k].append(np.asarray(v))
+        for k, v in values.items():
+            chunks.setdefault(k, []).append(np.asarray(v))
         progress(min(batch, n - start))
     return {k: np.concatenate(v) for k, v in chunks.items()}
 
@@ -144,15 +161,16 @@ def latency(session: Any, x: Mapping[str, np.ndarray] | np.ndarray, *,
         x = {session.get_inputs()[0].name: x}
     if not len(next(iter(x.values()))):
         raise ModelError("latency measurement needs at least one sample")
+    predict = predictor(session)
     one = {k: v[:1] for k, v in x.items()}
     many = {k: np.concatenate([v] * math.ceil(32 / len(v)))[:32] for k, v in x.items()}
     if runs is None:
-        b1 = _timed(lambda: session.run(None, one), 3, 20, 2000, budget_s / 2, clock)
-        b32 = _timed(lambda: session.run(None, many), 3, 20, 2000, budget_s / 2, clock)
+        b1 = _timed(lambda: predict(one), 3, 20, 2000, budget_s / 2, clock)
+        b32 = _timed(lambda: predict(many), 3, 20, 2000, budget_s / 2, clock)
     else:
-        b1 = _timed(lambda: session.run(None, one), warmup, runs, runs, 0.0, clock)
+        b1 = _timed(lambda: predict(one), warmup, runs, runs, 0.0, clock)
         batches = max(10, runs // 10)
-        b32 = _timed(lambda: session.run(None, many), 0, batches, batches, 0.0, clock)
+        b32 = _timed(lambda: predict(many), 0, batches, batches, 0.0, clock)
     return {"batch1_p50": float(np.percentile(b1, 50)), "batch1_p95": float(np.percentile(b1, 95)),
             "batch32_per_sample": float(np.percentile(b32, 50)) / 32.0}
 

@@ -1,65 +1,52 @@
-"""Output kinds by name. Duplicates are an error; a user's package adds kinds through the
-``tierlink.output_kinds`` entry point group (the object, or a zero-argument factory)."""
+"""Output kinds by name, through the one registry mechanism (:mod:`tierlink.core.registry`).
+
+The built-in kinds (classification, multilabel, detection, regression, embedding) are
+declared under the ``tierlink.output_kinds`` entry-point group in tierlink's
+``pyproject.toml``; a user's package adds its own there (the object, or a zero-argument
+class). Duplicates are an error.
+"""
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
 
-from tierlink.errors import ConfigError
-from tierlink.models.kinds import Classification, Embedding, Multilabel, OutputKind, Regression
+from tierlink.core.registry import Registry
+from tierlink.models.kinds import OutputKind
 
 ENTRY_POINT_GROUP = "tierlink.output_kinds"
 
 
+def _instance(loaded: Any) -> OutputKind:
+    return loaded() if isinstance(loaded, type) else loaded  # type: ignore[no-any-return]
+
+
 class KindRegistry:
-    def __init__(self, kinds: tuple[OutputKind, ...] = ()) -> None:
-        self._kinds: dict[str, OutputKind] = {}
-        self._entry_points_loaded = False
+    """Output kinds by their name; ``discover=False``: only those registered by hand."""
+
+    def __init__(self, kinds: tuple[OutputKind, ...] = (), *, discover: bool = True) -> None:
+        self._kinds: Registry[OutputKind] = Registry(ENTRY_POINT_GROUP, "output kind",
+                                                     adapt=_instance, discover=discover)
         for kind in kinds:
             self.register(kind)
 
     def register(self, kind: OutputKind) -> None:
-        if kind.name in self._kinds:
-            raise ConfigError(f"output kind {kind.name!r} is already registered",
-                              hint="pick another name")
-        self._kinds[kind.name] = kind
+        self._kinds.register(kind.name, kind)
 
     def names(self) -> list[str]:
-        self._load_entry_points()
-        return sorted(self._kinds)
+        return self._kinds.names()
 
     def get(self, name: str) -> OutputKind:
-        self._load_entry_points()
-        kind = self._kinds.get(name)
-        if kind is None:
-            raise ConfigError(f"unknown output kind {name!r}",
-                              hint=f"choose one of {', '.join(self.names())}, or register "
-                                   f"one under the {ENTRY_POINT_GROUP!r} entry points")
-        return kind
-
-    def _load_entry_points(self) -> None:
-        if self._entry_points_loaded:
-            return
-        self._entry_points_loaded = True
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            loaded: Any = ep.load()
-            self.register(loaded() if isinstance(loaded, type) else loaded)
-
-
-def _builtin() -> tuple[OutputKind, ...]:
-    from tierlink.models.detection import Detection
-
-    return (Classification(), Multilabel(), Detection(), Regression(), Embedding())
+        return self._kinds.get(name)
 
 
 _REGISTRY: KindRegistry | None = None
 
 
 def registry() -> KindRegistry:
+    """The process-wide registry (built on first use)."""
     global _REGISTRY
     if _REGISTRY is None:
-        _REGISTRY = KindRegistry(_builtin())
+        _REGISTRY = KindRegistry()
     return _REGISTRY
 
 

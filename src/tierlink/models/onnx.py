@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierlink.errors import ModelError
+import numpy as np
+
+from tierlink.errors import ModelError, RuntimeFailure
+from tierlink.models.runtime import ModelInfo, validate_inputs
+from tierlink.models.tensors import from_ort
 
 CPU = "CPUExecutionProvider"
 DEFAULT_PROVIDERS: tuple[str, ...] = (CPU,)
@@ -98,3 +102,41 @@ def ort_session(path: Path | str, threads: int = 1) -> Any:
     quantisation and the repository's checks run); ``ModelError`` naming it when it cannot
     load."""
     return open_session(path, (CPU,), threads).session
+
+
+class OnnxModel:
+    """An ONNX model in ONNX Runtime: one session, one intra-op thread, no spinning (several
+    sessions share two cores, and spinning threads starve each other)."""
+
+    platform = "onnxruntime_onnx"
+
+    def __init__(self, path: Path, info: ModelInfo, threads: int = 1,
+                 providers: tuple[str, ...] = DEFAULT_PROVIDERS) -> None:
+        opened = open_session(path, providers, threads)
+        self._session = opened.session
+        self.provider = opened.provider  # the execution provider that runs it
+        self.skipped_providers = opened.skipped  # "PROVIDER: why" for those passed over
+        self.path = Path(path)
+        self.info = info.on_provider(opened.provider)
+        self.inputs = tuple(from_ort(i) for i in self._session.get_inputs())
+        self.outputs = tuple(from_ort(o) for o in self._session.get_outputs())
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = validate_inputs(self.info.name, self.inputs, inputs)
+        try:
+            values = self._session.run(None, feed)
+        except Exception as exc:  # map onnxruntime's errors at this boundary
+            raise RuntimeFailure(f"{self.info.name} failed: {exc}") from exc
+        return {spec.name: np.asarray(v) for spec, v in zip(self.outputs, values, strict=True)}
+
+
+def load_onnx(spec: Any) -> OnnxModel:
+    """The ``onnx`` format's runtime factory (:mod:`tierlink.models.runtimes`): the graph is
+    the spec's model file, else ``<card stem>.onnx`` beside the card (the zoo's layout), else
+    ``model.onnx`` (an import's or a slot's)."""
+    path = spec.model_file
+    if path is None:
+        beside = spec.card.with_suffix(".onnx")
+        path = beside if beside.is_file() else spec.directory / "model.onnx"
+    return OnnxModel(path, ModelInfo.from_card(spec.card), threads=spec.threads,
+                     providers=spec.providers)

@@ -54,6 +54,16 @@ def from_ort(arg: Any) -> TensorDecl:
     return TensorDecl(arg.name, ORT_TYPES.get(arg.type, arg.type), shape)
 
 
+def datatype_of(dtype: Any) -> str:
+    """The OIP datatype of a numpy dtype; ``ConfigError`` for one the protocol cannot carry
+    here."""
+    for name, np_type in NP_TYPES.items():
+        if np.dtype(dtype) == np.dtype(np_type):
+            return name
+    raise ConfigError(f"numpy {np.dtype(dtype)} has no Open Inference Protocol datatype here",
+                      hint=f"use one of {', '.join(DATATYPES)}")
+
+
 def tensor_decl(raw: Any, where: str) -> TensorDecl:
     """Parse ``{name, datatype, shape}`` (a fleet file's, a card's); ``ConfigError`` naming
     ``where`` when it is malformed."""

@@ -1,5 +1,7 @@
-"""``tierlink model import``: measure a user's ONNX model on its own labelled data, write its
-card, install it in the model store.
+"""``tierlink model import``: measure a user's model — an ONNX graph, or a Python class
+(:mod:`tierlink.models.python`) — on its own labelled data, write its card, install it in
+the model store. Both are measured through the same calls (:func:`~tierlink.models.evaluate.
+predictor`), so their cards mean the same and they cascade with each other.
 
 The task decides what the model must look like: the first import of a task declares it
 (inputs from the model's signature, the output kind and roles from the flags) unless a
@@ -13,24 +15,36 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from tierlink.errors import ConfigError, ImportRefused, ModelError, TensorError
+from tierlink.errors import ConfigError, ImportRefused, ModelError, RuntimeFailure, TensorError
 from tierlink.models.calibration import calibration_error, kind_temperature
 from tierlink.models.data import Labelled, Splits, load_data, split
-from tierlink.models.evaluate import FINE_THRESHOLDS, cascade_points, feed, latency, run, signature
+from tierlink.models.evaluate import (
+    FINE_THRESHOLDS,
+    Predict,
+    cascade_points,
+    feed,
+    latency,
+    predictor,
+    run,
+    signature,
+)
 from tierlink.models.kind_registry import kind_of
 from tierlink.models.kinds import OutputKind, check_kind_outputs
 from tierlink.models.onnx import DEFAULT_PROVIDERS, open_session
+from tierlink.models.python import DEFAULT_ENTRY, FORMAT, PACKAGE, PythonModel, pack, unpack
+from tierlink.models.runtime import ModelInfo
 from tierlink.models.task import TaskSpec, same_inputs
-from tierlink.models.tensors import TensorDecl
+from tierlink.models.tensors import TensorDecl, datatype_of
 from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore
 
 TIERS = ("device", "edge", "cloud")
@@ -42,7 +56,7 @@ LABELS_HINT = ("y holds one target per sample: a class id (classification), 0/1 
 @dataclass(frozen=True, slots=True)
 class ImportRequest:
     name: str
-    onnx: Path
+    model: Path  # an .onnx file; or a Python model's source (.py file, or directory)
     task: str
     tier: str
     data: Path
@@ -55,6 +69,23 @@ class ImportRequest:
     seed: int = 0
     providers: tuple[str, ...] = DEFAULT_PROVIDERS
     version: str = "1"
+    entry: str = DEFAULT_ENTRY  # a Python model's class, "module:Class"
+
+    @property
+    def fmt(self) -> str:
+        return "onnx" if Path(self.model).suffix == ".onnx" else FORMAT
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """The model being imported, opened to be measured: one call, its signature, who runs
+    it, and the one file that is installed (the graph, or the Python model's package)."""
+
+    predict: Predict
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
+    provider: str
+    file: Path
 
 
 def import_model(req: ImportRequest, store: ModelStore,
@@ -63,43 +94,92 @@ def import_model(req: ImportRequest, store: ModelStore,
     (nothing is written then)."""
     t0 = time.perf_counter()
     _check_request(req)
-    opened = _open(req.onnx, req.providers)
-    inputs, outputs = signature(opened.session)
-    task = _task(req, store, inputs)
-    try:
-        kind = kind_of(task.kind)
-    except ConfigError as exc:
-        raise ImportRefused(exc.message, hint=exc.hint) from exc
-    _check_signature(task, kind, inputs, outputs, req.name)
-    say(f"reading {req.data}")
-    data = load_data(req.data, [i.name for i in inputs], task.labels)
-    parts = split(data, req.calib_share, req.seed)
-    say(f"running {req.name} on {len(parts.calib)} calibration + {len(parts.test)} "
-        "evaluation samples")
-    figures = _figures(opened.session, kind, task, parts, inputs)
-    say("timing it")
-    timings = {opened.provider: latency(opened.session, feed(parts.test.inputs, inputs))}
-    timings |= _other_providers(req, opened.provider, parts, inputs)
-    card = _card(req, task, inputs, outputs, figures, timings, opened.provider, parts,
-                 time.perf_counter() - t0)
-    _install(store, req, card, task, data)
+    with tempfile.TemporaryDirectory(prefix="tierlink-import-") as tmp:
+        opened = _open(req, store, Path(tmp))
+        task = _task(req, store, opened.inputs)
+        try:
+            kind = kind_of(task.kind)
+        except ConfigError as exc:
+            raise ImportRefused(exc.message, hint=exc.hint) from exc
+        _check_inputs(task, opened.inputs, req.name)
+        say(f"reading {req.data}")
+        data = load_data(req.data, [i.name for i in opened.inputs], task.labels)
+        if not opened.outputs:  # a Python model's outputs: what it answers
+            opened = _with_outputs(opened, data)
+        _check_outputs(task, kind, opened.outputs)
+        parts = split(data, req.calib_share, req.seed)
+        say(f"running {req.name} on {len(parts.calib)} calibration + {len(parts.test)} "
+            "evaluation samples")
+        figures = _figures(opened.predict, kind, task, parts, opened.inputs)
+        say("timing it")
+        timings = {opened.provider: latency(opened.predict,
+                                            feed(parts.test.inputs, opened.inputs))}
+        if req.fmt == "onnx":
+            timings |= _other_providers(req, opened.provider, parts, opened.inputs)
+        card = _card(req, task, opened, figures, timings, parts, time.perf_counter() - t0)
+        _install(store, req, card, task, data, opened.file)
     return card
 
 
 def _check_request(req: ImportRequest) -> None:
     if req.tier not in TIERS:
         raise ImportRefused(f"--tier {req.tier!r}: one of {', '.join(TIERS)}")
-    if not Path(req.onnx).is_file():
-        raise ImportRefused(f"{req.onnx} does not exist")
+    if not Path(req.model).exists():
+        raise ImportRefused(f"{req.model} does not exist")
 
 
-def _open(path: Path, providers: tuple[str, ...]) -> Any:
+def _open(req: ImportRequest, store: ModelStore, tmp: Path) -> _Opened:
+    if req.fmt == "onnx":
+        return _open_onnx(req.model, req.providers)
+    return _open_python(req, store, tmp)
+
+
+def _open_onnx(path: Path, providers: tuple[str, ...]) -> _Opened:
     try:
-        return open_session(path, providers)
+        opened = open_session(path, providers)
     except ModelError as exc:
         raise ImportRefused(f"{path} is not an ONNX model ONNX Runtime can load: "
                             f"{exc.message[:300]}", hint="export it with torch.onnx.export, "
-                            "tf2onnx or skl2onnx and check it with onnx.checker") from exc
+                            "tf2onnx or skl2onnx and check it with onnx.checker; a Python "
+                            "model is imported from its .py file or directory") from exc
+    inputs, outputs = signature(opened.session)
+    return _Opened(predictor(opened.session), inputs, outputs, opened.provider, Path(path))
+
+
+def _open_python(req: ImportRequest, store: ModelStore, tmp: Path) -> _Opened:
+    """Pack the source as the model's one file, load the class from it as a node will;
+    its inputs are what the class declares, else what the task takes."""
+    package = tmp / PACKAGE
+    pack(req.model, package)
+    task = req.declared or store.task(req.task)
+    info = ModelInfo(req.name, req.task, req.version)
+    try:
+        model = PythonModel(unpack(package), req.entry, info,
+                            inputs=() if task is None else task.inputs)
+    except (ModelError, ConfigError) as exc:
+        raise ImportRefused(f"{req.model}: {exc.message}", hint=exc.hint) from exc
+    if not model.inputs:
+        raise ImportRefused(f"{req.entry} declares no inputs and task {req.task!r} is not "
+                            "declared yet", hint="give the class an inputs attribute "
+                            "([{name, datatype, shape}]), or declare the task in a fleet "
+                            "file's tasks: and pass --fleet")
+    return _Opened(model.predict, model.inputs, (), "python", package)
+
+
+def _with_outputs(opened: _Opened, data: Labelled) -> _Opened:
+    """The outputs a Python model gives, read off its answer to two samples (the batch
+    dimension any size)."""
+    sample = feed(data.head(2).inputs, opened.inputs)
+    try:
+        answer = opened.predict(sample)
+        outputs = tuple(TensorDecl(str(k), datatype_of(np.asarray(v).dtype),
+                                   (-1, *np.asarray(v).shape[1:])) for k, v in answer.items())
+    except (RuntimeFailure, ConfigError) as exc:
+        raise ImportRefused(f"the model fails on the data: {exc.message}", hint=exc.hint) \
+            from exc
+    if not outputs:
+        raise ImportRefused("the model's predict() answers no outputs")
+    return replace(opened, outputs=outputs)
 
 
 def _task(req: ImportRequest, store: ModelStore, inputs: tuple[TensorDecl, ...]) -> TaskSpec:
@@ -119,23 +199,25 @@ def _task(req: ImportRequest, store: ModelStore, inputs: tuple[TensorDecl, ...])
     return task
 
 
-def _check_signature(task: TaskSpec, kind: OutputKind, inputs: tuple[TensorDecl, ...],
-                     outputs: tuple[TensorDecl, ...], name: str) -> None:
+def _check_inputs(task: TaskSpec, inputs: tuple[TensorDecl, ...], name: str) -> None:
     mine = TaskSpec(task.name, task.kind, inputs)
     if not same_inputs(task, mine):
         raise ImportRefused(f"{name} takes {_inputs(mine)}, but task {task.name!r} takes "
                             f"{_inputs(task)}: wrong signature for the task",
                             hint="export the model with the task's input names, datatypes "
                                  "and shapes, or import it under another task")
+
+
+def _check_outputs(task: TaskSpec, kind: OutputKind, outputs: tuple[TensorDecl, ...]) -> None:
     try:
         check_kind_outputs(kind, task, [o.name for o in outputs])
     except ConfigError as exc:
         raise ImportRefused(str(exc.message), hint=exc.hint) from exc
 
 
-def _figures(session: Any, kind: OutputKind, task: TaskSpec, parts: Splits,
+def _figures(predict: Predict, kind: OutputKind, task: TaskSpec, parts: Splits,
              inputs: tuple[TensorDecl, ...]) -> dict[str, Any]:
-    raw = {p: run(session, feed(_part(parts, p).inputs, inputs)) for p in ("calib", "eval")}
+    raw = {p: run(predict, feed(_part(parts, p).inputs, inputs)) for p in ("calib", "eval")}
     try:
         temperature, nll_before, nll_after = kind_temperature(
             kind, raw["calib"], parts.calib.labels, task)
@@ -181,7 +263,7 @@ def _other_providers(req: ImportRequest, first: str, parts: Splits,
         if provider == first:
             continue
         try:
-            other = open_session(req.onnx, (provider,))
+            other = open_session(req.model, (provider,))
         except ModelError:
             continue
         if other.provider == provider:
@@ -189,19 +271,21 @@ def _other_providers(req: ImportRequest, first: str, parts: Splits,
     return out
 
 
-def _card(req: ImportRequest, task: TaskSpec, inputs: tuple[TensorDecl, ...],
-          outputs: tuple[TensorDecl, ...], fig: dict[str, Any],
-          latency: dict[str, dict[str, float]], provider: str, parts: Splits,
+def _card(req: ImportRequest, task: TaskSpec, opened: _Opened, fig: dict[str, Any],
+          timings: dict[str, dict[str, float]], parts: Splits,
           seconds: float) -> dict[str, Any]:
     kind = kind_of(task.kind)
-    blob = Path(req.onnx).read_bytes()
+    blob = opened.file.read_bytes()
     score = fig["score"]
+    python = {"entry": req.entry} if req.fmt == FORMAT else {}
     return {
         "name": req.name, "task": task.name, "kind": task.kind, "tier": req.tier,
         "version": req.version, "imported": True,
+        "format": req.fmt, "file": MODEL_FILE if req.fmt == "onnx" else PACKAGE, **python,
         "sha256": hashlib.sha256(blob).hexdigest(), "size_bytes": len(blob),
-        "params": _params(blob),
-        "input": [i.to_dict() for i in inputs], "output": [o.to_dict() for o in outputs],
+        "params": _params(blob) if req.fmt == "onnx" else 0,
+        "input": [i.to_dict() for i in opened.inputs],
+        "output": [o.to_dict() for o in opened.outputs],
         "labels": list(task.labels),
         "metric": {"name": kind.metric, "calib": score["calib"], "eval": score["eval"]},
         "test_accuracy": score["eval"] if score["eval"] is not None else 0.0,
@@ -210,8 +294,8 @@ def _card(req: ImportRequest, task: TaskSpec, inputs: tuple[TensorDecl, ...],
         "calibration": {"nll_before": _finite(fig["nll_before"]),
                         "nll_after": _finite(fig["nll_after"]), **fig["ece"]},
         "cascadable": fig["cascadable"], "cascade": fig["cascade"],
-        "latency_ms": latency[provider], "latency_ms_by_provider": latency,
-        "provider": provider,
+        "latency_ms": timings[opened.provider], "latency_ms_by_provider": timings,
+        "provider": opened.provider,
         "data": {"sha256": parts.calib.sha256, "source": str(req.data), "seed": parts.seed,
                  "calib_share": req.calib_share, "calib_samples": len(parts.calib),
                  "eval_samples": len(parts.test)},
@@ -220,11 +304,11 @@ def _card(req: ImportRequest, task: TaskSpec, inputs: tuple[TensorDecl, ...],
 
 
 def _install(store: ModelStore, req: ImportRequest, card: dict[str, Any], task: TaskSpec,
-             data: Any) -> None:
+             data: Any, file: Path) -> None:
     import json
 
     with store.installing(req.name) as staging:
-        shutil.copyfile(req.onnx, staging / MODEL_FILE)
+        shutil.copyfile(file, staging / card["file"])
         (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
     # Only once the model is in place: a failed install declares no task.
     store.save_data(data)

@@ -34,8 +34,8 @@ def quantize_imported(store: ModelStore, parent: str, settings: QuantSettings,
     if card.get("lineage"):
         raise QuantizationError(f"{parent} is itself a variant; quantize its parent "
                                 f"{card['lineage']['parent']}")
+    onnx = store.graph(parent, "quantize")
     store.single_input_classifier(parent, "quantize")
-    onnx, _ = store.paths(parent)
     data = store.load_data(card["data"]["sha256"])
     parts = split(data, float(card["data"]["calib_share"]), int(card["data"]["seed"]))
     name = variant_name(parent, settings.precision)
@@ -48,7 +48,7 @@ def quantize_imported(store: ModelStore, parent: str, settings: QuantSettings,
         np.savez(data_file, **arrays)
         say(f"{name}: measuring it on {parent}'s data")
         new = import_model(ImportRequest(
-            name=name, onnx=variant, task=card["task"], tier=card["tier"], data=data_file,
+            name=name, model=variant, task=card["task"], tier=card["tier"], data=data_file,
             calib_share=float(card["data"]["calib_share"]), seed=int(card["data"]["seed"]),
             version=str(card["version"])), store)
         new["data"]["source"] = card["data"]["source"]

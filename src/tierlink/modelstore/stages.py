@@ -13,10 +13,11 @@ from tierlink.cascade.stages import Chain, stage_cost
 from tierlink.cascade.tune import Stage
 from tierlink.errors import ConfigError, ImportRefused
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.models import runtimes
 from tierlink.models.data import split
-from tierlink.models.evaluate import feed, run, signature
+from tierlink.models.evaluate import feed, run
 from tierlink.models.kind_registry import kind_of
-from tierlink.models.onnx import open_session
+from tierlink.models.runtimes import LoadSpec
 from tierlink.models.task import task_from_dict
 from tierlink.models.tensors import NP_TYPES
 from tierlink.modelstore.store import ModelStore
@@ -57,9 +58,9 @@ def imported_stages(store: ModelStore, chain: Chain,
 
 def _stage_pair(store: ModelStore, name: str, tier: Any, card: dict[str, Any], parts: Any,
                 cost: CostModel) -> tuple[Stage, Stage]:
-    onnx, _ = store.paths(name)
-    session = open_session(onnx).session
-    inputs, _ = signature(session)
+    model_file, card_path = store.paths(name)
+    rt = runtimes.load(LoadSpec(card=card_path, model_file=model_file))
+    inputs = rt.inputs
     task = task_from_dict(card["task"], card["task_spec"], "card")
     kind = kind_of(task.kind)
     input_bytes = sum(int(np.prod(i.shape[1:])) * np.dtype(NP_TYPES[i.datatype]).itemsize
@@ -67,7 +68,7 @@ def _stage_pair(store: ModelStore, name: str, tier: Any, card: dict[str, Any], p
     price = stage_cost(tier, float(card["latency_ms"]["batch1_p50"]), input_bytes, cost)
     out = []
     for part in (parts.calib, parts.test):
-        answer = kind.answer(run(session, feed(part.inputs, inputs)), task,
+        answer = kind.answer(run(rt, feed(part.inputs, inputs)), task,
                              float(card["temperature"]))
         correct = kind.correct(answer, part.labels, task)
         if answer.confidence is None:  # checked by the caller: such kinds are not cascaded

@@ -48,15 +48,33 @@ class ModelStore:
         return (self.root / name / CARD_FILE).is_file()
 
     def paths(self, name: str) -> tuple[Path, Path]:
-        """(onnx, card) of an installed model."""
+        """(model file, card) of an installed model: the file its card names (``model.onnx``
+        for an ONNX graph, ``model.zip`` for a Python model)."""
+        card = self.root / name / CARD_FILE
         if not self.has(name):
             raise ModelNotFound(f"no model {name!r} in the model store {self.root}",
-                                hint="import it with `tierlink model import NAME FILE.onnx`; "
+                                hint="import it with `tierlink model import NAME MODEL`; "
                                      "`tierlink model imported` lists the store")
-        return self.root / name / MODEL_FILE, self.root / name / CARD_FILE
+        return self.root / name / str(self.card(name).get("file", MODEL_FILE)), card
+
+    def graph(self, name: str, tool: str) -> Path:
+        """The ONNX graph of an installed model, for a tool that works on graphs
+        (quantisation, split computing, feature codecs); refused, saying why, for a model
+        of another format (a Python model)."""
+        fmt = str(self.card(name).get("format", "onnx"))
+        if fmt != "onnx":
+            raise ImportRefused(f"{tool} works on ONNX graphs; {name} is a {fmt} model",
+                                hint="serve and cascade it as it is, or export it to ONNX "
+                                     f"and import that to use {tool}")
+        return self.paths(name)[0]
 
     def card(self, name: str) -> dict[str, Any]:
-        return json.loads(self.paths(name)[1].read_text())
+        path = self.root / name / CARD_FILE
+        if not path.is_file():
+            raise ModelNotFound(f"no model {name!r} in the model store {self.root}",
+                                hint="import it with `tierlink model import NAME MODEL`; "
+                                     "`tierlink model imported` lists the store")
+        return dict(json.loads(path.read_text()))
 
     def names(self, task: str | None = None) -> list[str]:
         if not self.root.is_dir():

@@ -30,12 +30,12 @@ from starlette.requests import ClientDisconnect
 from tierlink import __version__
 from tierlink.core.types import Priority, Tier
 from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, TierlinkError
+from tierlink.models.runtime import ModelRuntime
 from tierlink.node import protocol
 from tierlink.node.async_requests import UPLINK, is_async
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
 from tierlink.node.overload import JUDGED, OverloadGate, ShedEarly
 from tierlink.node.peers import PeerGuard
-from tierlink.node.runtime import ModelRuntime
 from tierlink.node.service import NodeService
 from tierlink.settings.routing import OverloadConfig
 from tierlink.telemetry import tracing

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from tierlink.core.types import Priority
-from tierlink.node.runtime import ModelRuntime
+from tierlink.models.runtime import ModelRuntime
 from tierlink.node.scheduler import Scheduler
 
 

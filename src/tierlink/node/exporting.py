@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tierlink.core.types import Outcome, Priority
+from tierlink.models.runtime import ModelRuntime
 from tierlink.node import protocol
 from tierlink.node.hard_examples import HardExampleUploader
 from tierlink.node.models import ModelManager
-from tierlink.node.runtime import ModelRuntime
 from tierlink.node.scheduler import Scheduler
 from tierlink.telemetry.metrics import NodeMetrics
 

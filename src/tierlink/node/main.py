@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tierlink.models import runtimes as model_runtimes
+from tierlink.models.runtime import ModelRuntime
+from tierlink.models.runtimes import LoadSpec
 from tierlink.node.certificates import NodeTls
-from tierlink.node.exits import ExitsModel, is_exit_card
 from tierlink.node.identity import load_identity
-from tierlink.node.models import ArtifactSource, ModelManager, load_version
-from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
+from tierlink.node.models import ArtifactSource, Host, ModelManager, load_version
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.node.uplink import Uplink, UplinkMetrics, uplink_for_spec
@@ -36,46 +37,42 @@ if TYPE_CHECKING:
 log = logging.getLogger("tierlink.node")
 
 
-def load_runtimes(spec: NodeSpec) -> dict[str, ModelRuntime]:
+def model_host(spec: NodeSpec) -> Host:
+    """The node's engine: its models in this process, or on Ray Serve (``engine: ray``)
+    behind this node's front door — for the spec's models and every version installed."""
     engine = engine_from_dict(spec.engine_raw)
-    if engine.on_ray:  # Ray Serve deployments behind this node's front door
-        from tierlink.node.ray_serve import deploy
+    if engine.on_ray:
+        from tierlink.node.ray_serve import RayHost
 
-        models = {src.name: (Path(src.onnx), ModelInfo.from_card(Path(src.card)))
-                  for src in spec.models}
-        return dict(deploy(spec.node_id, models, spec.ray_address or "", engine))
-    runtimes: dict[str, ModelRuntime] = {}
-    for src in spec.models:
-        if is_exit_card(Path(src.card)):  # a multi-exit model: served with early exit
-            runtimes[src.name] = ExitsModel(Path(src.card))
-            continue
-        info = ModelInfo.from_card(Path(src.card))
-        runtimes[src.name] = OnnxModel(Path(src.onnx), info, providers=spec.providers)
-    return runtimes
+        return RayHost(spec.node_id, spec.ray_address or "", engine)
+    return model_runtimes.load
+
+
+def load_runtimes(spec: NodeSpec, host: Host) -> dict[str, ModelRuntime]:
+    """The runtime of each model in the spec, chosen by its card's format."""
+    return {src.name: host(LoadSpec(card=Path(src.card),
+                                    model_file=Path(src.onnx) if src.onnx else None,
+                                    providers=spec.providers))
+            for src in spec.models}
 
 
 def run_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime] | None = None) -> None:
+    """Serve ``spec`` until SIGTERM/SIGINT; ``runtimes`` replace the spec's models (tests)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.node_id} %(levelname)s "
                                                    "%(name)s: %(message)s")
     # httpx logs every request at INFO: two lines per heartbeat, thousands per run.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     tracing.configure(spec.tracing(), spec.node_id)
-    loaded = runtimes if runtimes is not None else load_runtimes(spec)
+    host = model_host(spec)
     try:
+        loaded = runtimes if runtimes is not None else load_runtimes(spec, host)
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve_node(spec, loaded))
+            runner.run(serve_node(spec, loaded, host))
     finally:
         tracing.shutdown()  # spans still batched go out before the process ends
-        _undeploy(loaded)
-
-
-def _undeploy(runtimes: dict[str, ModelRuntime]) -> None:
-    """Delete this node's Ray Serve deployments (the cluster is not the node's to stop)."""
-    served = {n: rt for n, rt in runtimes.items() if getattr(rt, "remote", False)}
-    if served:
-        from tierlink.node.ray_serve import undeploy
-
-        undeploy(served)  # type: ignore[arg-type]
+        close = getattr(host, "close", None)
+        if close is not None:
+            close()  # Ray: this node's applications go; the cluster stays
 
 
 def _loop_factory() -> Any:
@@ -87,7 +84,8 @@ def _loop_factory() -> Any:
     return uvloop.new_event_loop
 
 
-async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
+async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
+                     host: Host = model_runtimes.load) -> None:
     import uvicorn
 
     from tierlink.control.client import ControlClient, HeartbeatLoop, RegistryCache
@@ -102,7 +100,7 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime]) -> None:
         await _identify(spec, control)
     if tls is not None:
         await tls.ensure(control)  # the node's certificate (from the control plane)
-    models = await open_models(spec, runtimes, control)
+    models = await open_models(spec, runtimes, control, host)
     cache = RegistryCache(control) if control else None
     metrics = NodeMetrics(spec.tier.label)
     # The control client is also where hard examples go (see node/hard_examples.py), and
@@ -166,11 +164,9 @@ def _chat_service(spec: NodeSpec, metrics: NodeMetrics, service: NodeService) ->
     from tierlink.node.topology import UpstreamURLs
     from tierlink.telemetry.llm_metrics import LLMMetrics
 
-    models = {}
-    if spec.llms:
-        from tierlink.llm.runtime import LanguageModel
-
-        models = {src.name: LanguageModel.load(src) for src in spec.llms}
+    models = {src.name: model_runtimes.load(LoadSpec(card=Path(src.path) / "card.json",
+                                                     options={"source": src}), fmt="llm")
+              for src in spec.llms}  # torch is imported by the first one
     chat = ChatService(spec.node_id, spec.tier, models, dict(spec.chat_tasks),
                        LLMMetrics(spec.tier.label, metrics.registry),
                        verifiers=_verifier_links(spec),
@@ -222,13 +218,16 @@ def _uplink(spec: NodeSpec, metrics: NodeMetrics,
 
 
 async def open_models(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
-                      source: ArtifactSource | None) -> ModelManager:
+                      source: ArtifactSource | None,
+                      host: Host = model_runtimes.load) -> ModelManager:
     """The manager of the node's model versions, recovered: each model serves its last
     good version (a slot under ``spec.state_dir``, else the spec's files in ``runtimes``);
-    versions are installed from ``source`` and must be signed by ``spec.trusted_keys``."""
+    versions are installed from ``source``, must be signed by ``spec.trusted_keys`` and are
+    hosted like the spec's models (``host``: in process, or Ray Serve)."""
     models = ModelManager(runtimes, state_dir=Path(spec.state_dir) if spec.state_dir else None,
                           trusted_keys=spec.trusted_keys, source=source,
-                          load=functools.partial(load_version, providers=spec.providers))
+                          load=functools.partial(load_version, host=host,
+                                                 providers=spec.providers))
     await models.recover()
     return models
 

@@ -90,7 +90,10 @@ from tierlink.errors import (
     RepositoryError,
     TierlinkError,
 )
-from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel
+from tierlink.models import runtimes
+from tierlink.models.onnx import DEFAULT_PROVIDERS
+from tierlink.models.runtime import ModelRuntime
+from tierlink.models.runtimes import LoadSpec
 from tierlink.node.slots import ActiveRecord, SlotFiles, SlotManager, SlotName
 from tierlink.repo.manifest import SignedManifest, is_safe_name
 
@@ -214,17 +217,19 @@ def slot_verifier(trusted_keys: Sequence[str]) -> Verify:
     return verify
 
 
-def load_version(onnx: Path, card: Path,
-                 providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> ModelRuntime:
-    """An installed version's runtime: ONNX Runtime on ``onnx`` (on the node's execution
-    providers), described by ``card``."""
-    from tierlink.node.exits import is_exit_card
+Host = Callable[[LoadSpec], ModelRuntime]  # the node's engine: in process, or Ray Serve
 
-    if is_exit_card(card):
-        raise ArtifactRejected(f"{card} describes a multi-exit model, which cannot be "
-                               "installed as one ONNX graph",
-                               hint="roll out single-graph models only")
-    return OnnxModel(onnx, ModelInfo.from_card(card), providers=providers)
+
+def load_version(onnx: Path, card: Path, host: Host = runtimes.load,
+                 providers: tuple[str, ...] = DEFAULT_PROVIDERS) -> ModelRuntime:
+    """An installed version's runtime: chosen by its card's format through the runtime
+    registry and hosted by the node's engine (``host``), exactly as at node start."""
+    spec = LoadSpec(card=card, model_file=onnx, providers=providers)
+    if runtimes.card_format(spec.read_card()) == "multi-exit":
+        raise ArtifactRejected(f"{card} describes a multi-exit model, whose segments a "
+                               "version's one model file cannot carry",
+                               hint="roll out single-file models only")
+    return host(spec)
 
 
 def warm_up(rt: ModelRuntime) -> None:
@@ -366,7 +371,8 @@ class ModelManager:
     ``state_dir``: where slots and the manager's files live (None: the node can serve its
     base versions, take a base version as canary, but not install). ``trusted_keys``: the
     keys a version must be signed by (``verify`` replaces the whole check, for tests).
-    ``source``: the repository. ``load``: ONNX + card -> runtime (blocking). ``clock``
+    ``source``: the repository. ``load``: model file + card -> runtime (blocking; the
+    node's engine hosts it). ``clock``
     (monotonic s) times retries; ``hook`` is called at each install phase (crash tests).
 
     :attr:`active` maps each name to its active runtime; the node serves from that dict

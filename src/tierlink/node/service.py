@@ -53,6 +53,7 @@ from tierlink.errors import (
     RuntimeFailure,
     TierlinkError,
 )
+from tierlink.models.runtime import ModelRuntime, check_task_inputs, read_answer
 from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
@@ -65,11 +66,6 @@ from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.models import ModelManager
 from tierlink.node.policies import PolicyDesk
-from tierlink.node.runtime import (
-    ModelRuntime,
-    check_task_inputs,
-    read_answer,
-)
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.shadowing import ShadowMode
 from tierlink.node.spec import NodeSpec

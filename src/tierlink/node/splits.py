@@ -41,11 +41,12 @@ from tierlink.errors import (
     TierlinkError,
 )
 from tierlink.estimate.latency import LinkEstimator
+from tierlink.models.exits import ExitHead, ExitsModel, is_exit_card
+from tierlink.models.onnx import OnnxModel
+from tierlink.models.runtime import ModelInfo, ModelRuntime, softmax_confidence
 from tierlink.node import protocol
 from tierlink.node.dispatcher import StepResult
-from tierlink.node.exits import ExitHead, ExitsModel, is_exit_card
 from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
-from tierlink.node.runtime import ModelInfo, ModelRuntime, OnnxModel, softmax_confidence
 from tierlink.node.scheduler import Scheduler
 from tierlink.node.spec import ModelSource, UpstreamSpec
 from tierlink.policy.placement import split_plans

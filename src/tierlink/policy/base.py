@@ -11,12 +11,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+from tierlink.core.registry import Registry
 from tierlink.core.types import CascadeRecord, ClusterView, Plan, Request
-from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.latency import EstimateParams
 from tierlink.estimate.split import DEFAULT_CODECS, CodecProfile
@@ -130,37 +129,23 @@ PolicyFactory = Callable[[PolicyConfig], Policy]
 
 
 class PolicyRegistry:
-    """Name → factory. Duplicate names are an error (never a silent overwrite); third-party
-    policies register through the ``tierlink.policies`` entry-point group."""
+    """Name → factory, through the one registry mechanism: the built-in policies and a
+    user's own come in through the ``tierlink.policies`` entry-point group (tierlink's are
+    declared in its ``pyproject.toml``). Duplicate names are an error, never a silent
+    overwrite."""
 
-    def __init__(self) -> None:
-        self._factories: dict[str, PolicyFactory] = {}
-        self._entry_points_loaded = False
+    def __init__(self, *, discover: bool = True) -> None:
+        self._factories: Registry[PolicyFactory] = Registry(ENTRY_POINT_GROUP, "policy",
+                                                            discover=discover)
 
     def register(self, name: str, factory: PolicyFactory) -> None:
-        if name in self._factories:
-            raise ConfigError(f"policy {name!r} is already registered", hint="pick another name")
-        self._factories[name] = factory
+        self._factories.register(name, factory)
 
     def names(self) -> list[str]:
-        self._load_entry_points()
-        return sorted(self._factories)
+        return self._factories.names()
 
     def create(self, name: str, config: PolicyConfig | None = None) -> Policy:
-        self._load_entry_points()
-        factory = self._factories.get(name)
-        if factory is None:
-            raise ConfigError(
-                f"unknown policy {name!r}", hint=f"choose one of {', '.join(self.names())}"
-            )
-        return factory(config or PolicyConfig())
-
-    def _load_entry_points(self) -> None:
-        if self._entry_points_loaded:
-            return
-        self._entry_points_loaded = True
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            self.register(ep.name, ep.load())
+        return self._factories.get(name)(config or PolicyConfig())
 
 
 REGISTRY = PolicyRegistry()

@@ -3,8 +3,10 @@ with the zoo's loop (:func:`tierlink.zoo.build.train_net`) on the joint loss, ex
 verify its segments, measure them and write the card.
 
 Imports torch: only :func:`tierlink.zoo.exits.ensure_exits` imports this module, and only
-when a build is needed. The layout, card and fingerprint live in :mod:`tierlink.zoo.exits`;
-bump ``EXITS_VERSION`` there when a change here alters the weights or the card.
+when a build is needed. The layout and fingerprint live in :mod:`tierlink.zoo.exits`, the
+card in :mod:`tierlink.models.exit_card`, the threshold search in
+:mod:`tierlink.models.exit_runner`; bump ``EXITS_VERSION`` in :mod:`tierlink.zoo.exits`
+when a change here alters the weights or the card.
 """
 
 from __future__ import annotations
@@ -30,6 +32,22 @@ from tierlink.models.calibration import measure_calibration
 from tierlink.models.card import TrainingInfo, file_sha256
 from tierlink.models.data import Labelled, Splits
 from tierlink.models.evaluate import accuracy, cascade_curve, latency
+from tierlink.models.exit_card import (
+    Boundary,
+    ExitCard,
+    ExitInfo,
+    OperatingPoint,
+    SegmentInfo,
+    save_exit_card,
+)
+from tierlink.models.exit_runner import (
+    MAX_DROP,
+    Clock,
+    ExitScores,
+    choose_thresholds,
+    evaluate_scores,
+    exit_logits,
+)
 from tierlink.models.onnx import ort_session
 from tierlink.models.tensors import TensorDecl
 from tierlink.zoo.build import EXPORT_ATOL, OPSET, Trained, _torch_threads, train_net
@@ -41,23 +59,11 @@ from tierlink.zoo.exits import (
     EXITS_NAME,
     EXITS_VERSION,
     LOSS_WEIGHTS,
-    MAX_DROP,
     SEGMENT_INPUTS,
     SEGMENT_OUTPUTS,
     TASK,
-    Boundary,
-    Clock,
-    ExitCard,
-    ExitInfo,
-    ExitScores,
-    OperatingPoint,
-    SegmentInfo,
-    choose_thresholds,
-    evaluate_scores,
-    exit_logits,
     exits_fingerprint,
     exits_recipe,
-    save_exit_card,
 )
 from tierlink.zoo.nets import (
     NUM_CLASSES,

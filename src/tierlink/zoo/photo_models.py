@@ -39,7 +39,7 @@ def ensure_split_profile(name: str, onnx_path: Path, say: Say = lambda _: None) 
     :data:`PROFILE_ROUNDS` rounds) when missing, made for another file, or without codec
     measurements. Holds the zoo's build lock, so concurrent callers profile once."""
     from tierlink.models.card import load_card
-    from tierlink.split.profile import load_profile, profile_path
+    from tierlink.models.split_profile import load_profile, profile_path
     from tierlink.zoo.cache import build_lock
     from tierlink.zoo.mobilenet import card_path
 
@@ -58,7 +58,8 @@ def _profile_ok(profile: Any) -> bool:
 
 
 def _make_profile(name: str, onnx_path: Path, sha256: str, path: Path, say: Say) -> None:
-    from tierlink.split.profile import profile_model, save_profile
+    from tierlink.models.split_profile import save_profile
+    from tierlink.split.profile import profile_model
     from tierlink.zoo.photos import imagenet_photos
 
     say(f"profiling {name}'s block cuts on this machine for split plans (once, ~10 s) ...")

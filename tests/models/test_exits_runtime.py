@@ -3,13 +3,23 @@ boundaries (head may answer before the cut), and the split points the policy pri
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from tierlink.core.types import LinkView
-from tierlink.errors import SplitError, TensorError
+from tierlink.errors import ModelError, SplitError, TensorError
 from tierlink.estimate.split import IDENTITY, SegmentProfile, best
-from tierlink.node.exits import ExitsModel, exit_split_points, is_exit_card
+from tierlink.models.exits import (
+    ExitsModel,
+    exit_split_points,
+    find_exit_card,
+    is_exit_card,
+    load_exits_model,
+)
 from tierlink.zoo.datasets import DEFAULT_ROOT
 
 torch = pytest.importorskip("torch")
@@ -62,7 +72,8 @@ def test_weak_uplink_exits_on_the_device_strong_uplink_offloads_the_hard_inputs(
 
 
 def test_infer_stops_at_the_first_confident_exit(model: ExitsModel, images: np.ndarray) -> None:
-    from tierlink.zoo.exits import ExitModel, ExitRunner
+    from tierlink.models.exit_card import ExitModel
+    from tierlink.models.exit_runner import ExitRunner
 
     out = model.infer({"input": images})
     assert out["logits"].shape == (len(images), 10) and out["exit"].shape == (len(images),)
@@ -99,3 +110,28 @@ def test_bad_cuts_and_inputs_are_clear_errors(model: ExitsModel, images: np.ndar
         model.head(model.card.boundaries[0].name, images[:, :, :10])
     with pytest.raises(TensorError):
         model.infer({"input": images[:, :, :10]})
+
+
+def test_a_directory_finds_its_one_exit_card_whatever_its_name(model: ExitsModel,
+                                                              images: np.ndarray,
+                                                              tmp_path: Path) -> None:
+    """Given a directory, the runtime takes the one multi-exit card there (other JSON files
+    are not cards of this kind); the runtime factory loads from a LoadSpec-like card path."""
+    source = model.path.parent
+    copy = tmp_path / "renamed"
+    shutil.copytree(source, copy)
+    (copy / "fmnist-exits.json").rename(copy / "my-exits.json")
+    (copy / "notes.json").write_text('{"name": "not a multi-exit card"}')
+    assert find_exit_card(copy) == copy / "my-exits.json"
+    from_dir = ExitsModel(copy)
+    assert from_dir.path == copy / model.card.whole["file"]
+    assert np.array_equal(from_dir.infer({"input": images[:8]})["exit"],
+                          model.infer({"input": images[:8]})["exit"])
+    loaded = load_exits_model(SimpleNamespace(card=copy / "my-exits.json", model_file=None,
+                                              providers=("CPUExecutionProvider",), threads=1))
+    assert isinstance(loaded, ExitsModel) and loaded.card == model.card
+    shutil.copy(copy / "my-exits.json", copy / "other-exits.json")
+    with pytest.raises(ModelError, match="exactly one"):
+        ExitsModel(copy)
+    with pytest.raises(ModelError, match="found none"):
+        ExitsModel(tmp_path)

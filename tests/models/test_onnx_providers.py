@@ -16,12 +16,13 @@ from tierlink.errors import ConfigError, ModelError
 from tierlink.models.onnx import (
     CPU,
     DEFAULT_PROVIDERS,
+    OnnxModel,
     open_session,
     parse_providers,
     session_options,
 )
+from tierlink.models.runtime import ModelInfo
 from tierlink.modelstore.importer import ImportRequest, import_model
-from tierlink.node.runtime import ModelInfo, OnnxModel
 
 CUDA = "CUDAExecutionProvider"
 no_cuda = pytest.mark.skipif(CUDA in ort.get_available_providers(),

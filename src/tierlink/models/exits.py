@@ -1,17 +1,18 @@
-"""Early exit in a node: a multi-exit model served so that each input stops at its first
+"""The multi-exit runtime: a multi-exit model served so that each input stops at its first
 confident exit, and split at the exit boundaries so a device can exit early *or* hand the
 hard inputs on.
 
-:class:`ExitsModel` wraps a built multi-exit model (:mod:`tierlink.zoo.exits`: segments
-``s1 -> exit1 | s2 -> exit2 | s3 -> logits`` with calibrated exits and an operating point
-of thresholds chosen on the calibration split). It is three things at once:
+:class:`ExitsModel` wraps a built multi-exit model (its card: :mod:`tierlink.models.exit_card`;
+e.g. the demo zoo's ``s1 -> exit1 | s2 -> exit2 | s3 -> logits`` with calibrated exits and
+an operating point of thresholds chosen on the calibration split), run by
+:class:`~tierlink.models.exit_runner.ExitRunner`. It is three things at once:
 
 * a model runtime (``infer``): every sample runs segment by segment and answers at the first
   exit whose calibrated confidence clears its threshold; the answer is the log of that
   exit's calibrated probabilities (so ``softmax`` at temperature 1 gives them back) plus the
   exit index per sample (output ``exit``);
 * the head of a split (``head(boundary, x)``): segments up to a boundary, which may already
-  answer (an :class:`~tierlink.zoo.exits.ExitResult`) or return the boundary features to send;
+  answer (an :class:`~tierlink.models.exit_runner.ExitResult`) or return the boundary features to send;
 * the tail of a split (``tail(boundary, features)``): the remaining segments, with their exits.
 
 Its split points (:func:`exit_split_points`) carry ``continue_share``, the share of inputs
@@ -19,6 +20,9 @@ that pass every exit before the boundary (on the calibration split), so the poli
 "exit early here, offload the rest" as ``head + continue_share x (send + tail)``: with a weak
 uplink the whole model runs here (early exits included); with a strong one the device runs
 the cheap first segment and sends only the inputs its first exit could not answer.
+
+:func:`load_exits_model` is the runtime factory of the ``multi-exit`` format
+(:mod:`tierlink.models.runtimes`).
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import numpy as np
 
 from tierlink.core.types import SplitPoint
 from tierlink.errors import ModelError, SplitError
+from tierlink.models.exit_card import ExitModel, load_exit_card
+from tierlink.models.exit_runner import ExitResult, ExitRunner
+from tierlink.models.runtime import ModelInfo, validate_inputs
 from tierlink.models.tensors import TensorDecl
-from tierlink.node.runtime import ModelInfo, validate_inputs
 
 PLATFORM = "tierlink_early_exit"
 
@@ -46,6 +52,17 @@ def is_exit_card(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and "exits" in data and "segments" in data
+
+
+def find_exit_card(directory: Path) -> Path:
+    """The one multi-exit card (``*.json``) in ``directory``; ``ModelError`` when there is
+    none or more than one."""
+    cards = sorted(p for p in Path(directory).glob("*.json") if is_exit_card(p))
+    if len(cards) != 1:
+        found = ", ".join(p.name for p in cards) or "none"
+        raise ModelError(f"{directory} must hold exactly one multi-exit card, found {found}",
+                         hint="pass the card's path instead of its directory")
+    return cards[0]
 
 
 def exit_split_points(stage_ms: Sequence[float], shares: Sequence[float],
@@ -91,11 +108,12 @@ class ExitsModel:
 
     def __init__(self, root: Path, thresholds: Sequence[float] | None = None,
                  threads: int = 1) -> None:
-        from tierlink.zoo.exits import ExitModel, ExitRunner, load_exit_card
-
-        card = load_exit_card(root / "fmnist-exits.json") if root.is_dir() \
-            else load_exit_card(root)
-        directory = root if root.is_dir() else root.parent
+        """``root``: the card, or the directory holding it (and no other multi-exit card);
+        ``thresholds``: one per side exit, by default the card's operating point."""
+        root = Path(root)
+        card_path = find_exit_card(root) if root.is_dir() else root
+        card = load_exit_card(card_path)
+        directory = card_path.parent
         op = card.operating_point
         self.thresholds = tuple(thresholds if thresholds is not None else op.calib.thresholds)
         self.card = card
@@ -128,8 +146,6 @@ class ExitsModel:
     def head(self, cut: str, x: np.ndarray) -> ExitHead:
         """Segments up to boundary ``cut``, sample by sample: the answers of the exits
         there, and the boundary features of the samples none answered (to send on)."""
-        from tierlink.zoo.exits import ExitResult
-
         k = self._boundary(cut)
         x = validate_inputs(self.info.name, self.inputs, {self.inputs[0].name: x})[
             self.inputs[0].name]
@@ -145,8 +161,6 @@ class ExitsModel:
     def tail(self, cut: str, features: np.ndarray) -> dict[str, np.ndarray]:
         """The segments after boundary ``cut`` (their exits included) on ``features``."""
         k = self._boundary(cut)
-        from tierlink.zoo.exits import ExitResult
-
         results = []
         for i in range(features.shape[0]):
             result = self._runner.run_segments(features[i:i + 1], start=k + 1)
@@ -177,4 +191,12 @@ def _log_probs(probs: list[np.ndarray]) -> np.ndarray:
     return np.log(np.clip(np.stack(probs), 1e-30, 1.0)).astype(np.float32)
 
 
-__all__ = ["ExitHead", "ExitsModel", "exit_split_points", "is_exit_card"]
+def load_exits_model(spec: Any) -> ExitsModel:
+    """The ``multi-exit`` runtime factory: ``spec`` is a
+    :class:`~tierlink.models.runtimes.LoadSpec` (its card and threads; the segments sit
+    beside the card), typed ``Any`` so this module need not import the registry."""
+    return ExitsModel(spec.card, threads=spec.threads)
+
+
+__all__ = ["ExitHead", "ExitsModel", "exit_split_points", "find_exit_card", "is_exit_card",
+           "load_exits_model"]

@@ -1,8 +1,12 @@
-"""Model runtimes a node serves: ONNX Runtime for real models, a deterministic fake for tests.
+"""What every model runtime is to the node that serves it: :class:`ModelRuntime`.
 
-A runtime validates inputs against its signature (a clear ``TensorError`` naming the tensor,
-never a crash inside the runtime) and runs one blocking call. The node runs that call on a
-scheduler worker thread, so ``infer`` must be thread-safe for one caller at a time per worker.
+A runtime has its model's :class:`ModelInfo` (read from its card), its input and output
+declarations, and one blocking ``infer`` call. It validates inputs against its signature
+(:func:`validate_inputs`: a clear ``TensorError`` naming the tensor, never a crash inside the
+runtime). The node runs ``infer`` on a scheduler worker thread, never on its event loop, so
+``infer`` must be thread-safe for one caller at a time per worker. Runtimes are chosen by the
+model's format through one registry (:mod:`tierlink.models.runtimes`); :class:`FakeModel`
+is the family's deterministic fake for tests.
 """
 
 from __future__ import annotations
@@ -23,10 +27,9 @@ from tierlink.core.types import CascadePoint, ModelView, SplitPoint
 from tierlink.errors import ConfigError, ModelError, RuntimeFailure, TensorError
 from tierlink.models.card import cascade_from_dicts
 from tierlink.models.kind_registry import kind_of
-from tierlink.models.onnx import DEFAULT_PROVIDERS, open_session
+from tierlink.models.split_profile import load_profile, profile_path
 from tierlink.models.task import TaskSpec, task_from_dict
-from tierlink.models.tensors import NP_TYPES, TensorDecl, from_ort
-from tierlink.split.profile import load_profile, profile_path
+from tierlink.models.tensors import NP_TYPES, TensorDecl
 
 MAX_BATCH = 256
 
@@ -123,32 +126,6 @@ def _check_tensor(model: str, spec: TensorDecl, arr: np.ndarray) -> None:
                           f"1..{MAX_BATCH}")
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise TensorError(f"input {spec.name!r} of {model!r} contains NaN or infinity")
-
-
-class OnnxModel:
-    """An ONNX model in ONNX Runtime: one session, one intra-op thread, no spinning (several
-    sessions share two cores, and spinning threads starve each other)."""
-
-    platform = "onnxruntime_onnx"
-
-    def __init__(self, path: Path, info: ModelInfo, threads: int = 1,
-                 providers: tuple[str, ...] = DEFAULT_PROVIDERS) -> None:
-        opened = open_session(path, providers, threads)
-        self._session = opened.session
-        self.provider = opened.provider  # the execution provider that runs it
-        self.skipped_providers = opened.skipped  # "PROVIDER: why" for those passed over
-        self.path = Path(path)
-        self.info = info.on_provider(opened.provider)
-        self.inputs = tuple(from_ort(i) for i in self._session.get_inputs())
-        self.outputs = tuple(from_ort(o) for o in self._session.get_outputs())
-
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feed = validate_inputs(self.info.name, self.inputs, inputs)
-        try:
-            values = self._session.run(None, feed)
-        except Exception as exc:  # map onnxruntime's errors at this boundary
-            raise RuntimeFailure(f"{self.info.name} failed: {exc}") from exc
-        return {spec.name: np.asarray(v) for spec, v in zip(self.outputs, values, strict=True)}
 
 
 class FakeModel:
