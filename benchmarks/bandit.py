@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-FLEET = ROOT / "src/tierlink/examples/fleet.yaml"
+FLEET = ROOT / "src/tierlink/demo/fleets/fleet.yaml"
 RUNS = (("bandit", "bandit"), ("tierlink", None), ("static_rules", "static_rules"),
         ("cloud_only", "cloud_only"), ("device_only", "device_only"))
 FIXED = ("static_rules", "cloud_only", "device_only")
@@ -56,18 +56,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def setup() -> tuple[Any, Any, Any]:
-    from tierlink.cli.main import zoo_models
     from tierlink.fleet.config import load_fleet
     from tierlink.fleet.tuning import fresh_thresholds
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.models.runtime import ModelInfo
-    from tierlink.sim.outcomes import zoo_outcomes
+    from tierlink.sim.outcomes import model_outcomes
 
     config = load_fleet(FLEET)
     names = tuple(m for m in config.model_names() if m.startswith("fmnist-"))
-    models, _ = zoo_models(config.zoo_profile, names, progress=False)
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=False))
+    models = catalog.paths(names)
     config, _ = fresh_thresholds(config, models, "fmnist", lambda m: print(m, file=sys.stderr))
     views = {n: ModelInfo.from_card(models[n][1]).view() for n in names}
-    return config, views, zoo_outcomes("fmnist", names)
+    return config, views, model_outcomes("fmnist", names)
 
 
 def reference_cost(config: Any, views: Any, input_bytes: int) -> float:

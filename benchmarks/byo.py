@@ -114,14 +114,15 @@ def evaluation_part() -> tuple[np.ndarray, np.ndarray]:
 
 
 def drive_runs(fleet_file: Path, run: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from tierlink.cli.main import zoo_models
     from tierlink.core.types import Priority, Privacy
     from tierlink.fleet.config import load_fleet
     from tierlink.fleet.launcher import launch
     from tierlink.fleet.workload import WorkItem, drive, summarize
+    from tierlink.models.catalog import Catalog, SourceOptions
 
     config = load_fleet(fleet_file)
-    models, _ = zoo_models(config.zoo_profile, config.model_names(), progress=False)
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=False))
+    models = catalog.paths(config.model_names())
     x, y = evaluation_part()
     n = args.requests or len(y)
     devices = [node.node_id for node in config.nodes if node.tier.label == "device"]

@@ -35,15 +35,14 @@ from tierlink.cascade.guarantee import tune_guaranteed
 from tierlink.cascade.tune import Stage, answering_stage, answers_correct, evaluate
 from tierlink.core.types import Tier
 from tierlink.models.calibration import fit_temperature
+from tierlink.models.catalog import Catalog, SourceOptions
 from tierlink.models.data import Labelled
 from tierlink.models.evaluate import onnx_logits, softmax
-from tierlink.quantize.variants import with_variants
-from tierlink.zoo import ensure_zoo
 from tierlink.zoo.datasets import fashion_mnist, training_holdout
 
 CHAIN = ("fmnist-small-fp16", "fmnist-medium", "fmnist-large")
 TIERS = (Tier.DEVICE, Tier.EDGE, Tier.CLOUD)
-DROP, CONFIDENCE = 0.001, 0.95  # the demo fleet's target (examples/fleet.yaml)
+DROP, CONFIDENCE = 0.001, 0.95  # the demo fleet's target (demo/fleets/fleet.yaml)
 COMMON_BAR = 0.885  # the bar the train hold-out chose for the demo's models
 
 
@@ -115,8 +114,8 @@ def arm(paths: dict[str, Path], calib: Labelled, test: Labelled, args: argparse.
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    zoo = with_variants(ensure_zoo(task="fmnist", profile="full", progress=False), CHAIN)
-    paths = {m: zoo.path(m) for m in CHAIN}
+    found = Catalog.default(SourceOptions(profile="full", progress=False)).resolve(CHAIN)
+    paths = {m: found[m].file for m in CHAIN}
     splits = fashion_mnist()
     arms = {"train_holdout": arm(paths, training_holdout(), splits.test, args),
             "test_calib": arm(paths, splits.calib, splits.test, args)}

@@ -47,9 +47,7 @@ from tierlink.cascade.report import Goal, TuneReport, tune_chain, tune_stages
 from tierlink.cascade.stages import Chain, build_stages
 from tierlink.cascade.tune import Operating, Stage, evaluate, evaluate_assignment, single
 from tierlink.core.types import Tier
-from tierlink.quantize.variants import with_variants
-from tierlink.zoo import ensure_zoo
-from tierlink.zoo.datasets import load_splits
+from tierlink.models.catalog import Catalog, SourceOptions
 
 TIERS = (Tier.DEVICE, Tier.EDGE, Tier.CLOUD)
 CURVE_POINTS = 40
@@ -241,11 +239,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    zoo = ensure_zoo(task=args.task, profile=args.profile, progress=sys.stderr.isatty())
+    catalog = Catalog.default(SourceOptions(profile=args.profile,
+                                            progress=sys.stderr.isatty()))
     device = args.device_model or f"{args.task}-small"
-    zoo = with_variants(zoo, [device])  # a quantized device variant is made on first use
     chain = Chain((device, f"{args.task}-medium", f"{args.task}-large"), TIERS)
-    splits = load_splits(args.task)
+    zoo = catalog.resolve(chain.models)  # a quantized device variant is made on first use
+    splits = catalog.data(args.task)
     goal = Goal("accuracy_drop", args.accuracy_drop, confidence=args.confidence or None,
                 batch=args.batch or None)
     report = tune_chain(zoo, chain, splits, goal)

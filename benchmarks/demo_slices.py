@@ -13,7 +13,7 @@ machine's tuned thresholds (re-tuned as the demo does), the gap on each slice fo
 ``--seeds`` workloads of the demo's size and mix, and reports the share of draws on which
 each bound holds, and where the demo's own seed lands::
 
-    .venv/bin/python benchmarks/demo_slices.py [--fleet examples/fleet.yaml]
+    .venv/bin/python benchmarks/demo_slices.py [--fleet src/tierlink/demo/fleets/fleet.yaml]
         [--requests 600] [--seeds 300] [--json PATH]
 
 Higher bars are also shown (every bar from 1.0 down to the tuned one passed the same
@@ -33,20 +33,21 @@ import numpy as np
 from tierlink.cascade.stages import build_stages, chain_from_fleet
 from tierlink.cascade.tune import answering_stage, answers_correct
 from tierlink.core.types import Privacy
+from tierlink.demo.phases import DemoSettings
+from tierlink.fleet.breakdown import cloud_room_ms
 from tierlink.fleet.config import load_fleet
-from tierlink.fleet.demo import DemoSettings, cloud_room_ms
 from tierlink.fleet.tuning import retune
 from tierlink.fleet.workload import make_workload
-from tierlink.quantize.variants import with_variants
 from tierlink.zoo import ensure_zoo
 from tierlink.zoo.datasets import load_splits
+from tierlink.zoo.variants import with_variants
 
 BOUNDS = {"any_cloud_reachable": 0.5, "any": 1.0}  # points below cloud_only, issue 13
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--fleet", type=Path, default=Path("examples/fleet.yaml"))
+    p.add_argument("--fleet", type=Path, default=Path("src/tierlink/demo/fleets/fleet.yaml"))
     p.add_argument("--requests", type=int, default=DemoSettings.quick().requests)
     p.add_argument("--seeds", type=int, default=300)
     p.add_argument("--bars", type=float, nargs="*", default=[0.9, 0.92, 0.95])

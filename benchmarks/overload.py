@@ -40,7 +40,7 @@ from tierlink.fleet.config import FleetConfig, load_fleet
 from tierlink.node import protocol
 from tierlink.transport.oip import encode_infer_request
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "tierlink" / "examples" / "fleet.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "src/tierlink/demo/fleets/fleet.yaml"
 CLASSES = ((Priority.REALTIME, 30.0), (Priority.INTERACTIVE, 150.0), (Priority.BATCH, 1000.0))
 PRIVACY = ((Privacy.LOCAL, 0.2), (Privacy.SITE, 0.3), (Privacy.ANY, 0.5))
 DEVICES = ("dev-1", "dev-2", "dev-3", "dev-4")
@@ -200,16 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
-    from tierlink.cli.models import zoo_models
     from tierlink.fleet.launcher import launch
     from tierlink.fleet.tuning import fresh_thresholds
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.zoo.datasets import fashion_mnist
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     config = demo_fleet(args.fleet)
-    models, _ = zoo_models(config.zoo_profile, config.model_names())
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile))
+    models = catalog.paths(config.model_names())
     config, _ = fresh_thresholds(config, models, TASK, say)
     images = fashion_mnist().test.input[:2000]
     with launch(config, models, Path(tempfile.mkdtemp(prefix="tierlink-overload-")),

@@ -119,19 +119,20 @@ def simulate_plan(name: str, plan: Any, inv: Any, views: Any, outcomes: Any,
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tierlink.cli.main import zoo_models
     from tierlink.core.types import Tier
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.models.runtime import ModelInfo
     from tierlink.plan.inventory import load_inventory
     from tierlink.plan.planner import fixed, plan
-    from tierlink.sim.outcomes import zoo_outcomes
+    from tierlink.sim.outcomes import model_outcomes
 
     args = parse_args(argv)
     inv = load_inventory(args.inventory)
     names = tuple(sorted({u.model for u in inv.use_cases if u.model.startswith("fmnist-")}))
-    models, _ = zoo_models("full", names, progress=False)
+    catalog = Catalog.default(SourceOptions(profile="full", progress=False))
+    models = catalog.paths(names)
     views = {n: ModelInfo.from_card(models[n][1]).view() for n in names}
-    outcomes = zoo_outcomes("fmnist", names)
+    outcomes = model_outcomes("fmnist", names)
     plans = {"plan": plan(inv), "all_cloud": fixed(inv, Tier.CLOUD),
              "all_edge": fixed(inv, Tier.EDGE)}
     result = {name: simulate_plan(name, p, inv, views, outcomes, args.seconds, args.seed)

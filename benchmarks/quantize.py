@@ -33,8 +33,9 @@ from tierlink.models.evaluate import accuracy, onnx_logits
 from tierlink.models.onnx import ort_session
 from tierlink.quantize.settings import QuantSettings
 from tierlink.quantize.timing import side_by_side
-from tierlink.quantize.variants import ensure_variant, eval_data, variant_name, verdict
+from tierlink.quantize.variants import variant_name, verdict
 from tierlink.zoo.cache import Zoo, ensure_zoo, load_zoo
+from tierlink.zoo.variants import ensure_variant, eval_data
 
 PRECISIONS = ("fp16", "int8-dynamic", "int8-static", "mixed", "int4-weight")
 TARGET_SPEEDUP, TARGET_DROP_PT = 2.0, 0.3

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-FLEET = ROOT / "src/tierlink/examples/fleet.yaml"
+FLEET = ROOT / "src/tierlink/demo/fleets/fleet.yaml"
 BOUNDS = {"latency_rel": 0.15, "tier_share_pts": 3.0, "sla_pts": 2.0}
 RUNS = ("tierlink", "static_rules", "cloud_only", "device_only")
 SEEDS = (7, 11)  # the demo's workload, and the other one
@@ -60,7 +60,7 @@ def simulated(seed: int, log: Path, warm_up: bool) -> dict[str, Any]:
     """The demo's workload ``seed`` simulated, HTTP costs from ``log`` (its runs' warm-ups
     or their measured requests)."""
     from tierlink.cli.sim import run_sim
-    from tierlink.fleet.demo import DemoSettings
+    from tierlink.demo.phases import DemoSettings
 
     settings = DemoSettings.quick()
     return run_sim(FLEET, scenario_file=None, requests=settings.requests,

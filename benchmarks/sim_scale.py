@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--fleet", type=Path, default=ROOT / "src/tierlink/examples/fleet.yaml")
+    p.add_argument("--fleet", type=Path, default=ROOT / "src/tierlink/demo/fleets/fleet.yaml")
     p.add_argument("--devices", type=int, default=10_000)
     p.add_argument("--edges", type=int, default=200)
     p.add_argument("--clouds", type=int, default=10)
@@ -43,20 +43,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from tierlink.cli.main import zoo_models
     from tierlink.fleet.config import load_fleet
     from tierlink.fleet.tuning import fresh_thresholds
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.models.runtime import ModelInfo
     from tierlink.sim.generate import generate
-    from tierlink.sim.outcomes import zoo_outcomes
+    from tierlink.sim.outcomes import model_outcomes
 
     base = load_fleet(args.fleet)
     names = tuple(m for m in base.model_names() if m.startswith("fmnist-"))
-    models, _ = zoo_models(base.zoo_profile, names, progress=False)
+    catalog = Catalog.default(SourceOptions(profile=base.zoo_profile, progress=False))
+    models = catalog.paths(names)
     base, _ = fresh_thresholds(base, models, "fmnist", lambda m: print(m, file=sys.stderr))
     views = {n: ModelInfo.from_card(models[n][1]).view() for n in names}
     config = generate(base, args.devices, args.edges, args.clouds)
-    return config, views, zoo_outcomes("fmnist", names)
+    return config, views, model_outcomes("fmnist", names)
 
 
 def items_for(config: Any, n_samples: int, seconds: float, rate: float, seed: int) -> list:

@@ -106,16 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
-    from tierlink.cli.models import zoo_models
     from tierlink.fleet.launcher import launch
     from tierlink.fleet.tuning import fresh_thresholds
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.zoo.datasets import fashion_mnist
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     config = ov.demo_fleet(ov.EXAMPLE)
-    models, _ = zoo_models(config.zoo_profile, config.model_names())
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile))
+    models = catalog.paths(config.model_names())
     config, _ = fresh_thresholds(config, models, ov.TASK, say)
     images = fashion_mnist().test.input[:2000]
     sent: list[ov.Sent] = []

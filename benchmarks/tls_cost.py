@@ -81,12 +81,13 @@ def one_block(call: Callable[[], int], n: int, pids: list[int]) -> tuple[list[fl
 
 
 def measure(requests: int, rounds: int, say: Callable[[str], None] = print) -> dict[str, Any]:
-    from tierlink.cli.models import zoo_models
     from tierlink.fleet.launcher import launch
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.zoo.datasets import fashion_mnist
 
     base = parse_fleet(FLEET)
-    models, _ = zoo_models(base.zoo_profile, base.model_names(), progress=False)
+    catalog = Catalog.default(SourceOptions(profile=base.zoo_profile, progress=False))
+    models = catalog.paths(base.model_names())
     image = fashion_mnist().test.input[:1]
     body = encode_infer_request({"input": image}, {"tierlink.privacy": "any",
                                                    "tierlink.deadline_ms": 2000.0}, None)

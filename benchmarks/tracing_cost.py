@@ -72,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
-    from tierlink.cli.models import zoo_models
     from tierlink.fleet.launcher import launch
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.zoo.datasets import fashion_mnist
 
     base = parse_fleet(FLEET)
-    models, _ = zoo_models(base.zoo_profile, base.model_names(), progress=False)
+    catalog = Catalog.default(SourceOptions(profile=base.zoo_profile, progress=False))
+    models = catalog.paths(base.model_names())
     images = fashion_mnist().test.input
     rng = np.random.default_rng(3)
     bodies = [encode_infer_request({"input": images[i: i + 1]}, {

@@ -66,3 +66,26 @@ def test_no_class_over_400_lines():
                  if isinstance(node, ast.ClassDef) and node.end_lineno
                  and node.end_lineno - node.lineno + 1 > 400)
     assert big == []
+
+
+def test_only_the_cli_and_the_demo_import_the_zoo():
+    """The zoo is one model source among others: every other package reaches a model
+    through the framework's model layer (tierlink.models: cards, the catalog, runtimes)."""
+    edges = _package_imports()
+    assert sorted(p for p, outs in edges.items() if "zoo" in outs) == ["cli", "demo"]
+    assert sorted(p for p, outs in edges.items() if "demo" in outs) == ["cli"]
+
+
+def test_the_model_layer_stands_below_every_tool():
+    """tierlink.models imports nothing of the package but the pure core, the error tree and
+    durable writes; and no torch (numpy and ONNX Runtime only)."""
+    assert _package_imports().get("models", set()) <= {"core", "errors", "durable"}
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "tierlink" / "models"
+    modules = sorted(f"tierlink.models.{p.stem}" for p in src.glob("*.py")
+                     if p.stem != "__init__")
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -7,23 +7,30 @@ from tierlink.cascade.report import Goal, tune_chain
 from tierlink.cascade.stages import Chain
 from tierlink.core.types import Tier
 from tierlink.models.calibration import ece
+from tierlink.models.card import load_card
+from tierlink.models.catalog import Catalog, SourceOptions
+from tierlink.models.data import Splits
 from tierlink.models.evaluate import onnx_logits
-from tierlink.zoo import ensure_zoo
-from tierlink.zoo.datasets import load_splits
 
 CHAIN = Chain(("fmnist-small", "fmnist-medium", "fmnist-large"),
               (Tier.DEVICE, Tier.EDGE, Tier.CLOUD))
 
 
 @pytest.fixture(scope="module")
-def zoo():
-    return ensure_zoo(profile="test", progress=False)
+def catalog():
+    return Catalog.default(SourceOptions(profile="test", progress=False))
 
 
 @pytest.fixture(scope="module")
-def splits():
-    s = load_splits("fmnist")
-    return type(s)(s.train.head(10), s.calib.head(2000), s.test.head(2000))
+def zoo(catalog):
+    """The chain's models as the catalog resolves them (the zoo's, built once)."""
+    return catalog.resolve(CHAIN.models)
+
+
+@pytest.fixture(scope="module")
+def splits(catalog):
+    s = catalog.data("fmnist")
+    return Splits(s.calib.head(2000), s.test.head(2000), s.train.head(10))
 
 
 @pytest.mark.parametrize("goal", [Goal("accuracy_drop", 1.0), Goal("escalation_budget", 0.3),
@@ -46,8 +53,8 @@ def test_tuned_thresholds_meet_their_target_on_the_calibration_split(zoo, splits
 
 def test_temperature_fitted_on_calibration_lowers_ece_on_held_out_test(zoo, splits):
     for name in CHAIN.models:
-        card = zoo.card(name)
-        logits = onnx_logits(zoo.path(name), splits.test.input)
+        card = load_card(zoo[name].card)
+        logits = onnx_logits(zoo[name].file, splits.test.input)
         before = ece(logits, splits.test.labels)
         after = ece(logits, splits.test.labels, card.temperature)
         assert after < before, (name, before, after)

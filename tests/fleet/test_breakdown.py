@@ -6,8 +6,8 @@ import pytest
 
 from tierlink.core.types import Priority, Privacy
 from tierlink.fleet import breakdown as bd
+from tierlink.fleet.breakdown import cloud_room_ms
 from tierlink.fleet.config import parse_fleet
-from tierlink.fleet.demo import cloud_room_ms
 from tierlink.fleet.workload import Record, WorkItem
 
 SLA = {30.0: Priority.REALTIME, 150.0: Priority.INTERACTIVE, 1000.0: Priority.BATCH}

@@ -1,6 +1,7 @@
 import pytest
 
 from tierlink.core.types import Tier
+from tierlink.demo.fleets import fleet_path
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import load_fleet, parse_fleet
 
@@ -10,7 +11,7 @@ MIN = {"nodes": [{"id": "dev-1", "tier": "device", "models": ["fmnist-small"]},
 
 
 def test_example_fleet_loads():
-    cfg = load_fleet("examples/fleet.yaml")
+    cfg = load_fleet(fleet_path())
     assert len(cfg.nodes) == 7 and len(cfg.links) == 10
     assert cfg.node("cloud-1").tier is Tier.CLOUD
     assert {l.dst for l in cfg.links_from("dev-1")} == {"edge-1", "edge-2"}

@@ -1,13 +1,13 @@
 import shutil
-from pathlib import Path
 
 import pytest
 
+from tierlink.demo.fleets import fleet_path
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import load_fleet
 from tierlink.fleet.fleetfile import write_thresholds
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+EXAMPLE = fleet_path()
 
 
 def test_thresholds_are_written_and_the_rest_of_the_file_kept(tmp_path):

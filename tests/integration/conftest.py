@@ -29,7 +29,7 @@ from tierlink.models.data import Labelled
 
 from .integration_support import Models, least_confident, least_confident_of_all, running_fleet
 
-# 1 cloud, 2 edges, 2 devices under a CPU quota (as in examples/fleet.yaml; unthrottled where
+# 1 cloud, 2 edges, 2 devices under a CPU quota (as in the demo's fleet.yaml; unthrottled where
 # cgroups are unavailable); short links so the tests spend their time routing, not waiting.
 # Cascade thresholds are high for the weak `test` models: most answers escalate.
 SHARED_FLEET = """

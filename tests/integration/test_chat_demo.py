@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierlink.cli.demo_chat import chat_phase
+from tierlink.demo.chat_run import chat_phase
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tierlink.fleet.demo import DemoSettings, open_heads, photo_phase, run_photos
+from tierlink.demo.phases import DemoSettings, open_heads, photo_phase, run_photos
 from tierlink.fleet.workload import summarize_split
 
 from .integration_support import Models, fleet_config, profiled_mobilenet, running_fleet

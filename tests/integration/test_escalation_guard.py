@@ -3,7 +3,7 @@
 When the spine landed the demo escalated 11% of its requests; later changes brought that
 under 1% and nothing noticed: under load escalations were lost (cold connections to the
 cloud timed out, and the policy priced cascades with a guess that made answering on the
-device look as good). This guard runs the demo's own fleet (``examples/fleet.yaml`` without
+device look as good). This guard runs the demo's own fleet (``demo/fleets/fleet.yaml`` without
 its photo models) on the real zoo — built here on first use, as the demo does, and its
 thresholds re-tuned for these models when the file's were tuned on others — under the
 demo's mixed load, and compares the share of requests that left the device with the share
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tierlink.demo.fleets import fleet_path
+from tierlink.demo.phases import DemoSettings, run_workload, threshold_prediction, workload_for
 from tierlink.fleet import breakdown as bd
 from tierlink.fleet.config import FleetConfig, load_fleet
-from tierlink.fleet.demo import DemoSettings, run_workload, threshold_prediction, workload_for
 from tierlink.fleet.launcher import launch
 from tierlink.models.data import Labelled
 
@@ -28,7 +29,7 @@ from .integration_support import assert_all_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+EXAMPLE = fleet_path()
 
 
 def demo_fleet_without_photos() -> FleetConfig:

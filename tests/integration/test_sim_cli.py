@@ -19,7 +19,7 @@ def test_sim_reports_the_demo_runs_side_by_side(tmp_path: Path) -> None:
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
     tierlink = Path(sys.executable).parent / "tierlink"
     done = subprocess.run(
-        [str(tierlink), "sim", str(ROOT / "src/tierlink/examples/fleet.yaml"), "--requests",
+        [str(tierlink), "sim", str(ROOT / "src/tierlink/demo/fleets/fleet.yaml"), "--requests",
          "300", "--runs", "tierlink,cloud_only", "--json", str(out), "--png", str(png)],
         capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -64,7 +64,7 @@ def test_sim_replays_a_live_log_with_its_measured_http_costs(tmp_path: Path) -> 
     append_log(log, "tierlink", records)
     tierlink = Path(sys.executable).parent / "tierlink"
     done = subprocess.run(
-        [str(tierlink), "sim", str(ROOT / "src/tierlink/examples/fleet.yaml"), "--replay",
+        [str(tierlink), "sim", str(ROOT / "src/tierlink/demo/fleets/fleet.yaml"), "--replay",
          str(log), "--http-from", str(log), "--runs", "device_only", "--json", str(out)],
         capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -73,7 +73,7 @@ def test_sim_replays_a_live_log_with_its_measured_http_costs(tmp_path: Path) -> 
     assert report["http"]["request_ms"] == {"n": 30, "p50": 2.3, "p95": 2.3, "p99": 2.3}
     assert report["runs"]["device_only"]["p50_ms"] > 2.3  # the request's cost + compute
     done = subprocess.run(
-        [str(tierlink), "sim", str(ROOT / "src/tierlink/examples/fleet.yaml"), "--replay",
+        [str(tierlink), "sim", str(ROOT / "src/tierlink/demo/fleets/fleet.yaml"), "--replay",
          str(log), "--http-from", str(log), "--http-warm-up", "--runs", "device_only",
          "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]

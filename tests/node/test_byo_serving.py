@@ -42,6 +42,9 @@ MODELS: dict[str, tuple[Any, ...]] = {
     "boxes": ("finding", "detection", byo.detector, byo.detection_data,
               {"boxes": "boxes", "scores": "scores"}, {}),
     "vectors": ("similar", "embedding", byo.embedder, byo.embedding_data, {}, {}),
+    # a user's Python model (no ONNX): the classifier as numpy, loaded by its runtime
+    "py-toy": ("toy", "classification", lambda p: byo.python_classifier(p.with_suffix("")),
+               byo.classification_data, {}, {}),
 }
 
 
@@ -98,6 +101,19 @@ def test_a_regression_task_answers_value_uncertainty_and_its_confidence(node, bi
     assert params["tierlink.confidence"] == pytest.approx(float((1 / (1 + sd)).min()), abs=1e-5)
     assert (params["tierlink.model"], params["tierlink.served_by"]) == ("price-sd", "dev-1")
     assert params["tierlink.escalations"] == 0
+
+
+def test_a_python_model_answers_its_task_through_the_node(node, store):
+    outputs, params = infer(node, "toy", X)
+    temperature = store.card("py-toy")["temperature"]
+    z = (X @ byo.W_CLS + byo.B_CLS) / temperature
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(outputs["probabilities"], p, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(outputs["label"], p.argmax(axis=1))
+    assert (params["tierlink.model"], params["tierlink.served_by"]) == ("py-toy", "dev-1")
+    raw, _ = infer(node, "py-toy", X)  # the model itself: its raw outputs
+    np.testing.assert_allclose(raw["logits"], X @ byo.W_CLS + byo.B_CLS, rtol=1e-5)
 
 
 def test_a_regression_without_uncertainty_answers_its_value_with_full_confidence(node):
@@ -157,6 +173,7 @@ def test_metadata_names_each_models_kind_and_provider(node):
         [("probabilities", "FP32"), ("labels", "INT8")]
     status = node.get("/tierlink/v1/status").json()
     assert status["tasks"] == sorted(m[0] for m in MODELS.values())
+    assert status["providers"].pop("py-toy") == "python"  # a Python model runs itself
     assert set(status["providers"].values()) == {"CPUExecutionProvider"}
     info = [line for line in node.get("/metrics").text.splitlines()
             if line.startswith("tierlink_model_info{")]

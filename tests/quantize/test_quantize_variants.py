@@ -18,15 +18,10 @@ from tierlink.errors import QuantizationError
 from tierlink.models.card import file_sha256, save_card
 from tierlink.quantize.methods import quantize_model
 from tierlink.quantize.settings import PRECISIONS, QuantSettings
-from tierlink.quantize.variants import (
-    EvalData,
-    card_verdict,
-    ensure_variant,
-    make_variant,
-    variant_name,
-)
+from tierlink.quantize.variants import EvalData, card_verdict, variant_name
 from tierlink.zoo.cache import Zoo, ensure_zoo, load_zoo
 from tierlink.zoo.datasets import fashion_mnist
+from tierlink.zoo.variants import ensure_variant, make_variant
 
 PARENT = "fmnist-small"
 

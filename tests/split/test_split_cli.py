@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from typer.testing import CliRunner
 
 from tierlink.cli.split import app
+from tierlink.demo.fleets import fleet_path
 from tierlink.zoo import ensure_zoo
 
-EXAMPLE_FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+EXAMPLE_FLEET = fleet_path()
 MODEL = "fmnist-small"
 CUT = "/12/MaxPool_output_0"
 

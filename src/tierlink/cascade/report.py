@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -12,8 +13,9 @@ from tierlink.cascade.tune import Operating, Stage, Target, TargetKind, evaluate
 from tierlink.core.types import CascadeRecord
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.models.card import load_card
+from tierlink.models.catalog import Resolved
 from tierlink.models.data import Splits
-from tierlink.zoo.cache import Zoo
 
 # A guaranteed target, by default: "accuracy >= cloud-only - 0.3 point, with 95%
 # probability" (of the expected accuracy; a batch size makes it a promise about any batch
@@ -108,13 +110,15 @@ class TuneReport:
         }
 
 
-def tune_chain(zoo: Zoo, chain: Chain, splits: Splits, goal: Goal,
+def tune_chain(models: Mapping[str, Resolved], chain: Chain, splits: Splits, goal: Goal,
                cost: CostModel = DEFAULT_COST_MODEL) -> TuneReport:
-    """Tune on the calibration split, evaluate the same thresholds on the test split."""
-    calib = build_stages(zoo, chain, splits.calib, cost)
-    test = build_stages(zoo, chain, splits.test, cost)
+    """Tune on the calibration split, evaluate the same thresholds on the test split;
+    ``models``: the chain's models as the catalog resolved them."""
+    calib = build_stages(models, chain, splits.calib, cost)
+    test = build_stages(models, chain, splits.test, cost)
     report = tune_stages(calib, test, chain, goal)
-    return replace(report, tuned_on={m: zoo.card(m).sha256 for m in chain.models})
+    return replace(report, tuned_on={m: load_card(models[m].card).sha256
+                                     for m in chain.models})
 
 
 def tune_stages(calib: list[Stage], test: list[Stage], chain: Chain, goal: Goal) -> TuneReport:

@@ -1,9 +1,10 @@
-"""Cascade stages from real zoo models: calibrated confidence and correctness on a split,
-and the cost of a request reaching each tier under the fleet's cost model."""
+"""Cascade stages from real classifiers the catalog resolved: calibrated confidence and
+correctness on a split, and the cost of a request reaching each tier under the fleet's
+cost model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,8 +13,9 @@ from tierlink.cascade.tune import Stage
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
+from tierlink.models.card import load_card
+from tierlink.models.catalog import Resolved
 from tierlink.models.data import Labelled
-from tierlink.zoo.cache import Zoo
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +33,8 @@ def stage_cost(tier: Tier, latency_ms: float, input_bytes: int,
     return cost.compute(tier, latency_ms) + cost.transfer(tier, input_bytes)
 
 
-def build_stages(zoo: Zoo, chain: Chain, split: Labelled, cost: CostModel = DEFAULT_COST_MODEL,
-                 threads: int = 1) -> list[Stage]:
+def build_stages(models: Mapping[str, Resolved], chain: Chain, split: Labelled,
+                 cost: CostModel = DEFAULT_COST_MODEL, threads: int = 1) -> list[Stage]:
     """One :class:`Stage` per model of ``chain`` on ``split``, confidence calibrated with
     each model's own temperature (from its card)."""
     from tierlink.models.evaluate import onnx_logits, softmax
@@ -42,8 +44,8 @@ def build_stages(zoo: Zoo, chain: Chain, split: Labelled, cost: CostModel = DEFA
     input_bytes = int(np.prod(split.input.shape[1:])) * 4  # FP32 on the wire
     stages = []
     for name, tier in zip(chain.models, chain.tiers, strict=True):
-        card = zoo.card(name)
-        probs = softmax(onnx_logits(zoo.path(name), split.input, threads=threads),
+        card = load_card(models[name].card)
+        probs = softmax(onnx_logits(models[name].file, split.input, threads=threads),
                         card.temperature)
         stages.append(Stage(
             model=name, tier=tier, confidence=probs.max(axis=1),

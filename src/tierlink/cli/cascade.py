@@ -111,17 +111,16 @@ def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) ->
     from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
     from tierlink.fleet.config import load_fleet
-    from tierlink.quantize.variants import with_variants
-    from tierlink.zoo import ensure_zoo
-    from tierlink.zoo.datasets import load_splits
+    from tierlink.models.catalog import Catalog, SourceOptions
 
     config = load_fleet(fleet_file)
     if _imported(config, task):
         return _tune_imported(config, task, goal)
     chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task)
-    zoo = ensure_zoo(task=task, profile=config.zoo_profile, progress=progress)
-    zoo = with_variants(zoo, chain.models)  # e.g. fmnist-small-fp16, made on first use
-    return tune_chain(zoo, chain, load_splits(task), goal, config.routing.policy_config().cost)
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=progress))
+    found = catalog.resolve(chain.models)  # e.g. fmnist-small-fp16, made on first use
+    return tune_chain(found, chain, catalog.data(task), goal,
+                      config.routing.policy_config().cost)
 
 
 def _imported(config: Any, task: str) -> bool:

@@ -23,7 +23,7 @@ from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.llm import app as llm_app
 from tierlink.cli.model import app as model_app
 from tierlink.cli.model_import import import_cmd, imported_cmd
-from tierlink.cli.models import imported_models, zoo_models
+from tierlink.cli.models import fleet_models
 from tierlink.cli.pki import app as pki_app
 from tierlink.cli.policy import policy_app
 from tierlink.cli.quantize import quantize
@@ -31,6 +31,7 @@ from tierlink.cli.rollout import app as rollout_app
 from tierlink.cli.split import app as split_app
 from tierlink.cli.split_profile import profile_cmd
 from tierlink.cli.trace import app as trace_app
+from tierlink.demo.fleets import fleet_path
 from tierlink.errors import TierlinkError
 
 app = typer.Typer(help="tierlink: cloud-edge-device collaborative inference.",
@@ -54,13 +55,13 @@ app.add_typer(trace_app, name="trace")
 app.add_typer(pki_app, name="pki")
 split_app.command("profile")(profile_cmd)
 console = Console(stderr=True)
-EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
+DEMO_FLEET = fleet_path()  # the demo's fleet file (package data): `demo`'s and `sim`'s default
 TRACES_HELP = ("trace every request: start an OTLP receiver for the fleet (<run dir>/"
                "traces.jsonl; `tierlink trace show` reads it)")
 OTLP_HELP = "send every node's spans to this OTLP/HTTP collector (e.g. http://host:4318)"
 NETNS_HELP = ("each node in a network namespace of its own with its own address (veth pairs, a "
               "bridge), link bandwidth (htb) and loss (iptables) in the kernel; root only")
-__all__ = ["app", "fail", "imported_models", "zoo_models"]  # the last two: cli/models.py
+__all__ = ["app", "fail", "fleet_models"]  # the last: cli/models.py
 
 
 
@@ -105,11 +106,11 @@ def _print_cards(zoo: Any, as_json: bool) -> None:
 @app.command()
 def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 min)"),
          json_path: Path | None = typer.Option(None, "--json", help="write the report here"),
-         fleet_file: Path = typer.Option(EXAMPLE_FLEET, "--fleet"),
+         fleet_file: Path = typer.Option(DEMO_FLEET, "--fleet"),
          requests: int | None = typer.Option(None, help="requests per run"),
          rate: float | None = typer.Option(None, help="requests per second"),
          chat: bool = typer.Option(False, "--chat", help="then a chat phase on its own fleet "
-                                                         "(examples/chat-fleet.yaml)"),
+                                                         "(the demo's chat-fleet.yaml)"),
          log: Path | None = typer.Option(None, "--log", help="write every request and its "
                                          "answer here (JSON lines; `sim --replay` reads it)"),
          seed: int | None = typer.Option(None, help="the workload's seed (default: 7)"),
@@ -123,7 +124,7 @@ def demo(quick: bool = typer.Option(False, "--quick", help="a shorter run (< 3 m
                                   "run directory; claims bound to senders)"),
          ) -> None:
     """Start a 7-node fleet, drive a mixed workload, compare with cloud-only and device-only."""
-    from tierlink.cli.demo import run_demo
+    from tierlink.demo.run import run_demo
 
     try:
         run_demo(fleet_file, quick=quick, json_path=json_path, requests=requests, rate=rate,
@@ -147,7 +148,7 @@ def plan_cmd(inventory: Path = typer.Argument(..., help="use cases and a hardwar
 
 
 @app.command()
-def sim(fleet_file: Path = typer.Argument(EXAMPLE_FLEET, help="the fleet YAML (as `up` takes)"),
+def sim(fleet_file: Path = typer.Argument(DEMO_FLEET, help="the fleet YAML (as `up` takes)"),
         scenario: Path | None = typer.Option(None, "--scenario",
                                              help="arrivals, outages, crashes, slowdowns (YAML)"),
         requests: int | None = typer.Option(None, help="requests per run (default: the "
@@ -214,7 +215,7 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
     try:
         config = with_tls(with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
                                        otlp_endpoint), tls)
-        models, _ = zoo_models(config.zoo_profile, config.model_names())
+        models = fleet_models(config.zoo_profile, config.model_names())
         require_fresh(config, models, fleet_file)
         rd = run_dir or Path(tempfile.mkdtemp(prefix="tierlink-"))
         fleet = launch(config, models, rd, say=lambda m: console.print(f"[dim]{m}[/dim]"),
@@ -318,7 +319,7 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
             return
         if not node_id:
             raise typer.BadParameter("give --id (or --spec)")
-        models, _ = zoo_models(profile, tuple(model)) if model else ({}, {})
+        models = fleet_models(profile, model) if model else {}
         sources = tuple(ModelSource(m, str(models[m][0]), str(models[m][1])) for m in model)
         llms = tuple(_llm_source(text, llm_int8, verifier if i == 0 else None)
                      for i, text in enumerate(llm))

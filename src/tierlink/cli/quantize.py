@@ -108,8 +108,8 @@ def run_quantize(models: list[str] | None, settings: list[Any], *, profile: str,
     """Make every (model, settings) variant. Returns the report as JSON-ready data and
     the cards of the mixed variants by parent (for the sensitivity tables)."""
     from tierlink.quantize.report import plot_sensitivity, sensitivity_rows, variant_row
-    from tierlink.quantize.variants import eval_data, make_variant
     from tierlink.zoo import ensure_zoo
+    from tierlink.zoo.variants import eval_data, make_variant
 
     zoo = ensure_zoo(task=task, profile=profile, progress=progress)
     names = list(models) if models else list(zoo.base_names())

@@ -25,7 +25,7 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
             scale: str | None = None, progress: bool = True, replay: Path | None = None,
             replay_run: str | None = None, http_from: Path | None = None,
             http_warm_up: bool = False, photos: bool = True) -> dict[str, Any]:
-    from tierlink.sim.outcomes import zoo_outcomes
+    from tierlink.sim.outcomes import model_outcomes
     from tierlink.sim.run import RUNS, simulate
 
     config = load_fleet(fleet_file)
@@ -33,7 +33,7 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
         config = _scaled(config, scale)
     chosen = _runs(runs, (*RUNS, ("bandit", "bandit")))
     config, tuning, views = _models(config)
-    outcomes = zoo_outcomes(TASK, list(views), config.zoo_profile)
+    outcomes = model_outcomes(TASK, list(views), config.zoo_profile)
     sc = _scenario(scenario_file)
     http_by_run: dict[str, Any] = {}
     if http_from is not None:
@@ -112,14 +112,14 @@ def _runs(text: str, known: tuple[tuple[str, str | None], ...]
 def _models(config: FleetConfig) -> tuple[FleetConfig, dict[str, Any], dict[str, Any]]:
     """The zoo models of the simulated task (built, variants made, as the demo does) with
     thresholds that belong to them, and each model's view as a node builds it."""
-    from tierlink.cli.models import zoo_models
+    from tierlink.cli.models import fleet_models
     from tierlink.fleet.tuning import fresh_thresholds
     from tierlink.models.runtime import ModelInfo
 
     wanted = tuple(m for m in config.model_names() if m.startswith(f"{TASK}-"))
     if not wanted:
         raise ConfigError(f"fleet {config.name!r} serves no {TASK} model to simulate")
-    models, _ = zoo_models(config.zoo_profile, wanted)
+    models = fleet_models(config.zoo_profile, wanted)
     config, tuning = fresh_thresholds(config, models, TASK,
                                       lambda m: console.print(f"[dim]{m}[/dim]"))
     views = {name: ModelInfo.from_card(models[name][1]).view() for name in wanted}
@@ -158,10 +158,10 @@ def _photo_phase(config: FleetConfig, seed: int) -> tuple[Any, dict[str, Any], A
     and the requests."""
     from dataclasses import replace
 
-    from tierlink.fleet.demo import DemoSettings, photo_model, photo_phase
+    from tierlink.demo.phases import DemoSettings, photo_model, photo_phase
     from tierlink.models.runtime import ModelInfo
     from tierlink.sim.outcomes import photo_outcomes
-    from tierlink.zoo.photo_models import photo_models
+    from tierlink.zoo.photo_models import PHOTO_TASK, photo_models
 
     model = photo_model(config)
     if model is None:
@@ -170,7 +170,7 @@ def _photo_phase(config: FleetConfig, seed: int) -> tuple[Any, dict[str, Any], A
     phase = photo_phase(config, replace(DemoSettings.quick(), seed=seed), models)
     if phase is None:
         return None
-    outcomes = photo_outcomes(model, phase.reference, phase.confidence,
+    outcomes = photo_outcomes(PHOTO_TASK, model, phase.reference, phase.confidence,
                               int(phase.images[0].nbytes))
     return outcomes, {model: ModelInfo.from_card(models[model][1]).view()}, phase.items
 

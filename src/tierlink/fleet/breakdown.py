@@ -1,5 +1,5 @@
-"""The demo's figures broken down by privacy level and by SLA class, and the live
-escalation rate beside the one the cascade thresholds predict.
+"""A run's figures (the demo's, the simulator's) broken down by privacy level and by SLA
+class, and the live escalation rate beside the one the cascade thresholds predict.
 
 A request *may escalate* when its privacy level lets it leave the device (``site`` or
 ``any``). The thresholds predict, for those requests, the share the device model passes on:
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tierlink.core.types import Privacy
+from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.workload import Record
 
 TIERS = ("device", "edge", "cloud")
@@ -35,6 +37,26 @@ class Prediction:
     def expected(self, samples: Iterable[int]) -> float | None:
         picked = [bool(self.below[s]) for s in samples]
         return sum(picked) / len(picked) if picked else None
+
+
+def cloud_room_ms(fleet: FleetConfig) -> float:
+    """The least deadline that leaves room for the cloud: the slowest device->edge and
+    edge->cloud round trips declared, plus the routing reserve."""
+    tier = {n.node_id: n.tier.label for n in fleet.nodes}
+    rtt = {pair: max((2 * l.delay_ms for l in fleet.links
+                      if (tier[l.src], tier[l.dst]) == pair), default=0.0)
+           for pair in (("device", "edge"), ("edge", "cloud"))}
+    return sum(rtt.values()) + fleet.routing.reserve_ms
+
+
+def breakdown(records: list[Record], fleet: FleetConfig,
+              prediction: Prediction | None) -> dict[str, Any]:
+    """The per-privacy and per-SLA figures of one run, the ``any`` requests by whether the
+    cloud was within reach, and the escalation rate beside the thresholds' prediction."""
+    return {"by_privacy": by_privacy(records), "by_sla": by_sla(records),
+            "any_by_cloud_room": by_privacy_and_room(records, cloud_room_ms(fleet)),
+            "cloud_room_ms": cloud_room_ms(fleet),
+            "escalation": escalation(records, prediction)}
 
 
 def group_figures(records: list[Record]) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """One YAML file per fleet: nodes, tiers, models, links, routing weights.
 
 Validated once here (every error names the field and the fix) and passed down frozen.
-Example: ``examples/fleet.yaml``.
+Example: the demo's, ``src/tierlink/demo/fleets/fleet.yaml``.
 """
 
 from __future__ import annotations

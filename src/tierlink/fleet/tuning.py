@@ -58,16 +58,13 @@ def retune(config: FleetConfig, task: str, goal: Any = None,
     from tierlink.cascade.records import SEP, record_to_dict
     from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
-    from tierlink.quantize.variants import with_variants
-    from tierlink.zoo import ensure_zoo
-    from tierlink.zoo.datasets import load_splits
+    from tierlink.models.catalog import Catalog, SourceOptions
 
     goal = goal or fleet_goal(config)
     chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task)
-    zoo = with_variants(ensure_zoo(task=task, profile=config.zoo_profile, progress=progress),
-                        chain.models)
-    splits = load_splits(task)
-    report = tune_chain(zoo, chain, splits, goal, config.routing.policy_config().cost)
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=progress))
+    report = tune_chain(catalog.resolve(chain.models), chain, catalog.data(task), goal,
+                        config.routing.policy_config().cost)
     records = {k: record_to_dict(r) for k, r in (report.records or {}).items()}
     by_path = {tuple(k.split(SEP)): r for k, r in (report.records or {}).items()}
     routing = config.routing

@@ -48,7 +48,7 @@ def model_host(spec: NodeSpec) -> Host:
     return model_runtimes.load
 
 
-def load_runtimes(spec: NodeSpec, host: Host) -> dict[str, ModelRuntime]:
+def load_runtimes(spec: NodeSpec, host: Host = model_runtimes.load) -> dict[str, ModelRuntime]:
     """The runtime of each model in the spec, chosen by its card's format."""
     return {src.name: host(LoadSpec(card=Path(src.card),
                                     model_file=Path(src.onnx) if src.onnx else None,

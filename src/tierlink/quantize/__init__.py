@@ -1,8 +1,10 @@
-"""tierlink.quantize: lower-precision variants of zoo models, each with a measured card.
+"""tierlink.quantize: lower-precision variants of a model, each with a measured card.
 
-    zoo = load_zoo()
-    card = make_variant(zoo, "fmnist-large", QuantSettings(precision="int8-static"))
-    card = ensure_variant(zoo, "fmnist-small-mixed")   # what a fleet config names
+    card = make_variant_at(root, parent_card, parent_onnx,
+                           QuantSettings(precision="int8-static"), data)
+
+(the zoo makes its variants on first use with it: :mod:`tierlink.zoo.variants`; an
+imported model's: :mod:`tierlink.modelstore.quantize`).
 
 Layout: ``settings`` (what to make, validated), ``methods`` (ONNX Runtime quantization:
 static / dynamic INT8, FP16, INT4 weight-only), ``sensitivity`` (per-layer scan and the
@@ -24,26 +26,20 @@ if TYPE_CHECKING:
         mixed_search,
     )
     from tierlink.quantize.settings import PRECISIONS, SUFFIXES, QuantSettings, precision_for
-    from tierlink.quantize.variants import (
-        card_verdict,
-        ensure_variant,
-        make_variant,
-        variant_name,
-        verdict,
-    )
+    from tierlink.quantize.variants import card_verdict, make_variant_at, variant_name, verdict
 
 _LAZY = {
     "QuantResult": "methods", "quantize_model": "methods",
     "LayerSensitivity": "sensitivity", "MixedPlan": "sensitivity",
     "layer_sensitivity": "sensitivity", "mixed_search": "sensitivity",
     "PRECISIONS": "settings", "SUFFIXES": "settings", "QuantSettings": "settings",
-    "precision_for": "settings", "card_verdict": "variants", "ensure_variant": "variants",
-    "make_variant": "variants", "variant_name": "variants", "verdict": "variants",
+    "precision_for": "settings", "card_verdict": "variants",
+    "make_variant_at": "variants", "variant_name": "variants", "verdict": "variants",
 }
 
 __all__ = [
     "PRECISIONS", "SUFFIXES", "LayerSensitivity", "MixedPlan", "QuantResult", "QuantSettings",
-    "card_verdict", "ensure_variant", "layer_sensitivity", "make_variant", "mixed_search",
+    "card_verdict", "layer_sensitivity", "make_variant_at", "mixed_search",
     "precision_for", "quantize_model", "variant_name", "verdict",
 ]
 

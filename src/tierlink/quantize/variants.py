@@ -1,10 +1,10 @@
-"""Quantized variants in the zoo: make one, measure it against its parent, register it.
+"""Quantized variants of a model: make one, measure it against its parent, register it.
 
 A variant is ``<parent>-<suffix>.onnx`` with its card ``<parent>-<suffix>.json`` beside
-the parent in the zoo directory (``fmnist-small-int8``). The card is written last and
-atomically, so :func:`tierlink.zoo.load_zoo` lists the variant exactly when both files
-agree; a rebuilt parent makes it stale (its ``lineage.parent_sha256`` no longer matches)
-and :func:`ensure_variant` makes it again.
+the parent (``fmnist-small-int8``; :func:`make_variant_at`). The card is written last and
+atomically, so a family that lists its directory (the zoo: :mod:`tierlink.zoo.variants`)
+sees the variant exactly when both files agree; a rebuilt parent makes it stale (its
+``lineage.parent_sha256`` no longer matches) and the family makes it again.
 
 Everything a card claims is measured here: accuracy and top-1 agreement with the parent on
 the test split, temperature and cascade curve on the calibration split, and latency timed
@@ -14,7 +14,7 @@ side by side with the parent in one run (:mod:`tierlink.quantize.timing`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from tierlink.quantize.sensitivity import (
     mixed_search,
 )
 from tierlink.quantize.settings import SUFFIXES, QuantSettings
-from tierlink.zoo.cache import Zoo, build_lock, load_zoo
 
 Say = Callable[[str], None]
 FASTER = 1.10   # side-by-side speedup that counts as faster (beyond timing noise)
@@ -39,6 +38,10 @@ SLOWER = 0.90   # below this, the variant is slower than its parent
 SMALLER = 0.90  # file size ratio that counts as smaller
 
 PAYS, SMALLER_ONLY, DOES_NOT_PAY = "pays", "smaller only", "does not pay"
+
+
+def _quiet_say(_: str) -> None:
+    pass
 
 
 def verdict(accuracy_delta_pt: float, speedup_batch1: float, size_ratio: float,
@@ -89,82 +92,36 @@ def split_variant_name(name: str, bases: tuple[str, ...]) -> tuple[str, str]:
 class EvalData:
     """The images a variant is made and judged with: ``calib`` (calibration of INT8
     ranges, temperature, sensitivity) and ``test`` (accuracy, agreement, latency input),
-    each a ``tierlink.zoo.datasets.Split`` cut to the zoo profile's evaluation size."""
+    each a :class:`~tierlink.models.data.Labelled` (the zoo cuts them to its profile's
+    evaluation size)."""
 
     calib: Any
     test: Any
 
 
-def eval_data(zoo: Zoo) -> EvalData:
-    """The zoo task's calibration and test splits, as many images as the profile
-    evaluates (the ``test`` profile: a prefix, to stay fast)."""
-    from tierlink.zoo.datasets import load_splits
-    from tierlink.zoo.profiles import get_profile
-
-    splits = load_splits(zoo.task)
-    n = get_profile(zoo.profile).eval_samples
-    return EvalData(splits.calib.head(n or len(splits.calib)),
-                    splits.test.head(n or len(splits.test)))
 
 
-def make_variant(zoo: Zoo, parent: str, settings: QuantSettings, *,
-                 data: EvalData | None = None, say: Say | None = None,
-                 latency_rounds: int = 30) -> ModelCard:
-    """Make ``parent`` at ``settings`` into the zoo directory (replacing any older one)
-    and return its card. Holds the zoo's build lock. Seconds for ``int8-static``; a
-    ``mixed`` search quantizes the model once per layer and more (under a minute here)."""
-    with build_lock(zoo.root, zoo.task):
-        return _make(zoo, parent, settings, data or eval_data(zoo), say or _quiet,
-                     latency_rounds)
-
-
-def ensure_variant(zoo: Zoo, name: str, *, data: EvalData | None = None,
-                   say: Say | None = None, latency_rounds: int = 30) -> ModelCard:
-    """The card of model ``name`` (a base model or a variant such as
-    ``fmnist-small-int8``), making the variant with default settings when it is missing
-    or stale. Cheap when valid: no lock, no ONNX work. ``load_zoo`` again to see it."""
-    if name in zoo.cards:
-        return zoo.cards[name]
-    parent, precision = split_variant_name(name, zoo.base_names())
-    with build_lock(zoo.root, zoo.task):
-        fresh = load_zoo(zoo.task, zoo.profile, zoo.root)  # another process may have made it
-        if name in fresh.cards:
-            return fresh.cards[name]
-        return _make(fresh, parent, QuantSettings(precision=precision),
-                     data or eval_data(fresh), say or _quiet, latency_rounds)
-
-
-def with_variants(zoo: Zoo, names: Iterable[str], say: Say | None = None) -> Zoo:
-    """``zoo`` with every variant among ``names`` made if missing (base models and names
-    already present pass through); the zoo reloaded when anything was made."""
-    missing = [n for n in names if n not in zoo.cards]
-    for name in missing:
-        (say or _quiet)(f"making {name} (first use)")
-        ensure_variant(zoo, name)
-    return load_zoo(zoo.task, zoo.profile, zoo.root) if missing else zoo
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-def _make(zoo: Zoo, parent: str, settings: QuantSettings, data: EvalData, say: Say,
-          latency_rounds: int) -> ModelCard:
-    base = zoo.card(parent)
+def make_variant_at(root: Path, base: ModelCard, src: Path, settings: QuantSettings,
+                    data: EvalData, say: Say = _quiet_say, latency_rounds: int = 30
+                    ) -> ModelCard:
+    """Make ``base`` (its graph at ``src``) at ``settings`` into ``root`` as
+    ``<name>.onnx`` + ``<name>.json`` (the card last: it registers the variant) and return
+    the card. The caller holds whatever lock its family's directory needs."""
+    parent = base.name
     if base.lineage is not None:
         raise QuantizationError(f"{parent} is itself a variant; quantize its parent "
                                 f"{base.lineage.parent}")
     name = variant_name(parent, settings.precision)
-    src, dst = zoo.path(parent), zoo.root / f"{name}.onnx"
-    tmp = zoo.root / f".{name}.onnx.tmp"
+    dst = root / f"{name}.onnx"
+    tmp = root / f".{name}.onnx.tmp"
     extra: dict[str, Any] = {}
     try:
         if settings.choose_granularity and settings.precision in ("int8-static", "mixed"):
             settings, extra["granularity"] = _pick_granularity(
-                src, settings, data, zoo.root / f".{name}.trial.onnx", say)
+                src, settings, data, root / f".{name}.trial.onnx", say)
         if settings.precision == "mixed":
-            plan, sensitivity = _search(src, settings, data, zoo.root / f".{name}.ranges.json",
-                                        zoo.root / f".{name}.trial.onnx", say)
+            plan, sensitivity = _search(src, settings, data, root / f".{name}.ranges.json",
+                                        root / f".{name}.trial.onnx", say)
             settings = settings.with_exclude(tuple(settings.exclude) + plan.kept_fp32)
             extra |= {"sensitivity": {s.layer: s.drop_pt for s in sensitivity},
                       "search": plan.to_dict()}
@@ -177,8 +134,8 @@ def _make(zoo: Zoo, parent: str, settings: QuantSettings, data: EvalData, say: S
     finally:
         tmp.unlink(missing_ok=True)
         for leftover in (f".{name}.ranges.json", f".{name}.trial.onnx"):
-            (zoo.root / leftover).unlink(missing_ok=True)
-    save_card(card, zoo.root / f"{name}.json")  # last: registers the variant
+            (root / leftover).unlink(missing_ok=True)
+    save_card(card, root / f"{name}.json")  # last: registers the variant
     return card
 
 

@@ -61,15 +61,15 @@ def measure_validation(onnx_path: Path | str, card_path: Path | str,
     of :data:`EVAL_BATCH` (``progress`` is called after each)."""
     import numpy as np
 
+    from tierlink.models.catalog import Catalog
     from tierlink.models.evaluate import accuracy, onnx_logits
     from tierlink.models.onnx import ort_session
-    from tierlink.zoo.datasets import load_splits
 
     task = str(_read_card(card_path)["task"])
     if limit is not None and limit < 1:
         raise ConfigError(f"--eval-limit must be >= 1, got {limit}",
                           hint="omit it to evaluate the whole test split")
-    test = load_splits(task).test
+    test = Catalog.default().data(task).test
     test = test.head(limit) if limit is not None else test
     session = ort_session(onnx_path, threads=1)
     chunks = []

@@ -48,18 +48,19 @@ class Outcomes:
         return int(found.pred[sample]), float(found.confidence[sample])
 
 
-def zoo_outcomes(task: str, names: Iterable[str], profile: str = "full",
-                 cache_dir: Path | None = None) -> Outcomes:
-    """Answers of the zoo models ``names`` of ``task`` on its test split (variants made on
-    first use, as the demo makes them)."""
-    from tierlink.quantize.variants import with_variants
-    from tierlink.zoo import ensure_zoo
-    from tierlink.zoo.datasets import load_splits
+def model_outcomes(task: str, names: Iterable[str], profile: str = "full",
+                   cache_dir: Path | None = None) -> Outcomes:
+    """Answers of the classifiers ``names`` of ``task`` on its test split, each found by
+    the catalog (zoo variants made on first use, as the demo makes them)."""
+    from tierlink.models.card import load_card
+    from tierlink.models.catalog import Catalog, SourceOptions
 
     wanted = sorted(set(names))
-    zoo = with_variants(ensure_zoo(task=task, profile=profile, progress=False), wanted)
-    test = load_splits(task).test
-    shas = [zoo.card(n).sha256 for n in wanted]
+    catalog = Catalog.default(SourceOptions(profile=profile, progress=False))
+    found = catalog.resolve(wanted)
+    cards = {n: load_card(found[n].card) for n in wanted}
+    test = catalog.data(task).test
+    shas = [cards[n].sha256 for n in wanted]
     key = hashlib.sha256(("|".join(f"{n}={s}" for n, s in zip(wanted, shas, strict=True))
                           + f"|{task}|{test.labels.shape[0]}").encode()).hexdigest()[:16]
     path = (cache_dir or _cache_dir()) / f"outcomes-{task}-{key}.npz"
@@ -70,8 +71,8 @@ def zoo_outcomes(task: str, names: Iterable[str], profile: str = "full",
 
     models = {}
     for name in wanted:
-        probs = softmax(onnx_logits(zoo.path(name), test.input, threads=1),
-                        zoo.card(name).temperature)
+        probs = softmax(onnx_logits(found[name].file, test.input, threads=1),
+                        cards[name].temperature)
         models[name] = Answers(probs.argmax(axis=1).astype(np.int16),
                                probs.max(axis=1).astype(np.float32))
     outcomes = Outcomes(task, test.labels.astype(np.int16), models, input_bytes)
@@ -102,13 +103,11 @@ def _load(path: Path, task: str, names: list[str], input_bytes: int) -> Outcomes
         return Outcomes(task, data["labels"], models, input_bytes)
 
 
-def photo_outcomes(model: str, reference: np.ndarray, confidence: np.ndarray,
+def photo_outcomes(task: str, model: str, reference: np.ndarray, confidence: np.ndarray,
                    input_bytes: int) -> Outcomes:
     """The demo's photo task (its ``PhotoPhase``): the large model's answers on its photos.
     The labels are those answers (the demo scores a split plan by its agreement with the
     unsplit model); a split plan answers as the whole model does (the policy only picks
     codecs that lose at most ``split_max_accuracy_loss``)."""
-    from tierlink.zoo.photo_models import PHOTO_TASK
-
     answers = Answers(reference.astype(np.int16), confidence.astype(np.float32))
-    return Outcomes(PHOTO_TASK, reference.astype(np.int16), {model: answers}, input_bytes)
+    return Outcomes(task, reference.astype(np.int16), {model: answers}, input_bytes)

@@ -90,7 +90,7 @@ def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
     simulator's own counters and speed under ``sim``, per-window ``series``) and each
     run's records. ``http_by_run``: HTTP costs of a run's own (measured for its policy),
     instead of the scenario's."""
-    from tierlink.fleet.demo import breakdown
+    from tierlink.fleet.breakdown import breakdown
     from tierlink.sim.plots import series
 
     report: dict[str, Any] = {"fleet": config.name, "requests": len(items), "seed": seed,

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tierlink.cli import demo as cli_demo
 from tierlink.core.types import Priority, Privacy
+from tierlink.demo import run as demo_run
+from tierlink.demo.fleets import fleet_path
+from tierlink.fleet.breakdown import breakdown
 from tierlink.fleet.config import load_fleet
-from tierlink.fleet.demo import breakdown
 from tierlink.fleet.workload import Record, WorkItem, summarize, summarize_split
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+EXAMPLE = fleet_path()
 
 
 def rec(origin: str, split: str = "", served_by: str = "edge-1", answered: bool = True,
@@ -50,7 +51,7 @@ def wide_terminal(monkeypatch):
 def test_the_photo_table_shows_split_plans_and_latency_by_kind(capsys):
     data = report(with_photos=True)
     json.dumps(data)  # what --json writes
-    cli_demo._print_report(data)
+    demo_run._print_report(data)
     out = capsys.readouterr()
     text = out.out + out.err
     assert "imagenet-mobilenetv2 on photos" in text
@@ -62,14 +63,14 @@ def test_the_photo_table_shows_split_plans_and_latency_by_kind(capsys):
 
 
 def test_without_a_photo_workload_the_report_is_as_before(capsys):
-    cli_demo._print_report(report(with_photos=False))
+    demo_run._print_report(report(with_photos=False))
     out = capsys.readouterr()
     assert "on photos" not in out.out + out.err
     assert "served on device/edge/cloud" in out.out
 
 
 def test_the_breakdown_table_shows_each_privacy_level_and_sla_class(capsys):
-    cli_demo._print_report(report(with_photos=False))
+    demo_run._print_report(report(with_photos=False))
     out = capsys.readouterr().out
     assert "by privacy level and SLA class" in out
     assert "privacy site" in out and "interactive (500 ms)" in out
@@ -82,7 +83,7 @@ def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
     the run's own, and ``--log`` keeps them apart as ``warm-up:<run>``."""
     from types import SimpleNamespace
 
-    from tierlink.fleet.demo import DemoSettings
+    from tierlink.demo.phases import DemoSettings
     from tierlink.fleet.requestlog import measured, read_runs, warm_ups
 
     sent: list[tuple[str | None, int, bool]] = []
@@ -95,14 +96,14 @@ def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
             on_done(r)
         return records, 0
 
-    monkeypatch.setattr("tierlink.fleet.demo.run_workload", drive)
-    monkeypatch.setattr(cli_demo, "run_workload", drive)
+    monkeypatch.setattr("tierlink.demo.phases.run_workload", drive)
+    monkeypatch.setattr(demo_run, "run_workload", drive)
     items = [WorkItem(i, i, "dev-1", 150.0, Priority.INTERACTIVE, Privacy.SITE, 0.5 * i)
              for i in range(10)]  # 3 s of warm-up: the first six
     test = SimpleNamespace(input=None, labels=None)
     fleet = SimpleNamespace(config=load_fleet(EXAMPLE))
     log = tmp_path / "requests.jsonl"
-    run = cli_demo._one_run(fleet, "device_only", "device_only", items, test,
+    run = demo_run._one_run(fleet, "device_only", "device_only", items, test,
                             DemoSettings.quick(), None, None, log)
     assert sent == [("device_only", 6, False), ("device_only", 10, True)]
     assert run["requests"] == 10

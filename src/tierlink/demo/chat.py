@@ -1,5 +1,5 @@
 """The demo's chat phase: a mixed set of prompts from the devices, at three privacy levels,
-answered three ways on a real chat fleet (``examples/chat-fleet.yaml``).
+answered three ways on a real chat fleet (``demo/fleets/chat-fleet.yaml``).
 
 Everyday questions, a third each ``local``, ``site`` and ``any``; each device sends its share
 in order, the devices at once; greedy answers of up to 32 tokens.

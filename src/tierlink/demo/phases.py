@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tierlink.fleet import breakdown as bd
 from tierlink.fleet.breakdown import Prediction
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.launcher import RunningFleet
@@ -237,26 +236,6 @@ def threshold_prediction(fleet: FleetConfig, models: dict[str, tuple[Path, Path]
 
     return Prediction(threshold, float((confidence(splits.calib.input) < threshold).mean()),
                       confidence(splits.test.input) < threshold)
-
-
-def cloud_room_ms(fleet: FleetConfig) -> float:
-    """The least deadline that leaves room for the cloud: the slowest device->edge and
-    edge->cloud round trips declared, plus the routing reserve."""
-    tier = {n.node_id: n.tier.label for n in fleet.nodes}
-    rtt = {pair: max((2 * l.delay_ms for l in fleet.links
-                      if (tier[l.src], tier[l.dst]) == pair), default=0.0)
-           for pair in (("device", "edge"), ("edge", "cloud"))}
-    return sum(rtt.values()) + fleet.routing.reserve_ms
-
-
-def breakdown(records: list[Record], fleet: FleetConfig,
-              prediction: Prediction | None) -> dict[str, Any]:
-    """The per-privacy and per-SLA figures of one run, the ``any`` requests by whether the
-    cloud was within reach, and the escalation rate beside the thresholds' prediction."""
-    return {"by_privacy": bd.by_privacy(records), "by_sla": bd.by_sla(records),
-            "any_by_cloud_room": bd.by_privacy_and_room(records, cloud_room_ms(fleet)),
-            "cloud_room_ms": cloud_room_ms(fleet),
-            "escalation": bd.escalation(records, prediction)}
 
 
 def fleet_summary(fleet: RunningFleet) -> dict[str, Any]:

@@ -1,11 +1,13 @@
-"""The demo's terminal side: progress while it runs, the side-by-side tables at the end
-(Fashion-MNIST, then the photo workload and its split plans)."""
+"""The demo, start to end (:func:`run_demo`), and its terminal side: progress while it runs,
+the side-by-side tables at the end (Fashion-MNIST, then the photo workload and its split
+plans)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,14 +16,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tierlink.fleet.config import load_fleet, on_etcd, with_tls, with_tracing
-from tierlink.fleet.demo import (
+from tierlink.demo.phases import (
     RUNS,
     WARM_UP_S,
     DemoSettings,
     PhotoPhase,
-    Prediction,
-    breakdown,
     environment,
     fleet_summary,
     hard_example_summary,
@@ -33,9 +32,10 @@ from tierlink.fleet.demo import (
     warm_up,
     workload_for,
 )
+from tierlink.fleet.breakdown import Prediction, breakdown
+from tierlink.fleet.config import load_fleet, on_etcd, with_tls, with_tracing
 from tierlink.fleet.launcher import launch
 from tierlink.fleet.tuning import fresh_thresholds
-from tierlink.zoo.photo_models import photo_models
 
 console = Console(stderr=True)
 
@@ -46,7 +46,6 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
              seed: int | None = None, etcd_replicas: int | None = None,
              traces: bool = False, otlp_endpoint: str | None = None,
              netns: bool = False, tls: bool = False) -> dict[str, Any]:
-    from tierlink.cli.models import zoo_models
     from tierlink.zoo.datasets import fashion_mnist
 
     settings = DemoSettings.quick() if quick else DemoSettings()
@@ -55,12 +54,8 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
                        seed=settings.seed if seed is None else seed)
     config = with_tls(with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
                                    otlp_endpoint), tls)
-    models, zoo_summary = zoo_models(config.zoo_profile, config.model_names())
-    # MobileNetV2 (and its split profile), which the Fashion-MNIST zoo does not make.
-    models.update(photo_models([n for n in config.model_names() if n not in models],
-                               say=_say))
-    zoo_summary.update({name: _card_summary(models[name][1]) for name in config.model_names()
-                        if name in models and name not in zoo_summary})
+    models = _fleet_models(config.zoo_profile, config.model_names())
+    zoo_summary = _model_summary(models)
     config, tuning = fresh_thresholds(config, models, settings.task, _say)
     test = fashion_mnist().test
     items = workload_for(config, settings, len(test.labels))
@@ -90,7 +85,7 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
     else:  # nothing in it is needed any more (logs, state, certificates of a stopped fleet)
         shutil.rmtree(run_dir, ignore_errors=True)
     if chat:
-        from tierlink.cli.demo_chat import chat_phase
+        from tierlink.demo.chat_run import chat_phase
 
         report["chat"] = chat_phase(quick)
     if json_path:
@@ -103,13 +98,27 @@ def _say(message: str) -> None:
     console.print(f"[dim]{message}[/dim]")
 
 
-def _card_summary(card_path: Path) -> dict[str, Any]:
-    from tierlink.models.card import load_card
+def _fleet_models(profile: str, wanted: Iterable[str]) -> dict[str, tuple[Path, Path]]:
+    """Model name -> (model file, card) for every name in ``wanted``, made first where a
+    source makes it (``profile``: the fleet file's ``zoo.profile``)."""
+    from tierlink.models.catalog import Catalog, SourceOptions
 
-    c = load_card(card_path)
-    return {"params": c.params, "test_accuracy": c.test_accuracy,
-            "latency_ms_batch1_p50": c.latency_ms["batch1_p50"], "tier": c.tier,
-            "precision": c.precision, "temperature": c.temperature}
+    return Catalog.default(SourceOptions(profile=profile, progress=True, say=_say)).paths(wanted)
+
+
+def _model_summary(models: dict[str, tuple[Path, Path]]) -> dict[str, dict[str, Any]]:
+    """What the report says of each model: size, accuracy, latency, tier, precision,
+    temperature (from its card)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (_, card_path) in models.items():
+        card = json.loads(Path(card_path).read_text())
+        if "latency_ms" not in card:  # a multi-exit card: its own report
+            continue
+        out[name] = {"params": card.get("params", 0), "test_accuracy": card["test_accuracy"],
+                     "latency_ms_batch1_p50": card["latency_ms"]["batch1_p50"],
+                     "tier": card["tier"], "precision": card.get("precision", "fp32"),
+                     "temperature": card.get("temperature", 1.0)}
+    return out
 
 
 def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,

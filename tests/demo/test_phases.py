@@ -1,12 +1,12 @@
 """The demo's photo workload set-up, without a fleet: which model and devices it uses."""
 
-from pathlib import Path
 
-from tierlink.fleet import demo
+from tierlink.demo import phases as demo
+from tierlink.demo.fleets import fleet_path
 from tierlink.fleet.config import load_fleet, parse_fleet
 from tierlink.fleet.launcher import RunningFleet
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+EXAMPLE = fleet_path()
 MODEL = "imagenet-mobilenetv2"
 
 

@@ -1,4 +1,4 @@
-"""The demo's chat phase on its own fleet (``examples/chat-fleet.yaml``): tierlink vs
+"""The demo's chat phase on its own fleet (``demo/fleets/chat-fleet.yaml``): tierlink vs
 cloud-only vs device-only on labelled prompts at three privacy levels."""
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from tierlink.fleet.chat_demo import RUNS, chat_items, run_chat, summarize
+from tierlink.demo.chat import RUNS, chat_items, run_chat, summarize
+from tierlink.demo.fleets import CHAT_FLEET, fleet_path
 from tierlink.fleet.config import load_fleet
 from tierlink.fleet.launcher import launch
 
-CHAT_FLEET = Path(__file__).resolve().parents[1] / "examples" / "chat-fleet.yaml"
 console = Console(stderr=True)
 
 
-def chat_phase(quick: bool, fleet_file: Path = CHAT_FLEET,
+def chat_phase(quick: bool, fleet_file: Path | None = None,
                per_device: int | None = None) -> dict[str, Any]:
-    config = load_fleet(fleet_file)
+    """``fleet_file``: the chat fleet (default: the demo's own, ``chat-fleet.yaml``)."""
+    config = load_fleet(fleet_path(CHAT_FLEET) if fleet_file is None else fleet_file)
     devices = [n.node_id for n in config.nodes if n.tier.label == "device" and n.chat]
     items = chat_items(devices, per_device=per_device or (12 if quick else 30))
     runs: dict[str, Any] = {}
