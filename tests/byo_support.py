@@ -254,14 +254,15 @@ class Model:
 '''
 
 
-def python_classifier(directory: Path, *, scale: float = 1.0, declare_inputs: bool = True,
-                      module: str = "model") -> Path:
+def python_classifier(directory: Path, *, scale: float = 1.0, noise: float = 0.0,
+                      declare_inputs: bool = True, module: str = "model") -> Path:
     """A Python model's source (``model.py`` + ``weights.npz``): the same answers as
     :func:`classifier` (``scale`` multiplies the weights: its confidence changes, its
-    answers do not)."""
+    answers do not; ``noise`` perturbs them, seeded: a worse model of the task)."""
     directory.mkdir(parents=True, exist_ok=True)
     source = PYTHON_MODEL if declare_inputs else PYTHON_MODEL.replace(
         '    inputs = [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]\n', "")
     (directory / f"{module}.py").write_text(source)
-    np.savez(directory / "weights.npz", w=W_CLS * scale, b=B_CLS * scale)
+    w = W_CLS * scale + noise * np.random.default_rng(5).normal(size=W_CLS.shape)
+    np.savez(directory / "weights.npz", w=w.astype(np.float32), b=B_CLS * scale)
     return directory

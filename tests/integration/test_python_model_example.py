@@ -3,7 +3,9 @@
 (examples/python_model/train.py), imported with the CLI as Python models (no ONNX anywhere),
 its cascade tuned with the CLI, served by a real fleet from the example's fleet file, and
 called through ``tierlink.Client``: the device's linear model answers what it is sure of,
-the cloud's perceptron the rest, and the answers are as good as the cloud's alone."""
+the cloud's perceptron the rest, and the answers are as good as the cloud's alone. And the
+same cascade with the cloud's perceptron as an ONNX graph: a Python model and an ONNX model
+in one cascade, on one fleet."""
 
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import tierlink
-from tierlink.fleet.launcher import RunningFleet
 
 from .integration_support import running_fleet
 
@@ -34,25 +36,18 @@ def run(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def digits_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The example trained and both models imported, under a TIERLINK_HOME of its own."""
     root = tmp_path_factory.mktemp("digits")
     saved = os.environ.get("TIERLINK_HOME")
     os.environ["TIERLINK_HOME"] = str(root / "home")  # the CLI and the nodes inherit it
     try:
         run(str(EXAMPLE / "train.py"), "--out", str(root))
-        fleet_file = root / "fleet.yaml"
-        fleet_file.write_text((EXAMPLE / "fleet.yaml").read_text())
+        (root / "fleet.yaml").write_text((EXAMPLE / "fleet.yaml").read_text())
         for name, tier in (("digits-linear", "device"), ("digits-mlp", "cloud")):
-            run("-m", "tierlink.cli.main", "model", "import", name, str(root / name),
-                "--task", "digits", "--tier", tier, "--data", str(root / "heldout.npz"),
-                "--fleet", str(fleet_file))
-        run("-m", "tierlink.cli.main", "cascade", "tune", str(fleet_file), "--task", "digits",
-            "--accuracy-drop", "1.5", "--confidence", "0.9")
-        from tierlink.cli.models import fleet_models
-
-        models = fleet_models("test", ("digits-linear", "digits-mlp"), progress=False)
-        with running_fleet(fleet_file.read_text(), root / "run", models) as fleet:
-            yield fleet
+            cli("model", "import", name, str(root / name), "--task", "digits", "--tier", tier,
+                "--data", str(root / "heldout.npz"), "--fleet", str(root / "fleet.yaml"))
+        yield root
     finally:
         if saved is None:
             os.environ.pop("TIERLINK_HOME", None)
@@ -60,16 +55,66 @@ def digits_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFl
             os.environ["TIERLINK_HOME"] = saved
 
 
-def test_the_digits_family_is_served_across_tiers_without_onnx(
-        digits_fleet: RunningFleet, tmp_path_factory: pytest.TempPathFactory) -> None:
-    held = np.load(next(tmp_path_factory.getbasetemp().glob("digits*")) / "heldout.npz")
-    x, y = held["pixels"][:120], held["y"][:120]
-    with tierlink.Client(digits_fleet.node_urls["dev-1"]) as node:
-        answers = [node.infer("digits", {"pixels": x[i:i + 1]}, deadline_ms=3000,
-                              privacy="any") for i in range(len(y))]
-        meta = {m.name: m for m in node.models()}
+def cli(*args: str) -> str:
+    return run("-m", "tierlink.cli.main", *args)
+
+
+def served_digits(root: Path, fleet_file: Path, models: tuple[str, ...]) -> list[Any]:
+    """Tune the fleet file's cascade, run the fleet, ask dev-1 for 120 held-out digits."""
+    from tierlink.cli.models import fleet_models
+
+    cli("cascade", "tune", str(fleet_file), "--task", "digits", "--accuracy-drop", "1.5",
+        "--confidence", "0.9")
+    paths = fleet_models("test", models, progress=False)
+    held = np.load(root / "heldout.npz")
+    with running_fleet(fleet_file.read_text(), root / f"run-{fleet_file.stem}", paths) as fleet, \
+            tierlink.Client(fleet.node_urls["dev-1"]) as node:
+        answers = [node.infer("digits", {"pixels": held["pixels"][i:i + 1]}, deadline_ms=3000,
+                              privacy="any") for i in range(120)]
     labels = np.array([int(a["label"][0]) for a in answers])
+    assert float((labels == held["y"][:120]).mean()) >= 0.95
+    return answers
+
+
+def test_the_digits_family_is_served_across_tiers_without_onnx(trained: Path) -> None:
+    answers = served_digits(trained, trained / "fleet.yaml", ("digits-linear", "digits-mlp"))
     served = [a.served_by for a in answers]
-    assert float((labels == y).mean()) >= 0.95
     assert served.count("dev-1") >= 40 and served.count("cloud-1") >= 5, served
-    assert "digits-linear" in meta
+
+
+def test_a_python_model_and_an_onnx_model_in_one_cascade(trained: Path) -> None:
+    """The cloud's perceptron exported to ONNX (a MatMul/Add/Relu graph of its weights, as
+    skl2onnx would write it) and imported beside the Python device model."""
+    graph = mlp_onnx(trained / "digits-mlp" / "weights.npz", trained / "digits-mlp.onnx")
+    cli("model", "import", "digits-mlp-onnx", str(graph), "--task", "digits", "--tier",
+        "cloud", "--data", str(trained / "heldout.npz"))
+    fleet_file = trained / "mixed.yaml"
+    fleet_file.write_text((trained / "fleet.yaml").read_text().replace(
+        "models: [digits-mlp]", "models: [digits-mlp-onnx]"))
+    answers = served_digits(trained, fleet_file, ("digits-linear", "digits-mlp-onnx"))
+    served = [a.served_by for a in answers]
+    assert served.count("dev-1") >= 40 and served.count("cloud-1") >= 5, served
+    models = {a.model for a in answers}
+    assert models == {"digits-linear", "digits-mlp-onnx"}
+
+
+def mlp_onnx(weights: Path, path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.load(weights)
+    inits = [numpy_helper.from_array(w[k], k) for k in ("w0", "b0", "w1", "b1")]
+    inits.append(numpy_helper.from_array(np.array(16.0, np.float32), "scale"))
+    nodes = [helper.make_node("Div", ["pixels", "scale"], ["x"]),
+             helper.make_node("MatMul", ["x", "w0"], ["h0"]),
+             helper.make_node("Add", ["h0", "b0"], ["a0"]),
+             helper.make_node("Relu", ["a0"], ["r0"]),
+             helper.make_node("MatMul", ["r0", "w1"], ["h1"]),
+             helper.make_node("Add", ["h1", "b1"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "digits_mlp",
+        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), str(path))
+    return path
