@@ -103,7 +103,8 @@ def test_a_version_rolled_out_to_a_ray_node_is_served_through_ray(
     token, url, cloud = fleet.admin_token, fleet.control_url, fleet.node_urls["cloud-1"]
     onnx, card = zoo_models["fmnist-large"]
     tierlink("model", "publish", "fmnist-large", str(onnx), "--card", str(card), "--version",
-             "2", "--key", str(key), "--control", url, "--eval-limit", "100", token=token)
+             "2", "--notes", "the same weights, rolled out on Ray", "--key", str(key),
+             "--control", url, "--eval-limit", "100", token=token)
     tierlink("rollout", "start", "fmnist-large", "2", "--tier", "cloud", "--stages", "1",
              "--soak", "1s", "--control", url, token=token)
 
