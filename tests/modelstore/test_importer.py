@@ -20,6 +20,7 @@ import pytest
 import byo_support as byo
 from tierlink.errors import ImportRefused, TierlinkError
 from tierlink.models import kind_registry as registry_mod
+from tierlink.models import layout
 from tierlink.models.data import Labelled, load_data, split
 from tierlink.models.evaluate import FINE_THRESHOLDS
 from tierlink.models.kind_registry import KindRegistry
@@ -572,10 +573,10 @@ def test_an_install_that_fails_at_the_last_step_declares_no_task(model_store, tm
                                                                  classifier, monkeypatch):
     onnx, data = classifier
 
-    def disk_full(self: ModelStore, staging: Path, final: Path) -> None:
+    def disk_full(staging: Path, final: Path) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ModelStore, "_swap", disk_full)
+    monkeypatch.setattr(layout, "_swap", disk_full)
     with pytest.raises(OSError):
         import_model(request("m", onnx, "t", data), model_store)
     assert_clean(model_store, "m", "t")

@@ -1,8 +1,12 @@
-"""The local model store (``modelstore/store.py``): atomic installs (a failed one leaves
-nothing, a re-install swaps whole directories), lookups, tasks and data kept by digest."""
+"""The local model store (``modelstore/store.py``): one directory per version, atomic
+installs (a failed one leaves nothing, a re-install swaps whole directories), the current
+version, lookups, tasks and data kept by digest, and a store in the old layout (one
+directory per model) moved into the new one on first use."""
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +21,16 @@ from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore, models_
 TASK = TaskSpec("spam", "classification", (TensorDecl("tokens", "INT64", (-1, 8)),))
 
 
-def install(store: ModelStore, name: str, task: str = "spam", onnx: bytes = b"onnx") -> None:
-    with store.installing(name) as staging:
+def install(store: ModelStore, name: str, task: str = "spam", onnx: bytes = b"onnx",
+            version: str = "1") -> None:
+    with store.installing(name, version) as staging:
         (staging / MODEL_FILE).write_bytes(onnx)
-        (staging / CARD_FILE).write_text(f'{{"name": "{name}", "task": "{task}"}}')
+        (staging / CARD_FILE).write_text(
+            f'{{"name": "{name}", "task": "{task}", "version": "{version}"}}')
 
 
 def leftovers(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.name.startswith("."))
+    return sorted(p.name for p in root.rglob(".*"))
 
 
 def test_default_is_under_tierlink_home(model_store, tmp_path):
@@ -35,16 +41,18 @@ def test_default_is_under_tierlink_home(model_store, tmp_path):
 def test_an_install_becomes_the_model_directory(model_store):
     install(model_store, "spam-small")
     assert model_store.has("spam-small")
-    onnx, _ = model_store.paths("spam-small")
+    onnx, card = model_store.paths("spam-small")
     assert onnx.read_bytes() == b"onnx" and model_store.card("spam-small")["task"] == "spam"
+    assert onnx == model_store.root / "spam-small" / "1" / MODEL_FILE
+    assert card == model_store.root / "spam-small" / "1" / CARD_FILE
     assert leftovers(model_store.root) == []
 
 
 def test_a_failed_install_leaves_nothing(model_store):
     with pytest.raises(RuntimeError, match="measuring failed"), \
-            model_store.installing("spam-small") as staging:
+            model_store.installing("spam-small", "1") as staging:
         (staging / MODEL_FILE).write_bytes(b"half")
-        assert staging.name.startswith(".staging-spam-small-")
+        assert staging.name.startswith(".staging-1-")
         raise RuntimeError("measuring failed")
     assert not model_store.has("spam-small") and not (model_store.root / "spam-small").exists()
     assert leftovers(model_store.root) == []
@@ -52,16 +60,16 @@ def test_a_failed_install_leaves_nothing(model_store):
 
 def test_a_reinstall_replaces_the_whole_directory(model_store):
     install(model_store, "spam-small", onnx=b"v1")
-    (model_store.root / "spam-small" / "stale.txt").write_text("from v1")
+    (model_store.root / "spam-small" / "1" / "stale.txt").write_text("from v1")
     install(model_store, "spam-small", onnx=b"v2")
     assert model_store.paths("spam-small")[0].read_bytes() == b"v2"
-    assert not (model_store.root / "spam-small" / "stale.txt").exists()
+    assert not (model_store.root / "spam-small" / "1" / "stale.txt").exists()
     assert leftovers(model_store.root) == []  # the old directory went too
 
 
 def test_a_failed_reinstall_keeps_the_previous_version(model_store):
     install(model_store, "spam-small", onnx=b"v1")
-    with pytest.raises(RuntimeError), model_store.installing("spam-small") as staging:
+    with pytest.raises(RuntimeError), model_store.installing("spam-small", "1") as staging:
         (staging / MODEL_FILE).write_bytes(b"v2")
         raise RuntimeError("boom")
     assert model_store.paths("spam-small")[0].read_bytes() == b"v1"
@@ -72,8 +80,8 @@ def test_names_by_task_skip_staging_and_bookkeeping_folders(model_store):
     install(model_store, "a", task="spam")
     install(model_store, "b", task="ham")
     model_store.save_task(TASK)
-    (model_store.root / ".staging-c-1234").mkdir()
-    (model_store.root / ".staging-c-1234" / CARD_FILE).write_text("{}")
+    (model_store.root / "c" / ".staging-1-1234").mkdir(parents=True)
+    (model_store.root / "c" / ".staging-1-1234" / CARD_FILE).write_text("{}")
     assert model_store.names() == ["a", "b"]
     assert model_store.names("spam") == ["a"] and model_store.names("nope") == []
 
@@ -97,7 +105,8 @@ def test_remove(model_store):
 @pytest.mark.parametrize("name", ["", ".hidden", "a/b", "a\\b", "two words", "tab\tx",
                                   "tasks", "data", "../escape"])
 def test_unusable_model_names_are_refused_before_anything_is_written(model_store, name):
-    with pytest.raises(ImportRefused, match="is not usable"), model_store.installing(name):
+    with pytest.raises(ImportRefused, match="is not usable"), \
+            model_store.installing(name, "1"):
         pytest.fail("the block must not run")
     assert not model_store.root.exists()
 
@@ -131,3 +140,38 @@ def test_data_no_longer_in_the_store_is_refused(model_store):
 def test_models_of_lists_what_the_store_holds(model_store):
     install(model_store, "a")
     assert models_of(model_store, ["a", "zoo-model"]) == {"a": model_store.paths("a")}
+
+
+def test_versions_live_side_by_side_and_the_last_installed_is_current(model_store):
+    install(model_store, "spam-small", onnx=b"v1", version="1")
+    install(model_store, "spam-small", onnx=b"v2", version="2")
+    assert model_store.versions("spam-small") == ["1", "2"]
+    assert (model_store.root / "spam-small" / "CURRENT").read_text() == "2"
+    assert model_store.paths("spam-small")[0].read_bytes() == b"v2"
+    assert model_store.paths("spam-small", "1")[0].read_bytes() == b"v1"
+    assert model_store.card("spam-small", "1")["version"] == "1"
+    with pytest.raises(ModelNotFound, match="no version 3 of 'spam-small'"):
+        model_store.paths("spam-small", "3")
+
+
+def test_a_store_in_the_old_layout_is_moved_on_first_use(tmp_path, caplog):
+    """A store written before versions (``<name>/model.onnx``, ``<name>/card.json``) keeps
+    every model: each moves into ``<name>/<its card's version>/``, and the move is said."""
+    root = tmp_path / "models"
+    for name, version in (("old-a", "3"), ("old-b", None)):
+        (root / name).mkdir(parents=True)
+        (root / name / MODEL_FILE).write_bytes(name.encode())
+        card = {"name": name, "task": "spam", **({"version": version} if version else {})}
+        (root / name / CARD_FILE).write_text(json.dumps(card))
+    (root / "tasks").mkdir()
+    (root / "tasks" / "spam.json").write_text(json.dumps(TASK.to_dict()))
+    with caplog.at_level(logging.WARNING, logger="tierlink.models.layout"):
+        store = ModelStore(root)
+        assert store.names() == ["old-a", "old-b"]
+    assert "moved old-a into" in caplog.text and "moved old-b into" in caplog.text
+    assert store.paths("old-a")[0] == root / "old-a" / "3" / MODEL_FILE
+    assert store.paths("old-a")[0].read_bytes() == b"old-a"
+    assert store.paths("old-b")[0] == root / "old-b" / "1" / MODEL_FILE
+    assert store.task("spam") == TASK and leftovers(root) == []
+    caplog.clear()
+    assert ModelStore(root).names() == ["old-a", "old-b"] and caplog.text == ""  # once

@@ -307,7 +307,7 @@ def _install(store: ModelStore, req: ImportRequest, card: dict[str, Any], task: 
              data: Any, file: Path) -> None:
     import json
 
-    with store.installing(req.name) as staging:
+    with store.installing(req.name, req.version) as staging:
         shutil.copyfile(file, staging / card["file"])
         (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
     # Only once the model is in place: a failed install declares no task.

@@ -1,22 +1,25 @@
 """The local model store: where imported models live, by name, beside their cards, with the
 tasks they declared and the labelled data they were measured on.
 
-Layout under ``$TIERLINK_HOME/models``::
+Layout under ``$TIERLINK_HOME/models`` (the framework's one model layout,
+:mod:`tierlink.models.layout`, plus what the store keeps of tasks and data)::
 
-    <name>/model.onnx, <name>/card.json    one directory per model, installed atomically
+    <name>/<version>/model.onnx|model.zip, card.json   one directory per version, installed
+    <name>/CURRENT                                     atomically; the version a name means
     tasks/<task>.json                      the task's declaration (first import wins; later
                                            models of the task must match it)
     data/<sha256>.npz                      the labelled data a card was measured on
 
-A model is built in a staging directory and renamed into place; a failed import leaves
-nothing behind, and a re-import replaces the old directory only once the new one is whole.
+A version is built in a staging directory and renamed into place; a failed import leaves
+nothing behind, and re-importing a version replaces it only once the new one is whole. A
+store written before versions (``<name>/card.json``) is moved into this layout on first
+use, with a message.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -26,17 +29,20 @@ from typing import Any
 
 import numpy as np
 
-from tierlink.durable import fsync_dir, replace_synced
-from tierlink.errors import ImportRefused, ModelNotFound
+from tierlink.durable import replace_synced
+from tierlink.errors import ImportRefused, ModelError, ModelNotFound
 from tierlink.models.data import Labelled
+from tierlink.models.layout import CARD_FILE, Layout
 from tierlink.models.task import TaskSpec, task_from_dict
 
-MODEL_FILE, CARD_FILE = "model.onnx", "card.json"
+MODEL_FILE = "model.onnx"
 
 
 class ModelStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._layout = Layout(self.root)
+        self._migrated = False
 
     @classmethod
     def default(cls) -> ModelStore:
@@ -44,18 +50,24 @@ class ModelStore:
 
         return cls(tierlink_home() / "models")
 
-    def has(self, name: str) -> bool:
-        return (self.root / name / CARD_FILE).is_file()
+    @property
+    def layout(self) -> Layout:
+        """The store's versions; a store in the old layout is migrated first (once)."""
+        if not self._migrated:
+            self._migrated = True
+            self._layout.migrate()
+        return self._layout
 
-    def paths(self, name: str) -> tuple[Path, Path]:
-        """(model file, card) of an installed model: the file its card names (``model.onnx``
-        for an ONNX graph, ``model.zip`` for a Python model)."""
-        card = self.root / name / CARD_FILE
-        if not self.has(name):
-            raise ModelNotFound(f"no model {name!r} in the model store {self.root}",
-                                hint="import it with `tierlink model import NAME MODEL`; "
-                                     "`tierlink model imported` lists the store")
-        return self.root / name / str(self.card(name).get("file", MODEL_FILE)), card
+    def has(self, name: str) -> bool:
+        return self.layout.current(name) is not None
+
+    def paths(self, name: str, version: str | None = None) -> tuple[Path, Path]:
+        """(model file, card) of an installed model (its current version by default): the
+        file its card names (``model.onnx`` for an ONNX graph, ``model.zip`` for a Python
+        model)."""
+        directory = self._dir(name, version)
+        card = json.loads((directory / CARD_FILE).read_text())
+        return directory / str(card.get("file", MODEL_FILE)), directory / CARD_FILE
 
     def graph(self, name: str, tool: str) -> Path:
         """The ONNX graph of an installed model, for a tool that works on graphs
@@ -68,19 +80,14 @@ class ModelStore:
                                      f"and import that to use {tool}")
         return self.paths(name)[0]
 
-    def card(self, name: str) -> dict[str, Any]:
-        path = self.root / name / CARD_FILE
-        if not path.is_file():
-            raise ModelNotFound(f"no model {name!r} in the model store {self.root}",
-                                hint="import it with `tierlink model import NAME MODEL`; "
-                                     "`tierlink model imported` lists the store")
-        return dict(json.loads(path.read_text()))
+    def card(self, name: str, version: str | None = None) -> dict[str, Any]:
+        return dict(json.loads((self._dir(name, version) / CARD_FILE).read_text()))
+
+    def versions(self, name: str) -> list[str]:
+        return self.layout.versions(name)
 
     def names(self, task: str | None = None) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        names = sorted(p.parent.name for p in self.root.glob(f"*/{CARD_FILE}")
-                       if not p.parent.name.startswith("."))
+        names = self.layout.names()
         return [n for n in names if task is None or self.card(n).get("task") == task]
 
     def task(self, name: str) -> TaskSpec | None:
@@ -93,18 +100,13 @@ class ModelStore:
         return self.root / "data" / f"{sha256}.npz"
 
     @contextmanager
-    def installing(self, name: str) -> Iterator[Path]:
-        """A staging directory that becomes ``<name>/`` when the block ends without error;
-        removed, with nothing installed, when it raises."""
+    def installing(self, name: str, version: str) -> Iterator[Path]:
+        """A staging directory that becomes ``<name>/<version>/`` (the version ``name``
+        means from then on) when the block ends without error; removed, with nothing
+        installed, when it raises."""
         _check_name(name)
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = self.root / f".staging-{name}-{uuid.uuid4().hex[:8]}"
-        staging.mkdir()
-        try:
+        with self.layout.installing(name, version) as staging:
             yield staging
-            self._swap(staging, self.root / name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
     def save_task(self, task: TaskSpec) -> None:
         path = self.root / "tasks" / f"{task.name}.json"
@@ -157,18 +159,19 @@ class ModelStore:
         replace_synced(self.paths(name)[1], (json.dumps(card, indent=2) + "\n").encode())
 
     def remove(self, name: str) -> None:
-        self.paths(name)
-        shutil.rmtree(self.root / name)
+        self._dir(name, None)
+        self.layout.remove(name)
 
-    def _swap(self, staging: Path, final: Path) -> None:
-        old = None
-        if final.exists():
-            old = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
-            os.replace(final, old)
-        os.replace(staging, final)
-        fsync_dir(self.root)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    def _dir(self, name: str, version: str | None) -> Path:
+        if self.layout.current(name) is None:
+            raise ModelNotFound(f"no model {name!r} in the model store {self.root}",
+                                hint="import it with `tierlink model import NAME MODEL`; "
+                                     "`tierlink model imported` lists the store")
+        try:
+            return self.layout.dir(name, version)
+        except ModelError:
+            raise ModelNotFound(f"no version {version} of {name!r} in the model store; it "
+                                f"has {self.layout.versions(name)}") from None
 
 
 def _check_name(name: str) -> None:
