@@ -58,7 +58,7 @@ def variant_paths(zoo: Zoo, parent: str, explore: bool, tmp: Path,
         name = variant_name(parent, precision)
         print(f"  {name}: ensuring", file=sys.stderr, flush=True)
         ensure_variant(zoo, name, data=data)
-        paths[name] = (zoo.root / f"{name}.onnx", precision)
+        paths[name] = (zoo.path(name), precision)
     if explore:
         layers = {n for n, _ in model_layers(zoo.path(parent))}
         for label, settings in EXPLORE.items():

@@ -82,7 +82,7 @@ def test_infer_stops_at_the_first_confident_exit(model: ExitsModel, images: np.n
         ref = runner.run(images[i:i + 1])
         assert out["exit"][i] == ref.exit_index
         assert np.allclose(np.exp(out["logits"][i]), ref.probs, atol=1e-6)
-    assert is_exit_card(model.path.parent / "fmnist-exits.json")
+    assert is_exit_card(model.path.parent / "card.json")
 
 
 def test_head_then_tail_gives_the_whole_models_answer(model: ExitsModel,
@@ -120,7 +120,7 @@ def test_a_directory_finds_its_one_exit_card_whatever_its_name(model: ExitsModel
     source = model.path.parent
     copy = tmp_path / "renamed"
     shutil.copytree(source, copy)
-    (copy / "fmnist-exits.json").rename(copy / "my-exits.json")
+    (copy / "card.json").rename(copy / "my-exits.json")
     (copy / "notes.json").write_text('{"name": "not a multi-exit card"}')
     assert find_exit_card(copy) == copy / "my-exits.json"
     from_dir = ExitsModel(copy)

@@ -29,9 +29,8 @@ PARENT = "fmnist-small"
 def copy_zoo(dst: Path) -> Zoo:
     src = ensure_zoo(profile="test", progress=False)  # built once per machine, then cached
     dst.mkdir(parents=True, exist_ok=True)
-    for name in src.base_names():
-        for ext in (".onnx", ".json"):
-            shutil.copy(src.root / f"{name}{ext}", dst / f"{name}{ext}")
+    for name in src.base_names():  # each model's directory, in the framework's layout
+        shutil.copytree(src.root / name, dst / name)
     return load_zoo(profile="test", root=dst)
 
 
@@ -63,7 +62,8 @@ def test_each_precision_registers_a_measured_variant(made, precision: str) -> No
         (parent.task, parent.labels, parent.input, parent.tier)
     lineage = card.lineage
     assert lineage is not None and lineage.parent_sha256 == parent.sha256
-    assert card.sha256 == file_sha256(zoo.root / f"{card.name}.onnx")
+    assert card.sha256 == file_sha256(listed.path(card.name))
+    assert listed.path(card.name) == zoo.root / card.name / card.version / "model.onnx"
     assert 0.0 <= lineage.agreement <= 1.0 and 0.0 <= card.test_accuracy <= 1.0
     assert card.calibration is not None and card.calibration.samples == 256
     assert set(lineage.speedup) == {"batch1", "batch32"}
@@ -115,10 +115,10 @@ def test_ensure_variant_is_idempotent(made, data) -> None:
     zoo, _ = made
     name = f"{PARENT}-int4w"
     listed = load_zoo(profile="test", root=zoo.root)
-    before = (zoo.root / f"{name}.json").stat().st_mtime_ns
+    before = listed.card_path(name).stat().st_mtime_ns
     assert ensure_variant(listed, name, data=data) == listed.cards[name]
     assert ensure_variant(listed, PARENT) == listed.card(PARENT)  # a base model: itself
-    assert (zoo.root / f"{name}.json").stat().st_mtime_ns == before
+    assert listed.card_path(name).stat().st_mtime_ns == before
 
 
 def test_methods_that_cannot_apply_say_so(made, tmp_path) -> None:

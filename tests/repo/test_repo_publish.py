@@ -27,7 +27,7 @@ def zoo_model() -> tuple[Path, Path]:
     if (full / "fmnist-small.onnx").is_file() and (full / "fmnist-small.json").is_file():
         return full / "fmnist-small.onnx", full / "fmnist-small.json"
     zoo = ensure_zoo(profile="test", progress=False)
-    return zoo.root / "fmnist-small.onnx", zoo.root / "fmnist-small.json"
+    return zoo.path("fmnist-small"), zoo.card_path("fmnist-small")
 
 
 def test_measure_validation_on_the_test_split(zoo_model: tuple[Path, Path]) -> None:

@@ -133,7 +133,7 @@ def test_calibration_lowers_the_final_exits_ece_on_the_calibration_split(model):
 
 @needs_data
 def test_ensure_is_idempotent_and_a_changed_file_is_stale(model, tmp_path):
-    root = model.root.parent
+    root = model.root.parents[1]  # <zoo>/fmnist-exits/<version>
     before = {p: p.stat().st_mtime_ns for p in model.root.iterdir()}
     again = ensure_exits("test", root=root)
     assert again == model and exits_dir("test", root) == model.root
@@ -149,8 +149,8 @@ def test_ensure_is_idempotent_and_a_changed_file_is_stale(model, tmp_path):
 @needs_data
 def test_a_malformed_card_is_a_zoo_error_so_ensure_rebuilds(model, tmp_path):
     copy_root = tmp_path / "zoo"
-    shutil.copytree(model.root.parent, copy_root)
-    (exits_dir("test", copy_root) / "fmnist-exits.json").write_text('{"name": 1}')
+    shutil.copytree(model.root.parents[1], copy_root)  # the zoo holding it
+    (exits_dir("test", copy_root) / "card.json").write_text('{"name": 1}')
     with pytest.raises(ZooError, match="malformed"):
         load_exits("test", copy_root)
 

@@ -129,7 +129,8 @@ def test_ensure_keeps_a_valid_export_and_rebuilds_a_stale_one(tmp_path, monkeypa
     builds = []
     monkeypatch.setattr(mobilenet, "recipe", lambda: "recipe-1")
     monkeypatch.setattr(mobilenet, "_build", lambda path, say: builds.append(path))
-    path = tmp_path / f"{mobilenet.MODEL_NAME}.onnx"
+    path = tmp_path / mobilenet.MODEL_NAME / "1" / "model.onnx"  # the framework's layout
+    path.parent.mkdir(parents=True)
     path.write_bytes(b"not really onnx")
     card = ModelCard(
         task="imagenet", name=mobilenet.MODEL_NAME, variant="mobilenetv2", version="1",
@@ -143,7 +144,8 @@ def test_ensure_keeps_a_valid_export_and_rebuilds_a_stale_one(tmp_path, monkeypa
     save_card(card, mobilenet.card_path(path))
     assert mobilenet.ensure_mobilenet(tmp_path) == path and builds == []
     path.write_bytes(b"changed")
-    assert mobilenet.ensure_mobilenet(tmp_path) == path and builds == [path]
+    assert mobilenet.ensure_mobilenet(tmp_path) == path
+    assert [p.name for p in builds] == ["model.onnx"]  # into a staging copy of its directory
 
 
 def _session(path, level):

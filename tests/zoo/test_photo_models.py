@@ -22,7 +22,8 @@ def write_model(root: Path, content: bytes = b"onnx bytes") -> Path:
     from tierlink.models.tensors import TensorDecl
     from tierlink.zoo.mobilenet import card_path
 
-    path = root / f"{MODEL}.onnx"
+    path = root / MODEL / "1" / "model.onnx"  # the framework's layout
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     card = ModelCard(
         task="imagenet", name=MODEL, variant="mobilenetv2", version="1", tier="device",
@@ -63,7 +64,7 @@ def test_the_split_profile_is_made_once_beside_the_card(tmp_path, profiler):
     onnx_path = write_model(tmp_path)
     said: list[str] = []
     path = demo.ensure_split_profile(MODEL, onnx_path, said.append)
-    assert path == tmp_path / f"{MODEL}.splits.json"
+    assert path == onnx_path.parent / "card.splits.json"  # beside its card
     assert profiler == [{"rounds": demo.PROFILE_ROUNDS, "keeps_blocks": True,
                          "keeps_inner": False}]
     assert load_profile(path).points[0].cut == "features.4"

@@ -139,7 +139,7 @@ def test_a_tampered_model_is_rebuilt(built, tmp_path, monkeypatch):
     copy = tmp_path / "zoo"
     shutil.copytree(built.zoo.root, copy)
     assert load_zoo(profile="test", root=copy).cards == built.zoo.cards
-    with open(copy / "fmnist-medium.onnx", "ab") as f:
+    with open(copy / "fmnist-medium" / "1" / "model.onnx", "ab") as f:
         f.write(b"\0")
     with pytest.raises(ZooError, match="sha256"):
         load_zoo(profile="test", root=copy)
@@ -147,7 +147,8 @@ def test_a_tampered_model_is_rebuilt(built, tmp_path, monkeypatch):
 
     def fake_build(task, profile, out_dir, reporter, names):
         calls.append((task, profile.name, out_dir, names))
-        shutil.copy(built.zoo.path("fmnist-medium"), out_dir / "fmnist-medium.onnx")
+        shutil.copytree(built.zoo.dir("fmnist-medium"), out_dir / "fmnist-medium" / "1",
+                        dirs_exist_ok=True)
 
     monkeypatch.setattr("tierlink.zoo.build.build_zoo", fake_build)
     zoo = ensure_zoo(profile="test", progress=False, root=copy)
@@ -257,3 +258,24 @@ def test_distillation_mixes_the_labels_with_the_teachers_soft_answer():
     flipped, mirror = _augment(x, True, torch.Generator().manual_seed(1))
     assert torch.equal(flipped[mirror], x[mirror].flip(3))
     assert torch.equal(flipped[~mirror], x[~mirror])
+
+
+def test_a_zoo_in_the_old_flat_layout_is_moved_on_first_use(built, tmp_path, caplog):
+    """A zoo written before versions (``<name>.onnx`` + ``<name>.json`` [+
+    ``<name>.splits.json``] side by side) is moved into ``<name>/<version>/`` on first use,
+    said in the log, and nothing is rebuilt: the same cards, valid."""
+    import logging
+
+    flat = tmp_path / "zoo"
+    flat.mkdir()
+    for name in built.zoo.cards:
+        shutil.copy(built.zoo.path(name), flat / f"{name}.onnx")
+        shutil.copy(built.zoo.card_path(name), flat / f"{name}.json")
+    (flat / "fmnist-small.splits.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="tierlink.zoo.cache"):
+        zoo = load_zoo(profile="test", root=flat)
+    assert zoo.cards == built.zoo.cards
+    assert zoo.path("fmnist-small") == flat / "fmnist-small" / "1" / "model.onnx"
+    assert (flat / "fmnist-small" / "1" / "card.splits.json").is_file()
+    assert sorted(p.name for p in flat.iterdir() if p.is_file()) == []
+    assert "zoo: moved fmnist-small into" in caplog.text

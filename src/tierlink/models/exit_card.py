@@ -248,4 +248,6 @@ class ExitModel:
 
     @property
     def card_path(self) -> Path:
-        return self.root / f"{self.card.name}.json"
+        """``card.json`` (the framework's layout), else ``<card.name>.json`` beside it."""
+        in_layout = self.root / "card.json"
+        return in_layout if in_layout.is_file() else self.root / f"{self.card.name}.json"

@@ -32,6 +32,7 @@ from tierlink.durable import fsync_dir, replace_synced
 from tierlink.errors import ModelError
 
 CARD_FILE = "card.json"
+MODEL_FILE = "model.onnx"  # a version's one ONNX graph
 CURRENT = "CURRENT"
 
 log = logging.getLogger(__name__)

@@ -32,10 +32,8 @@ import numpy as np
 from tierlink.durable import replace_synced
 from tierlink.errors import ImportRefused, ModelError, ModelNotFound
 from tierlink.models.data import Labelled
-from tierlink.models.layout import CARD_FILE, Layout
+from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout
 from tierlink.models.task import TaskSpec, task_from_dict
-
-MODEL_FILE = "model.onnx"
 
 
 class ModelStore:

@@ -13,7 +13,6 @@ side by side with the parent in one run (:mod:`tierlink.quantize.timing`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 
 from tierlink.errors import ModelNotFound, QuantizationError
 from tierlink.models.card import Lineage, ModelCard, file_sha256, save_card
+from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout
 from tierlink.quantize.methods import QuantResult, model_layers, quantize_model
 from tierlink.quantize.sensitivity import (
     LayerSensitivity,
@@ -42,6 +42,11 @@ PAYS, SMALLER_ONLY, DOES_NOT_PAY = "pays", "smaller only", "does not pay"
 
 def _quiet_say(_: str) -> None:
     pass
+
+
+def _model_name(graph: Path) -> str:
+    """The model a graph belongs to: its ``<name>/<version>/model.onnx``, or its stem."""
+    return graph.parent.parent.name if graph.name == MODEL_FILE else graph.stem
 
 
 def verdict(accuracy_delta_pt: float, speedup_batch1: float, size_ratio: float,
@@ -104,38 +109,34 @@ class EvalData:
 def make_variant_at(root: Path, base: ModelCard, src: Path, settings: QuantSettings,
                     data: EvalData, say: Say = _quiet_say, latency_rounds: int = 30
                     ) -> ModelCard:
-    """Make ``base`` (its graph at ``src``) at ``settings`` into ``root`` as
-    ``<name>.onnx`` + ``<name>.json`` (the card last: it registers the variant) and return
-    the card. The caller holds whatever lock its family's directory needs."""
+    """Make ``base`` (its graph at ``src``) at ``settings`` into the family directory
+    ``root`` as ``<name>/<version>/`` (:class:`~tierlink.models.layout.Layout`; installed
+    whole, atomically: it registers the variant) and return the card. The caller holds
+    whatever lock its family's directory needs."""
     parent = base.name
     if base.lineage is not None:
         raise QuantizationError(f"{parent} is itself a variant; quantize its parent "
                                 f"{base.lineage.parent}")
     name = variant_name(parent, settings.precision)
-    dst = root / f"{name}.onnx"
-    tmp = root / f".{name}.onnx.tmp"
     extra: dict[str, Any] = {}
-    try:
+    with Layout(root).installing(name, base.version) as staging:
+        dst, trial = staging / MODEL_FILE, staging / ".trial.onnx"
         if settings.choose_granularity and settings.precision in ("int8-static", "mixed"):
-            settings, extra["granularity"] = _pick_granularity(
-                src, settings, data, root / f".{name}.trial.onnx", say)
+            settings, extra["granularity"] = _pick_granularity(src, settings, data, trial, say)
         if settings.precision == "mixed":
-            plan, sensitivity = _search(src, settings, data, root / f".{name}.ranges.json",
-                                        root / f".{name}.trial.onnx", say)
+            plan, sensitivity = _search(src, settings, data, staging / ".ranges.json", trial,
+                                        say)
             settings = settings.with_exclude(tuple(settings.exclude) + plan.kept_fp32)
             extra |= {"sensitivity": {s.layer: s.drop_pt for s in sensitivity},
                       "search": plan.to_dict()}
         say(f"{name}: quantizing ({settings.precision})")
-        result = quantize_model(src, tmp, settings, data.calib.input)
+        result = quantize_model(src, dst, settings, data.calib.input)
         say(f"{name}: measuring against {parent}")
-        card = measure_variant(name, base, src, tmp, result, settings, data, latency_rounds,
+        card = measure_variant(name, base, src, dst, result, settings, data, latency_rounds,
                                extra)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-        for leftover in (f".{name}.ranges.json", f".{name}.trial.onnx"):
-            (root / leftover).unlink(missing_ok=True)
-    save_card(card, root / f"{name}.json")  # last: registers the variant
+        for leftover in (".ranges.json", ".trial.onnx"):
+            (staging / leftover).unlink(missing_ok=True)
+        save_card(card, staging / CARD_FILE)
     return card
 
 
@@ -148,7 +149,7 @@ def _pick_granularity(src: Path, settings: QuantSettings, data: EvalData, trial:
     static = replace(settings, precision="int8-static")
     scores: dict[bool, float] = {}
     for per_channel in (settings.per_channel, not settings.per_channel):
-        say(f"{src.stem}: INT8 {'per channel' if per_channel else 'per tensor'} on the "
+        say(f"{_model_name(src)}: INT8 {'per channel' if per_channel else 'per tensor'} on the "
             f"calibration split")
         quantize_model(src, trial, replace(static, per_channel=per_channel),
                        data.calib.input)
@@ -174,7 +175,7 @@ def _search(src: Path, settings: QuantSettings, data: EvalData, ranges: Path, tr
     def evaluate(excluded: tuple[str, ...]) -> float:
         key = tuple(sorted(set(excluded) | set(settings.exclude)))
         if key not in memo:
-            say(f"{src.stem}: sensitivity trial {len(memo) + 1} (FP32: {', '.join(key) or '-'})")
+            say(f"{_model_name(src)}: sensitivity trial {len(memo) + 1} (FP32: {', '.join(key) or '-'})")
             quantize_model(src, trial, static.with_exclude(key), calib.input,
                            calibration_cache=ranges)
             memo[key] = accuracy(onnx_logits(trial, calib.input), calib.labels)

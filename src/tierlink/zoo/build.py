@@ -31,6 +31,7 @@ from tierlink.models.card import ModelCard, TrainingInfo, file_sha256, save_card
 from tierlink.models.data import Labelled, Splits
 from tierlink.models.evaluate import accuracy, cascade_curve, onnx_logits
 from tierlink.models.evaluate import latency as timed
+from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout
 from tierlink.models.onnx import ort_session
 from tierlink.models.tensors import TensorDecl
 from tierlink.zoo.datasets import load_splits
@@ -86,21 +87,24 @@ def build_zoo(task: str, profile: BuildProfile, out_dir: Path, reporter: BuildRe
 def build_model(task: str, variant: str, splits: Splits, profile: BuildProfile,
                 out_dir: Path, reporter: BuildReporter, *,
                 clock: Clock = time.perf_counter) -> ModelCard:
-    """Train one variant, export and verify its ONNX graph, measure it, write its card."""
+    """Train one variant, export and verify its ONNX graph, measure it, write its card:
+    installed whole as ``<out_dir>/<name>/<MODEL_VERSION>/`` (the framework's layout)."""
     name = f"{task}-{variant}"
     train = splits.train.head(profile.train_samples or len(splits.train))
     recipe = profile.recipe(task, variant)
-    teacher = (teacher_logits(out_dir / f"{task}-{TEACHER}.onnx", train, profile.threads)
+    teacher_path = out_dir / f"{task}-{TEACHER}" / MODEL_VERSION / MODEL_FILE
+    teacher = (teacher_logits(teacher_path, train, profile.threads)
                if recipe.distill > 0 else None)
-    with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
-        trained = train_net(name, variant, recipe, train, profile.seed,
-                            reporter, clock, task=task, teacher=teacher)
-        onnx_path = out_dir / f"{name}.onnx"
-        reporter.stage(name, "exporting")
-        export_onnx(trained.net, onnx_path, check_on=splits.calib.input[:64])
-    reporter.stage(name, "evaluating")
-    card = measure_card(task, variant, onnx_path, trained, splits, profile)
-    save_card(card, out_dir / f"{name}.json")
+    with Layout(out_dir).installing(name, MODEL_VERSION) as staging:
+        with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
+            trained = train_net(name, variant, recipe, train, profile.seed,
+                                reporter, clock, task=task, teacher=teacher)
+            onnx_path = staging / MODEL_FILE
+            reporter.stage(name, "exporting")
+            export_onnx(trained.net, onnx_path, check_on=splits.calib.input[:64])
+        reporter.stage(name, "evaluating")
+        card = measure_card(task, variant, onnx_path, trained, splits, profile)
+        save_card(card, staging / CARD_FILE)
     reporter.end(name, f"test {100 * card.test_accuracy:.2f}%, "
                        f"{card.latency_ms['batch1_p50']:.2f} ms")
     return card
@@ -120,7 +124,8 @@ def teacher_logits(path: Path, data: Labelled, threads: int) -> tuple[np.ndarray
     """The teacher's logits on ``data`` as it is and mirrored (what a flipped batch shows
     the student): (N, 10) each."""
     if not path.exists():
-        raise ZooError(f"{path.name} must be built before the models distilled from it",
+        raise ZooError(f"{path.parent.parent.name} must be built before the models distilled "
+                       "from it",
                        hint="build the task's whole zoo: `tierlink zoo build`")
     mirrored = np.ascontiguousarray(data.input[..., ::-1])
     return (onnx_logits(path, data.input, threads=threads),
@@ -300,7 +305,7 @@ def measure_card(task: str, variant: str, onnx_path: Path, trained: Trained, spl
         calib_samples=len(calib), test_samples=len(test),
         recipe=recipe_fingerprint(profile, variant, task))
     card = ModelCard(
-        task=task, name=onnx_path.stem, variant=variant, version=MODEL_VERSION,
+        task=task, name=f"{task}-{variant}", variant=variant, version=MODEL_VERSION,
         tier=VARIANT_TIERS[variant], params=count_params(trained.net),
         size_bytes=onnx_path.stat().st_size, sha256=file_sha256(onnx_path),
         input=INPUT, output=OUTPUT, labels=splits.class_names,

@@ -1,9 +1,12 @@
 """The built zoo on disk: where it lives, whether it is valid, building it once.
 
-Layout: ``<zoo_dir(profile)>/<task>-<variant>.onnx`` with ``<task>-<variant>.json`` (its
-card) beside it. A cached zoo is valid when every model's ``.onnx`` and card exist, the
+Layout: each profile is a root of its own, ``<zoo_dir(profile)>``, in the framework's one
+model layout (:mod:`tierlink.models.layout`): ``<root>/<task>-<variant>/<version>/`` holds
+``model.onnx`` and ``card.json``; derived variants (``fmnist-small-fp16``) sit beside their
+parents the same way. A cached zoo is valid when every model's graph and card exist, the
 card's ``sha256`` matches the file, and the card was built by this profile, at the current
-``MODEL_VERSION``, with the profile's current recipe. Builds hold an exclusive file lock, so
+``MODEL_VERSION``, with the profile's current recipe. A zoo written before versions (flat
+``<name>.onnx`` + ``<name>.json`` files) is moved into the layout on first use. Builds hold an exclusive file lock, so
 processes that start together (a fleet's nodes) build once: the others wait and then find
 the cache valid.
 """
@@ -11,6 +14,7 @@ the cache valid.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -18,9 +22,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from tierlink.errors import ModelNotFound, ZooError
+from tierlink.errors import ModelError, ModelNotFound, ZooError
 from tierlink.models.card import ModelCard, file_sha256, load_card, save_card
 from tierlink.models.home import tierlink_home
+from tierlink.models.layout import CARD_FILE, CURRENT, MODEL_FILE, Layout
 from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names, recipe_fingerprint
 
 log = logging.getLogger(__name__)
@@ -43,13 +48,15 @@ class Zoo:
 
     def path(self, name: str) -> Path:
         """The ``.onnx`` file of model ``name``."""
-        self.card(name)
-        return self.root / f"{name}.onnx"
+        return self.dir(name) / MODEL_FILE
 
     def card_path(self, name: str) -> Path:
         """The card (JSON) of model ``name``."""
-        self.card(name)
-        return self.root / f"{name}.json"
+        return self.dir(name) / CARD_FILE
+
+    def dir(self, name: str) -> Path:
+        """The directory of model ``name``'s version."""
+        return self.root / name / self.card(name).version
 
     def card(self, name: str) -> ModelCard:
         card = self.cards.get(name)
@@ -74,6 +81,7 @@ def load_zoo(task: str = "fmnist", profile: str = "full", root: Path | None = No
     Raises ``ZooError`` saying which file is missing or stale."""
     get_profile(profile)
     root = zoo_dir(profile) if root is None else Path(root)
+    migrate_flat(root)
     cards = {name: _valid_card(root, name, task, profile) for name in model_names(task)}
     cards.update(_valid_variants(root, task, cards))
     return Zoo(task, profile, root, MappingProxyType(cards))
@@ -83,16 +91,17 @@ def _valid_variants(root: Path, task: str, bases: Mapping[str, ModelCard]) -> di
     """Derived variants in ``root`` whose parent is one of ``bases`` as it is now; a variant
     made from an older build of its parent is stale and left out (remake it)."""
     found = {}
-    for card_path in sorted(root.glob(f"{task}-*.json")):
-        name = card_path.stem
-        if name in bases or name.endswith(".splits"):  # a split profile, not a card
+    layout = Layout(root)
+    for name in layout.names():
+        if name in bases or not name.startswith(f"{task}-"):
             continue
+        directory = layout.dir(name)
         try:
-            card = load_card(card_path)
-        except ZooError as exc:
+            card = load_card(directory / CARD_FILE)
+        except ModelError as exc:
             log.warning("ignoring zoo variant %s: %s", name, exc.message)
             continue
-        problem = _variant_problem(card, root / f"{name}.onnx", bases)
+        problem = _variant_problem(card, directory / MODEL_FILE, bases)
         if problem:
             log.info("ignoring zoo variant %s: %s", name, problem)
             continue
@@ -115,7 +124,8 @@ def _variant_problem(card: ModelCard, onnx_path: Path,
 
 
 def _valid_card(root: Path, name: str, task: str, profile: str) -> ModelCard:
-    onnx_path, card_path = root / f"{name}.onnx", root / f"{name}.json"
+    directory = root / name / MODEL_VERSION
+    onnx_path, card_path = directory / MODEL_FILE, directory / CARD_FILE
     if not onnx_path.is_file() or not card_path.is_file():
         raise ZooError(f"zoo model {name} is not built in {root}")
     card = load_card(card_path)
@@ -152,6 +162,7 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = Tru
     build_profile = get_profile(profile)
     names = model_names(task)
     root = zoo_dir(profile) if root is None else Path(root)
+    migrate_flat(root)
     if force or _stale(names, task, profile, root):
         root.mkdir(parents=True, exist_ok=True)
         with build_lock(root, task):
@@ -227,3 +238,55 @@ def build_lock(root: Path, task: str = "") -> Iterator[None]:
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
+
+
+def migrate_flat(root: Path) -> None:
+    """Move a zoo written before versions into the layout: each ``<name>.onnx`` +
+    ``<name>.json`` (+ ``<name>.splits.json``) into ``<name>/<its card's version>/`` as
+    ``model.onnx``, ``card.json`` (+ ``card.splits.json``), and the multi-exit net's
+    ``fmnist-exits/`` files into ``fmnist-exits/<version>/``; each move is said in the log."""
+    if not root.is_dir():
+        return
+    for card in sorted(root.glob("*.json")):
+        graph = card.with_suffix(".onnx")
+        if card.name.endswith(".splits.json") or not graph.is_file():
+            continue
+        version = _card_version(card)
+        target = root / card.stem / version
+        target.mkdir(parents=True, exist_ok=True)
+        splits = card.with_name(card.stem + ".splits.json")
+        if splits.is_file():
+            os.replace(splits, target / "card.splits.json")
+        os.replace(graph, target / MODEL_FILE)
+        os.replace(card, target / CARD_FILE)
+        (root / card.stem / CURRENT).write_text(version)
+        log.warning("zoo: moved %s into %s (one directory per version, since tierlink 0.2)",
+                    card.stem, target)
+    _migrate_exits(root)
+
+
+def _migrate_exits(root: Path) -> None:
+    from tierlink.zoo.exits import EXITS_NAME
+
+    old = root / EXITS_NAME
+    card = old / f"{EXITS_NAME}.json"
+    if not card.is_file():
+        return
+    version = _card_version(card)
+    aside = root / f".{EXITS_NAME}-migrating"
+    os.replace(old, aside)
+    old.mkdir()
+    os.replace(aside, old / version)
+    os.replace(old / version / f"{EXITS_NAME}.json", old / version / CARD_FILE)
+    (old / CURRENT).write_text(version)
+    log.warning("zoo: moved %s into %s (one directory per version, since tierlink 0.2)",
+                EXITS_NAME, old / version)
+
+
+def _card_version(card: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads(card.read_text()).get("version", "1"))
+    except (OSError, ValueError):
+        return "1"

@@ -45,6 +45,7 @@ from tierlink.errors import ModelError, ZooError
 from tierlink.models.card import file_sha256
 from tierlink.models.exit_card import ExitCard, ExitModel, load_exit_card
 from tierlink.models.exit_runner import Clock
+from tierlink.models.layout import CARD_FILE, Layout
 from tierlink.zoo.profiles import FMNIST_SPLITS_ID, SPECS, BuildProfile, TrainRecipe, get_profile
 
 EXITS_NAME = "fmnist-exits"
@@ -70,10 +71,11 @@ RECIPES: Mapping[str, TrainRecipe] = MappingProxyType({
 
 
 def exits_dir(profile: str = "full", root: Path | None = None) -> Path:
-    """Where the multi-exit model of ``profile`` lives: ``<root or zoo_dir>/fmnist-exits``."""
+    """Where the multi-exit model of ``profile`` lives:
+    ``<root or zoo_dir>/fmnist-exits/<EXITS_VERSION>`` (the framework's layout)."""
     from tierlink.zoo.cache import zoo_dir
 
-    return (zoo_dir(profile) if root is None else Path(root)) / EXITS_NAME
+    return (zoo_dir(profile) if root is None else Path(root)) / EXITS_NAME / EXITS_VERSION
 
 
 def exits_fingerprint(profile: BuildProfile) -> str:
@@ -95,7 +97,7 @@ def load_exits(profile: str = "full", root: Path | None = None) -> ExitModel:
     missing or stale."""
     build_profile = get_profile(profile)
     directory = exits_dir(profile, root)
-    card_path = directory / f"{EXITS_NAME}.json"
+    card_path = directory / CARD_FILE
     if not card_path.is_file():
         raise ZooError(f"{EXITS_NAME} is not built in {directory}",
                        hint="build it with tierlink.zoo.exits.ensure_exits()")
@@ -128,9 +130,10 @@ def ensure_exits(profile: str = "full", root: Path | None = None, progress: bool
     """The multi-exit model of ``profile``, built first when missing or stale (``full``:
     ~15 minutes of CPU; ``test``: seconds). Holds ``build_lock(root, "fmnist-exits")`` while
     building, so processes that start together build once."""
-    from tierlink.zoo.cache import build_lock, zoo_dir
+    from tierlink.zoo.cache import build_lock, migrate_flat, zoo_dir
 
     base = zoo_dir(profile) if root is None else Path(root)
+    migrate_flat(base)
     if not force:
         try:
             return load_exits(profile, base)
@@ -145,8 +148,9 @@ def ensure_exits(profile: str = "full", root: Path | None = None, progress: bool
                 pass
         from tierlink.zoo.exits_build import build_exits  # torch: only when building
 
-        with _reporter(progress) as reporter:
-            build_exits(get_profile(profile), exits_dir(profile, base), reporter, clock=clock)
+        with _reporter(progress) as reporter, \
+                Layout(base).installing(EXITS_NAME, EXITS_VERSION) as staging:
+            build_exits(get_profile(profile), staging, reporter, clock=clock)
     return load_exits(profile, base)
 
 

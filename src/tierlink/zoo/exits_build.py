@@ -48,6 +48,7 @@ from tierlink.models.exit_runner import (
     evaluate_scores,
     exit_logits,
 )
+from tierlink.models.layout import CARD_FILE
 from tierlink.models.onnx import ort_session
 from tierlink.models.tensors import TensorDecl
 from tierlink.zoo.build import EXPORT_ATOL, OPSET, Trained, _torch_threads, train_net
@@ -153,7 +154,7 @@ def build_exits(profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *
         macs = segment_macs(trained.net)
     reporter.stage(EXITS_NAME, "evaluating")
     card = measure_exits(paths, trained, macs, splits, profile)
-    save_exit_card(card, out_dir / f"{EXITS_NAME}.json")
+    save_exit_card(card, out_dir / CARD_FILE)
     accuracies = ", ".join(f"{100 * e.test_accuracy:.2f}%" for e in card.exits)
     reporter.end(EXITS_NAME, f"test accuracy per exit {accuracies}")
     return card

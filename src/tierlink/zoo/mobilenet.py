@@ -167,16 +167,19 @@ def ensure_mobilenet(root: Path | None = None, progress: bool = False) -> Path:
     """The exported ``imagenet-mobilenetv2.onnx`` in ``root`` (default: the ``full`` zoo's
     directory), exporting, verifying and measuring it first when missing or stale. Holds the
     zoo's build lock, so processes starting together export once. ~30 s on one core."""
-    from tierlink.zoo.cache import build_lock, zoo_dir
+    from tierlink.models.layout import MODEL_FILE, Layout
+    from tierlink.zoo.cache import build_lock, migrate_flat, zoo_dir
 
     root = zoo_dir("full") if root is None else Path(root)
-    onnx_path = root / f"{MODEL_NAME}.onnx"
+    migrate_flat(root)
+    onnx_path = root / MODEL_NAME / BUILD_VERSION / MODEL_FILE
     if _valid(onnx_path):
         return onnx_path
     root.mkdir(parents=True, exist_ok=True)
     with build_lock(root, "imagenet"):
         if not _valid(onnx_path):  # another process may have built it while this one waited
-            _build(onnx_path, _say if progress else None)
+            with Layout(root).installing(MODEL_NAME, BUILD_VERSION) as staging:
+                _build(staging / MODEL_FILE, _say if progress else None)
     return onnx_path
 
 
@@ -185,8 +188,10 @@ def _say(message: str) -> None:
 
 
 def card_path(onnx_path: Path) -> Path:
-    """The JSON card beside an exported model."""
-    return onnx_path.with_suffix(".json")
+    """The card beside an exported model (its version's ``card.json``)."""
+    from tierlink.models.layout import CARD_FILE
+
+    return onnx_path.parent / CARD_FILE
 
 
 def recipe() -> str:
@@ -240,7 +245,7 @@ def _build(onnx_path: Path, say: Callable[[str], None] | None) -> None:
         tmp.unlink(missing_ok=True)
     save_card(card, card_path(onnx_path))
     if say:
-        say(f"exported {onnx_path.name} in {seconds:.1f} s; batch-1 p50 "
+        say(f"exported {MODEL_NAME} in {seconds:.1f} s; batch-1 p50 "
             f"{card.latency_ms['batch1_p50']:.1f} ms (1 thread)")
 
 
