@@ -114,7 +114,7 @@ class Load(threading.Thread):
     def run(self) -> None:
         self.started = time.monotonic()
         try:
-            self.records = asyncio.run(drive(self.items, self.bench.input, self.bench.labels,
+            self.records = asyncio.run(drive(self.items, self.bench.images, self.bench.labels,
                                              self.urls, "fmnist", None,
                                              on_done=self.done.append))
         except BaseException as exc:  # noqa: BLE001 (reported by finish())
@@ -356,7 +356,7 @@ class AsyncSender(threading.Thread):
         sample = int(self.bench.hard[i % len(self.bench.hard)])
         body = {"id": f"req-{i}", "inputs": [{
             "name": "input", "datatype": "FP32", "shape": [1, 1, 28, 28],
-            "data": self.bench.input[sample].reshape(-1).tolist()}],
+            "data": self.bench.images[sample].reshape(-1).tolist()}],
             "parameters": {"tierlink.async": True, "tierlink.deadline_ms": 500,
                            "tierlink.privacy": "any", "tierlink.label": int(self.bench.labels[sample])}}
         self.sent += 1

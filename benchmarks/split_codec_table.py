@@ -91,9 +91,12 @@ def codec_table(specs: Sequence[str] = SPECS, fmnist_samples: int = 2000,
 
 
 def _fmnist(specs: Sequence[str], samples: int, cuts: Sequence[str]) -> dict[str, Any]:
-    from tierlink.cli.split import codec_report, resolve_model
+    from tierlink.cli.split import codec_report
+    from tierlink.models.catalog import Catalog, SourceOptions
 
-    path, task = resolve_model(FMNIST_MODEL, "full")
+    path = Catalog.default(SourceOptions(profile="full")).resolve([FMNIST_MODEL])[
+        FMNIST_MODEL].file
+    task = "fmnist"
     report = codec_report(path, task, specs, cuts=list(cuts), samples=samples)
     keep = ("tensor", "codec", "payload_bytes", "ratio", "encode_us", "decode_us",
             "accuracy", "delta_pt", "agreement")

@@ -41,11 +41,11 @@ def demo_fleet_without_photos() -> FleetConfig:
 
 def test_live_escalations_follow_the_tuned_thresholds_under_demo_load(
         fmnist_test: Labelled, tmp_path: Path) -> None:
-    from tierlink.cli.main import zoo_models
+    from tierlink.cli.models import fleet_models
     from tierlink.fleet.tuning import retune, stale_thresholds
 
     config = demo_fleet_without_photos()
-    models, _ = zoo_models(config.zoo_profile, config.model_names(), progress=False)
+    models = fleet_models(config.zoo_profile, config.model_names(), progress=False)
     if stale_thresholds(config, models):  # a machine that trained its own zoo: as the demo
         config, _ = retune(config, "fmnist", progress=False)
     assert config.routing.cascade_records, "the demo fleet prices cascades from records"

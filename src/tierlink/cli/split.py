@@ -145,26 +145,32 @@ def codec_losses(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def resolve_model(model: str, profile: str, progress: bool = False) -> tuple[Path, str]:
-    """(the .onnx path, its task) of a path or a zoo model name (built if missing)."""
-    from tierlink.modelstore.store import ModelStore
-    from tierlink.zoo import ensure_zoo
+    """(the .onnx path, its task) of a path or a model name the catalog resolves (a zoo
+    model built if missing; ``store:NAME`` as the task of an imported model, whose own data
+    a split tool measures with)."""
+    import json
+
+    from tierlink.errors import ModelNotFound
+    from tierlink.models.catalog import Catalog, SourceOptions
     from tierlink.zoo.profiles import TASKS
 
-    task = next((t for t in TASKS if model.startswith(f"{t}-")), "fmnist")
-    store = ModelStore.default()
-    if store.has(model):  # a user's model (`tierlink model import`)
-        return store.graph(model, "split"), f"store:{model}"
+    catalog = Catalog.default(SourceOptions(profile=profile, progress=progress))
     path = Path(model)
-    if path.suffix == ".onnx" or path.exists():
+    offered = any(source.offers(model) for source in catalog.sources)
+    if (path.suffix == ".onnx" or path.exists()) and not offered:
         if not path.is_file():
-            raise SplitError(f"no model file {path}", hint="pass an .onnx file or a zoo name")
-        return path, task
-    if not any(model.startswith(f"{t}-") for t in TASKS):
-        raise SplitError(f"{model!r} is neither an .onnx file, a zoo model name nor a model "
-                         "in the model store",
-                         hint=f"zoo names start with one of {', '.join(TASKS)}-; "
-                              "`tierlink model imported` lists the store")
-    return ensure_zoo(task=task, profile=profile, progress=progress).path(model), task
+            raise SplitError(f"no model file {path}", hint="pass an .onnx file or a model name")
+        return path, next((t for t in TASKS if model.startswith(f"{t}-")), "fmnist")
+    try:
+        found = catalog.resolve([model])[model]
+    except ModelNotFound as exc:
+        raise SplitError(f"{model!r} is neither an .onnx file nor a model the catalog has",
+                         hint=exc.hint) from exc
+    card = json.loads(found.card.read_text())
+    if card.get("format", "onnx") != "onnx":
+        raise SplitError(f"split works on ONNX graphs; {model} is a {card['format']} model",
+                         hint="export it to ONNX and import that to split it")
+    return found.file, (f"store:{model}" if found.source == "store" else str(card["task"]))
 
 
 def codec_report(path: Path, task: str, specs: Sequence[str], *,
