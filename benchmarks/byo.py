@@ -110,7 +110,7 @@ def evaluation_part() -> tuple[np.ndarray, np.ndarray]:
     card = store.card(FAMILY[0][0])
     parts = split(store.load_data(card["data"]["sha256"]), card["data"]["calib_share"],
                   card["data"]["seed"])
-    return parts.eval.x["tokens"], parts.eval.y
+    return parts.test.inputs["tokens"], parts.test.labels
 
 
 def drive_runs(fleet_file: Path, run: Path, args: argparse.Namespace) -> dict[str, Any]:
