@@ -175,3 +175,25 @@ def test_zoo_calibration_lists_an_imported_task(model_store, files):
     assert {"eval_ece_before", "eval_ece_after", "nll_before", "nll_after"} <= set(row)
     missing = runner.invoke(app, ["zoo", "calibration", "--task", "nothing-here"])
     assert missing.exit_code == 2 and "no zoo task" in missing.stderr
+
+
+def test_the_catalog_lists_every_source_in_order(model_store, tmp_path):
+    """``tierlink model catalog --json``: the store (what a user imported) first, then the
+    zoo (what it builds on first use)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import byo_support as byo
+    from tierlink.cli.main import app
+
+    x, y = byo.classification_data()
+    result = CliRunner().invoke(app, ["model", "import", "toy", str(byo.classifier(
+        tmp_path / "toy.onnx")), "--task", "toy", "--tier", "edge", "--data",
+        str(byo.save_npz(tmp_path / "toy.npz", x=x, y=y))])
+    assert result.exit_code == 0, result.output
+    listed = CliRunner().invoke(app, ["model", "catalog", "--json"])
+    assert listed.exit_code == 0, listed.output
+    catalog = json.loads(listed.stdout)
+    assert list(catalog) == ["store", "zoo"] and catalog["store"] == ["toy"]
+    assert "fmnist-small" in catalog["zoo"] and "fmnist-exits" in catalog["zoo"]

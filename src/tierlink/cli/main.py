@@ -22,7 +22,7 @@ from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_ver
 from tierlink.cli.hard_examples import app as hard_examples_app
 from tierlink.cli.llm import app as llm_app
 from tierlink.cli.model import app as model_app
-from tierlink.cli.model_import import import_cmd, imported_cmd
+from tierlink.cli.model_import import catalog_cmd, import_cmd, imported_cmd
 from tierlink.cli.models import fleet_models
 from tierlink.cli.pki import app as pki_app
 from tierlink.cli.policy import policy_app
@@ -45,6 +45,7 @@ app.add_typer(enroll_app, name="enroll")
 app.add_typer(model_app, name="model")
 model_app.command("import")(import_cmd)
 model_app.command("imported")(imported_cmd)
+model_app.command("catalog")(catalog_cmd)
 app.add_typer(rollout_app, name="rollout")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)

@@ -122,6 +122,24 @@ def imported_cmd(task: str | None = typer.Option(None, help="only this task's mo
     Console().print(table)
 
 
+def catalog_cmd(profile: str = typer.Option("full", help="the zoo's build profile"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every model name this machine resolves, by source: the local store (imported), the
+    zoo (built on first use), and any source a package registers."""
+    from tierlink.models.catalog import Catalog, SourceOptions
+
+    listing = Catalog.default(SourceOptions(profile=profile, progress=False)).describe()
+    if as_json:
+        print(json.dumps(listing, indent=2))
+        return
+    table = Table(title="model catalog (asked in this order)")
+    table.add_column("source")
+    table.add_column("models")
+    for source, names in listing.items():
+        table.add_row(source, ", ".join(names) or "-")
+    Console().print(table)
+
+
 def _print_card(card: dict[str, Any]) -> None:
     data = card["data"]
     console.print(f"imported {card['name']} ({card['task']}, {card['kind']}, {card['tier']}): "
