@@ -89,3 +89,13 @@ def test_the_model_layer_stands_below_every_tool():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_runtime_is_loaded_only_when_its_format_is_asked_for():
+    """Listing the formats and loading the ONNX runtime import neither the language-model
+    runtime nor torch: a node serving ONNX models pays for nothing else."""
+    code = ("import sys; from tierlink.models import runtimes; "
+            "names = runtimes.registry().names(); runtimes.registry().get('onnx'); "
+            "print(names, 'torch' in sys.modules, 'tierlink.llm.runtime' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['llm', 'multi-exit', 'onnx', 'python'] False False"

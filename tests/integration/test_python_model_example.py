@@ -22,17 +22,11 @@ import pytest
 import tierlink
 
 from .integration_support import running_fleet
+from .integration_support import tierlink as tierlink_cli
 
 pytestmark = pytest.mark.integration
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "python_model"
-
-
-def run(*args: str) -> str:
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=300, check=False, env=dict(os.environ, COLUMNS="200"))
-    assert done.returncode == 0, f"{' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +36,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     saved = os.environ.get("TIERLINK_HOME")
     os.environ["TIERLINK_HOME"] = str(root / "home")  # the CLI and the nodes inherit it
     try:
-        run(str(EXAMPLE / "train.py"), "--out", str(root))
+        subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--out", str(root)],
+                       check=True, capture_output=True, timeout=300)
         (root / "fleet.yaml").write_text((EXAMPLE / "fleet.yaml").read_text())
         for name, tier in (("digits-linear", "device"), ("digits-mlp", "cloud")):
-            cli("model", "import", name, str(root / name), "--task", "digits", "--tier", tier,
-                "--data", str(root / "heldout.npz"), "--fleet", str(root / "fleet.yaml"))
+            tierlink_cli("model", "import", name, str(root / name), "--task", "digits",
+                         "--tier", tier, "--data", str(root / "heldout.npz"), "--fleet",
+                         str(root / "fleet.yaml"))
         yield root
     finally:
         if saved is None:
@@ -55,16 +51,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ["TIERLINK_HOME"] = saved
 
 
-def cli(*args: str) -> str:
-    return run("-m", "tierlink.cli.main", *args)
-
-
 def served_digits(root: Path, fleet_file: Path, models: tuple[str, ...]) -> list[Any]:
     """Tune the fleet file's cascade, run the fleet, ask dev-1 for 120 held-out digits."""
     from tierlink.cli.models import fleet_models
 
-    cli("cascade", "tune", str(fleet_file), "--task", "digits", "--accuracy-drop", "1.5",
-        "--confidence", "0.9")
+    tierlink_cli("cascade", "tune", str(fleet_file), "--task", "digits", "--accuracy-drop",
+                 "1.5", "--confidence", "0.9")
     paths = fleet_models("test", models, progress=False)
     held = np.load(root / "heldout.npz")
     with running_fleet(fleet_file.read_text(), root / f"run-{fleet_file.stem}", paths) as fleet, \
@@ -86,8 +78,8 @@ def test_a_python_model_and_an_onnx_model_in_one_cascade(trained: Path) -> None:
     """The cloud's perceptron exported to ONNX (a MatMul/Add/Relu graph of its weights, as
     skl2onnx would write it) and imported beside the Python device model."""
     graph = mlp_onnx(trained / "digits-mlp" / "weights.npz", trained / "digits-mlp.onnx")
-    cli("model", "import", "digits-mlp-onnx", str(graph), "--task", "digits", "--tier",
-        "cloud", "--data", str(trained / "heldout.npz"))
+    tierlink_cli("model", "import", "digits-mlp-onnx", str(graph), "--task", "digits",
+                 "--tier", "cloud", "--data", str(trained / "heldout.npz"))
     fleet_file = trained / "mixed.yaml"
     fleet_file.write_text((trained / "fleet.yaml").read_text().replace(
         "models: [digits-mlp]", "models: [digits-mlp-onnx]"))

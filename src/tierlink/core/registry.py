@@ -3,9 +3,11 @@
 A :class:`Registry` maps names to entries of one family. Its entries come from one
 entry-point group (``tierlink.policies``, ``tierlink.output_kinds``, ``tierlink.runtimes``):
 tierlink's own built-ins are declared there in its ``pyproject.toml`` exactly as a user's
-package declares its own, so there is one way in. Entry points are read on first use, never
-at import. Two different entries under one name are an error, never a silent overwrite; the
-same object declared twice (an entry point and an explicit ``register`` of it) is one entry.
+package declares its own, so there is one way in. Entry points are listed on first use, never
+at import, and each is loaded only when its name is asked for (a node serving ONNX models
+never imports the language-model runtime, nor torch with it). Two different entries under one
+name are an error, never a silent overwrite; the same object declared twice (an entry point
+and an explicit ``register`` of it) is one entry.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Registry(Generic[T]):
         self._adapt = adapt
         self._entries: dict[str, T] = {}
         self._origin: dict[str, Any] = {}
+        self._pending: dict[str, Any] = {}  # name -> entry point not loaded yet
         self._discovered = not discover
 
     def register(self, name: str, entry: T, *, origin: Any = None) -> None:
@@ -43,6 +46,8 @@ class Registry(Generic[T]):
         entry points are read first, so a name they hold is taken)."""
         self._discover()
         origin = entry if origin is None else origin
+        if name in self._pending:
+            self._load(name)
         if name in self._entries:
             if self._origin[name] is origin:
                 return
@@ -53,11 +58,13 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         self._discover()
-        return sorted(self._entries)
+        return sorted({*self._entries, *self._pending})
 
     def get(self, name: str) -> T:
         """The entry named ``name``; ``ConfigError`` listing the known names otherwise."""
         self._discover()
+        if name in self._pending:
+            self._load(name)
         entry = self._entries.get(name)
         if entry is None:
             raise ConfigError(f"unknown {self.what} {name!r}",
@@ -70,5 +77,18 @@ class Registry(Generic[T]):
             return
         self._discovered = True
         for ep in metadata.entry_points(group=self.group):
-            loaded = ep.load()
-            self.register(ep.name, self._adapt(loaded), origin=loaded)
+            first = self._pending.get(ep.name)
+            if first is not None and _target(first) != _target(ep):
+                raise ConfigError(f"{self.what} {ep.name!r} is already registered (entry "
+                                  f"points {_target(first)} and {_target(ep)})",
+                                  hint="uninstall one of the packages, or rename its entry")
+            self._pending[ep.name] = ep
+
+    def _load(self, name: str) -> None:
+        loaded = self._pending.pop(name).load()
+        self.register(name, self._adapt(loaded), origin=loaded)
+
+
+def _target(ep: Any) -> Any:
+    """What an entry point names (``module:attr``), or the object a test's fake holds."""
+    return getattr(ep, "value", None) or id(ep)
