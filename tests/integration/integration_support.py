@@ -109,9 +109,9 @@ class Answer:
 
 
 def infer(client: httpx.Client, base_url: str, model: str, x: np.ndarray,
-          params: Mapping[str, Any] | None = None) -> Answer:
+          params: Mapping[str, Any] | None = None, input_name: str = "input") -> Answer:
     """POST one binary-tensor OIP request for ``model`` (a task or a model name)."""
-    body, headers = encode_infer_request({"input": x}, dict(params or {}), None,
+    body, headers = encode_infer_request({input_name: x}, dict(params or {}), None,
                                          binary_inputs=True, binary_outputs=True)
     resp = client.post(f"{base_url}/v2/models/{model}/infer", content=body, headers=headers)
     if not resp.is_success:

@@ -122,6 +122,55 @@ def test_a_version_rolled_out_to_a_ray_node_is_served_through_ray(
                                local_logits(zoo_models, fmnist_test.input[:4]), atol=1e-5)
 
 
+RUNTIMES_FLEET = """
+name: itest-ray-runtimes
+seed: 3
+zoo: {profile: test}
+control: {ttl_s: 3}
+routing: {policy: tierlink}
+nodes:
+  - {id: cloud-1, tier: cloud, models: [toy-py, fmnist-exits], engine: ray, workers: 2,
+     ray: {min_replicas: 1, max_replicas: 1, num_cpus: 0.5}}
+"""
+
+
+def test_a_python_model_and_a_multi_exit_model_are_served_through_ray(
+        zoo_models: Models, http: httpx.Client, fmnist_test: Labelled, tmp_path: Path) -> None:
+    """Ray hosts whatever runtime a card's format names: a user's Python model and the
+    multi-exit net answer through the cloud node's front door as they do in process."""
+    import byo_support as byo
+    from tierlink.models import runtimes
+    from tierlink.models.runtimes import LoadSpec
+    from tierlink.modelstore.importer import ImportRequest, import_model
+    from tierlink.modelstore.store import ModelStore
+    from tierlink.zoo.exits import ensure_exits
+
+    from .integration_support import running_fleet
+
+    store = ModelStore(tmp_path / "store")
+    x, y = byo.classification_data()
+    import_model(ImportRequest("toy-py", byo.python_classifier(tmp_path / "src"), "toy",
+                               "cloud", byo.save_npz(tmp_path / "d.npz", x=x, y=y)), store)
+    exits = ensure_exits("test", root=tmp_path / "exits-zoo")
+    models = {"toy-py": store.paths("toy-py"),
+              "fmnist-exits": (exits.whole_path, exits.card_path)}
+    with running_fleet(RUNTIMES_FLEET, tmp_path / "fleet", models) as fleet:
+        cloud = fleet.node_urls["cloud-1"]
+        engine = http.get(f"{cloud}/tierlink/v1/status").json()["engine"]
+        assert engine == {"kind": "ray", "replicas": {"toy-py": 1, "fmnist-exits": 1}}
+        features = byo.features(6, seed=3)
+        toy = infer(http, cloud, "toy-py", features, input_name="x")
+        assert toy.status == 200, toy.error
+        np.testing.assert_allclose(toy.outputs["logits"], features @ byo.W_CLS + byo.B_CLS,
+                                   rtol=1e-5, atol=1e-6)
+        images = fmnist_test.input[:8]
+        answered = infer(http, cloud, "fmnist-exits", images)
+        assert answered.status == 200, answered.error
+    local = runtimes.load(LoadSpec(card=exits.card_path)).infer({"input": images})
+    np.testing.assert_array_equal(answered.outputs["exit"], local["exit"])
+    np.testing.assert_allclose(answered.outputs["logits"], local["logits"], atol=1e-5)
+
+
 DRIVER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
