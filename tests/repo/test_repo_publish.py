@@ -21,12 +21,13 @@ LIMIT = 600
 def zoo_model() -> tuple[Path, Path]:
     """fmnist-small of the built ``full`` zoo; the quick ``test`` zoo where it is not built
     (a fresh clone's CI builds that one for other tests anyway)."""
-    from tierlink.zoo.cache import ensure_zoo, zoo_dir
+    from tierlink.errors import ZooError
+    from tierlink.zoo.cache import ensure_zoo, load_zoo
 
-    full = zoo_dir("full")
-    if (full / "fmnist-small.onnx").is_file() and (full / "fmnist-small.json").is_file():
-        return full / "fmnist-small.onnx", full / "fmnist-small.json"
-    zoo = ensure_zoo(profile="test", progress=False)
+    try:
+        zoo = load_zoo(profile="full")
+    except ZooError:
+        zoo = ensure_zoo(profile="test", progress=False)
     return zoo.path("fmnist-small"), zoo.card_path("fmnist-small")
 
 
@@ -76,3 +77,20 @@ def test_a_card_without_a_task_is_refused(tmp_path: Path) -> None:
     card.write_text("[]")
     with pytest.raises(ConfigError, match="with a 'task'"):
         measure_validation(tmp_path / "model.onnx", card, 10)
+
+
+def test_a_python_model_is_validated_by_its_own_runtime_on_its_tasks_data(model_store,
+                                                                          tmp_path: Path):
+    """No ONNX: the card names the Python runtime, the catalog gives the task's data (the
+    imported data's test part), and the figure is the import's own."""
+    import byo_support as byo
+    from tierlink.modelstore.importer import ImportRequest, import_model
+
+    x, y = byo.classification_data()
+    card = import_model(ImportRequest("py", byo.python_classifier(tmp_path / "src"), "toy",
+                                      "edge", byo.save_npz(tmp_path / "d.npz", x=x, y=y)),
+                        model_store)
+    package, card_path = model_store.paths("py")
+    v = measure_validation(package, card_path, clock=lambda: NOW)
+    assert (v.dataset, v.n) == ("toy", card["data"]["eval_samples"])
+    assert v.accuracy == pytest.approx(card["metric"]["eval"])

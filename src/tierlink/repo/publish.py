@@ -56,14 +56,18 @@ def prepare_version(name: str, onnx_path: Path | str, card_path: Path | str, ver
 def measure_validation(onnx_path: Path | str, card_path: Path | str,
                        limit: int | None = None, *, progress: Progress | None = None,
                        clock: Clock = time.time) -> Validation:
-    """Top-1 accuracy of the graph on the first ``limit`` (default: all) images of the test
-    split of the card's task (``fmnist`` or ``mnist``), one ONNX Runtime thread, in batches
-    of :data:`EVAL_BATCH` (``progress`` is called after each)."""
+    """The model's task metric (top-1 accuracy for a classifier) on the first ``limit``
+    (default: all) samples of the test split of the card's task, as the catalog finds it;
+    the model run by the runtime its card's format names (an ONNX graph, a user's Python
+    model ...), one thread, in batches of :data:`EVAL_BATCH` (``progress`` after each)."""
     import numpy as np
 
+    from tierlink.models import runtimes
     from tierlink.models.catalog import Catalog
-    from tierlink.models.evaluate import accuracy, onnx_logits
-    from tierlink.models.onnx import ort_session
+    from tierlink.models.evaluate import feed
+    from tierlink.models.kind_registry import kind_of
+    from tierlink.models.runtime import MAX_BATCH
+    from tierlink.models.runtimes import LoadSpec
 
     task = str(_read_card(card_path)["task"])
     if limit is not None and limit < 1:
@@ -71,15 +75,22 @@ def measure_validation(onnx_path: Path | str, card_path: Path | str,
                           hint="omit it to evaluate the whole test split")
     test = Catalog.default().data(task).test
     test = test.head(limit) if limit is not None else test
-    session = ort_session(onnx_path, threads=1)
-    chunks = []
+    rt = runtimes.load(LoadSpec(card=Path(card_path), model_file=Path(onnx_path)))
+    spec = rt.info.spec_for(rt.outputs)
+    chunks: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(test), EVAL_BATCH):
-        chunks.append(onnx_logits(session, test.input[start:start + EVAL_BATCH]))
+        for sub in range(start, min(start + EVAL_BATCH, len(test)), MAX_BATCH):
+            part = test.take(np.arange(sub, min(sub + MAX_BATCH, start + EVAL_BATCH,
+                                                len(test))))
+            for name, value in rt.infer(feed(part.inputs, rt.inputs)).items():
+                chunks.setdefault(name, []).append(np.asarray(value))
         if progress is not None:
             progress(min(start + EVAL_BATCH, len(test)), len(test))
-    logits = np.concatenate(chunks)  # (N, classes)
+    raw = {name: np.concatenate(parts) for name, parts in chunks.items()}
+    kind = kind_of(spec.kind)
+    score = kind.score(kind.answer(raw, spec, rt.info.temperature), test.labels, spec)
     return Validation(dataset=task, split="test", n=len(test),
-                      accuracy=accuracy(logits, test.labels), measured_at=clock())
+                      accuracy=float(score or 0.0), measured_at=clock())
 
 
 def _read_card(path: Path | str) -> dict[str, Any]:
