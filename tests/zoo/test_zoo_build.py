@@ -272,6 +272,9 @@ def test_a_zoo_in_the_old_flat_layout_is_moved_on_first_use(built, tmp_path, cap
         shutil.copy(built.zoo.path(name), flat / f"{name}.onnx")
         shutil.copy(built.zoo.card_path(name), flat / f"{name}.json")
     (flat / "fmnist-small.splits.json").write_text("{}")
+    (flat / "fmnist-exits").mkdir()  # a model kept as a directory: the multi-exit net's
+    (flat / "fmnist-exits" / "fmnist-exits.json").write_text('{"version": "1"}')
+    (flat / "fmnist-exits" / "fmnist-exits-s1.onnx").write_bytes(b"segment")
     with caplog.at_level(logging.WARNING, logger="tierlink.zoo.cache"):
         zoo = load_zoo(profile="test", root=flat)
     assert zoo.cards == built.zoo.cards
@@ -279,3 +282,6 @@ def test_a_zoo_in_the_old_flat_layout_is_moved_on_first_use(built, tmp_path, cap
     assert (flat / "fmnist-small" / "1" / "card.splits.json").is_file()
     assert sorted(p.name for p in flat.iterdir() if p.is_file()) == []
     assert "zoo: moved fmnist-small into" in caplog.text
+    exits = flat / "fmnist-exits" / "1"
+    assert (exits / "card.json").is_file() and (exits / "fmnist-exits-s1.onnx").is_file()
+    assert (flat / "fmnist-exits" / "CURRENT").read_text() == "1"

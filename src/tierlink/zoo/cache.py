@@ -243,8 +243,9 @@ def build_lock(root: Path, task: str = "") -> Iterator[None]:
 def migrate_flat(root: Path) -> None:
     """Move a zoo written before versions into the layout: each ``<name>.onnx`` +
     ``<name>.json`` (+ ``<name>.splits.json``) into ``<name>/<its card's version>/`` as
-    ``model.onnx``, ``card.json`` (+ ``card.splits.json``), and the multi-exit net's
-    ``fmnist-exits/`` files into ``fmnist-exits/<version>/``; each move is said in the log."""
+    ``model.onnx``, ``card.json`` (+ ``card.splits.json``), and a model kept as a directory
+    (the multi-exit net's ``fmnist-exits/``) into ``<name>/<version>/``; each move is said in
+    the log."""
     if not root.is_dir():
         return
     for card in sorted(root.glob("*.json")):
@@ -262,25 +263,25 @@ def migrate_flat(root: Path) -> None:
         (root / card.stem / CURRENT).write_text(version)
         log.warning("zoo: moved %s into %s (one directory per version, since tierlink 0.2)",
                     card.stem, target)
-    _migrate_exits(root)
+    _migrate_dirs(root)
 
 
-def _migrate_exits(root: Path) -> None:
-    from tierlink.zoo.exits import EXITS_NAME
-
-    old = root / EXITS_NAME
-    card = old / f"{EXITS_NAME}.json"
-    if not card.is_file():
-        return
-    version = _card_version(card)
-    aside = root / f".{EXITS_NAME}-migrating"
-    os.replace(old, aside)
-    old.mkdir()
-    os.replace(aside, old / version)
-    os.replace(old / version / f"{EXITS_NAME}.json", old / version / CARD_FILE)
-    (old / CURRENT).write_text(version)
-    log.warning("zoo: moved %s into %s (one directory per version, since tierlink 0.2)",
-                EXITS_NAME, old / version)
+def _migrate_dirs(root: Path) -> None:
+    """A model kept as a directory of several files before versions (the multi-exit net:
+    ``fmnist-exits/fmnist-exits.json`` beside its segments) into ``<name>/<version>/``."""
+    for card in sorted(root.glob("*/*.json")):
+        old = card.parent
+        if card.stem != old.name or old.name.startswith("."):
+            continue
+        version = _card_version(card)
+        aside = root / f".{old.name}-migrating"
+        os.replace(old, aside)
+        old.mkdir()
+        os.replace(aside, old / version)
+        os.replace(old / version / card.name, old / version / CARD_FILE)
+        (old / CURRENT).write_text(version)
+        log.warning("zoo: moved %s into %s (one directory per version, since tierlink 0.2)",
+                    old.name, old / version)
 
 
 def _card_version(card: Path) -> str:
