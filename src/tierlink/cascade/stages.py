@@ -1,6 +1,7 @@
-"""Cascade stages from real classifiers the catalog resolved: calibrated confidence and
-correctness on a split, and the cost of a request reaching each tier under the fleet's
-cost model."""
+"""Cascade stages from real models the catalog resolved — the zoo's, users' imported ONNX
+graphs or Python models alike: calibrated confidence and per-sample correctness on a split
+(read by each task's output kind), and the cost of a request reaching each tier under the
+fleet's cost model."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from tierlink.cascade.tune import Stage
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
-from tierlink.models.card import load_card
+from tierlink.models import runtimes
 from tierlink.models.catalog import Resolved
 from tierlink.models.data import Labelled
+from tierlink.models.evaluate import feed, run
+from tierlink.models.kind_registry import kind_of
+from tierlink.models.runtimes import LoadSpec
+from tierlink.models.tensors import NP_TYPES, TensorDecl
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,23 +40,38 @@ def stage_cost(tier: Tier, latency_ms: float, input_bytes: int,
 
 def build_stages(models: Mapping[str, Resolved], chain: Chain, split: Labelled,
                  cost: CostModel = DEFAULT_COST_MODEL, threads: int = 1) -> list[Stage]:
-    """One :class:`Stage` per model of ``chain`` on ``split``, confidence calibrated with
-    each model's own temperature (from its card)."""
-    from tierlink.models.evaluate import onnx_logits, softmax
-
+    """One :class:`Stage` per model of ``chain`` on ``split``: each model run by the runtime
+    its card's format names (an ONNX graph, a user's Python model ...), its answers read by
+    its task's output kind with its own temperature — the confidence and per-sample
+    correctness a cascade is tuned on — and the cost of a request reaching its tier.
+    ``models``: the chain's models as the catalog (or a store) resolved them."""
     if len(chain.models) != len(chain.tiers):
         raise ConfigError("a cascade chain needs one tier per model")
-    input_bytes = int(np.prod(split.input.shape[1:])) * 4  # FP32 on the wire
-    stages = []
-    for name, tier in zip(chain.models, chain.tiers, strict=True):
-        card = load_card(models[name].card)
-        probs = softmax(onnx_logits(models[name].file, split.input, threads=threads),
-                        card.temperature)
-        stages.append(Stage(
-            model=name, tier=tier, confidence=probs.max(axis=1),
-            correct=probs.argmax(axis=1) == split.labels,
-            cost=stage_cost(tier, card.latency_ms["batch1_p50"], input_bytes, cost)))
-    return stages
+    return [_stage(models[name], tier, split, cost, threads)
+            for name, tier in zip(chain.models, chain.tiers, strict=True)]
+
+
+def _stage(found: Resolved, tier: Tier, split: Labelled, cost: CostModel,
+           threads: int) -> Stage:
+    rt = runtimes.load(LoadSpec(card=found.card, model_file=found.file, threads=threads))
+    spec = rt.info.spec_for(rt.outputs)
+    kind = kind_of(spec.kind)
+    answer = kind.answer(run(rt, feed(split.inputs, rt.inputs)), spec, rt.info.temperature)
+    correct = kind.correct(answer, split.labels, spec)
+    if answer.confidence is None or correct is None:
+        raise ConfigError(f"{found.name} cannot be a cascade stage: its {spec.kind} task gives "
+                          "no confidence or no per-sample correctness",
+                          hint="declare an uncertainty output (regression, embedding) or a "
+                               "tolerance option; or place it without a cascade")
+    return Stage(model=found.name, tier=tier, confidence=answer.confidence,
+                 correct=np.asarray(correct, dtype=bool),
+                 cost=stage_cost(tier, rt.info.latency_ms, _input_bytes(rt.inputs), cost))
+
+
+def _input_bytes(inputs: Sequence[TensorDecl]) -> int:
+    """Bytes of one request's inputs on the wire (the fixed-size ones)."""
+    return sum(int(np.prod(i.shape[1:])) * np.dtype(NP_TYPES[i.datatype]).itemsize
+               for i in inputs if all(d > 0 for d in i.shape[1:]))
 
 
 def chain_from_fleet(models_by_tier: Sequence[tuple[Tier, Sequence[str]]], task: str,

@@ -1,25 +1,18 @@
-"""Cascade stages of imported models: each model of a chain run on the calibration and
-evaluation parts of the data it was imported with, confidence and correctness read by its
-task's output kind. What ``cascade tune`` needs for a chain of users' models."""
+"""Cascade stages of imported models: the chain checked (one data set, every model
+cascadable), then :func:`~tierlink.cascade.stages.build_stages` on the calibration and
+evaluation parts of the data they were imported with. What ``cascade tune`` needs for a
+chain of users' models."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-
-from tierlink.cascade.stages import Chain, stage_cost
+from tierlink.cascade.stages import Chain, build_stages
 from tierlink.cascade.tune import Stage
-from tierlink.errors import ConfigError, ImportRefused
+from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
-from tierlink.models import runtimes
+from tierlink.models.catalog import Resolved
 from tierlink.models.data import split
-from tierlink.models.evaluate import feed, run
-from tierlink.models.kind_registry import kind_of
-from tierlink.models.runtimes import LoadSpec
-from tierlink.models.task import task_from_dict
-from tierlink.models.tensors import NP_TYPES
 from tierlink.modelstore.store import ModelStore
 
 
@@ -50,29 +43,7 @@ def imported_stages(store: ModelStore, chain: Chain,
     first = cards[chain.models[0]]
     data = store.load_data(first["data"]["sha256"])
     parts = split(data, float(first["data"]["calib_share"]), int(first["data"]["seed"]))
-    per_model = [_stage_pair(store, m, t, cards[m], parts, cost)
-                 for m, t in zip(chain.models, chain.tiers, strict=True)]
-    return ImportedStages([p[0] for p in per_model], [p[1] for p in per_model],
+    found = {m: Resolved(m, *store.paths(m), source="store") for m in chain.models}
+    return ImportedStages(build_stages(found, chain, parts.calib, cost),
+                          build_stages(found, chain, parts.test, cost),
                           {m: c["sha256"] for m, c in cards.items()})
-
-
-def _stage_pair(store: ModelStore, name: str, tier: Any, card: dict[str, Any], parts: Any,
-                cost: CostModel) -> tuple[Stage, Stage]:
-    model_file, card_path = store.paths(name)
-    rt = runtimes.load(LoadSpec(card=card_path, model_file=model_file))
-    inputs = rt.inputs
-    task = task_from_dict(card["task"], card["task_spec"], "card")
-    kind = kind_of(task.kind)
-    input_bytes = sum(int(np.prod(i.shape[1:])) * np.dtype(NP_TYPES[i.datatype]).itemsize
-                      for i in inputs if all(d > 0 for d in i.shape[1:]))
-    price = stage_cost(tier, float(card["latency_ms"]["batch1_p50"]), input_bytes, cost)
-    out = []
-    for part in (parts.calib, parts.test):
-        answer = kind.answer(run(rt, feed(part.inputs, inputs)), task,
-                             float(card["temperature"]))
-        correct = kind.correct(answer, part.labels, task)
-        if answer.confidence is None:  # checked by the caller: such kinds are not cascaded
-            raise ImportRefused(f"{name}: its kind gives no confidence to cascade on")
-        out.append(Stage(model=name, tier=tier, confidence=answer.confidence,
-                         correct=np.asarray(correct, bool), cost=price))
-    return out[0], out[1]
