@@ -49,6 +49,14 @@ def replace_synced(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def read_json(path: Path, what: str) -> Any:
+    """The JSON at ``path``; ``ModelError`` naming ``what`` when it is missing or malformed."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read {what} {path}: {exc}") from exc
+
+
 def write_json(path: Path, data: Any, what: str) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically (temp file, then rename; not
     fsynced: cards and profiles can be made again); ``ModelError`` naming ``what`` when the

@@ -52,11 +52,16 @@ class Ranking:
 
 @dataclass
 class FakeEntryPoint:
-    """What ``importlib.metadata.entry_points(group=...)`` yields: a name and ``load()``."""
+    """What ``importlib.metadata.entry_points(group=...)`` yields: a name, what it names
+    (``value``) and ``load()``."""
 
     name: str
     obj: Any
     group: str = ENTRY_POINT_GROUP
+
+    @property
+    def value(self) -> str:
+        return f"tests:{getattr(self.obj, '__name__', type(self.obj).__name__)}"
 
     def load(self) -> Any:
         return self.obj

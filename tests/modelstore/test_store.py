@@ -16,7 +16,7 @@ from tierlink.errors import ImportRefused, ModelNotFound
 from tierlink.models.data import Labelled
 from tierlink.models.task import TaskSpec
 from tierlink.models.tensors import TensorDecl
-from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore, models_of
+from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore
 
 TASK = TaskSpec("spam", "classification", (TensorDecl("tokens", "INT64", (-1, 8)),))
 
@@ -135,11 +135,6 @@ def test_data_is_kept_once_by_digest(model_store):
 def test_data_no_longer_in_the_store_is_refused(model_store):
     with pytest.raises(ImportRefused, match="is no longer in the store"):
         model_store.load_data("0" * 64)
-
-
-def test_models_of_lists_what_the_store_holds(model_store):
-    install(model_store, "a")
-    assert models_of(model_store, ["a", "zoo-model"]) == {"a": model_store.paths("a")}
 
 
 def test_versions_live_side_by_side_and_the_last_installed_is_current(model_store):

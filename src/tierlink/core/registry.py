@@ -78,17 +78,12 @@ class Registry(Generic[T]):
         self._discovered = True
         for ep in metadata.entry_points(group=self.group):
             first = self._pending.get(ep.name)
-            if first is not None and _target(first) != _target(ep):
+            if first is not None and first.value != ep.value:
                 raise ConfigError(f"{self.what} {ep.name!r} is already registered (entry "
-                                  f"points {_target(first)} and {_target(ep)})",
+                                  f"points {first.value} and {ep.value})",
                                   hint="uninstall one of the packages, or rename its entry")
             self._pending[ep.name] = ep
 
     def _load(self, name: str) -> None:
         loaded = self._pending.pop(name).load()
         self.register(name, self._adapt(loaded), origin=loaded)
-
-
-def _target(ep: Any) -> Any:
-    """What an entry point names (``module:attr``), or the object a test's fake holds."""
-    return getattr(ep, "value", None) or id(ep)

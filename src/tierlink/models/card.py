@@ -10,7 +10,6 @@ to tell whether the ``.onnx`` beside it is the one that was measured.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.core.types import CascadePoint, ModelView
-from tierlink.durable import write_json  # re-exported: card writers use it from here
+from tierlink.durable import read_json, write_json  # write_json: card writers use it from here
 from tierlink.errors import ModelError
 from tierlink.models.tensors import TensorDecl
 
@@ -255,11 +254,7 @@ def _training(data: Mapping[str, Any]) -> TrainingInfo:
 
 def load_card(path: Path) -> ModelCard:
     """Read and validate the card at ``path``; ``ModelError`` when missing or invalid."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read model card {path}: {exc}") from exc
-    return card_from_dict(data, source=f"model card {path}")
+    return card_from_dict(read_json(path, "model card"), source=f"model card {path}")
 
 
 def save_card(card: ModelCard, path: Path) -> None:

@@ -149,19 +149,20 @@ def run(model: Any, x: Mapping[str, np.ndarray], batch: int = 256,
     return {k: np.concatenate(v) for k, v in chunks.items()}
 
 
-def latency(session: Any, x: Mapping[str, np.ndarray] | np.ndarray, *,
+def latency(model: Any, x: Mapping[str, np.ndarray] | np.ndarray, *,
             runs: int | None = None, warmup: int = 20, budget_s: float = LATENCY_BUDGET_S,
             clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Milliseconds per call on this machine: ``batch1_p50`` / ``batch1_p95`` of one-sample
-    calls and ``batch32_per_sample`` (the median 32-sample call / 32). ``x``: the inputs by
-    name, or the one input's array. With ``runs``: exactly that many one-sample calls after
+    """Milliseconds per call of ``model`` (:func:`predictor`) on this machine:
+    ``batch1_p50`` / ``batch1_p95`` of one-sample calls and ``batch32_per_sample`` (the
+    median 32-sample call / 32). ``x``: the inputs by name, or the one input's array (of a
+    session, whose one input it feeds). With ``runs``: exactly that many one-sample calls after
     ``warmup`` (and ``max(10, runs // 10)`` batch calls), as the zoo's cards are timed;
     without: at least 20 and at most 2,000 of each within ``budget_s``."""
     if not isinstance(x, Mapping):
-        x = {session.get_inputs()[0].name: x}
+        x = {model.get_inputs()[0].name: x}
     if not len(next(iter(x.values()))):
         raise ModelError("latency measurement needs at least one sample")
-    predict = predictor(session)
+    predict = predictor(model)
     one = {k: v[:1] for k, v in x.items()}
     many = {k: np.concatenate([v] * math.ceil(32 / len(v)))[:32] for k, v in x.items()}
     if runs is None:

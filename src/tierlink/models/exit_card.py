@@ -15,7 +15,6 @@ Who builds one (the demo's zoo: :mod:`tierlink.zoo.exits`) is not known here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.core.types import CascadePoint
+from tierlink.durable import read_json
 from tierlink.errors import ModelError
 from tierlink.models.card import (
     Calibration,
@@ -224,11 +224,7 @@ def save_exit_card(card: ExitCard, path: Path) -> None:
 
 def load_exit_card(path: Path) -> ExitCard:
     """The exit card at ``path``; ``ModelError`` when it cannot be read or parsed."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read exit card {path}: {exc}") from exc
-    return exit_card_from_dict(data, source=f"exit card {path}")
+    return exit_card_from_dict(read_json(path, "exit card"), source=f"exit card {path}")
 
 
 @dataclass(frozen=True, slots=True)

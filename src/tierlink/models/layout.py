@@ -111,25 +111,40 @@ class Layout:
         for card in sorted(self.root.glob(f"*/{CARD_FILE}")):
             name = card.parent.name
             if not name.startswith("."):
-                self._migrate_one(name)
+                self.adopt(name, CARD_FILE)
                 moved.append(name)
         return moved
 
-    def _migrate_one(self, name: str) -> None:
+    def adopt(self, name: str, card_name: str) -> Path:
+        """Move ``<name>/``, a model's files written before versions with its card as
+        ``card_name``, whole into ``<name>/<its card's version>/`` (the card renamed
+        ``card.json``) and make that version current; said in the log."""
         base = self.root / name
-        try:
-            version = str(json.loads((base / CARD_FILE).read_text()).get("version", "1"))
-            check_part("version", version)
-        except (OSError, ValueError, ModelError):
-            version = "1"
+        version = card_version(base / card_name)
         aside = self.root / f".migrating-{name}-{uuid.uuid4().hex[:8]}"
         os.replace(base, aside)  # the old directory whole, then under its new name
         base.mkdir()
         os.replace(aside, base / version)
-        replace_synced(base / CURRENT, version.encode())
+        os.replace(base / version / card_name, base / version / CARD_FILE)
+        self.set_current(name, version)
+        log.warning("moved %s into %s (one directory per version, since tierlink 0.2)",
+                    name, base / version)
+        return base / version
+
+    def set_current(self, name: str, version: str) -> None:
+        """Make ``version`` the one ``name`` means (atomically)."""
+        replace_synced(self.root / name / CURRENT, version.encode())
         fsync_dir(self.root)
-        log.warning("model store: moved %s into %s (one directory per version, since "
-                    "tierlink 0.2)", name, base / version)
+
+
+def card_version(card: Path) -> str:
+    """The version a card states, or "1" where it states none usable (an old card)."""
+    try:
+        version = str(json.loads(card.read_text()).get("version", "1"))
+        check_part("version", version)
+    except (OSError, ValueError, AttributeError, ModelError):
+        return "1"
+    return version
 
 
 def _swap(staging: Path, final: Path) -> None:

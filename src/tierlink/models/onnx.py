@@ -132,11 +132,7 @@ class OnnxModel:
 
 def load_onnx(spec: Any) -> OnnxModel:
     """The ``onnx`` format's runtime factory (:mod:`tierlink.models.runtimes`): the graph is
-    the spec's model file, else ``<card stem>.onnx`` beside the card (the zoo's layout), else
-    ``model.onnx`` (an import's or a slot's)."""
-    path = spec.model_file
-    if path is None:
-        beside = spec.card.with_suffix(".onnx")
-        path = beside if beside.is_file() else spec.directory / "model.onnx"
+    the spec's model file, else the one its card names beside it (``model.onnx``)."""
+    path = spec.model_file or spec.directory / str(spec.read_card().get("file", "model.onnx"))
     return OnnxModel(path, ModelInfo.from_card(spec.card), threads=spec.threads,
                      providers=spec.providers)

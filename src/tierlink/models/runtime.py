@@ -33,6 +33,7 @@ from tierlink.models.tensors import NP_TYPES, TensorDecl
 
 MAX_BATCH = 256
 
+
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
     """What a node knows of a model variant besides its graph: from the model card."""

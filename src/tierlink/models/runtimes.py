@@ -18,18 +18,17 @@ at node start and at every version install or rollback alike.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tierlink.core.registry import Registry
+from tierlink.durable import read_json
 from tierlink.errors import ModelError
 from tierlink.models.onnx import DEFAULT_PROVIDERS
 
 ENTRY_POINT_GROUP = "tierlink.runtimes"
-FORMATS = ("onnx", "multi-exit", "python", "llm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +48,7 @@ class LoadSpec:
 
     def read_card(self) -> dict[str, Any]:
         """The card's JSON; ``ModelError`` naming the file when it cannot be read."""
-        try:
-            data = json.loads(self.card.read_text())
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"model card {self.card} is unreadable: {exc}") from exc
+        data = read_json(self.card, "model card")
         if not isinstance(data, Mapping):
             raise ModelError(f"model card {self.card} is not a JSON object")
         return dict(data)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -32,7 +32,7 @@ import numpy as np
 from tierlink.durable import replace_synced
 from tierlink.errors import ImportRefused, ModelError, ModelNotFound
 from tierlink.models.data import Labelled
-from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout
+from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout, check_part
 from tierlink.models.task import TaskSpec, task_from_dict
 
 
@@ -173,12 +173,8 @@ class ModelStore:
 
 
 def _check_name(name: str) -> None:
-    if not name or name.startswith(".") or any(c in name for c in "/\\ \t\n") or \
-            name in ("tasks", "data"):
-        raise ImportRefused(f"model name {name!r} is not usable",
-                            hint="letters, digits, '-', '_' and '.'; e.g. spam-small")
-
-
-def models_of(store: ModelStore, wanted: Mapping[str, Any] | list[str]) -> dict[str, tuple[Path, Path]]:
-    """Name -> (onnx, card) for each wanted model the store holds."""
-    return {n: store.paths(n) for n in wanted if store.has(n)}
+    """The layout's rule, refused as an import's error."""
+    try:
+        check_part("name", name)
+    except ModelError as exc:
+        raise ImportRefused(exc.message, hint=exc.hint) from None

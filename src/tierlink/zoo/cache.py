@@ -25,7 +25,7 @@ from typing import Any
 from tierlink.errors import ModelError, ModelNotFound, ZooError
 from tierlink.models.card import ModelCard, file_sha256, load_card, save_card
 from tierlink.models.home import tierlink_home
-from tierlink.models.layout import CARD_FILE, CURRENT, MODEL_FILE, Layout
+from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout, card_version
 from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names, recipe_fingerprint
 
 log = logging.getLogger(__name__)
@@ -248,46 +248,21 @@ def migrate_flat(root: Path) -> None:
     the log."""
     if not root.is_dir():
         return
+    layout = Layout(root)
     for card in sorted(root.glob("*.json")):
         graph = card.with_suffix(".onnx")
         if card.name.endswith(".splits.json") or not graph.is_file():
             continue
-        version = _card_version(card)
-        target = root / card.stem / version
+        target = root / card.stem / card_version(card)
         target.mkdir(parents=True, exist_ok=True)
         splits = card.with_name(card.stem + ".splits.json")
         if splits.is_file():
             os.replace(splits, target / "card.splits.json")
         os.replace(graph, target / MODEL_FILE)
         os.replace(card, target / CARD_FILE)
-        (root / card.stem / CURRENT).write_text(version)
+        layout.set_current(card.stem, target.name)
         log.warning("zoo: moved %s into %s (one directory per version, since tierlink 0.2)",
                     card.stem, target)
-    _migrate_dirs(root)
-
-
-def _migrate_dirs(root: Path) -> None:
-    """A model kept as a directory of several files before versions (the multi-exit net:
-    ``fmnist-exits/fmnist-exits.json`` beside its segments) into ``<name>/<version>/``."""
-    for card in sorted(root.glob("*/*.json")):
-        old = card.parent
-        if card.stem != old.name or old.name.startswith("."):
-            continue
-        version = _card_version(card)
-        aside = root / f".{old.name}-migrating"
-        os.replace(old, aside)
-        old.mkdir()
-        os.replace(aside, old / version)
-        os.replace(old / version / card.name, old / version / CARD_FILE)
-        (old / CURRENT).write_text(version)
-        log.warning("zoo: moved %s into %s (one directory per version, since tierlink 0.2)",
-                    old.name, old / version)
-
-
-def _card_version(card: Path) -> str:
-    import json
-
-    try:
-        return str(json.loads(card.read_text()).get("version", "1"))
-    except (OSError, ValueError):
-        return "1"
+    for card in sorted(root.glob("*/*.json")):  # a model kept as a directory of files
+        if card.stem == card.parent.name and not card.stem.startswith("."):
+            layout.adopt(card.stem, card.name)
