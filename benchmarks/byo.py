@@ -89,27 +89,23 @@ def import_family(family: Path, fleet: Path, calib_share: float, env: dict[str, 
                             "--task", TASK, "--tier", tier, "--data",
                             str(family / "heldout.npz"), "--fleet", str(fleet),
                             "--calib-share", str(calib_share), env=env)
-        models[name] = {"tier": tier, "accuracy": card["metric"]["eval"],
-                        "calib_accuracy": card["metric"]["calib"],
+        models[name] = {"tier": tier, "accuracy": card["test_accuracy"],
+                        "calib_accuracy": card["calib_accuracy"],
                         "eval_samples": card["data"]["eval_samples"],
                         "params": card["params"], "size_bytes": card["size_bytes"],
                         "latency_ms_b1_p50": card["latency_ms"]["batch1_p50"],
                         "temperature": card["temperature"], "provider": card["provider"],
-                        "import_s": round(seconds, 2), "measure_s": card["import_s"]}
-        print(f"imported {name}: {100 * card['metric']['eval']:.2f}% in {seconds:.1f} s",
+                        "import_s": round(seconds, 2)}
+        print(f"imported {name}: {100 * card['test_accuracy']:.2f}% in {seconds:.1f} s",
               file=sys.stderr)
     return models
 
 
 def evaluation_part() -> tuple[np.ndarray, np.ndarray]:
     """The held-out mails of the import's evaluation part: (tokens, labels)."""
-    from tierlink.models.data import split
     from tierlink.modelstore.store import ModelStore
 
-    store = ModelStore.default()
-    card = store.card(FAMILY[0][0])
-    parts = split(store.load_data(card["data"]["sha256"]), card["data"]["calib_share"],
-                  card["data"]["seed"])
+    parts = ModelStore.default().splits(FAMILY[0][0])
     return parts.test.inputs["tokens"], parts.test.labels
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,9 @@ def read_json(path: Path, what: str) -> Any:
 def write_json(path: Path, data: Any, what: str) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically (temp file, then rename; not
     fsynced: cards and profiles can be made again); ``ModelError`` naming ``what`` when the
-    disk refuses."""
-    tmp = path.with_name(path.name + ".tmp")
+    disk refuses. The temp file's name is this writer's own, so processes writing the same
+    file at once (nodes measuring one model's card) each replace it whole."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, path)

@@ -16,6 +16,7 @@ from tierlink.chat.router import DifficultyRouter
 from tierlink.chat.service import ChatService, Prepared, VerifierLink
 from tierlink.core.types import LanguageModelView, LinkView, NodeView, Tier
 from tierlink.errors import InvalidRequest, ModelNotFound, NoFeasiblePlacement, PrivacyViolation
+from tierlink.models.card import LanguageInfo, ModelCard
 
 MSG = [{"role": "user", "content": "hi"}]
 LARGE = LanguageModelView("smollm2", ("chat",), quality=0.76, prefill_tok_s=150.0,
@@ -50,7 +51,9 @@ class _Model:
     def __init__(self, score: float | None = None) -> None:
         self.name = "smollm2"
         self.source = _Source()
-        self.card = {"prefill_tokens_per_s": 400.0, "decode_tokens_per_s": 45.0}
+        self.card = ModelCard("smollm2", "chat", "1", format="llm", language=LanguageInfo(
+            "llama", self.context_length, 2, 8, 64, prefill_tokens_per_s=400.0,
+            decode_tokens_per_s=45.0, tokenizer={}, source={}, measured={}))
         self.engine = _Engine()
         self.model = self.codec = None
         self._feature = None if score is None else np.log(score / (1 - score))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import onnxruntime as ort
@@ -43,7 +44,11 @@ def test_import_prints_the_card_as_json_and_installs_it(model_store, files):
         ("spam-small", "spam", "classification", "device", "3")
     assert card["labels"] == ["ham", "spam", "eggs"]
     assert (card["data"]["seed"], card["data"]["calib_samples"]) == (2, 50)
-    assert model_store.card("spam-small") == card
+    # the card as it is written (schema 2), nothing published
+    assert card["schema"] == 2 and "published" not in card and "import_s" not in card
+    assert card["metric"] == "accuracy" and 0.0 < card["test_accuracy"] < 1.0
+    assert model_store.card("spam-small").to_dict() == card
+    assert json.loads(model_store.paths("spam-small")[1].read_text()) == card
     assert model_store.paths("spam-small")[0].read_bytes() == files["cls"].read_bytes()
 
 
@@ -57,9 +62,10 @@ def test_import_of_a_regression_with_roles_options_and_providers(model_store, fi
     card = json.loads(out)
     assert card["task_spec"]["outputs"] == {"value": "value", "uncertainty": "sd"}
     assert card["task_spec"]["options"] == {"tolerance": 0.3, "note": "free text"}
-    assert card["cascadable"] is True and card["metric"]["name"] == "r2"
+    assert card["kind"] == "regression" and card["metric"] == "r2"
+    assert card["cascade"] and model_store.card("price-1").cascadable  # a curve: cascadable
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        assert card["provider"] == CPU and list(card["latency_ms_by_provider"]) == [CPU]
+        assert card["provider"] == CPU and list(card["latency_by_provider"]) == [CPU]
 
 
 def test_option_values_are_typed(model_store, files):
@@ -79,6 +85,9 @@ def test_import_without_json_says_what_it_measured(model_store, files):
     assert "imported m (t, classification, cloud): accuracy 0.7" in text
     assert "on 100 evaluation samples" in text and "cascadable" in text
     assert f"on {CPU}" in text
+    # the time it took is a line of its own, not the end of the card's
+    assert re.search(r"\bm imported in \d+\.\d s\b", text), text
+    assert text.endswith(", cascadable"), text
 
 
 def test_a_task_declared_in_a_fleet_file(model_store, files, tmp_path):
@@ -145,7 +154,10 @@ def test_imported_lists_the_store(model_store, files):
                             files["cls_data"])[0] == 0
     result = runner.invoke(app, ["model", "imported", "--json"])
     assert result.exit_code == 0
-    assert [c["name"] for c in json.loads(result.stdout)] == ["a", "b"]
+    listed = json.loads(result.stdout)
+    assert [c["name"] for c in listed] == ["a", "b"]
+    assert listed == [model_store.card(n).to_dict() for n in ("a", "b")]
+    assert {c["schema"] for c in listed} == {2}
     result = runner.invoke(app, ["model", "imported", "--json", "--task", "t2"])
     assert [c["name"] for c in json.loads(result.stdout)] == ["b"]
     result = runner.invoke(app, ["model", "imported"], env={"COLUMNS": "200"})  # no wrapping
@@ -153,8 +165,8 @@ def test_imported_lists_the_store(model_store, files):
     assert f"model store {model_store.root}" in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith("│ ")]
     cells = [[c.strip() for c in row.split("│")[1:-1]] for row in rows]
-    assert [c[:4] for c in cells] == [["a", "t1", "classification", "edge"],
-                                      ["b", "t2", "classification", "edge"]]
+    assert [c[:5] for c in cells] == [["a", "1", "t1", "classification", "edge"],
+                                      ["b", "1", "t2", "classification", "edge"]]
     assert "accuracy 0.7" in rows[0] and CPU in rows[0]
 
 
@@ -172,14 +184,15 @@ def test_zoo_calibration_lists_an_imported_task(model_store, files):
     rows = json.loads(result.stdout)
     row = rows["toy-cls"]
     assert row["temperature"] != 1.0 and 0.0 <= row["ece_after"] <= 1.0
-    assert {"eval_ece_before", "eval_ece_after", "nll_before", "nll_after"} <= set(row)
+    assert {"test_ece_before", "test_ece_after", "nll_before", "nll_after"} <= set(row)
     missing = runner.invoke(app, ["zoo", "calibration", "--task", "nothing-here"])
     assert missing.exit_code == 2 and "no zoo task" in missing.stderr
 
 
 def test_the_catalog_lists_every_source_in_order(model_store, tmp_path):
     """``tierlink model catalog --json``: the store (what a user imported) first, then the
-    zoo (what it builds on first use)."""
+    zoo (what it builds on first use), then the signed repository (what was installed from
+    it: nothing yet)."""
     import json
 
     from typer.testing import CliRunner
@@ -195,5 +208,6 @@ def test_the_catalog_lists_every_source_in_order(model_store, tmp_path):
     listed = CliRunner().invoke(app, ["model", "catalog", "--json"])
     assert listed.exit_code == 0, listed.output
     catalog = json.loads(listed.stdout)
-    assert list(catalog) == ["store", "zoo"] and catalog["store"] == ["toy"]
+    assert list(catalog) == ["store", "zoo", "repo"] and catalog["store"] == ["toy"]
+    assert catalog["repo"] == []
     assert "fmnist-small" in catalog["zoo"] and "fmnist-exits" in catalog["zoo"]

@@ -9,20 +9,7 @@ from typing import Any
 
 import pytest
 
-
-class FakeClock:
-    """An injected clock (epoch seconds) that only moves when a test advances it."""
-
-    def __init__(self, start: float = 1_733_140_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
-
+from repo_support import FakeClock
 
 _BODY: dict[str, Any] = {
     "node_id": "edge-1",

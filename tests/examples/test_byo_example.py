@@ -59,5 +59,6 @@ def test_a_family_model_exports_and_imports_against_the_declared_task(
     card = import_model(ImportRequest(name, tmp_path / f"{name}.onnx", "spam", "device",
                                       tmp_path / "heldout.npz", declared=declared),
                         model_store)
-    assert card["labels"] == ["ham", "spam"] and card["input"][0]["datatype"] == "INT64"
-    assert card["metric"]["eval"] > 0.8, card["metric"]  # easy to tell apart
+    assert card.labels == ("ham", "spam") and card.inputs[0].datatype == "INT64"
+    assert card.task_spec == declared and card.kind == "classification"
+    assert card.test_accuracy > 0.8, card.test_accuracy  # easy to tell apart

@@ -27,6 +27,7 @@ def test_link_rtt_is_twice_the_one_way_delay():
     (lambda d: d["nodes"][0].update(id="Bad Id"), "nodes[0].id"),
     (lambda d: d["nodes"][0].update(tier="fog"), "nodes[0].tier"),
     (lambda d: d["nodes"][0].update(workers=0), "nodes[0].workers"),
+    (lambda d: d["nodes"][0].update(models=["fmnist-small@2"]), "nodes[0] names 'fmnist-sm"),
     (lambda d: d["nodes"][0].update(default_privacy="secret"), "nodes[0].default_privacy"),
     (lambda d: d["links"][0].update(to="edge-9"), "links[0]"),
     (lambda d: d["links"][0].update(delay_ms=-1), "links[0].delay_ms"),

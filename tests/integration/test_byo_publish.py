@@ -55,11 +55,16 @@ def test_import_publishes_a_signed_version_validated_on_its_own_data(tmp_path: P
             "--control", url, "--key", str(key), "--notes", "first import", "--json",
             env=env))
         assert card["published"]["created"] is True
+        # the card as the store wrote it (schema 2), the publication added beside it
+        stored = json.loads((tmp_path / "home" / "models" / "toy-edge" / "2" / "card.json")
+                            .read_text())
+        assert card["schema"] == 2 and {k: v for k, v in card.items() if k != "published"} \
+            == stored
         shown = json.loads(tierlink("model", "show", "toy-edge", "2", "--control", url,
                                     "--json", env=env))
         validation = shown["signed"]["manifest"]["validation"]
         assert validation["split"] == "eval" and validation["n"] == card["data"]["eval_samples"]
-        assert validation["accuracy"] == pytest.approx(card["metric"]["eval"])
+        assert validation["accuracy"] == pytest.approx(card["test_accuracy"])
         assert validation["dataset"].startswith("toy:")
     finally:
         control.terminate()

@@ -89,3 +89,42 @@ def _wait_for_cloud(http: httpx.Client, url: str, x: np.ndarray) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("the device never split to cloud-1")
+
+
+ROLLOUT_FLEET = """
+name: itest-exits-rollout
+seed: 5
+zoo: {profile: test}
+control: {ttl_s: 3}
+trusted_keys: [%s]
+nodes:
+  - {id: cloud-1, tier: cloud, models: [fmnist-exits]}
+"""
+
+
+def test_a_multi_exit_models_new_version_is_rolled_out_and_served(
+        exit_models: Models, fmnist_test: Labelled, http: httpx.Client, tmp_path: Path) -> None:
+    """Its segments travel as one file: published signed, installed into the node's slot,
+    served by the multi-exit runtime, answering as the version before it."""
+    from .integration_support import running_fleet, tierlink, wait_for
+
+    key = tmp_path / "publisher.key"
+    public = tierlink("model", "keygen", "--out", str(key)).strip().splitlines()[-1]
+    whole, card = exit_models["fmnist-exits"]
+    x = fmnist_test.input[:16]
+    with running_fleet(ROLLOUT_FLEET % public, tmp_path / "fleet", exit_models) as fleet:
+        cloud, url = fleet.node_urls["cloud-1"], fleet.control_url
+        before = infer(http, cloud, "fmnist-exits", x)
+        tierlink("model", "publish", "fmnist-exits", str(whole), "--card", str(card),
+                 "--version", "2", "--notes", "the same net, packed", "--key", str(key),
+                 "--control", url, "--eval-limit", "200", token=fleet.admin_token)
+        tierlink("rollout", "start", "fmnist-exits", "2", "--tier", "cloud", "--stages", "1",
+                 "--soak", "1s", "--control", url, token=fleet.admin_token)
+        wait_for(lambda: http.get(f"{cloud}/v2/models/fmnist-exits").json()["versions"]
+                 == ["2"] or None, 120, "cloud-1 serving fmnist-exits version 2")
+        meta = http.get(f"{cloud}/v2/models/fmnist-exits/versions/2").json()
+        after = infer(http, cloud, "fmnist-exits", x)
+    assert meta["platform"] == "tierlink_early_exit"
+    assert before.status == after.status == 200, (before.error, after.error)
+    np.testing.assert_array_equal(after.outputs["exit"], before.outputs["exit"])
+    np.testing.assert_allclose(after.outputs["logits"], before.outputs["logits"], rtol=1e-6)

@@ -71,9 +71,9 @@ def test_data_comes_from_the_first_source_that_has_the_task() -> None:
 
 def test_the_built_in_sources_are_entry_points(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("TIERLINK_HOME", str(tmp_path))
-    assert source_registry().names() == ["store", "zoo"]
+    assert source_registry().names() == ["repo", "store", "zoo"]
     catalog = Catalog.default(SourceOptions(profile="test", progress=False))
-    assert [s.name for s in catalog.sources] == ["store", "zoo"]
+    assert [s.name for s in catalog.sources] == ["store", "zoo", "repo"]  # by rank
     zoo = catalog.sources[1]
     assert zoo.offers("fmnist-small") and zoo.offers("fmnist-small-fp16")
     assert zoo.offers("mnist-large") and zoo.offers("fmnist-exits")

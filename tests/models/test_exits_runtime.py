@@ -72,8 +72,7 @@ def test_weak_uplink_exits_on_the_device_strong_uplink_offloads_the_hard_inputs(
 
 
 def test_infer_stops_at_the_first_confident_exit(model: ExitsModel, images: np.ndarray) -> None:
-    from tierlink.models.exit_card import ExitModel
-    from tierlink.models.exit_runner import ExitRunner
+    from tierlink.models.exit_runner import ExitModel, ExitRunner
 
     out = model.infer({"input": images})
     assert out["logits"].shape == (len(images), 10) and out["exit"].shape == (len(images),)
@@ -90,7 +89,7 @@ def test_head_then_tail_gives_the_whole_models_answer(model: ExitsModel,
     """A batch split at the first boundary: the exits there answer what they can, the rest
     is finished upstream, and together they are the whole model's early-exit answers."""
     whole = model.infer({"input": images})
-    cut = model.card.boundaries[0].name
+    cut = model.card.multi_exit.boundaries[0].name
     head = model.head(cut, images)
     answered = [a is not None for a in head.answers]
     assert answered == (whole["exit"] == 0).tolist()
@@ -107,7 +106,7 @@ def test_bad_cuts_and_inputs_are_clear_errors(model: ExitsModel, images: np.ndar
     with pytest.raises(SplitError, match="exit boundaries"):
         model.head("features9", images[:1])
     with pytest.raises(TensorError):
-        model.head(model.card.boundaries[0].name, images[:, :, :10])
+        model.head(model.card.multi_exit.boundaries[0].name, images[:, :, :10])
     with pytest.raises(TensorError):
         model.infer({"input": images[:, :, :10]})
 
@@ -124,7 +123,7 @@ def test_a_directory_finds_its_one_exit_card_whatever_its_name(model: ExitsModel
     (copy / "notes.json").write_text('{"name": "not a multi-exit card"}')
     assert find_exit_card(copy) == copy / "my-exits.json"
     from_dir = ExitsModel(copy)
-    assert from_dir.path == copy / model.card.whole["file"]
+    assert from_dir.path == copy / model.card.file
     assert np.array_equal(from_dir.infer({"input": images[:8]})["exit"],
                           model.infer({"input": images[:8]})["exit"])
     loaded = load_exits_model(SimpleNamespace(card=copy / "my-exits.json", model_file=None,

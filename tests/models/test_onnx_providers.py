@@ -133,7 +133,7 @@ def imported_card(model_store, tmp_path):
     card = json.loads(card_path.read_text())
     figures = {"batch1_p50": 0.2, "batch1_p95": 0.3, "batch32_per_sample": 0.01}
     card["latency_ms"] = figures
-    card["latency_ms_by_provider"] = {CUDA: figures, CPU: {**figures, "batch1_p50": 3.5}}
+    card["latency_by_provider"] = {CUDA: figures, CPU: {**figures, "batch1_p50": 3.5}}
     card["provider"] = CUDA
     card_path.write_text(json.dumps(card))
     return onnx, card_path

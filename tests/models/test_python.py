@@ -14,7 +14,8 @@ import byo_support as byo
 from tierlink.errors import ModelError, RuntimeFailure, TensorError
 from tierlink.models import runtimes
 from tierlink.models.onnx import OnnxModel
-from tierlink.models.python import PythonModel, pack, unpack
+from tierlink.models.package import unpack
+from tierlink.models.python import PythonModel, pack
 from tierlink.models.runtime import ModelInfo
 from tierlink.models.runtimes import LoadSpec
 from tierlink.models.tensors import TensorDecl
@@ -28,8 +29,8 @@ def card(directory: Path, **extra: object) -> Path:
     path.write_text(json.dumps({
         "name": "py-cls", "task": "toy", "version": "1", "format": "python",
         "file": "model.zip", "entry": "model:Model", "test_accuracy": 0.7,
-        "latency_ms": {"batch1_p50": 0.05}, "input": [{"name": "x", "datatype": "FP32",
-                                                       "shape": [-1, 4]}],
+        "latency_ms": {"batch1_p50": 0.05, "batch1_p95": 0.06, "batch32_per_sample": 0.01},
+        "input": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
         "output": [{"name": "logits", "datatype": "FP32", "shape": [-1, 3]}], **extra}))
     return path
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +22,13 @@ import byo_support as byo
 from tierlink.errors import ImportRefused, TierlinkError
 from tierlink.models import kind_registry as registry_mod
 from tierlink.models import layout
+from tierlink.models.card import ModelCard, card_from_dict
 from tierlink.models.data import Labelled, load_data, split
 from tierlink.models.evaluate import FINE_THRESHOLDS
 from tierlink.models.kind_registry import KindRegistry
 from tierlink.models.kinds import Answer, Outputs, role
 from tierlink.models.task import TaskSpec, task_from_dict
+from tierlink.models.tensors import TensorDecl
 from tierlink.modelstore.importer import ImportRequest, import_model
 from tierlink.modelstore.store import ModelStore
 
@@ -73,7 +76,7 @@ def request(name: str, onnx: Path, task: str, data: Path, **kw: Any) -> ImportRe
 
 
 def first_import(store: ModelStore, tmp_path: Path, case: Case, name: str = "m",
-                 task: str = "t", **kw: Any) -> dict[str, Any]:
+                 task: str = "t", **kw: Any) -> ModelCard:
     x, y = case.data()
     onnx = case.model(tmp_path / f"{name}.onnx")
     data = byo.save_npz(tmp_path / f"{name}.npz", x=x, y=y)
@@ -103,56 +106,96 @@ def assert_clean(store: ModelStore, name: str, task: str | None = None) -> None:
 
 # -- good imports --------------------------------------------------------------------------
 
+def same(a: float, b: float) -> bool:
+    """Equal, or both missing (NaN: a figure the kind cannot give)."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_a_good_import_writes_a_full_card(model_store, tmp_path, case_id):
     case = CASES[case_id]
     card = first_import(model_store, tmp_path, case)
     kind = registry_mod.kind_of(case.kind)
-    assert (card["name"], card["task"], card["kind"], card["tier"], card["version"],
-            card["imported"]) == ("m", "t", case.kind, "edge", "1", True)
+    assert isinstance(card, ModelCard)
+    assert (card.name, card.task, card.kind, card.tier, card.version, card.imported,
+            card.format, card.file) == ("m", "t", case.kind, "edge", "1", True, "onnx",
+                                        "model.onnx")
+    assert card.lineage is None and card.training is None  # not derived, not trained here
     # the metric: the kind's, measured on both parts, neither 0 nor 1 on this data
-    assert card["metric"]["name"] == kind.metric
-    for part in ("calib", "eval"):
-        assert 0.0 < card["metric"][part] < 1.0
-    assert card["test_accuracy"] == card["metric"]["eval"]
-    assert card["calib_accuracy"] == card["metric"]["calib"]
+    assert card.metric == kind.metric
+    for score in (card.calib_accuracy, card.test_accuracy):
+        assert 0.0 < score < 1.0
     # temperature: fitted where the kind has logits, else 1.0 with no NLL
+    cal = card.calibration
+    assert cal is not None and cal.temperature == card.temperature
+    assert cal.samples == card.data.calib_samples
     if case.fitted:
-        assert card["temperature"] != 1.0 and 0.05 <= card["temperature"] <= 20.0
-        nll = card["calibration"]
-        assert nll["nll_after"] <= nll["nll_before"]
+        assert card.temperature != 1.0 and 0.05 <= card.temperature <= 20.0
+        assert cal.nll_after <= cal.nll_before
     else:
-        assert card["temperature"] == 1.0
-        cal = card["calibration"]
-        assert cal["nll_before"] is None and cal["nll_after"] is None
+        assert card.temperature == 1.0
+        assert math.isnan(cal.nll_before) and math.isnan(cal.nll_after)
+        written = card.to_dict()["calibration"]  # JSON has no NaN: a missing figure is null
+        assert written["nll_before"] is None and written["nll_after"] is None
         # no temperature: the confidence (if any) is the same before and after
-        assert cal.get("ece_before") == cal.get("ece_after")
+        assert same(cal.ece_before, cal.ece_after)
+        assert same(cal.test_ece_before, cal.test_ece_after)
     # the cascade curve is there iff the model can be cascaded, and it is not flat
-    assert card["cascadable"] is case.cascadable
-    assert bool(card["cascade"]) is case.cascadable
+    assert card.cascadable is case.cascadable
+    assert bool(card.cascade) is case.cascadable
     if case.cascadable:
-        curve = card["cascade"]
-        assert [p["threshold"] for p in curve] == list(FINE_THRESHOLDS)
-        shares = [p["answered_share"] for p in curve]
+        curve = card.cascade
+        assert [p.threshold for p in curve] == list(FINE_THRESHOLDS)
+        shares = [p.answered_share for p in curve]
         assert shares == sorted(shares, reverse=True) and shares[0] > shares[-1]
-        assert len({p["answered_accuracy"] for p in curve}) > 2
+        assert len({p.answered_accuracy for p in curve}) > 2
+        # a confidence to threshold: its calibration is measured on both parts
+        assert not math.isnan(cal.ece_after) and not math.isnan(cal.test_ece_after)
+    else:
+        assert math.isnan(cal.ece_after) and math.isnan(cal.test_ece_after)
     # latency, per provider
-    assert card["provider"] == CPU and card["latency_ms_by_provider"] == {CPU: card["latency_ms"]}
-    lat = card["latency_ms"]
+    assert card.provider == CPU and card.latency_by_provider == {CPU: card.latency_ms}
+    lat = card.latency_ms
     assert 0 < lat["batch1_p50"] <= lat["batch1_p95"] and lat["batch32_per_sample"] > 0
     # the data it was measured on
     n = len(case.data()[1])
-    d = card["data"]
-    assert (d["calib_samples"], d["eval_samples"], d["seed"], d["calib_share"]) == \
+    d = card.data
+    assert (d.calib_samples, d.eval_samples, d.seed, d.calib_share) == \
         (n // 2, n - n // 2, 0, 0.5)
-    assert d["source"] == str(tmp_path / "m.npz")
-    assert d["sha256"] == load_data(tmp_path / "m.npz", [card["input"][0]["name"]]).sha256
+    assert d.source == str(tmp_path / "m.npz")
+    assert d.sha256 == load_data(tmp_path / "m.npz", [card.inputs[0].name]).sha256
     # the file and the task
     blob = (tmp_path / "m.onnx").read_bytes()
-    assert card["sha256"] == hashlib.sha256(blob).hexdigest() and card["size_bytes"] == len(blob)
-    assert card["params"] > 0
-    assert card["task_spec"] == model_store.task("t").to_dict()
-    assert card["task_spec"]["kind"] == case.kind and card["task_spec"]["outputs"] == case.outputs
+    assert card.sha256 == hashlib.sha256(blob).hexdigest() and card.size_bytes == len(blob)
+    assert card.params > 0
+    assert card.task_spec == model_store.task("t")
+    assert card.task_spec.kind == case.kind and dict(card.task_spec.outputs) == case.outputs
+    assert card.labels == card.task_spec.labels
+    assert card.inputs == card.task_spec.inputs
+
+
+def test_an_imported_card_is_written_as_schema_2(model_store, tmp_path):
+    card = first_import(model_store, tmp_path, CASES["classification"])
+    written = json.loads(model_store.paths("m")[1].read_text())
+    assert list(written) == ["schema", "name", "task", "version", "format", "file", "sha256",
+                             "size_bytes", "params", "tier", "variant", "entry", "inputs",
+                             "outputs", "labels", "kind", "task_spec", "metric",
+                             "test_accuracy", "calib_accuracy", "temperature", "calibration",
+                             "cascade", "latency_ms", "latency_by_provider", "provider",
+                             "precision", "training", "data", "lineage", "multi_exit",
+                             "language"]
+    assert written["schema"] == 2 and written == card.to_dict()
+    assert (written["metric"], written["test_accuracy"], written["calib_accuracy"]) == \
+        (card.metric, card.test_accuracy, card.calib_accuracy)
+    assert written["kind"] == "classification" and "import_s" not in written
+    assert written["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    assert written["data"] == {"sha256": card.data.sha256, "source": str(tmp_path / "m.npz"),
+                               "seed": 0, "calib_share": 0.5, "calib_samples": 100,
+                               "eval_samples": 100}
+    assert set(written["calibration"]) == {"temperature", "ece_before", "ece_after",
+                                           "nll_before", "nll_after", "test_ece_before",
+                                           "test_ece_after", "samples"}
+    assert card_from_dict(written) == card  # it reads back as the card it was
 
 
 @pytest.mark.parametrize("case_id", ["classification", "regression-uncertainty", "detection"])
@@ -161,9 +204,10 @@ def test_a_good_import_installs_the_model_byte_for_byte(model_store, tmp_path, c
     assert model_store.names() == ["m"] and model_store.names("t") == ["m"]
     onnx, card_path = model_store.paths("m")
     assert onnx.read_bytes() == (tmp_path / "m.onnx").read_bytes()
-    assert json.loads(card_path.read_text()) == card
-    stored = model_store.load_data(card["data"]["sha256"])
-    original = load_data(tmp_path / "m.npz", [card["input"][0]["name"]])
+    assert json.loads(card_path.read_text()) == card.to_dict()
+    assert model_store.card("m").to_dict() == card.to_dict()
+    stored = model_store.load_data(card.data.sha256)
+    original = load_data(tmp_path / "m.npz", [card.inputs[0].name])
     np.testing.assert_array_equal(stored.labels, original.labels)
     assert [p.name for p in model_store.root.iterdir() if p.name.startswith(".")] == []
 
@@ -173,11 +217,16 @@ def test_the_metric_is_the_models_own_accuracy_on_the_evaluation_part(model_stor
     card = import_model(request("m", onnx, "t", data, seed=3, calib_share=0.3), model_store)
     x, y = byo.classification_data()
     parts = split(Labelled({"x": x}, y, "sha"), 0.3, seed=3)
-    for part, key in ((parts.calib, "calib"), (parts.test, "eval")):
+    for part, score in ((parts.calib, card.calib_accuracy), (parts.test, card.test_accuracy)):
         right = ((part.inputs["x"] @ byo.W_CLS + byo.B_CLS).argmax(axis=1) == part.labels).mean()
-        assert card["metric"][key] == pytest.approx(right)
-    assert (card["data"]["calib_samples"], card["data"]["eval_samples"]) == (60, 140)
-    assert (card["data"]["seed"], card["data"]["calib_share"]) == (3, 0.3)
+        assert score == pytest.approx(right)
+    assert (card.data.calib_samples, card.data.eval_samples) == (60, 140)
+    assert (card.data.seed, card.data.calib_share) == (3, 0.3)
+    # the store splits the data it keeps as the card was measured
+    stored = model_store.splits("m")
+    np.testing.assert_array_equal(stored.calib.labels, parts.calib.labels)
+    np.testing.assert_array_equal(stored.test.labels, parts.test.labels)
+    np.testing.assert_array_equal(stored.test.inputs["x"], parts.test.inputs["x"])
 
 
 def test_a_probabilities_classifier_gets_the_same_temperature_as_its_logits(model_store,
@@ -185,8 +234,9 @@ def test_a_probabilities_classifier_gets_the_same_temperature_as_its_logits(mode
     logits = first_import(model_store, tmp_path, CASES["classification"], name="a", task="ta")
     probs = first_import(model_store, tmp_path, CASES["classification-probabilities"],
                          name="b", task="tb")
-    assert probs["temperature"] == pytest.approx(logits["temperature"], rel=1e-3)
-    assert probs["metric"] == logits["metric"]
+    assert probs.temperature == pytest.approx(logits.temperature, rel=1e-3)
+    assert (probs.metric, probs.calib_accuracy, probs.test_accuracy) == \
+        (logits.metric, logits.calib_accuracy, logits.test_accuracy)
 
 
 def test_the_first_import_declares_the_task_and_the_next_model_of_it_imports(
@@ -200,10 +250,9 @@ def test_the_first_import_declares_the_task_and_the_next_model_of_it_imports(
     saved = (model_store.root / "tasks" / "spam.json").read_bytes()
     other = byo.classifier(tmp_path / "other.onnx", output="scores")  # same inputs
     card = import_model(request("large", other, "spam", data, tier="cloud"), model_store)
-    assert (card["kind"], card["labels"], card["tier"]) == ("classification", ["a", "b", "c"],
-                                                           "cloud")
+    assert (card.kind, card.labels, card.tier) == ("classification", ("a", "b", "c"), "cloud")
     assert model_store.names("spam") == ["large", "small"]
-    assert model_store.card("small")["version"] == "7"
+    assert model_store.card("small").version == "7"
     assert (model_store.root / "tasks" / "spam.json").read_bytes() == saved  # first one wins
 
 
@@ -212,7 +261,7 @@ def test_a_reimport_replaces_the_model(model_store, tmp_path, classifier):
     import_model(request("m", onnx, "t", data), model_store)
     probs = byo.classifier(tmp_path / "probs.onnx", output="probs", probabilities=True)
     card = import_model(request("m", probs, "t", data, version="2"), model_store)
-    assert model_store.card("m") == card and card["version"] == "2"
+    assert model_store.card("m") == card and card.version == "2"
     assert model_store.paths("m")[0].read_bytes() == probs.read_bytes()
     assert [p.name for p in model_store.root.iterdir() if p.name.startswith(".")] == []
 
@@ -222,9 +271,9 @@ def test_a_multi_input_model_reads_its_inputs_by_name_from_the_npz(model_store, 
     onnx = byo.two_input_classifier(tmp_path / "two.onnx")
     data = byo.save_npz(tmp_path / "two.npz", b=x[:, 3:], a=x[:, :3], y=y)
     card = import_model(request("two", onnx, "t", data), model_store)
-    assert [i["name"] for i in card["input"]] == ["a", "b"]
-    assert card["metric"]["eval"] == pytest.approx(0.75, abs=0.1)
-    stored = model_store.load_data(card["data"]["sha256"])
+    assert [i.name for i in card.inputs] == ["a", "b"]
+    assert card.test_accuracy == pytest.approx(0.75, abs=0.1)
+    stored = model_store.load_data(card.data.sha256)
     assert sorted(stored.inputs) == ["a", "b"]
 
 
@@ -235,13 +284,13 @@ def test_a_folder_of_npy_with_ids_and_class_names(model_store, tmp_path):
     folder = byo.npy_folder(tmp_path / "samples", x, labels)
     onnx = byo.classifier(tmp_path / "cls.onnx")
     card = import_model(request("m", onnx, "pets", folder, labels=tuple(names)), model_store)
-    assert card["labels"] == names and card["data"]["source"] == str(folder)
-    assert card["data"]["calib_samples"] + card["data"]["eval_samples"] == 60
-    np.testing.assert_array_equal(model_store.load_data(card["data"]["sha256"]).labels, y)
+    assert card.labels == tuple(names) and card.data.source == str(folder)
+    assert card.data.calib_samples + card.data.eval_samples == 60
+    np.testing.assert_array_equal(model_store.load_data(card.data.sha256).labels, y)
     # the same samples as an .npz are the same data
     npz = byo.save_npz(tmp_path / "same.npz", x=x, y=y)
-    assert import_model(request("m2", onnx, "pets", npz), model_store)["data"]["sha256"] == \
-        card["data"]["sha256"]
+    assert import_model(request("m2", onnx, "pets", npz), model_store).data.sha256 == \
+        card.data.sha256
 
 
 def test_a_task_declared_by_a_fleet_file_is_used_and_saved(model_store, tmp_path, classifier):
@@ -250,7 +299,8 @@ def test_a_task_declared_by_a_fleet_file_is_used_and_saved(model_store, tmp_path
                                        "input": {"name": "x", "shape": [-1, 4]},
                                        "outputs": {"scores": "logits"}, "labels": ["a", "b", "c"]})
     card = import_model(request("m", onnx, "spam", data, declared=declared), model_store)
-    assert model_store.task("spam") == declared and card["labels"] == ["a", "b", "c"]
+    assert model_store.task("spam") == declared and card.labels == ("a", "b", "c")
+    assert card.task_spec == declared
 
 
 def test_latency_on_each_provider_of_the_list_that_opens(model_store, classifier):
@@ -260,7 +310,7 @@ def test_latency_on_each_provider_of_the_list_that_opens(model_store, classifier
                                 providers=("CUDAExecutionProvider", CPU)), model_store)
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has CUDA: no fallback to see")
-    assert card["provider"] == CPU and list(card["latency_ms_by_provider"]) == [CPU]
+    assert card.provider == CPU and list(card.latency_by_provider) == [CPU]
 
 
 @pytest.mark.skipif("AzureExecutionProvider" not in ort.get_available_providers(),
@@ -269,9 +319,10 @@ def test_a_second_provider_that_opens_is_timed_too(model_store, classifier):
     onnx, data = classifier
     card = import_model(request("m", onnx, "t", data,
                                 providers=("AzureExecutionProvider", CPU)), model_store)
-    assert card["provider"] == "AzureExecutionProvider"
-    assert sorted(card["latency_ms_by_provider"]) == ["AzureExecutionProvider", CPU]
-    assert card["latency_ms"] == card["latency_ms_by_provider"]["AzureExecutionProvider"]
+    assert card.provider == "AzureExecutionProvider"
+    assert sorted(card.latency_by_provider) == ["AzureExecutionProvider", CPU]
+    assert card.latency_ms == card.latency_by_provider["AzureExecutionProvider"]
+    assert card.latency_on(CPU) == card.latency_by_provider[CPU]
 
 
 class Argmax:
@@ -302,9 +353,9 @@ def test_a_users_registered_kind_imports(model_store, classifier, monkeypatch):
     monkeypatch.setattr(registry_mod, "_REGISTRY", KindRegistry((Argmax(),)))
     onnx, data = classifier
     card = import_model(request("m", onnx, "t", data, kind="argmax"), model_store)
-    assert card["kind"] == "argmax" and card["metric"]["name"] == "hits"
-    assert card["metric"]["eval"] == pytest.approx(0.75, abs=0.1)
-    assert card["cascadable"] is False and card["temperature"] == 1.0
+    assert card.kind == "argmax" and card.metric == "hits"
+    assert card.test_accuracy == pytest.approx(0.75, abs=0.1)
+    assert card.cascadable is False and card.temperature == 1.0
 
 
 def test_progress_is_said(model_store, classifier):
@@ -312,6 +363,7 @@ def test_progress_is_said(model_store, classifier):
     onnx, data = classifier
     import_model(request("m", onnx, "t", data), model_store, say=said.append)
     assert said[0].startswith("reading ") and "100 calibration + 100 evaluation" in said[1]
+    assert said[-1].startswith("m imported in ") and said[-1].endswith(" s")
 
 
 # -- bad imports: refused, naming the problem, nothing written -----------------------------
@@ -606,12 +658,15 @@ def test_a_python_model_is_imported_without_onnx(model_store, tmp_path):
     card = import_model(request("py", byo.python_classifier(tmp_path / "src"), "t", data),
                         model_store)
     model_file = model_store.paths("py")[0]
-    assert model_file.name == "model.zip" and card["provider"] == "python"
-    assert card["latency_ms"]["batch1_p50"] > 0 and card["params"] == 0
-    assert 0.0 < card["metric"]["eval"] < 1.0 and card["cascadable"]
+    assert model_file.name == "model.zip" and card.provider == "python"
+    assert (card.format, card.file, card.entry) == ("python", "model.zip", "model:Model")
+    assert card.latency_ms["batch1_p50"] > 0 and card.params == 0
+    assert 0.0 < card.test_accuracy < 1.0 and card.cascadable
     graph = import_model(request("g", byo.classifier(tmp_path / "g.onnx"), "t", data),
                          model_store)
-    assert card["metric"] == graph["metric"] and card["cascade"] == graph["cascade"]
+    assert (card.metric, card.calib_accuracy, card.test_accuracy) == \
+        (graph.metric, graph.calib_accuracy, graph.test_accuracy)
+    assert card.cascade == graph.cascade
 
 
 def test_a_python_model_of_a_new_task_must_declare_its_inputs(model_store, tmp_path):
@@ -627,7 +682,7 @@ def test_a_python_model_of_a_new_task_must_declare_its_inputs(model_store, tmp_p
     card = import_model(request("py", byo.python_classifier(tmp_path / "src2",
                                                             declare_inputs=False), "t", data),
                         model_store)
-    assert card["input"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    assert card.inputs == (TensorDecl("x", "FP32", (-1, 4)),)
 
 
 def test_graph_tools_refuse_a_python_model(model_store, tmp_path):

@@ -12,6 +12,7 @@ import byo_support as byo
 from tierlink.cascade.stages import Chain
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
+from tierlink.models.tensors import TensorDecl
 from tierlink.modelstore.importer import ImportRequest, import_model
 from tierlink.modelstore.stages import imported_stages
 
@@ -37,8 +38,9 @@ def test_each_model_of_the_chain_is_a_stage_on_both_parts(chain_store):
             assert stage.confidence.shape == (n,) and stage.correct.dtype == bool
             assert 0.0 < stage.correct.mean() < 1.0 and stage.cost > 0
     card = chain_store.card("small")
-    assert stages.eval[0].correct.mean() == pytest.approx(card["metric"]["eval"])
-    assert stages.tuned_on == {m: chain_store.card(m)["sha256"] for m in ("small", "large")}
+    assert stages.eval[0].correct.mean() == pytest.approx(card.test_accuracy)
+    assert stages.calib[0].correct.mean() == pytest.approx(card.calib_accuracy)
+    assert stages.tuned_on == {m: chain_store.card(m).sha256 for m in ("small", "large")}
     # the same model on the cloud costs more than on the device
     assert stages.calib[1].cost > stages.calib[0].cost
 
@@ -84,11 +86,11 @@ def test_a_python_model_and_an_onnx_model_in_one_chain(model_store, tmp_path):
                                     "t", "device", data), model_store)
     graph = import_model(ImportRequest("onnx-large", byo.classifier(tmp_path / "large.onnx"),
                                        "t", "cloud", data), model_store)
-    assert (py["format"], py["file"], py["entry"]) == ("python", "model.zip", "model:Model")
-    assert py["output"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 3]}]
+    assert (py.format, py.file, py.entry) == ("python", "model.zip", "model:Model")
+    assert py.outputs == (TensorDecl("logits", "FP32", (-1, 3)),)
     # the same answers (weights halved: less sure, same argmax), so the same accuracy
-    assert py["metric"]["eval"] == graph["metric"]["eval"]
-    assert py["temperature"] == pytest.approx(graph["temperature"] * 0.5, rel=0.02)
+    assert py.test_accuracy == graph.test_accuracy
+    assert py.temperature == pytest.approx(graph.temperature * 0.5, rel=0.02)
     stages = imported_stages(model_store, Chain(("py-small", "onnx-large"),
                                                 (Tier.DEVICE, Tier.CLOUD)))
     assert [s.model for s in stages.calib] == ["py-small", "onnx-large"]

@@ -14,9 +14,10 @@ import pytest
 
 from tierlink.errors import ImportRefused, ModelNotFound
 from tierlink.models.data import Labelled
+from tierlink.models.layout import CARD_FILE, MODEL_FILE
 from tierlink.models.task import TaskSpec
 from tierlink.models.tensors import TensorDecl
-from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore
+from tierlink.modelstore.store import ModelStore
 
 TASK = TaskSpec("spam", "classification", (TensorDecl("tokens", "INT64", (-1, 8)),))
 
@@ -42,7 +43,7 @@ def test_an_install_becomes_the_model_directory(model_store):
     install(model_store, "spam-small")
     assert model_store.has("spam-small")
     onnx, card = model_store.paths("spam-small")
-    assert onnx.read_bytes() == b"onnx" and model_store.card("spam-small")["task"] == "spam"
+    assert onnx.read_bytes() == b"onnx" and model_store.card("spam-small").task == "spam"
     assert onnx == model_store.root / "spam-small" / "1" / MODEL_FILE
     assert card == model_store.root / "spam-small" / "1" / CARD_FILE
     assert leftovers(model_store.root) == []
@@ -144,9 +145,16 @@ def test_versions_live_side_by_side_and_the_last_installed_is_current(model_stor
     assert (model_store.root / "spam-small" / "CURRENT").read_text() == "2"
     assert model_store.paths("spam-small")[0].read_bytes() == b"v2"
     assert model_store.paths("spam-small", "1")[0].read_bytes() == b"v1"
-    assert model_store.card("spam-small", "1")["version"] == "1"
+    assert model_store.card("spam-small", "1").version == "1"
+    assert model_store.card("spam-small").version == "2"
     with pytest.raises(ModelNotFound, match="no version 3 of 'spam-small'"):
         model_store.paths("spam-small", "3")
+
+
+def test_splits_need_a_model_measured_on_data(model_store):
+    install(model_store, "spam-small")
+    with pytest.raises(ImportRefused, match="spam-small was not measured on data"):
+        model_store.splits("spam-small")
 
 
 def test_a_store_in_the_old_layout_is_moved_on_first_use(tmp_path, caplog):

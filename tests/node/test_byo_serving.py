@@ -105,7 +105,7 @@ def test_a_regression_task_answers_value_uncertainty_and_its_confidence(node, bi
 
 def test_a_python_model_answers_its_task_through_the_node(node, store):
     outputs, params = infer(node, "toy", X)
-    temperature = store.card("py-toy")["temperature"]
+    temperature = store.card("py-toy").temperature
     z = (X @ byo.W_CLS + byo.B_CLS) / temperature
     p = np.exp(z - z.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
@@ -126,7 +126,7 @@ def test_a_regression_without_uncertainty_answers_its_value_with_full_confidence
 def test_a_multilabel_task_answers_calibrated_probabilities_and_labels(node, store):
     outputs, params = infer(node, "tagging", X)
     assert sorted(outputs) == ["labels", "probabilities"]
-    temperature = store.card("tags")["temperature"]
+    temperature = store.card("tags").temperature
     assert temperature != 1.0  # fitted at import: the node applies it
     p = sigmoid(X @ byo.W_ML + byo.B_ML, temperature)
     np.testing.assert_allclose(outputs["probabilities"], p, rtol=1e-5)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from repo_support import NOW, validation
 
+from repo_support import NOW, validation
 from tierlink.errors import ConfigError
+from tierlink.models.card import load_card
 from tierlink.repo.publish import measure_validation, prepare_version
 from tierlink.repo.signing import sign_manifest
 from tierlink.repo.verify import hash_file, verify_artifact
@@ -56,6 +58,10 @@ def test_prepare_version_rewrites_the_card_and_signs_clean(
     new_card = json.loads(card_path.read_text())
     assert (new_card["version"], new_card["name"]) == ("7", "fmnist-medium")
     assert new_card["sha256"] == manifest.onnx_sha256 == hash_file(onnx)[0]
+    # the same card otherwise, written as the current schema
+    assert new_card["schema"] == 2
+    assert load_card(card_path) == replace(load_card(card), name="fmnist-medium", version="7",
+                                           sha256=manifest.onnx_sha256)
     assert (manifest.name, manifest.task, manifest.version) == ("fmnist-medium", "fmnist", "7")
     assert onnx_path == onnx and manifest.card_sha256 == hash_file(card_path)[0]
     signed = sign_manifest(manifest, key)
@@ -75,7 +81,10 @@ def test_prepare_version_refuses_unsafe_names(zoo_model: tuple[Path, Path], tmp_
 def test_a_card_without_a_task_is_refused(tmp_path: Path) -> None:
     card = tmp_path / "card.json"
     card.write_text("[]")
-    with pytest.raises(ConfigError, match="with a 'task'"):
+    with pytest.raises(ConfigError, match="not a JSON object"):
+        measure_validation(tmp_path / "model.onnx", card, 10)
+    card.write_text('{"name": "m", "version": "1"}')
+    with pytest.raises(ConfigError, match="lacks field.*'task'"):
         measure_validation(tmp_path / "model.onnx", card, 10)
 
 
@@ -92,5 +101,6 @@ def test_a_python_model_is_validated_by_its_own_runtime_on_its_tasks_data(model_
                         model_store)
     package, card_path = model_store.paths("py")
     v = measure_validation(package, card_path, clock=lambda: NOW)
-    assert (v.dataset, v.n) == ("toy", card["data"]["eval_samples"])
-    assert v.accuracy == pytest.approx(card["metric"]["eval"])
+    assert card.data is not None  # imported: measured on its own data
+    assert (v.dataset, v.n) == ("toy", card.data.eval_samples)
+    assert v.accuracy == pytest.approx(card.test_accuracy)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from repo_support import Artifact
 
+from repo_support import Artifact
 from tierlink.errors import ArtifactRejected
+from tierlink.models.card import load_card
+from tierlink.repo.manifest import SignedManifest
 from tierlink.repo.signing import sign_manifest
 from tierlink.repo.verify import hash_file, verify_artifact
 
@@ -20,6 +22,9 @@ def test_the_published_files_verify(artifact: Artifact, public: str) -> None:
     assert key == artifact.signed.key_id
     card = json.loads(artifact.card.read_text())
     assert card["version"] == "2" and card["sha256"] == artifact.manifest.onnx_sha256
+    assert card["schema"] == 2  # published as the current card, whatever it was read from
+    typed = load_card(artifact.card)
+    assert (typed.name, typed.task, typed.version) == ("fmnist-small", "fmnist", "2")
 
 
 def _flip_a_byte(path: Path, at: int = 10) -> None:
@@ -62,6 +67,35 @@ def test_a_card_of_another_version_is_refused(artifact: Artifact, public: str,
     signed = sign_manifest(replace(artifact.manifest, card_sha256=sha, card_size=size), key)
     with pytest.raises(ArtifactRejected, match="says version '1', the manifest '2'"):
         verify_artifact(signed, artifact.onnx, artifact.card, [public])
+
+
+def _resign_over(artifact: Artifact, card: object, key: Ed25519PrivateKey) -> SignedManifest:
+    """The artifact's manifest signed over whatever ``card`` is now written (JSON)."""
+    artifact.card.write_text(json.dumps(card))
+    sha, size = hash_file(artifact.card)
+    return sign_manifest(replace(artifact.manifest, card_sha256=sha, card_size=size), key)
+
+
+def test_a_card_of_another_task_is_refused(artifact: Artifact, public: str,
+                                           key: Ed25519PrivateKey) -> None:
+    card = json.loads(artifact.card.read_text())
+    card["task"] = "other-task"
+    signed = _resign_over(artifact, card, key)
+    with pytest.raises(ArtifactRejected, match="is for task 'other-task', the manifest says "
+                                               "'fmnist'"):
+        verify_artifact(signed, artifact.onnx, artifact.card, [public])
+
+
+@pytest.mark.parametrize("card", [[], {"name": "fmnist-small", "version": "2"},
+                                  {"schema": 99, "name": "fmnist-small", "task": "fmnist",
+                                   "version": "2"}],
+                         ids=["not-an-object", "no-task", "newer-schema"])
+def test_a_signed_file_that_is_no_card_is_refused_naming_it(
+        artifact: Artifact, public: str, key: Ed25519PrivateKey, card: object) -> None:
+    signed = _resign_over(artifact, card, key)
+    with pytest.raises(ArtifactRejected, match="model card") as info:
+        verify_artifact(signed, artifact.onnx, artifact.card, [public])
+    assert str(artifact.card) in info.value.message
 
 
 def test_a_manifest_pointing_at_other_files_is_a_bad_signature(artifact: Artifact,

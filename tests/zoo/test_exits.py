@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 from tierlink.errors import ConfigError, ModelError, TensorError, ZooError
+from tierlink.models.card import card_from_dict
 from tierlink.models.evaluate import CASCADE_THRESHOLDS, softmax
-from tierlink.models.exit_card import exit_card_from_dict
 from tierlink.models.exit_runner import (
     NEVER,
     ExitRunner,
@@ -89,16 +89,19 @@ def test_segments_have_named_io_dynamic_batch_and_folded_batchnorm(model):
 
 @needs_data
 def test_card_describes_exits_segments_and_boundaries(model):
-    card = model.card
-    assert (card.name, card.task, card.base_variant) == ("fmnist-exits", "fmnist", "large")
+    card, training = model.net, model.card.training
+    assert (model.card.name, model.card.task, model.card.format, card.base_variant) == (
+        "fmnist-exits", "fmnist", "multi-exit", "large")
+    assert model.card.inputs[0].shape == (-1, 1, 28, 28)
+    assert model.card.test_accuracy == card.operating_point.test.accuracy
     assert [e.name for e in card.exits] == ["exit1", "exit2", "logits"]
     assert [(b.name, b.shape, b.fp32_bytes) for b in card.boundaries] == [
         ("features1", (32, 14, 14), 32 * 14 * 14 * 4), ("features2", (64, 7, 7), 64 * 49 * 4)]
-    assert card.training.profile == "test" and card.training.train_samples == 2048
+    assert training.profile == "test" and training.train_samples == 2048
     for exit_ in card.exits:
         assert 0.1 < exit_.test_accuracy <= 1 and 0.1 < exit_.calib_accuracy <= 1
         assert exit_.temperature == exit_.calibration.temperature > 0
-        assert exit_.calibration.samples == card.training.calib_samples == 1000
+        assert exit_.calibration.samples == training.calib_samples == 1000
         assert [p.threshold for p in exit_.cascade] == list(CASCADE_THRESHOLDS)
     for segment in card.segments:
         assert segment.macs > 0 and segment.size_bytes > 0
@@ -114,17 +117,17 @@ def test_card_describes_exits_segments_and_boundaries(model):
 @needs_data
 def test_card_round_trips_through_json_and_rejects_a_missing_field(model):
     data = json.loads(model.card_path.read_text())
-    assert exit_card_from_dict(data) == model.card
-    del data["exits"][1]["calibration"]
+    assert card_from_dict(data) == model.card
+    del data["multi_exit"]["exits"][1]["calibration"]
     with pytest.raises(ModelError, match="calibration"):
-        exit_card_from_dict(data)
+        card_from_dict(data)
 
 
 @needs_data
 def test_calibration_lowers_the_final_exits_ece_on_the_calibration_split(model):
-    final = model.card.exits[-1].calibration
+    final = model.net.exits[-1].calibration
     assert final.ece_after < final.ece_before
-    for exit_ in model.card.exits:  # the fit minimises NLL: never worse than T = 1
+    for exit_ in model.net.exits:  # the fit minimises NLL: never worse than T = 1
         assert exit_.calibration.nll_after <= exit_.calibration.nll_before + 1e-6
 
 
@@ -176,7 +179,7 @@ def test_runner_stops_at_the_first_exit_when_its_threshold_is_zero(model, images
     assert result.exit_index == 0 and len(result.ms_per_stage) == 1
     assert result.probs.shape == (10,) and result.probs.sum() == pytest.approx(1.0)
     logits = ort_session(model.whole_path).run(None, {"input": images[:1]})[0]
-    np.testing.assert_allclose(result.probs, softmax(logits, model.card.temperatures[0])[0],
+    np.testing.assert_allclose(result.probs, softmax(logits, model.net.temperatures[0])[0],
                                atol=1e-5)
 
 
@@ -222,11 +225,11 @@ def test_evaluate_exits_matches_the_card_at_the_extremes(model, test_split):
     test = test_split.head(model.card.training.test_samples)
     final = evaluate_exits(model, (NEVER, NEVER), test)
     assert final.shares == (0.0, 0.0, 1.0) and final.saved == pytest.approx(0.0)
-    assert final.accuracy == pytest.approx(model.card.exits[-1].test_accuracy)
+    assert final.accuracy == pytest.approx(model.net.exits[-1].test_accuracy)
     first = evaluate_exits(model, (0.0, 0.0), test)
     assert first.shares == (1.0, 0.0, 0.0)
-    assert first.accuracy == pytest.approx(model.card.exits[0].test_accuracy)
-    assert first.mean_ms == pytest.approx(model.card.stage_ms()[0])
+    assert first.accuracy == pytest.approx(model.net.exits[0].test_accuracy)
+    assert first.mean_ms == pytest.approx(model.net.stage_ms()[0])
 
 
 # --- threshold evaluation (pure) ------------------------------------------------------------

@@ -135,8 +135,8 @@ def test_ensure_keeps_a_valid_export_and_rebuilds_a_stale_one(tmp_path, monkeypa
     card = ModelCard(
         task="imagenet", name=mobilenet.MODEL_NAME, variant="mobilenetv2", version="1",
         tier="device", params=1, size_bytes=15, sha256=file_sha256(path),
-        input=TensorDecl("input", "FP32", (-1, 3, 224, 224)),
-        output=TensorDecl("logits", "FP32", (-1, 1000)), labels=("a",), test_accuracy=0.7,
+        inputs=(TensorDecl("input", "FP32", (-1, 3, 224, 224)),),
+        outputs=(TensorDecl("logits", "FP32", (-1, 1000)),), labels=("a",), test_accuracy=0.7,
         calib_accuracy=0.0, latency_ms=MappingProxyType(dict.fromkeys(
             ("batch1_p50", "batch1_p95", "batch32_per_sample"), 1.0)),
         cascade=(), temperature=1.0,

@@ -28,8 +28,8 @@ def write_model(root: Path, content: bytes = b"onnx bytes") -> Path:
     card = ModelCard(
         task="imagenet", name=MODEL, variant="mobilenetv2", version="1", tier="device",
         params=1, size_bytes=len(content), sha256=file_sha256(path),
-        input=TensorDecl("input", "FP32", (-1, 3, 224, 224)),
-        output=TensorDecl("logits", "FP32", (-1, 1000)), labels=("a",), test_accuracy=0.7,
+        inputs=(TensorDecl("input", "FP32", (-1, 3, 224, 224)),),
+        outputs=(TensorDecl("logits", "FP32", (-1, 1000)),), labels=("a",), test_accuracy=0.7,
         calib_accuracy=0.0, latency_ms=MappingProxyType(dict.fromkeys(
             ("batch1_p50", "batch1_p95", "batch32_per_sample"), 1.0)),
         cascade=(), temperature=1.0, training=TrainingInfo(0, 0, 1.0, "pretrained", "x"))

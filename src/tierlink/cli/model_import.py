@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.table import Table
 
 from tierlink.cli.errors import fail
 from tierlink.errors import ConfigError, TierlinkError
+
+if TYPE_CHECKING:
+    from tierlink.models.card import ModelCard
 
 console = Console(stderr=True)
 
@@ -77,14 +80,15 @@ def import_cmd(
     except TierlinkError as exc:
         fail(exc)
     if as_json:
-        print(json.dumps(card | ({"published": published} if published else {}), indent=2))
+        out = card.to_dict() | ({"published": published} if published else {})
+        print(json.dumps(out, indent=2))
         return
     _print_card(card)
     if published:
-        console.print(f"published {card['name']} version {card['version']} to {control}")
+        console.print(f"published {card.name} version {card.version} to {control}")
 
 
-def _publish(store: Any, card: dict[str, Any], control: str, key: Path, notes: str,
+def _publish(store: Any, card: ModelCard, control: str, key: Path, notes: str,
              admin_token: str | None) -> dict[str, Any]:
     """Sign and publish the installed files, validated by the figures the import measured
     (the evaluation part of the model's own data)."""
@@ -93,12 +97,13 @@ def _publish(store: Any, card: dict[str, Any], control: str, key: Path, notes: s
     from tierlink.cli.model import run_publish
     from tierlink.repo.manifest import Validation
 
-    onnx, card_path = store.paths(card["name"])
-    validation = Validation(dataset=f"{card['task']}:{card['data']['sha256'][:12]}",
-                            split="eval", n=int(card["data"]["eval_samples"]),
-                            accuracy=float(card["metric"]["eval"] or 0.0),
+    onnx, card_path = store.paths(card.name)
+    data = card.data
+    assert data is not None  # an imported card was measured on data
+    validation = Validation(dataset=f"{card.task}:{data.sha256[:12]}", split="eval",
+                            n=data.eval_samples, accuracy=card.test_accuracy,
                             measured_at=time.time())
-    entry, created = run_publish(card["name"], onnx, card_path, str(card["version"]), notes,
+    entry, created = run_publish(card.name, onnx, card_path, card.version, notes,
                                  key, control, admin_token=admin_token, validation=validation)
     return {**entry.to_dict(), "created": created}
 
@@ -111,14 +116,15 @@ def imported_cmd(task: str | None = typer.Option(None, help="only this task's mo
     store = ModelStore.default()
     cards = [store.card(n) for n in store.names(task)]
     if as_json:
-        print(json.dumps(cards, indent=2))
+        print(json.dumps([c.to_dict() for c in cards], indent=2))
         return
     table = Table(title=f"model store {store.root}")
-    for col in ("model", "task", "kind", "tier", "metric", "ms (b1 p50)", "provider"):
+    for col in ("model", "version", "task", "kind", "tier", "metric", "ms (b1 p50)",
+                "provider"):
         table.add_column(col)
     for c in cards:
-        table.add_row(c["name"], c["task"], c["kind"], c["tier"], _metric(c),
-                      f"{c['latency_ms']['batch1_p50']:.3f}", c["provider"])
+        table.add_row(c.name, c.version, c.task, c.kind, c.tier, _metric(c),
+                      f"{c.latency_ms['batch1_p50']:.3f}", c.provider)
     Console().print(table)
 
 
@@ -140,19 +146,17 @@ def catalog_cmd(profile: str = typer.Option("full", help="the zoo's build profil
     Console().print(table)
 
 
-def _print_card(card: dict[str, Any]) -> None:
-    data = card["data"]
-    console.print(f"imported {card['name']} ({card['task']}, {card['kind']}, {card['tier']}): "
-                  f"{_metric(card)} on {data['eval_samples']} evaluation samples, "
-                  f"{card['latency_ms']['batch1_p50']:.3f} ms per request on "
-                  f"{card['provider']}, temperature {card['temperature']:.3f}, "
-                  f"{'cascadable' if card['cascadable'] else 'not cascadable'}; "
-                  f"in {card['import_s']:.1f} s")
+def _print_card(card: ModelCard) -> None:
+    samples = card.data.eval_samples if card.data else 0
+    console.print(f"imported {card.name} ({card.task}, {card.kind}, {card.tier}): "
+                  f"{_metric(card)} on {samples} evaluation samples, "
+                  f"{card.latency_ms['batch1_p50']:.3f} ms per request on "
+                  f"{card.provider}, temperature {card.temperature:.3f}, "
+                  f"{'cascadable' if card.cascadable else 'not cascadable'}")
 
 
-def _metric(card: dict[str, Any]) -> str:
-    m = card["metric"]
-    return "no metric" if m["eval"] is None else f"{m['name']} {m['eval']:.4f}"
+def _metric(card: ModelCard) -> str:
+    return f"{card.metric} {card.test_accuracy:.4f}"
 
 
 def _declared(fleet: Path | None, task: str) -> Any:

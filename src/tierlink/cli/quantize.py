@@ -79,15 +79,16 @@ def _quantize_imported(models: list[str], settings: list[Any], as_json: bool) ->
     say = (lambda m: None) if as_json else (lambda m: console.print(f"[dim]{m}[/dim]"))
     cards = [quantize_imported(store, m, s, say) for m in models for s in settings]
     if as_json:
-        print(json.dumps(cards, indent=2))
+        print(json.dumps([c.to_dict() for c in cards], indent=2))
         return
     for c in cards:
-        lin = c["lineage"]
-        console.print(f"{c['name']}: {lin['precision']}, {100 * c['metric']['eval']:.2f}% "
-                      f"({100 * lin['accuracy_delta']:+.2f} pt, agreement "
-                      f"{100 * lin['agreement']:.2f}%), {c['size_bytes'] / 1e6:.2f} MB, "
-                      f"speedup {lin['speedup'].get('batch1', 0):.2f}x at batch 1: "
-                      f"{lin['verdict']}")
+        lin = c.lineage
+        assert lin is not None  # a variant's card has its lineage
+        console.print(f"{c.name}: {lin.precision}, {100 * c.test_accuracy:.2f}% "
+                      f"({100 * lin.accuracy_delta:+.2f} pt, agreement "
+                      f"{100 * lin.agreement:.2f}%), {c.size_bytes / 1e6:.2f} MB, "
+                      f"speedup {lin.speedup.get('batch1', 0):.2f}x at batch 1: "
+                      f"{lin.verdict}")
 
 
 def _precisions(text: str) -> list[str]:

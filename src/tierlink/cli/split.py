@@ -148,7 +148,6 @@ def resolve_model(model: str, profile: str, progress: bool = False) -> tuple[Pat
     """(the .onnx path, its task) of a path or a model name the catalog resolves (a zoo
     model built if missing; ``store:NAME`` as the task of an imported model, whose own data
     a split tool measures with)."""
-    import json
 
     from tierlink.errors import ModelNotFound
     from tierlink.models.catalog import Catalog, SourceOptions
@@ -166,11 +165,13 @@ def resolve_model(model: str, profile: str, progress: bool = False) -> tuple[Pat
     except ModelNotFound as exc:
         raise SplitError(f"{model!r} is neither an .onnx file nor a model the catalog has",
                          hint=exc.hint) from exc
-    card = json.loads(found.card.read_text())
-    if card.get("format", "onnx") != "onnx":
-        raise SplitError(f"split works on ONNX graphs; {model} is a {card['format']} model",
+    from tierlink.models.card import load_card
+
+    card = load_card(found.card)
+    if card.format != "onnx":
+        raise SplitError(f"split works on ONNX graphs; {model} is a {card.format} model",
                          hint="export it to ONNX and import that to split it")
-    return found.file, (f"store:{model}" if found.source == "store" else str(card["task"]))
+    return found.file, (f"store:{model}" if found.source == "store" else card.task)
 
 
 def codec_report(path: Path, task: str, specs: Sequence[str], *,

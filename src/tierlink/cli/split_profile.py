@@ -60,7 +60,7 @@ def _model(model: str, task: str, profile: str, quiet: bool) -> tuple[Any, Any, 
     if store.has(model):
         part = store.single_input_classifier(model, "split profile")
         onnx, card_path = store.graph(model, "split profile"), store.paths(model)[1]
-        return onnx, card_path, store.card(model)["sha256"], part.input[:1]
+        return onnx, card_path, store.card(model).sha256, part.input[:1]
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.datasets import load_splits
 

@@ -109,15 +109,17 @@ def _fleet_models(profile: str, wanted: Iterable[str]) -> dict[str, tuple[Path, 
 def _model_summary(models: dict[str, tuple[Path, Path]]) -> dict[str, dict[str, Any]]:
     """What the report says of each model: size, accuracy, latency, tier, precision,
     temperature (from its card)."""
+    from tierlink.models.card import load_card
+
     out: dict[str, dict[str, Any]] = {}
     for name, (_, card_path) in models.items():
-        card = json.loads(Path(card_path).read_text())
-        if "latency_ms" not in card:  # a multi-exit card: its own report
+        card = load_card(Path(card_path))
+        if card.multi_exit is not None:  # a multi-exit model: its own report
             continue
-        out[name] = {"params": card.get("params", 0), "test_accuracy": card["test_accuracy"],
-                     "latency_ms_batch1_p50": card["latency_ms"]["batch1_p50"],
-                     "tier": card["tier"], "precision": card.get("precision", "fp32"),
-                     "temperature": card.get("temperature", 1.0)}
+        out[name] = {"params": card.params, "test_accuracy": card.test_accuracy,
+                     "latency_ms_batch1_p50": card.latency_ms["batch1_p50"],
+                     "tier": card.tier, "precision": card.precision,
+                     "temperature": card.temperature}
     return out
 
 

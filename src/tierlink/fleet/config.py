@@ -294,6 +294,11 @@ def _node(raw: Any, where: str) -> NodeConfig:
     heads = raw.get("heads") or []
     if not isinstance(heads, list) or not all(isinstance(m, str) for m in heads):
         raise ConfigError(f"{where}.heads must be a list of model names, e.g. [fmnist-large]")
+    versioned = [m for m in (*models, *heads) if "@" in m]
+    if versioned:
+        raise ConfigError(f"{where} names {versioned[0]!r}: a node serves a model by its name",
+                          hint="name the model here and roll a published version out with "
+                               "`tierlink rollout start NAME VERSION`")
     return NodeConfig(
         node_id=node_id, tier=tier, models=tuple(models), heads=tuple(heads),
         workers=as_int(raw.get("workers", 1), f"{where}.workers", 1),

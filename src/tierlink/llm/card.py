@@ -7,44 +7,45 @@ token, prefill and decode tokens/s on one thread.
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from tierlink.durable import read_json
+from tierlink.errors import ModelError
 from tierlink.llm.kvcache import KVCache
 from tierlink.llm.model import LlamaModel, Step
 from tierlink.llm.text import TextCodec
+from tierlink.llm.weights import WEIGHTS
+from tierlink.models.card import LanguageInfo, ModelCard, load_card, save_card
 
 CARD = "card.json"
 
 
 def load_or_measure(name: str, directory: Path, model: LlamaModel, codec: TextCodec,
-                    precision: str = "fp32") -> dict[str, Any]:
-    weights = directory / "model.safetensors"
+                    precision: str = "fp32") -> ModelCard:
+    """The card beside the weights if it was measured for these weights on this machine;
+    else measured now and written there."""
+    weights = directory / WEIGHTS
     key = f"{weights.stat().st_size}-{int(weights.stat().st_mtime)}-{platform.node()}"
     path = directory / (CARD if precision == "fp32" else f"card-{precision}.json")
     try:
-        card = dict(json.loads(path.read_text()))
-        if card.get("measured_for") == key:
+        card = load_card(path)
+        if card.language is not None and card.language.measured_for == key:
             return card
-    except (OSError, ValueError):
+    except ModelError:
         pass
-    card = measure(name, directory, model, codec)
-    card["precision"] = precision
-    card["measured_for"] = key
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(card, indent=2))
-    os.replace(tmp, path)
+    card = measure(name, directory, model, codec, precision=precision, key=key)
+    save_card(card, path)
     return card
 
 
 def measure(name: str, directory: Path, model: LlamaModel, codec: TextCodec,
-            prompt_tokens: int = 128, decode_tokens: int = 24) -> dict[str, Any]:
+            prompt_tokens: int = 128, decode_tokens: int = 24, *, precision: str = "fp32",
+            key: str = "") -> ModelCard:
     cfg = model.config
-    source = _source(directory)
     prompt = [(17 + 31 * i) % cfg.vocab_size for i in range(prompt_tokens)]
     cache = KVCache(cfg)
     t0 = time.perf_counter()
@@ -54,26 +55,26 @@ def measure(name: str, directory: Path, model: LlamaModel, codec: TextCodec,
     for i in range(decode_tokens):
         model.forward([Step(cache, [(prompt[-1] + i) % cfg.vocab_size])])
     decode_s = time.perf_counter() - t0
-    return {
-        "name": name, "kind": "causal_lm", "architecture": "llama",
-        "parameters": model.parameters(),
-        "bytes": (directory / "model.safetensors").stat().st_size,
-        "source": source,
-        "tokenizer": {"kind": codec.name, "vocab_size": codec.vocab_size(),
-                      "chat_template": codec.template_text is not None},
-        "context_length": cfg.context_length,
-        "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
-        "kv_bytes_per_token": cfg.kv_bytes_per_token,
-        "prefill_tokens_per_s": round(prompt_tokens / prefill_s, 1),
-        "decode_tokens_per_s": round(decode_tokens / decode_s, 1),
-        "measured": {"threads": 1, "prompt_tokens": prompt_tokens,
-                     "decode_tokens": decode_tokens, "exact": model.exact,
-                     "machine": platform.machine()},
-    }
+    language = LanguageInfo(
+        architecture="llama", context_length=cfg.context_length, layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size, kv_bytes_per_token=cfg.kv_bytes_per_token,
+        prefill_tokens_per_s=round(prompt_tokens / prefill_s, 1),
+        decode_tokens_per_s=round(decode_tokens / decode_s, 1),
+        tokenizer=MappingProxyType({"kind": codec.name, "vocab_size": codec.vocab_size(),
+                                    "chat_template": codec.template_text is not None}),
+        source=MappingProxyType(_source(directory)),
+        measured=MappingProxyType({"threads": 1, "prompt_tokens": prompt_tokens,
+                                   "decode_tokens": decode_tokens, "exact": model.exact,
+                                   "machine": platform.machine()}),
+        measured_for=key)
+    return ModelCard(name=name, task="chat", version="1", format="llm", file=WEIGHTS,
+                     params=model.parameters(), size_bytes=(directory / WEIGHTS).stat().st_size,
+                     precision=precision, language=language)
 
 
 def _source(directory: Path) -> dict[str, Any]:
     try:
-        return dict(json.loads((directory / "source.json").read_text()))
-    except (OSError, ValueError):
+        data = read_json(directory / "source.json", "model source")
+    except ModelError:
         return {}
+    return dict(data) if isinstance(data, dict) else {}

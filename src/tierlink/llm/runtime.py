@@ -22,11 +22,12 @@ from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, generator
 from tierlink.llm.sessions import Session, SessionStore
 from tierlink.llm.source import LMSource
 from tierlink.llm.text import Detokenizer, TextCodec
+from tierlink.models.card import ModelCard
 
 
 class LanguageModel:
     def __init__(self, source: LMSource, model: LlamaModel, codec: TextCodec,
-                 card: dict[str, Any]) -> None:
+                 card: ModelCard) -> None:
         self.source = source
         self.name = source.name
         self.model = model

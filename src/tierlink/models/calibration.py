@@ -163,16 +163,19 @@ def _check(logits: np.ndarray, labels: np.ndarray) -> None:
 
 
 def calibrated_card(card: ModelCard, calib_logits: np.ndarray, calib_labels: np.ndarray,
-                    test_logits: np.ndarray, test_labels: np.ndarray) -> ModelCard:
+                    test_logits: np.ndarray, test_labels: np.ndarray,
+                    thresholds: tuple[float, ...] | None = None) -> ModelCard:
     """``card`` with a temperature fitted on the calibration split, the before/after
     measures, and its cascade curve recomputed on calibrated confidence. The test split
-    only measures how well the fit holds (``test_ece_*``); it never influences ``T``."""
-    from tierlink.models.evaluate import cascade_curve
+    only measures how well the fit holds (``test_ece_*``); it never influences ``T``.
+    ``thresholds``: where the curve is read (by default the zoo's)."""
+    from tierlink.models.evaluate import CASCADE_THRESHOLDS, cascade_curve
 
     calibration = measure_calibration(calib_logits, calib_labels, test_logits, test_labels)
     t = calibration.temperature
     return replace(card, temperature=t, calibration=calibration,
-                   cascade=cascade_curve(calib_logits, calib_labels, temperature=t))
+                   cascade=cascade_curve(calib_logits, calib_labels,
+                                         thresholds or CASCADE_THRESHOLDS, temperature=t))
 
 
 def measure_calibration(calib_logits: np.ndarray, calib_labels: np.ndarray,

@@ -1,147 +1,191 @@
-"""Model cards: the JSON written beside every model file.
+"""The model card: the JSON written beside every model, whatever made it.
 
-A card says what the model is (task, variant, tier, signature, labels), how good it is
-(test and calibration accuracy, the cascade curve on the calibration split), how fast it
-ran when built (ONNX Runtime, one thread) and how it was trained. Nodes read it to describe
-the model to policies (:meth:`ModelCard.as_model_view`); the zoo cache reads its ``sha256``
-to tell whether the ``.onnx`` beside it is the one that was measured.
+One :class:`ModelCard` for a model trained by the zoo, one imported by a user (an ONNX
+graph or a Python class), a quantized variant, a multi-exit net and a language model. It
+says what the model is (name, task, version, format, file, signature, labels, the task's
+declaration), how good it is (its metric on the calibration and test data, temperature,
+calibration, cascade curve), how fast it ran (per execution provider) and where it comes
+from (``training`` when trained here, ``data`` when measured on a user's data, ``lineage``
+when derived from another model). A format with more to say has its own section:
+``multi_exit`` (:class:`~tierlink.models.exit_card.ExitNet`) and ``language``
+(:class:`LanguageInfo`).
+
+The JSON is versioned (``schema``); the reader also takes the shapes written before the
+card was one (a zoo card, an import's card, an exit card, a language model's card), so a
+store made by an older tierlink keeps loading. Nodes read a card to describe the model to
+policies (:meth:`ModelCard.as_model_view`); caches read its ``sha256`` to tell whether the
+file beside it is the one that was measured.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from tierlink.core.types import CascadePoint, ModelView
 from tierlink.durable import read_json, write_json  # write_json: card writers use it from here
-from tierlink.errors import ModelError
+from tierlink.errors import ConfigError, ModelError
+from tierlink.models.card_parts import (
+    Calibration,
+    DataInfo,
+    Lineage,
+    TrainingInfo,
+    calibration_from_dict,
+    cascade_from_dicts,
+    cascade_to_dicts,
+    data_from_dict,
+    lineage_from_dict,
+    tensor_from_dict,
+    training_from_dict,
+)
+from tierlink.models.card_upgrade import SCHEMA, upgrade
+from tierlink.models.exit_card import ExitNet, exit_net_from_dict
+from tierlink.models.task import TaskSpec, task_from_dict
 from tierlink.models.tensors import TensorDecl
 
 LATENCY_KEYS = ("batch1_p50", "batch1_p95", "batch32_per_sample")
 TIERS = ("device", "edge", "cloud")
-_REQUIRED = ("task", "name", "variant", "version", "tier", "params", "size_bytes", "sha256",
-             "input", "output", "labels", "test_accuracy", "calib_accuracy", "latency_ms",
-             "cascade", "temperature", "training")
-_TRAINING_REQUIRED = ("epochs", "seed", "seconds", "profile", "torch_version")
+CPU = "CPUExecutionProvider"
 
 
 @dataclass(frozen=True, slots=True)
-class TrainingInfo:
-    """How the weights were produced. ``train_samples``: images seen per epoch;
-    ``calib_samples`` / ``test_samples``: how many images the accuracies were measured on
-    (the ``test`` profile evaluates on a prefix of each split to stay fast); ``recipe``:
-    the fingerprint of architecture + recipe + profile (a changed recipe means rebuild)."""
+class LanguageInfo:
+    """What a language model's card says beyond every model's (its ``language`` section),
+    measured once per weights file and machine (``measured_for``): architecture, context,
+    KV bytes per token, prefill and decode tokens/s on one thread."""
 
-    epochs: int
-    seed: int
-    seconds: float
-    profile: str
-    torch_version: str
-    train_samples: int = 0
-    calib_samples: int = 0
-    test_samples: int = 0
-    recipe: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"epochs": self.epochs, "seed": self.seed, "seconds": self.seconds,
-                "profile": self.profile, "torch_version": self.torch_version,
-                "train_samples": self.train_samples, "calib_samples": self.calib_samples,
-                "test_samples": self.test_samples, "recipe": self.recipe}
-
-
-@dataclass(frozen=True, slots=True)
-class Calibration:
-    """Temperature scaling fitted on the calibration split (never the test split).
-
-    ``ece_*``: expected calibration error (15 equal-width confidence bins) and ``nll_*``:
-    mean negative log-likelihood, on the calibration split before and after scaling, and on
-    the test split after it (``test_ece``, a held-out check of the fit)."""
-
-    temperature: float
-    ece_before: float
-    ece_after: float
-    nll_before: float
-    nll_after: float
-    test_ece_before: float
-    test_ece_after: float
-    samples: int
+    architecture: str
+    context_length: int
+    layers: int
+    hidden_size: int
+    kv_bytes_per_token: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    tokenizer: Mapping[str, Any]
+    source: Mapping[str, Any]
+    measured: Mapping[str, Any]
+    measured_for: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "ece_before": self.ece_before,
-                "ece_after": self.ece_after, "nll_before": self.nll_before,
-                "nll_after": self.nll_after, "test_ece_before": self.test_ece_before,
-                "test_ece_after": self.test_ece_after, "samples": self.samples}
+        return {"architecture": self.architecture, "context_length": self.context_length,
+                "layers": self.layers, "hidden_size": self.hidden_size,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "prefill_tokens_per_s": self.prefill_tokens_per_s,
+                "decode_tokens_per_s": self.decode_tokens_per_s,
+                "tokenizer": dict(self.tokenizer), "source": dict(self.source),
+                "measured": dict(self.measured), "measured_for": self.measured_for}
 
 
-@dataclass(frozen=True, slots=True)
-class Lineage:
-    """Where a derived variant (quantized, mixed precision) comes from.
+def language_from_dict(d: Mapping[str, Any]) -> LanguageInfo:
+    return LanguageInfo(
+        architecture=str(d["architecture"]), context_length=int(d["context_length"]),
+        layers=int(d["layers"]), hidden_size=int(d["hidden_size"]),
+        kv_bytes_per_token=int(d["kv_bytes_per_token"]),
+        prefill_tokens_per_s=float(d["prefill_tokens_per_s"]),
+        decode_tokens_per_s=float(d["decode_tokens_per_s"]),
+        tokenizer=MappingProxyType(dict(d.get("tokenizer") or {})),
+        source=MappingProxyType(dict(d.get("source") or {})),
+        measured=MappingProxyType(dict(d.get("measured") or {})),
+        measured_for=str(d.get("measured_for", "")))
 
-    ``parent``: the full-precision model's name; ``parent_sha256``: the parent file it was
-    made from (a rebuilt parent makes the variant stale); ``precision``: e.g. ``int8-static``;
-    ``agreement``: top-1 agreement with the parent on the test split; ``accuracy_delta``:
-    test accuracy minus the parent's (negative = worse); ``speedup``: parent latency /
-    variant latency measured side by side (batch 1 and batch 32 per sample);
-    ``settings``: how it was made (method, calibration, excluded layers...)."""
 
-    parent: str
-    parent_sha256: str
-    precision: str
-    agreement: float
-    accuracy_delta: float
-    speedup: Mapping[str, float]
-    settings: Mapping[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"parent": self.parent, "parent_sha256": self.parent_sha256,
-                "precision": self.precision, "agreement": self.agreement,
-                "accuracy_delta": self.accuracy_delta, "speedup": dict(self.speedup),
-                "settings": dict(self.settings)}
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
 class ModelCard:
-    """Everything known about one built model variant (see the module docstring).
+    """Everything known about one version of one model (see the module docstring).
 
-    ``latency_ms`` maps ``batch1_p50``, ``batch1_p95`` (one image per call) and
-    ``batch32_per_sample`` to milliseconds, measured with ONNX Runtime on one intra-op
-    thread without spinning, on the machine that built the zoo.
+    ``format`` names the runtime that serves it (``onnx``, ``multi-exit``, ``python``,
+    ``llm``: :mod:`tierlink.models.runtimes`); ``file`` is its file in the version's
+    directory. ``test_accuracy`` / ``calib_accuracy`` hold the task's ``metric`` on the
+    test (evaluation) and calibration data. ``latency_ms`` maps ``batch1_p50``,
+    ``batch1_p95`` (one sample per call) and ``batch32_per_sample`` to milliseconds on
+    ``provider`` (ONNX Runtime's CPU provider on one thread for the zoo);
+    ``latency_by_provider`` has the same figures for every provider it was timed on.
+    ``task_spec`` is the task's declaration; ``None`` for a classifier whose first output
+    is its logits (the zoo's).
     """
 
-    task: str
     name: str
-    variant: str
+    task: str
     version: str
-    tier: str
-    params: int
-    size_bytes: int
-    sha256: str
-    input: TensorDecl
-    output: TensorDecl
-    labels: tuple[str, ...]
-    test_accuracy: float
-    calib_accuracy: float
-    latency_ms: Mapping[str, float]
-    cascade: tuple[CascadePoint, ...]
-    temperature: float
-    training: TrainingInfo
-    precision: str = "fp32"
+    format: str = "onnx"
+    file: str = "model.onnx"
+    sha256: str = ""
+    size_bytes: int = 0
+    params: int = 0
+    tier: str = ""
+    variant: str = ""
+    entry: str = ""  # a Python model's class, "module:Class"
+    inputs: tuple[TensorDecl, ...] = ()
+    outputs: tuple[TensorDecl, ...] = ()
+    labels: tuple[str, ...] = ()
+    task_spec: TaskSpec | None = None
+    metric: str = "accuracy"
+    test_accuracy: float = 0.0
+    calib_accuracy: float = 0.0
+    temperature: float = 1.0
     calibration: Calibration | None = None
-    lineage: Lineage | None = None  # None for a trained (full-precision) model
+    cascade: tuple[CascadePoint, ...] = ()
+    latency_ms: Mapping[str, float] = field(default_factory=_empty)
+    latency_by_provider: Mapping[str, Mapping[str, float]] = field(default_factory=_empty)
+    provider: str = CPU
+    precision: str = "fp32"
+    training: TrainingInfo | None = None
+    data: DataInfo | None = None
+    lineage: Lineage | None = None  # None for a model that is not derived from another
+    multi_exit: ExitNet | None = None
+    language: LanguageInfo | None = None
+
+    @property
+    def input(self) -> TensorDecl:
+        """The first input (a zoo model has one)."""
+        return self.inputs[0]
+
+    @property
+    def output(self) -> TensorDecl:
+        """The first output (a classifier's logits)."""
+        return self.outputs[0]
+
+    @property
+    def kind(self) -> str:
+        """The output kind its task reads it with."""
+        if self.task_spec is not None:
+            return self.task_spec.kind
+        return "causal_lm" if self.format == "llm" else "classification"
 
     @property
     def parent(self) -> str:
         """The full-precision model this one derives from (itself when it is one)."""
         return self.lineage.parent if self.lineage else self.name
 
+    @property
+    def cascadable(self) -> bool:
+        """Whether it gives a confidence a cascade can threshold (it has a curve)."""
+        return bool(self.cascade)
+
+    @property
+    def imported(self) -> bool:
+        """Measured on a user's data (``tierlink model import``), not trained here."""
+        return self.data is not None
+
+    def latency_on(self, provider: str) -> Mapping[str, float] | None:
+        """Its latency as timed on ``provider``; ``None`` when never timed there."""
+        measured = self.latency_by_provider.get(provider)
+        if measured:
+            return measured
+        return self.latency_ms if provider == self.provider and self.latency_ms else None
+
     def as_model_view(self, latency_ms: float | None = None) -> ModelView:
         """The policy's view of this model; ``latency_ms`` overrides the card's batch-1 p50
         (a node passes what it measured itself)."""
-        latency = self.latency_ms["batch1_p50"] if latency_ms is None else latency_ms
+        latency = self.latency_ms.get("batch1_p50", 0.0) if latency_ms is None else latency_ms
         return ModelView(name=self.name, task=self.task, version=self.version,
                          accuracy=self.test_accuracy, latency_ms=float(latency),
                          cascade=self.cascade)
@@ -149,107 +193,133 @@ class ModelCard:
     def to_dict(self) -> dict[str, Any]:
         """The card as JSON-ready data (the inverse of :func:`card_from_dict`)."""
         return {
-            "task": self.task, "name": self.name, "variant": self.variant,
-            "version": self.version, "tier": self.tier, "params": self.params,
-            "size_bytes": self.size_bytes, "sha256": self.sha256,
-            "input": self.input.to_dict(), "output": self.output.to_dict(),
-            "labels": list(self.labels), "test_accuracy": self.test_accuracy,
-            "calib_accuracy": self.calib_accuracy, "latency_ms": dict(self.latency_ms),
-            "cascade": [{"threshold": p.threshold, "answered_share": p.answered_share,
-                         "answered_accuracy": p.answered_accuracy} for p in self.cascade],
-            "temperature": self.temperature, "training": self.training.to_dict(),
-            "precision": self.precision,
+            "schema": SCHEMA, "name": self.name, "task": self.task, "version": self.version,
+            "format": self.format, "file": self.file, "sha256": self.sha256,
+            "size_bytes": self.size_bytes, "params": self.params, "tier": self.tier,
+            "variant": self.variant, "entry": self.entry,
+            "inputs": [i.to_dict() for i in self.inputs],
+            "outputs": [o.to_dict() for o in self.outputs], "labels": list(self.labels),
+            "kind": self.kind,
+            "task_spec": self.task_spec.to_dict() if self.task_spec else None,
+            "metric": self.metric, "test_accuracy": self.test_accuracy,
+            "calib_accuracy": self.calib_accuracy, "temperature": self.temperature,
             "calibration": self.calibration.to_dict() if self.calibration else None,
+            "cascade": cascade_to_dicts(self.cascade),
+            "latency_ms": dict(self.latency_ms),
+            "latency_by_provider": {k: dict(v) for k, v in self.latency_by_provider.items()},
+            "provider": self.provider, "precision": self.precision,
+            "training": self.training.to_dict() if self.training else None,
+            "data": self.data.to_dict() if self.data else None,
             "lineage": self.lineage.to_dict() if self.lineage else None,
+            "multi_exit": self.multi_exit.to_dict() if self.multi_exit else None,
+            "language": self.language.to_dict() if self.language else None,
         }
 
 
 def card_from_dict(data: Mapping[str, Any], source: str = "model card") -> ModelCard:
-    """Validate and convert parsed JSON; a missing or malformed field is a ``ModelError``
-    naming the field."""
+    """Validate and convert parsed JSON (this schema or an older shape); a missing or
+    malformed field is a ``ModelError`` naming the card and the field."""
     if not isinstance(data, Mapping):
         raise ModelError(f"{source} is not a JSON object")
-    _require(data, _REQUIRED, source)
-    _require(data["training"], _TRAINING_REQUIRED, f"{source} field 'training'")
-    _require(data["latency_ms"], LATENCY_KEYS, f"{source} field 'latency_ms'")
+    current = upgrade(data, source)
+    unknown = sorted(set(current) - _KEYS)
+    if unknown:
+        raise ModelError(f"{source} has unknown field(s) {', '.join(map(repr, unknown))}",
+                         hint=f"a schema {SCHEMA} card has {', '.join(sorted(_KEYS))}")
+    missing = [k for k in ("name", "task", "version") if not _given(current.get(k))]
+    if missing:
+        raise ModelError(f"{source} lacks field(s) {', '.join(map(repr, missing))}")
     try:
-        card = _convert(data)
-    except (TypeError, ValueError, KeyError) as exc:
+        card = _convert(current)
+    except (TypeError, ValueError, KeyError, AttributeError, ConfigError) as exc:
         raise ModelError(f"{source} has a malformed field: {exc!r}") from exc
-    if card.tier not in TIERS:
+    if card.multi_exit is not None and not card.inputs:
+        card = with_exit_header(card)
+    if card.tier and card.tier not in TIERS:
         raise ModelError(f"{source} field 'tier' is {card.tier!r}; expected one of {TIERS}")
+    if card.latency_ms and "batch1_p50" not in card.latency_ms:
+        raise ModelError(f"{source} field 'latency_ms' lacks 'batch1_p50' (of {LATENCY_KEYS})")
     return card
 
 
-def _require(data: Any, keys: tuple[str, ...], source: str) -> None:
-    if not isinstance(data, Mapping):
-        raise ModelError(f"{source} is not a JSON object")
-    missing = [k for k in keys if k not in data]
-    if missing:
-        raise ModelError(f"{source} lacks field(s) {', '.join(map(repr, missing))}")
+_KEYS = frozenset(ModelCard("", "", "").to_dict())
 
 
-def _convert(data: Mapping[str, Any]) -> ModelCard:
+def _given(value: Any) -> bool:
+    return value is not None and value != "" and value != [] and value != {}
+
+
+def _convert(d: Mapping[str, Any]) -> ModelCard:
+    name, task = str(d["name"]), str(d["task"])
+    spec = d.get("task_spec")
     return ModelCard(
-        task=str(data["task"]), name=str(data["name"]), variant=str(data["variant"]),
-        version=str(data["version"]), tier=str(data["tier"]), params=int(data["params"]),
-        size_bytes=int(data["size_bytes"]), sha256=str(data["sha256"]),
-        input=_tensor(data["input"]), output=_tensor(data["output"]),
-        labels=tuple(str(x) for x in data["labels"]),
-        test_accuracy=float(data["test_accuracy"]),
-        calib_accuracy=float(data["calib_accuracy"]),
-        latency_ms=MappingProxyType({k: float(data["latency_ms"][k]) for k in LATENCY_KEYS}),
-        cascade=cascade_from_dicts(data["cascade"]),
-        temperature=float(data["temperature"]),
-        training=_training(data["training"]),
-        precision=str(data.get("precision", "fp32")),
-        calibration=_calibration(data.get("calibration")),
-        lineage=_lineage(data.get("lineage")),
+        name=name, task=task, version=str(d["version"]), format=str(d["format"]),
+        file=str(d["file"]), sha256=str(d.get("sha256", "")),
+        size_bytes=int(d.get("size_bytes", 0)), params=int(d.get("params", 0)),
+        tier=str(d.get("tier", "")), variant=str(d.get("variant", "")),
+        entry=str(d.get("entry", "")),
+        inputs=tuple(tensor_from_dict(t) for t in d.get("inputs", ())),
+        outputs=tuple(tensor_from_dict(t) for t in d.get("outputs", ())),
+        labels=tuple(str(x) for x in d.get("labels", ())),
+        task_spec=task_from_dict(task, spec, f"card of {name}") if spec else None,
+        metric=str(d.get("metric", "accuracy")),
+        test_accuracy=float(d.get("test_accuracy") or 0.0),
+        calib_accuracy=float(d.get("calib_accuracy") or 0.0),
+        temperature=float(d.get("temperature", 1.0)),
+        calibration=_maybe(calibration_from_dict, d.get("calibration")),
+        cascade=cascade_from_dicts(d.get("cascade", ())),
+        latency_ms=_timings(d.get("latency_ms") or {}),
+        latency_by_provider=MappingProxyType(
+            {str(k): _timings(v) for k, v in (d.get("latency_by_provider") or {}).items()}),
+        provider=str(d.get("provider", CPU)), precision=str(d.get("precision", "fp32")),
+        training=_maybe(training_from_dict, d.get("training")),
+        data=_maybe(data_from_dict, d.get("data")),
+        lineage=lineage_from_dict(d.get("lineage")),
+        multi_exit=_maybe(exit_net_from_dict, d.get("multi_exit")),
+        language=_maybe(language_from_dict, d.get("language")),
     )
 
 
-def _calibration(data: Mapping[str, Any] | None) -> Calibration | None:
-    return None if data is None else calibration_from_dict(data)
+def with_exit_header(card: ModelCard) -> ModelCard:
+    """A multi-exit card with what every card says read off its net: the first segment's
+    input, the answer (calibrated logits and the exit taken), the operating point's
+    accuracies, the final exit's curve, the single-graph file, the segments' bytes."""
+    net = card.multi_exit
+    if net is None:
+        raise ModelError(f"{card.name} is not a multi-exit model")
+    first, op = net.segments[0].input, net.operating_point
+    return replace(
+        card, format="multi-exit", file=net.whole["file"], sha256=net.whole["sha256"],
+        size_bytes=sum(s.size_bytes for s in net.segments),
+        inputs=(TensorDecl(first.name, "FP32", (-1, *first.shape[1:])),),
+        outputs=(TensorDecl("logits", "FP32", (-1, len(card.labels))),
+                 TensorDecl("exit", "INT64", (-1,))),
+        test_accuracy=op.test.accuracy, calib_accuracy=op.calib.accuracy,
+        cascade=net.exits[-1].cascade,
+        latency_ms=MappingProxyType({k: float(v) for k, v in zip(
+            LATENCY_KEYS, _exit_latency(net), strict=True)}))
 
 
-def calibration_from_dict(data: Mapping[str, Any]) -> Calibration:
-    """The inverse of ``Calibration.to_dict``."""
-    f = {k: float(data[k]) for k in (x.name for x in fields(Calibration)) if k != "samples"}
-    return Calibration(f["temperature"], f["ece_before"], f["ece_after"], f["nll_before"],
-                       f["nll_after"], f["test_ece_before"], f["test_ece_after"],
-                       int(data["samples"]))
+def _exit_latency(net: ExitNet) -> tuple[float, float, float]:
+    """Mean batch-1 compute per input at the operating point (p50 and p95 alike: what the
+    node's policies plan with), and every segment's batch-32 cost per sample."""
+    mean = net.operating_point.test.mean_ms
+    return mean, mean, sum(s.latency_ms["batch32_per_sample"] for s in net.segments)
 
 
-def cascade_from_dicts(points: Any) -> tuple[CascadePoint, ...]:
-    """Cascade points from their JSON form (threshold, answered_share, answered_accuracy)."""
-    return tuple(CascadePoint(float(p["threshold"]), float(p["answered_share"]),
-                              float(p["answered_accuracy"])) for p in points)
-
-
-def _lineage(data: Mapping[str, Any] | None) -> Lineage | None:
+def _maybe(parse: Any, data: Any) -> Any:
+    """A section parsed, or None; a malformed one names itself (``ValueError``)."""
     if data is None:
         return None
-    return Lineage(parent=str(data["parent"]), parent_sha256=str(data["parent_sha256"]),
-                   precision=str(data["precision"]), agreement=float(data["agreement"]),
-                   accuracy_delta=float(data["accuracy_delta"]),
-                   speedup=MappingProxyType({k: float(v) for k, v in data["speedup"].items()}),
-                   settings=MappingProxyType(dict(data["settings"])))
+    try:
+        return parse(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        name = parse.__name__.removesuffix("_from_dict").replace("exit_net", "multi_exit")
+        raise ValueError(f"section {name!r}: {exc!r}") from exc
 
 
-def _tensor(data: Mapping[str, Any]) -> TensorDecl:
-    return TensorDecl(str(data["name"]), str(data["datatype"]),
-                      tuple(int(d) for d in data["shape"]))
-
-
-def _training(data: Mapping[str, Any]) -> TrainingInfo:
-    return TrainingInfo(
-        epochs=int(data["epochs"]), seed=int(data["seed"]), seconds=float(data["seconds"]),
-        profile=str(data["profile"]), torch_version=str(data["torch_version"]),
-        train_samples=int(data.get("train_samples", 0)),
-        calib_samples=int(data.get("calib_samples", 0)),
-        test_samples=int(data.get("test_samples", 0)),
-        recipe=str(data.get("recipe", "")),
-    )
+def _timings(data: Mapping[str, Any]) -> Mapping[str, float]:
+    return MappingProxyType({str(k): float(v) for k, v in data.items()})
 
 
 def load_card(path: Path) -> ModelCard:
@@ -272,3 +342,9 @@ def file_sha256(path: Path) -> str:
     except OSError as exc:
         raise ModelError(f"cannot read {path}: {exc}") from exc
     return digest.hexdigest()
+
+
+__all__ = ["CPU", "LATENCY_KEYS", "TIERS", "Calibration", "DataInfo", "LanguageInfo",
+           "Lineage", "ModelCard", "TrainingInfo", "calibration_from_dict",
+           "card_from_dict", "cascade_from_dicts", "file_sha256", "load_card", "save_card",
+           "write_json"]

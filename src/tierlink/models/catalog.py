@@ -3,8 +3,9 @@ nodes use is resolved, from registered sources.
 
 A *source* offers models by name and labelled data by task. The built-in sources (declared
 under the ``tierlink.model_sources`` entry-point group in tierlink's ``pyproject.toml``) are
-the local model store (users' imported models: ``tierlink model import``) and the demo's
-zoo (built from real data on first use); a user's package adds its own there — a factory
+the local model store (users' imported models: ``tierlink model import``), the demo's
+zoo (built from real data on first use) and the signed repository (``name@version``,
+installed and verified on first use); a user's package adds its own there — a factory
 taking :class:`SourceOptions` and returning a :class:`ModelSource`. Sources are asked in
 their ``rank`` order (the store first: a name a user imported is theirs)::
 
@@ -37,12 +38,18 @@ def _quiet(_: str) -> None:
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
     """What a source may need to know of the caller: the zoo's build ``profile`` (a fleet
-    file's ``zoo.profile``), whether to show progress while building, and where to say
-    what it is doing."""
+    file's ``zoo.profile``), whether to show progress while building, where to say what it
+    is doing; the signed repository's URL, the publisher keys to trust, the token to read
+    it with and how to verify its TLS certificate (``True``: the system's trust, or an
+    ``ssl.SSLContext``)."""
 
     profile: str = "full"
     progress: bool = True
     say: Callable[[str], None] = field(default=_quiet)
+    repository: str | None = None
+    trusted_keys: tuple[str, ...] = ()
+    token: str | None = None
+    verify: Any = True
 
 
 @dataclass(frozen=True, slots=True)

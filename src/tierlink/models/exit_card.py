@@ -1,35 +1,32 @@
-"""The card of a multi-exit (early-exit) model, and the built model on disk.
+"""What a multi-exit (early-exit) model's card says beyond every model's: its
+``multi_exit`` section, an :class:`ExitNet`.
 
 A multi-exit model is a chain of ONNX segments; each segment's first output is the feature
 tensor the next one takes (a *boundary*, also a split point) and its last output is an exit's
-logits. Its card (an :class:`ExitCard`, not a ``ModelCard``) holds per exit its accuracy, a
-temperature fitted on the calibration split, ECE before/after and its cascade curve; per
-segment its file, signature, latency and MACs; per boundary the feature shape and bytes; and
-an operating point (thresholds chosen on the calibration split, see
-:mod:`tierlink.models.exit_runner`). :class:`ExitModel` is such a model on disk: its
-directory and card, the card being ``<card.name>.json`` beside the segments.
+logits. The section holds per exit its accuracy, a temperature fitted on the calibration
+split, ECE before/after and its cascade curve; per segment its file, signature, latency and
+MACs; per boundary the feature shape and bytes; and an operating point (thresholds chosen on
+the calibration split, see :mod:`tierlink.models.exit_runner`). The card around it is the
+one :class:`~tierlink.models.card.ModelCard` (format ``multi-exit``).
 
-numpy-free and torch-free: the dataclasses, their JSON form, and reading and writing it.
-Who builds one (the demo's zoo: :mod:`tierlink.zoo.exits`) is not known here.
+numpy-free and torch-free: the dataclasses and their JSON form. Who builds one (the demo's
+zoo: :mod:`tierlink.zoo.exits`) is not known here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from tierlink.core.types import CascadePoint
-from tierlink.durable import read_json
-from tierlink.errors import ModelError
-from tierlink.models.card import (
+from tierlink.models.card_parts import (
     Calibration,
-    TrainingInfo,
     calibration_from_dict,
     cascade_from_dicts,
-    write_json,
+    cascade_to_dicts,
+    tensor_from_dict,
 )
 from tierlink.models.tensors import TensorDecl
 
@@ -82,8 +79,7 @@ class ExitInfo:
         return {"name": self.name, "test_accuracy": self.test_accuracy,
                 "calib_accuracy": self.calib_accuracy, "temperature": self.temperature,
                 "calibration": self.calibration.to_dict(),
-                "cascade": [{"threshold": p.threshold, "answered_share": p.answered_share,
-                             "answered_accuracy": p.answered_accuracy} for p in self.cascade]}
+                "cascade": cascade_to_dicts(self.cascade)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,26 +121,21 @@ class OperatingPoint:
 
 
 @dataclass(frozen=True, slots=True)
-class ExitCard:
-    """Everything known about a built multi-exit model (see the module docstring).
+class ExitNet:
+    """What a multi-exit model's card holds beyond every model's (its ``multi_exit``
+    section; see the module docstring).
 
     ``segments[i]`` produces ``exits[i]``; ``boundaries[i]`` is the feature tensor between
     segment i and i + 1. ``whole``: the single-graph export (file name and sha256).
     """
 
-    name: str
-    task: str
-    version: str
     base_variant: str
-    params: int
-    labels: tuple[str, ...]
     loss_weights: tuple[float, ...]
     segments: tuple[SegmentInfo, ...]
     exits: tuple[ExitInfo, ...]
     boundaries: tuple[Boundary, ...]
     whole: Mapping[str, str]
     operating_point: OperatingPoint
-    training: TrainingInfo
 
     @property
     def temperatures(self) -> tuple[float, ...]:
@@ -155,33 +146,19 @@ class ExitCard:
         return tuple(s.latency_ms[key] for s in self.segments)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "task": self.task, "version": self.version,
-                "base_variant": self.base_variant, "params": self.params,
-                "labels": list(self.labels), "loss_weights": list(self.loss_weights),
+        return {"base_variant": self.base_variant, "loss_weights": list(self.loss_weights),
                 "segments": [s.to_dict() for s in self.segments],
                 "exits": [e.to_dict() for e in self.exits],
                 "boundaries": [b.to_dict() for b in self.boundaries],
-                "whole": dict(self.whole), "operating_point": self.operating_point.to_dict(),
-                "training": self.training.to_dict()}
+                "whole": dict(self.whole), "operating_point": self.operating_point.to_dict()}
 
 
-def exit_card_from_dict(data: Mapping[str, Any], source: str = "exit card") -> ExitCard:
-    """Parse the JSON form of an :class:`ExitCard`; ``ModelError`` naming what is wrong."""
-    if not isinstance(data, Mapping):
-        raise ModelError(f"{source} is not a JSON object")
-    try:
-        return _card(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ModelError(f"{source} is missing or has a malformed field: {exc!r}",
-                         hint="build or import the multi-exit model again") from exc
-
-
-def _card(d: Mapping[str, Any]) -> ExitCard:
+def exit_net_from_dict(d: Mapping[str, Any]) -> ExitNet:
+    """Parse the ``multi_exit`` section (``KeyError``/``ValueError`` on a malformed one:
+    the card's reader names the card)."""
     op = d["operating_point"]
-    return ExitCard(
-        name=str(d["name"]), task=str(d["task"]), version=str(d["version"]),
-        base_variant=str(d["base_variant"]), params=int(d["params"]),
-        labels=tuple(str(x) for x in d["labels"]),
+    return ExitNet(
+        base_variant=str(d["base_variant"]),
         loss_weights=tuple(float(w) for w in d["loss_weights"]),
         segments=tuple(_segment(s) for s in d["segments"]),
         exits=tuple(_exit(e) for e in d["exits"]),
@@ -189,18 +166,14 @@ def _card(d: Mapping[str, Any]) -> ExitCard:
                                   int(b["fp32_bytes"])) for b in d["boundaries"]),
         whole=MappingProxyType({k: str(v) for k, v in d["whole"].items()}),
         operating_point=OperatingPoint(float(op["max_drop"]), _evaluation(op["calib"]),
-                                       _evaluation(op["test"]), float(op["macs_saved"])),
-        training=TrainingInfo(**d["training"]))
-
-
-def _tensor(d: Mapping[str, Any]) -> TensorDecl:
-    return TensorDecl(str(d["name"]), str(d["datatype"]), tuple(int(x) for x in d["shape"]))
+                                       _evaluation(op["test"]), float(op["macs_saved"])))
 
 
 def _segment(d: Mapping[str, Any]) -> SegmentInfo:
     return SegmentInfo(
         file=str(d["file"]), sha256=str(d["sha256"]), size_bytes=int(d["size_bytes"]),
-        input=_tensor(d["input"]), outputs=tuple(_tensor(o) for o in d["outputs"]),
+        input=tensor_from_dict(d["input"]),
+        outputs=tuple(tensor_from_dict(o) for o in d["outputs"]),
         macs=int(d["macs"]),
         latency_ms=MappingProxyType({k: float(v) for k, v in d["latency_ms"].items()}))
 
@@ -215,35 +188,3 @@ def _evaluation(d: Mapping[str, Any]) -> ExitEvaluation:
     return ExitEvaluation(tuple(float(t) for t in d["thresholds"]), float(d["accuracy"]),
                           tuple(float(s) for s in d["shares"]), float(d["mean_ms"]),
                           float(d["full_ms"]))
-
-
-def save_exit_card(card: ExitCard, path: Path) -> None:
-    """Write ``card`` as JSON atomically."""
-    write_json(path, card.to_dict(), "exit card")
-
-
-def load_exit_card(path: Path) -> ExitCard:
-    """The exit card at ``path``; ``ModelError`` when it cannot be read or parsed."""
-    return exit_card_from_dict(read_json(path, "exit card"), source=f"exit card {path}")
-
-
-@dataclass(frozen=True, slots=True)
-class ExitModel:
-    """A built multi-exit model: its directory and card (``<card.name>.json`` there)."""
-
-    root: Path
-    card: ExitCard
-
-    @property
-    def segment_paths(self) -> tuple[Path, ...]:
-        return tuple(self.root / s.file for s in self.card.segments)
-
-    @property
-    def whole_path(self) -> Path:
-        return self.root / self.card.whole["file"]
-
-    @property
-    def card_path(self) -> Path:
-        """``card.json`` (the framework's layout), else ``<card.name>.json`` beside it."""
-        in_layout = self.root / "card.json"
-        return in_layout if in_layout.is_file() else self.root / f"{self.card.name}.json"

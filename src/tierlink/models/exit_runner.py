@@ -20,13 +20,15 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tierlink.errors import ConfigError, ModelError, TensorError
+from tierlink.models.card import ModelCard
 from tierlink.models.evaluate import CASCADE_THRESHOLDS, softmax
-from tierlink.models.exit_card import ExitEvaluation, ExitModel
+from tierlink.models.exit_card import ExitEvaluation, ExitNet
 
 if TYPE_CHECKING:
     from tierlink.models.data import Labelled
@@ -36,6 +38,36 @@ EXIT_THRESHOLDS: tuple[float, ...] = (*CASCADE_THRESHOLDS, 0.995, 0.998, 0.999, 
 MAX_DROP = 0.005  # the operating point may lose this much accuracy vs the final exit
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ExitModel:
+    """A multi-exit model on disk: its directory (the segments) and its card."""
+
+    root: Path
+    card: ModelCard
+
+    @property
+    def net(self) -> ExitNet:
+        """The card's ``multi_exit`` section."""
+        if self.card.multi_exit is None:
+            raise ModelError(f"{self.card.name} is not a multi-exit model",
+                             hint="its card has no multi_exit section")
+        return self.card.multi_exit
+
+    @property
+    def segment_paths(self) -> tuple[Path, ...]:
+        return tuple(self.root / s.file for s in self.net.segments)
+
+    @property
+    def whole_path(self) -> Path:
+        return self.root / self.net.whole["file"]
+
+    @property
+    def card_path(self) -> Path:
+        """``card.json`` (the framework's layout), else ``<card.name>.json`` beside it."""
+        in_layout = self.root / "card.json"
+        return in_layout if in_layout.is_file() else self.root / f"{self.card.name}.json"
 
 
 # --- evaluation (pure numpy) ----------------------------------------------------------------
@@ -131,8 +163,8 @@ def evaluate_exits(model: ExitModel, thresholds: Sequence[float], split: Labelle
 
     sessions = [ort_session(p, threads) for p in model.segment_paths]
     scores = ExitScores.of(exit_logits(sessions, split.input), split.labels,
-                           model.card.temperatures)
-    return evaluate_scores(scores, thresholds, model.card.stage_ms())
+                           model.net.temperatures)
+    return evaluate_scores(scores, thresholds, model.net.stage_ms())
 
 
 # --- the runtime ----------------------------------------------------------------------------
@@ -178,7 +210,7 @@ class ExitRunner:
     def __post_init__(self) -> None:
         from tierlink.models.onnx import ort_session
 
-        _check_thresholds(self.thresholds, len(self.model.card.exits))
+        _check_thresholds(self.thresholds, len(self.model.net.exits))
         self._sessions = [ort_session(p, self.threads) for p in self.model.segment_paths]
 
     def run(self, x: np.ndarray) -> ExitResult:
@@ -202,16 +234,16 @@ class ExitRunner:
         spent: list[float] = []
         for k in range(start, stop + 1):
             began = self.clock()
-            outs = self._sessions[k].run(None, {self.model.card.segments[k].input.name: x})
+            outs = self._sessions[k].run(None, {self.model.net.segments[k].input.name: x})
             spent.append((self.clock() - began) * 1000.0)
             answer = self._answer(k, outs[-1], tuple(spent))
             if answer is not None:
                 return answer
             x = outs[0]
-        return Handoff(self.model.card.boundaries[stop].name, x, tuple(spent))
+        return Handoff(self.model.net.boundaries[stop].name, x, tuple(spent))
 
     def _answer(self, k: int, logits: np.ndarray, spent: tuple[float, ...]) -> ExitResult | None:
-        probs = softmax(logits, self.model.card.exits[k].temperature)[0]  # (C,)
+        probs = softmax(logits, self.model.net.exits[k].temperature)[0]  # (C,)
         confidence = float(probs.max())
         final = k == len(self._sessions) - 1
         if final or confidence >= self.thresholds[k]:
@@ -219,7 +251,7 @@ class ExitRunner:
         return None
 
     def _checked(self, x: np.ndarray, start: int) -> np.ndarray:
-        segment_input = self.model.card.segments[start].input
+        segment_input = self.model.net.segments[start].input
         want = (1, *segment_input.shape[1:])
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape != want:

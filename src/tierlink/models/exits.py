@@ -27,7 +27,6 @@ the cheap first segment and sends only the inputs its first exit could not answe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,9 @@ import numpy as np
 
 from tierlink.core.types import SplitPoint
 from tierlink.errors import ModelError, SplitError
-from tierlink.models.exit_card import ExitModel, load_exit_card
-from tierlink.models.exit_runner import ExitResult, ExitRunner
+from tierlink.models.card import load_card
+from tierlink.models.exit_runner import ExitModel, ExitResult, ExitRunner
+from tierlink.models.package import is_package, pack, unpack
 from tierlink.models.runtime import ModelInfo, validate_inputs
 from tierlink.models.tensors import TensorDecl
 
@@ -46,12 +46,12 @@ PLATFORM = "tierlink_early_exit"
 
 
 def is_exit_card(path: Path) -> bool:
-    """Whether the card at ``path`` describes a multi-exit model (has exits and segments)."""
+    """Whether the card at ``path`` describes a multi-exit model (a readable card with a
+    ``multi_exit`` section)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        return load_card(Path(path)).multi_exit is not None
+    except ModelError:
         return False
-    return isinstance(data, dict) and "exits" in data and "segments" in data
 
 
 def find_exit_card(directory: Path) -> Path:
@@ -107,30 +107,31 @@ class ExitsModel:
     platform = PLATFORM
 
     def __init__(self, root: Path, thresholds: Sequence[float] | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, package: Path | None = None) -> None:
         """``root``: the card, or the directory holding it (and no other multi-exit card);
-        ``thresholds``: one per side exit, by default the card's operating point."""
+        ``thresholds``: one per side exit, by default the card's operating point;
+        ``package``: the segments as one file (:func:`pack_exits`: a version installed
+        from the repository), else they sit beside the card."""
         root = Path(root)
         card_path = find_exit_card(root) if root.is_dir() else root
-        card = load_exit_card(card_path)
-        directory = card_path.parent
-        op = card.operating_point
+        card = load_card(card_path)
+        segments = unpack(package) if package is not None and is_package(package) \
+            else card_path.parent
+        model = ExitModel(segments, card)
+        net, op = model.net, model.net.operating_point
         self.thresholds = tuple(thresholds if thresholds is not None else op.calib.thresholds)
         self.card = card
-        self._runner = ExitRunner(ExitModel(directory, card), self.thresholds, threads)
-        self._boundaries = {b.name: k for k, b in enumerate(card.boundaries)}
-        self.path = directory / card.whole["file"]
-        first = card.segments[0].input
-        self.inputs: tuple[TensorDecl, ...] = (
-            TensorDecl(first.name, "FP32", (-1, *first.shape[1:])),)
-        self.outputs: tuple[TensorDecl, ...] = (TensorDecl("logits", "FP32", (-1, len(card.labels))),
-                        TensorDecl("exit", "INT64", (-1,)))
-        splits = exit_split_points(card.stage_ms(), op.calib.shares,
-                                   [(b.name, b.fp32_bytes) for b in card.boundaries])
+        self._runner = ExitRunner(model, self.thresholds, threads)
+        self._boundaries = {b.name: k for k, b in enumerate(net.boundaries)}
+        self.path = model.whole_path
+        self.inputs: tuple[TensorDecl, ...] = card.inputs
+        self.outputs: tuple[TensorDecl, ...] = card.outputs
+        splits = exit_split_points(net.stage_ms(), op.calib.shares,
+                                   [(b.name, b.fp32_bytes) for b in net.boundaries])
         self.info = ModelInfo(
             name=card.name, task=card.task, version=card.version,
             accuracy=op.test.accuracy, latency_ms=op.test.mean_ms, temperature=1.0,
-            cascade=card.exits[-1].cascade, labels=card.labels, card=card.to_dict(),
+            cascade=card.cascade, labels=card.labels, card=card,
             splits=splits, profile_ms=op.test.mean_ms)
 
     # -- the whole model, exiting early ---------------------------------------------------
@@ -195,8 +196,15 @@ def load_exits_model(spec: Any) -> ExitsModel:
     """The ``multi-exit`` runtime factory: ``spec`` is a
     :class:`~tierlink.models.runtimes.LoadSpec` (its card and threads; the segments sit
     beside the card), typed ``Any`` so this module need not import the registry."""
-    return ExitsModel(spec.card, threads=spec.threads)
+    return ExitsModel(spec.card, threads=spec.threads, package=spec.model_file)
+
+
+def pack_exits(card_path: Path, dest: Path) -> None:
+    """The multi-exit model whose card is at ``card_path`` as one file (its segments and
+    its whole graph, from beside the card): what a version of it carries."""
+    model = ExitModel(Path(card_path).parent, load_card(Path(card_path)))
+    pack([(p, p.name) for p in (*model.segment_paths, model.whole_path)], dest)
 
 
 __all__ = ["ExitHead", "ExitsModel", "exit_split_points", "find_exit_card", "is_exit_card",
-           "load_exits_model"]
+           "load_exits_model", "pack_exits"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from tierlink.errors import ModelError, RuntimeFailure
 from tierlink.models.runtime import ModelInfo, validate_inputs
+from tierlink.models.split_profile import profile_path
 from tierlink.models.tensors import from_ort
 
 CPU = "CPUExecutionProvider"
@@ -133,6 +134,7 @@ class OnnxModel:
 def load_onnx(spec: Any) -> OnnxModel:
     """The ``onnx`` format's runtime factory (:mod:`tierlink.models.runtimes`): the graph is
     the spec's model file, else the one its card names beside it (``model.onnx``)."""
-    path = spec.model_file or spec.directory / str(spec.read_card().get("file", "model.onnx"))
-    return OnnxModel(path, ModelInfo.from_card(spec.card), threads=spec.threads,
+    card = spec.read_card()
+    path = spec.model_file or spec.directory / card.file
+    return OnnxModel(path, ModelInfo.of(card, profile_path(spec.card)), threads=spec.threads,
                      providers=spec.providers)

@@ -17,22 +17,17 @@ What a user writes is KServe's ``Model`` shape — a class with ``load()`` and `
 ``predict`` returns the outputs its task declares (logits for a classifier), so temperature,
 ECE, cascade thresholds and every output kind apply unchanged. The model's source — one
 ``.py`` file, or a directory holding the module (or a package) and its data files — travels
-as one file, ``model.zip`` (:func:`pack`: sorted, with fixed timestamps, so the same source
-has the same sha256); the card names the class as ``entry: "module:Class"``. A node unpacks
-it once beside the zip (:func:`unpack`) and runs ``predict`` on its scheduler's worker
+as one file, ``model.zip`` (:mod:`tierlink.models.package`: the same source has the same
+sha256); the card names the class as ``entry: "module:Class"``. A node unpacks it once
+beside the zip and runs ``predict`` on its scheduler's worker
 threads, never on the event loop. Tools that need a graph (quantisation, split computing,
 feature codecs) refuse such a model, saying so.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import os
-import shutil
 import sys
-import uuid
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -41,13 +36,14 @@ from typing import Any
 import numpy as np
 
 from tierlink.errors import ImportRefused, ModelError, RuntimeFailure
+from tierlink.models.package import pack as pack_files
+from tierlink.models.package import unpack
 from tierlink.models.runtime import ModelInfo, validate_inputs
+from tierlink.models.split_profile import profile_path
 from tierlink.models.tensors import TensorDecl, tensor_decl
 
 FORMAT = "python"
-PACKAGE = "model.zip"
 DEFAULT_ENTRY = "model:Model"
-_EPOCH = (1980, 1, 1, 0, 0, 0)  # zip's earliest timestamp: the same source, the same bytes
 
 
 def pack(source: Path, dest: Path) -> None:
@@ -62,36 +58,7 @@ def pack(source: Path, dest: Path) -> None:
         raise ImportRefused(f"{source} is neither a .py file nor a directory",
                             hint="give the module file, or the directory holding it and its "
                                  "data files")
-    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path, name in files:
-            info = zipfile.ZipInfo(name, _EPOCH)
-            info.external_attr = 0o644 << 16
-            zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
-
-
-def unpack(package: Path) -> Path:
-    """The package's files, extracted once into ``.python-<sha>`` beside it (atomically: a
-    process that loses the race uses the winner's copy)."""
-    package = Path(package)
-    digest = hashlib.sha256(package.read_bytes()).hexdigest()[:16]
-    target = package.parent / f".python-{digest}"
-    if target.is_dir():
-        return target
-    staging = package.parent / f".python-{digest}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with zipfile.ZipFile(package) as zf:
-            for name in zf.namelist():
-                if name.startswith("/") or ".." in Path(name).parts:
-                    raise ModelError(f"{package} holds an unsafe path {name!r}")
-            zf.extractall(staging)
-        os.replace(staging, target)
-    except (OSError, zipfile.BadZipFile) as exc:
-        if target.is_dir():  # another process unpacked it first
-            return target
-        raise ModelError(f"cannot unpack the Python model {package}: {exc}") from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    pack_files(files, dest)
 
 
 class PythonModel:
@@ -138,12 +105,9 @@ class PythonModel:
 def load_python(spec: Any) -> PythonModel:
     """The ``python`` format's runtime factory (:mod:`tierlink.models.runtimes`)."""
     card = spec.read_card()
-    package = spec.model_file or spec.directory / str(card.get("file", PACKAGE))
-    decls = {side: tuple(tensor_decl(d, f"{spec.card} {side}[{i}]")
-                         for i, d in enumerate(card.get(side, [])))
-             for side in ("input", "output")}
-    return PythonModel(unpack(package), str(card.get("entry", DEFAULT_ENTRY)),
-                       ModelInfo.from_card(spec.card), decls["input"], decls["output"])
+    package = spec.model_file or spec.directory / card.file
+    return PythonModel(unpack(package), card.entry or DEFAULT_ENTRY,
+                       ModelInfo.of(card, profile_path(spec.card)), card.inputs, card.outputs)
 
 
 def _instance(directory: Path, entry: str) -> Any:

@@ -12,11 +12,10 @@ is the family's deterministic fake for tests.
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -24,11 +23,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from tierlink.core.types import CascadePoint, ModelView, SplitPoint
-from tierlink.errors import ConfigError, ModelError, RuntimeFailure, TensorError
-from tierlink.models.card import cascade_from_dicts
+from tierlink.errors import RuntimeFailure, TensorError
+from tierlink.models.card import ModelCard, load_card
 from tierlink.models.kind_registry import kind_of
 from tierlink.models.split_profile import load_profile, profile_path
-from tierlink.models.task import TaskSpec, task_from_dict
+from tierlink.models.task import TaskSpec
 from tierlink.models.tensors import NP_TYPES, TensorDecl
 
 MAX_BATCH = 256
@@ -46,7 +45,7 @@ class ModelInfo:
     temperature: float = 1.0
     cascade: tuple[CascadePoint, ...] = ()
     labels: tuple[str, ...] = ()
-    card: dict[str, Any] = field(default_factory=dict)
+    card: ModelCard | None = None
     splits: tuple[SplitPoint, ...] = ()  # this machine's split profile, if one was made
     profile_ms: float = 0.0  # the whole model's latency in that profile (same timing run)
     # The task as its card declares it (imported models); None: a zoo classifier whose
@@ -61,7 +60,7 @@ class ModelInfo:
 
     def on_provider(self, provider: str) -> ModelInfo:
         """This model as run by ``provider``: the card's latency measured on it, if any."""
-        measured = self.card.get("latency_ms_by_provider", {}).get(provider)
+        measured = self.card.latency_by_provider.get(provider) if self.card else None
         if not measured:
             return self
         return replace(self, latency_ms=float(measured["batch1_p50"]))
@@ -73,22 +72,20 @@ class ModelInfo:
 
     @classmethod
     def from_card(cls, path: Path) -> ModelInfo:
-        """Read a zoo model card (JSON written by ``tierlink zoo build``)."""
-        try:
-            card = json.loads(path.read_text())
-            cascade = cascade_from_dicts(card.get("cascade", []))
-            profile = load_profile(profile_path(path), sha256=card.get("sha256"))
-            return cls(name=card["name"], task=card["task"], version=str(card["version"]),
-                       accuracy=float(card["test_accuracy"]),
-                       latency_ms=float(card["latency_ms"]["batch1_p50"]),
-                       temperature=float(card.get("temperature", 1.0)), cascade=cascade,
-                       labels=tuple(card.get("labels", ())), card=card,
-                       splits=profile.points if profile else (),
-                       profile_ms=profile.full_ms if profile else 0.0,
-                       task_spec=(task_from_dict(card["task"], card["task_spec"], "card")
-                                  if "task_spec" in card else None))
-        except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
-            raise ModelError(f"model card {path} is unreadable or incomplete: {exc}") from exc
+        """What the model card at ``path`` says, with this machine's split profile if one
+        was made for this very file; ``ModelError`` naming the card if it is unreadable."""
+        return cls.of(load_card(Path(path)), profile_path(Path(path)))
+
+    @classmethod
+    def of(cls, card: ModelCard, profile_file: Path | None = None) -> ModelInfo:
+        profile = (load_profile(profile_file, sha256=card.sha256 or None)
+                   if profile_file is not None else None)
+        return cls(name=card.name, task=card.task, version=card.version,
+                   accuracy=card.test_accuracy,
+                   latency_ms=float(card.latency_ms.get("batch1_p50", 1.0)),
+                   temperature=card.temperature, cascade=card.cascade, labels=card.labels,
+                   card=card, splits=profile.points if profile else (),
+                   profile_ms=profile.full_ms if profile else 0.0, task_spec=card.task_spec)
 
 
 class ModelRuntime(Protocol):

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tierlink.core.registry import Registry
-from tierlink.durable import read_json
 from tierlink.errors import ModelError
+from tierlink.models.card import ModelCard, load_card
 from tierlink.models.onnx import DEFAULT_PROVIDERS
 
 ENTRY_POINT_GROUP = "tierlink.runtimes"
@@ -46,29 +46,12 @@ class LoadSpec:
     def directory(self) -> Path:
         return self.card.parent
 
-    def read_card(self) -> dict[str, Any]:
-        """The card's JSON; ``ModelError`` naming the file when it cannot be read."""
-        data = read_json(self.card, "model card")
-        if not isinstance(data, Mapping):
-            raise ModelError(f"model card {self.card} is not a JSON object")
-        return dict(data)
+    def read_card(self) -> ModelCard:
+        """The card; ``ModelError`` naming the file when it cannot be read."""
+        return load_card(self.card)
 
 
 RuntimeFactory = Callable[[LoadSpec], Any]
-
-
-def card_format(card: Mapping[str, Any]) -> str:
-    """The format a card names (``format``); cards written before formats were named are
-    read by their shape: a multi-exit card has ``exits``, a language model's card has kind
-    ``causal_lm``, any other is one ONNX graph."""
-    named = card.get("format")
-    if named is not None:
-        return str(named)
-    if "exits" in card and "segments" in card:
-        return "multi-exit"
-    if card.get("kind") == "causal_lm":
-        return "llm"
-    return "onnx"
 
 
 _REGISTRY: Registry[RuntimeFactory] | None = None
@@ -85,7 +68,7 @@ def registry() -> Registry[RuntimeFactory]:
 def load(spec: LoadSpec, fmt: str | None = None) -> Any:
     """The runtime of the model ``spec`` describes, chosen by its card's format (or
     ``fmt``, where the caller knows it: a fleet file's ``llms:``)."""
-    fmt = fmt or card_format(spec.read_card())
+    fmt = fmt or spec.read_card().format
     try:
         factory = registry().get(fmt)
     except Exception as exc:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -27,6 +27,8 @@ import numpy as np
 
 from tierlink.errors import ConfigError, ImportRefused, ModelError, RuntimeFailure, TensorError
 from tierlink.models.calibration import calibration_error, kind_temperature
+from tierlink.models.card import ModelCard, save_card
+from tierlink.models.card_parts import Calibration, DataInfo
 from tierlink.models.data import Labelled, Splits, load_data, split
 from tierlink.models.evaluate import (
     FINE_THRESHOLDS,
@@ -40,12 +42,14 @@ from tierlink.models.evaluate import (
 )
 from tierlink.models.kind_registry import kind_of
 from tierlink.models.kinds import OutputKind, check_kind_outputs
+from tierlink.models.layout import CARD_FILE, MODEL_FILE
 from tierlink.models.onnx import DEFAULT_PROVIDERS, open_session
-from tierlink.models.python import DEFAULT_ENTRY, FORMAT, PACKAGE, PythonModel, pack, unpack
+from tierlink.models.package import PACKAGE, unpack
+from tierlink.models.python import DEFAULT_ENTRY, FORMAT, PythonModel, pack
 from tierlink.models.runtime import ModelInfo
 from tierlink.models.task import TaskSpec, same_inputs
 from tierlink.models.tensors import TensorDecl, datatype_of
-from tierlink.modelstore.store import CARD_FILE, MODEL_FILE, ModelStore
+from tierlink.modelstore.store import ModelStore
 
 TIERS = ("device", "edge", "cloud")
 LABELS_HINT = ("y holds one target per sample: a class id (classification), 0/1 per label "
@@ -89,7 +93,7 @@ class _Opened:
 
 
 def import_model(req: ImportRequest, store: ModelStore,
-                 say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+                 say: Callable[[str], None] = lambda m: None) -> ModelCard:
     """Measure, then install; returns the card. Raises ``ImportRefused`` naming the problem
     (nothing is written then)."""
     t0 = time.perf_counter()
@@ -116,8 +120,9 @@ def import_model(req: ImportRequest, store: ModelStore,
                                             feed(parts.test.inputs, opened.inputs))}
         if req.fmt == "onnx":
             timings |= _other_providers(req, opened.provider, parts, opened.inputs)
-        card = _card(req, task, opened, figures, timings, parts, time.perf_counter() - t0)
-        _install(store, req, card, task, data, opened.file)
+        card = _card(req, task, opened, figures, timings, parts)
+        _install(store, card, task, data, opened.file)
+    say(f"{req.name} imported in {time.perf_counter() - t0:.1f} s")
     return card
 
 
@@ -228,10 +233,10 @@ def _figures(predict: Predict, kind: OutputKind, task: TaskSpec, parts: Splits,
         raise ImportRefused(f"the model's outputs or the labels do not fit a {task.kind} "
                             f"task: {exc.message}", hint=LABELS_HINT) from exc
     conf = answers["calib"].confidence
-    curve = ([asdict(p) for p in cascade_points(conf, correct, FINE_THRESHOLDS)]
-             if conf is not None and correct is not None else [])
+    curve = (cascade_points(conf, correct, FINE_THRESHOLDS)
+             if conf is not None and correct is not None else ())
     return {"temperature": temperature, "nll_before": nll_before, "nll_after": nll_after,
-            "score": score, "cascade": curve, "cascadable": bool(curve),
+            "score": score, "cascade": curve,
             "ece": _eces(kind, task, raw, parts, temperature) if curve else {}}
 
 
@@ -272,45 +277,41 @@ def _other_providers(req: ImportRequest, first: str, parts: Splits,
 
 
 def _card(req: ImportRequest, task: TaskSpec, opened: _Opened, fig: dict[str, Any],
-          timings: dict[str, dict[str, float]], parts: Splits,
-          seconds: float) -> dict[str, Any]:
-    kind = kind_of(task.kind)
+          timings: dict[str, dict[str, float]], parts: Splits) -> ModelCard:
     blob = opened.file.read_bytes()
     score = fig["score"]
-    python = {"entry": req.entry} if req.fmt == FORMAT else {}
-    return {
-        "name": req.name, "task": task.name, "kind": task.kind, "tier": req.tier,
-        "version": req.version, "imported": True,
-        "format": req.fmt, "file": MODEL_FILE if req.fmt == "onnx" else PACKAGE, **python,
-        "sha256": hashlib.sha256(blob).hexdigest(), "size_bytes": len(blob),
-        "params": _params(blob) if req.fmt == "onnx" else 0,
-        "input": [i.to_dict() for i in opened.inputs],
-        "output": [o.to_dict() for o in opened.outputs],
-        "labels": list(task.labels),
-        "metric": {"name": kind.metric, "calib": score["calib"], "eval": score["eval"]},
-        "test_accuracy": score["eval"] if score["eval"] is not None else 0.0,
-        "calib_accuracy": score["calib"] if score["calib"] is not None else 0.0,
-        "temperature": fig["temperature"],
-        "calibration": {"nll_before": _finite(fig["nll_before"]),
-                        "nll_after": _finite(fig["nll_after"]), **fig["ece"]},
-        "cascadable": fig["cascadable"], "cascade": fig["cascade"],
-        "latency_ms": timings[opened.provider], "latency_ms_by_provider": timings,
-        "provider": opened.provider,
-        "data": {"sha256": parts.calib.sha256, "source": str(req.data), "seed": parts.seed,
-                 "calib_share": req.calib_share, "calib_samples": len(parts.calib),
-                 "eval_samples": len(parts.test)},
-        "task_spec": task.to_dict(), "import_s": round(seconds, 3),
-    }
+    onnx = req.fmt == "onnx"
+    return ModelCard(
+        name=req.name, task=task.name, version=req.version, format=req.fmt,
+        file=MODEL_FILE if onnx else PACKAGE, sha256=hashlib.sha256(blob).hexdigest(),
+        size_bytes=len(blob), params=_params(blob) if onnx else 0, tier=req.tier,
+        entry="" if onnx else req.entry, inputs=opened.inputs, outputs=opened.outputs,
+        labels=task.labels, task_spec=task, metric=kind_of(task.kind).metric,
+        test_accuracy=score["eval"] if score["eval"] is not None else 0.0,
+        calib_accuracy=score["calib"] if score["calib"] is not None else 0.0,
+        temperature=fig["temperature"], calibration=_calibration(fig, len(parts.calib)),
+        cascade=fig["cascade"], latency_ms=MappingProxyType(timings[opened.provider]),
+        latency_by_provider=MappingProxyType(
+            {k: MappingProxyType(v) for k, v in timings.items()}),
+        provider=opened.provider,
+        data=DataInfo(parts.calib.sha256, str(req.data), parts.seed, req.calib_share,
+                      len(parts.calib), len(parts.test)))
 
 
-def _install(store: ModelStore, req: ImportRequest, card: dict[str, Any], task: TaskSpec,
-             data: Any, file: Path) -> None:
-    import json
+def _calibration(fig: dict[str, Any], samples: int) -> Calibration:
+    ece = fig["ece"]
+    return Calibration(fig["temperature"], ece.get("ece_before", math.nan),
+                       ece.get("ece_after", math.nan), _round(fig["nll_before"]),
+                       _round(fig["nll_after"]), ece.get("eval_ece_before", math.nan),
+                       ece.get("eval_ece_after", math.nan), samples)
 
-    with store.installing(req.name, req.version) as staging:
-        shutil.copyfile(file, staging / card["file"])
-        (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
-    # Only once the model is in place: a failed install declares no task.
+
+def _install(store: ModelStore, card: ModelCard, task: TaskSpec, data: Labelled,
+             file: Path) -> None:
+    with store.installing(card.name, card.version) as staging:
+        shutil.copyfile(file, staging / card.file)
+        save_card(card, staging / CARD_FILE)
+    # Only once the model is in place: a failed import declares no task.
     store.save_data(data)
     if store.task(task.name) is None:
         store.save_task(task)
@@ -330,6 +331,6 @@ def _inputs(task: TaskSpec) -> str:
     return ", ".join(i.describe() for i in task.inputs)
 
 
-def _finite(x: float) -> float | None:
-    return None if math.isnan(x) else round(x, 6)  # JSON has no NaN
+def _round(x: float) -> float:
+    return x if math.isnan(x) else round(x, 6)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tierlink.models.catalog import Resolved, SourceOptions
-from tierlink.models.data import Splits, split
+from tierlink.models.data import Splits
 from tierlink.modelstore.store import ModelStore
 
 
@@ -34,6 +34,4 @@ class StoreSource:
         first = next(iter(self.store.names(task)), None)
         if first is None:
             return None
-        card = self.store.card(first)["data"]
-        return split(self.store.load_data(card["sha256"]), float(card["calib_share"]),
-                     int(card["seed"]))
+        return self.store.splits(first)

@@ -31,8 +31,9 @@ import numpy as np
 
 from tierlink.durable import replace_synced
 from tierlink.errors import ImportRefused, ModelError, ModelNotFound
-from tierlink.models.data import Labelled
-from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout, check_part
+from tierlink.models.card import ModelCard, load_card
+from tierlink.models.data import Labelled, Splits, split
+from tierlink.models.layout import CARD_FILE, Layout, check_part
 from tierlink.models.task import TaskSpec, task_from_dict
 
 
@@ -64,29 +65,28 @@ class ModelStore:
         file its card names (``model.onnx`` for an ONNX graph, ``model.zip`` for a Python
         model)."""
         directory = self._dir(name, version)
-        card = json.loads((directory / CARD_FILE).read_text())
-        return directory / str(card.get("file", MODEL_FILE)), directory / CARD_FILE
+        return directory / load_card(directory / CARD_FILE).file, directory / CARD_FILE
 
     def graph(self, name: str, tool: str) -> Path:
         """The ONNX graph of an installed model, for a tool that works on graphs
         (quantisation, split computing, feature codecs); refused, saying why, for a model
         of another format (a Python model)."""
-        fmt = str(self.card(name).get("format", "onnx"))
+        fmt = self.card(name).format
         if fmt != "onnx":
             raise ImportRefused(f"{tool} works on ONNX graphs; {name} is a {fmt} model",
                                 hint="serve and cascade it as it is, or export it to ONNX "
                                      f"and import that to use {tool}")
         return self.paths(name)[0]
 
-    def card(self, name: str, version: str | None = None) -> dict[str, Any]:
-        return dict(json.loads((self._dir(name, version) / CARD_FILE).read_text()))
+    def card(self, name: str, version: str | None = None) -> ModelCard:
+        return load_card(self._dir(name, version) / CARD_FILE)
 
     def versions(self, name: str) -> list[str]:
         return self.layout.versions(name)
 
     def names(self, task: str | None = None) -> list[str]:
         names = self.layout.names()
-        return [n for n in names if task is None or self.card(n).get("task") == task]
+        return [n for n in names if task is None or self.card(n).task == task]
 
     def task(self, name: str) -> TaskSpec | None:
         path = self.root / "tasks" / f"{name}.json"
@@ -131,30 +131,30 @@ class ModelStore:
             x = {k[2:]: z[k] for k in z.files if k.startswith("x:")}
             return Labelled(MappingProxyType(x), z["y"], sha256)
 
+    def splits(self, name: str) -> Splits:
+        """The data ``name`` was imported with, split into calibration and evaluation parts
+        as its card was measured."""
+        card = self.card(name)
+        if card.data is None:
+            raise ImportRefused(f"{name} was not measured on data of the store")
+        return split(self.load_data(card.data.sha256), card.data.calib_share,
+                     card.data.seed)
+
     def eval_part(self, name: str) -> Labelled:
         """The evaluation part of the data ``name`` was imported with (never calibrated on)."""
-        from tierlink.models.data import split
-
-        data = self.card(name)["data"]
-        return split(self.load_data(data["sha256"]), float(data["calib_share"]),
-                     int(data["seed"])).test
+        return self.splits(name).test
 
     def single_input_classifier(self, name: str, tool: str) -> Labelled:
         """The evaluation part of an imported classifier with one input, for tools that
         measure top-1 answers (split codecs, profiles); refused with the reason otherwise."""
         card = self.card(name)
-        if card.get("kind") != "classification":
+        if card.kind != "classification":
             raise ImportRefused(f"{tool} measures top-1 answers; {name} is a "
-                                f"{card.get('kind')} model",
-                                hint="it works on imported classifiers")
-        if len(card.get("input", [])) != 1:
+                                f"{card.kind} model", hint="it works on imported classifiers")
+        if len(card.inputs) != 1:
             raise ImportRefused(f"{tool} feeds one input tensor; {name} takes "
-                                f"{len(card.get('input', []))}")
+                                f"{len(card.inputs)}")
         return self.eval_part(name)
-
-    def update_card(self, name: str, card: dict[str, Any]) -> None:
-        """Replace an installed model's card (atomically; its graph is unchanged)."""
-        replace_synced(self.paths(name)[1], (json.dumps(card, indent=2) + "\n").encode())
 
     def remove(self, name: str) -> None:
         self._dir(name, None)

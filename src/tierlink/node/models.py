@@ -224,12 +224,7 @@ def load_version(onnx: Path, card: Path, host: Host = runtimes.load,
                  providers: tuple[str, ...] = DEFAULT_PROVIDERS) -> ModelRuntime:
     """An installed version's runtime: chosen by its card's format through the runtime
     registry and hosted by the node's engine (``host``), exactly as at node start."""
-    spec = LoadSpec(card=card, model_file=onnx, providers=providers)
-    if runtimes.card_format(spec.read_card()) == "multi-exit":
-        raise ArtifactRejected(f"{card} describes a multi-exit model, whose segments a "
-                               "version's one model file cannot carry",
-                               hint="roll out single-file models only")
-    return host(spec)
+    return host(LoadSpec(card=card, model_file=onnx, providers=providers))
 
 
 def warm_up(rt: ModelRuntime) -> None:

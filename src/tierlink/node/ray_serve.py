@@ -102,7 +102,7 @@ class RayHost:
         from ray import serve
 
         card = spec.read_card()
-        name, version = str(card["name"]), str(card["version"])
+        name, version = card.name, card.version
         app = app_name(self.node_id, name, version)
         handle = serve.run(self._deployment().options(
             name=name, max_ongoing_requests=self.config.max_ongoing_requests,

@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from tierlink.errors import ModelNotFound, QuantizationError
-from tierlink.models.card import Lineage, ModelCard, file_sha256, save_card
+from tierlink.models.card import CPU, Lineage, ModelCard, file_sha256, save_card
 from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout
 from tierlink.quantize.methods import QuantResult, model_layers, quantize_model
 from tierlink.quantize.sensitivity import (
@@ -188,8 +189,9 @@ def _search(src: Path, settings: QuantSettings, data: EvalData, ranges: Path, tr
 def measure_variant(name: str, parent: ModelCard, parent_path: Path, path: Path, result: QuantResult,
                     settings: QuantSettings, data: EvalData, latency_rounds: int,
                     extra: dict[str, Any] | None = None) -> ModelCard:
-    """The card of variant ``name`` at ``path``: the parent's card with this file's size, hash, accuracies,
-    side-by-side latency, fitted temperature and lineage."""
+    """The card of variant ``name`` at ``path``: the parent's card with this file's size,
+    hash, accuracies, side-by-side latency (on the CPU provider), fitted temperature, cascade
+    curve at the parent's thresholds, and lineage with its verdict."""
     from tierlink.models.calibration import calibrated_card
     from tierlink.models.evaluate import accuracy, onnx_logits
     from tierlink.models.onnx import ort_session
@@ -205,17 +207,29 @@ def measure_variant(name: str, parent: ModelCard, parent_path: Path, path: Path,
     (p_test, v_test), (_, v_calib) = logits["test"], logits["calib"]
     test_acc = accuracy(v_test, data.test.labels)
     timing = side_by_side({"parent": ort_session(parent_path, 1), "variant": variant_session},
-                          data.test.input, rounds=latency_rounds)
+                          _at_least_a_batch(data.test.input), rounds=latency_rounds)
+    delta = round(test_acc - accuracy(p_test, data.test.labels), 5)
+    speedup = timing.speedup("variant", "parent")
+    size = path.stat().st_size
     lineage = Lineage(
         parent=parent.name, parent_sha256=parent.sha256, precision=settings.precision,
         agreement=round(float(np.mean(p_test.argmax(1) == v_test.argmax(1))), 5),
-        accuracy_delta=round(test_acc - accuracy(p_test, data.test.labels), 5),
-        speedup=timing.speedup("variant", "parent"),
+        accuracy_delta=delta, speedup=speedup,
         settings={**settings.to_dict(), "quantized_layers": list(result.quantized),
-                  "fp32_layers": list(result.kept), **(extra or {})})
-    card = replace(parent, name=name, precision=settings.precision, size_bytes=path.stat().st_size,
+                  "fp32_layers": list(result.kept), **(extra or {})},
+        verdict=verdict(100.0 * delta, speedup["batch1"], size / parent.size_bytes,
+                        settings.budget_pt))
+    latency = MappingProxyType({k: round(v, 5) for k, v in timing.latency_ms["variant"].items()})
+    card = replace(parent, name=name, precision=settings.precision, size_bytes=size,
                    sha256=file_sha256(path), test_accuracy=round(test_acc, 5),
                    calib_accuracy=round(accuracy(v_calib, data.calib.labels), 5),
-                   latency_ms={k: round(v, 5) for k, v in timing.latency_ms["variant"].items()},
-                   lineage=lineage)
-    return calibrated_card(card, v_calib, data.calib.labels, v_test, data.test.labels)
+                   latency_ms=latency, latency_by_provider=MappingProxyType({CPU: latency}),
+                   provider=CPU, lineage=lineage)
+    thresholds = tuple(p.threshold for p in parent.cascade) or None
+    return calibrated_card(card, v_calib, data.calib.labels, v_test, data.test.labels,
+                           thresholds)
+
+
+def _at_least_a_batch(x: np.ndarray) -> np.ndarray:
+    """Timing runs 32-sample calls: a smaller evaluation part is repeated to fill one."""
+    return x if len(x) >= 32 else np.concatenate([x] * (32 // len(x) + 1))

@@ -1,21 +1,23 @@
-"""Make a publishable version out of a zoo model: the card rewritten, the validation measured.
+"""Make a publishable version out of a model of any source: the card rewritten, the
+validation measured.
 
 :func:`prepare_version` copies the card with its ``version`` set to the new version (its
 ``name`` to the served name, its ``sha256`` to the graph's), hashes both files and builds the
 :class:`~tierlink.repo.manifest.VersionManifest` to sign. :func:`measure_validation` runs the
-graph with ONNX Runtime on the test split of the card's task (the zoo's datasets and
-evaluation code), which is the validation record every version carries.
+model with the runtime its card names on the test data the catalog has for the card's task,
+which is the validation record every version carries.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from tierlink.errors import ConfigError
+from tierlink.errors import ConfigError, ModelError
+from tierlink.models.card import ModelCard, load_card, save_card
+from tierlink.models.package import PACKAGE
 from tierlink.repo.manifest import NAME_PATTERN, Validation, VersionManifest, is_safe_name
 from tierlink.repo.verify import hash_file
 
@@ -28,25 +30,30 @@ def prepare_version(name: str, onnx_path: Path | str, card_path: Path | str, ver
                     notes: str, out_dir: Path | str, validation: Validation, *,
                     clock: Clock = time.time) -> tuple[VersionManifest, Path, Path]:
     """The manifest of ``onnx_path`` + a copy of ``card_path`` (written into ``out_dir`` with
-    ``version``, ``name`` and, when the card has the field, ``sha256`` set) as version
+    ``version``, ``name`` and ``sha256`` set; a multi-exit model's segments packed into one
+file, ``model.zip``, which the card then names) as version
     ``version`` of model ``name``. Returns ``(manifest, onnx_path, the new card's path)``;
     the graph itself is not copied. :class:`ConfigError` for a bad name, version or card."""
     for field, value in (("model name", name), ("--version", version)):
         if not is_safe_name(value):
             raise ConfigError(f"{field} {value!r} does not match {NAME_PATTERN}",
                               hint="use letters, digits, '.', '_' and '-'")
-    onnx = Path(onnx_path)
-    onnx_sha, onnx_size = hash_file(onnx)
-    card = _read_card(card_path)
-    card.update(name=name, version=version)
-    if "sha256" in card:
-        card["sha256"] = onnx_sha
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    card = _read_card(card_path)
+    onnx = Path(onnx_path)
+    if card.format == "multi-exit":  # its segments travel as one file
+        from tierlink.models.exits import pack_exits
+
+        onnx = out / PACKAGE
+        pack_exits(Path(card_path), onnx)
+        card = replace(card, file=PACKAGE)
+    onnx_sha, onnx_size = hash_file(onnx)
+    card = replace(card, name=name, version=version, sha256=onnx_sha)
     new_card = out / f"{name}-{version}.json"
-    new_card.write_text(json.dumps(card, indent=2) + "\n")
+    save_card(card, new_card)
     card_sha, card_size = hash_file(new_card)
-    manifest = VersionManifest(name=name, task=str(card["task"]), version=version,
+    manifest = VersionManifest(name=name, task=card.task, version=version,
                                onnx_sha256=onnx_sha, onnx_size=onnx_size,
                                card_sha256=card_sha, card_size=card_size, notes=notes,
                                validation=validation, created_at=clock())
@@ -69,7 +76,7 @@ def measure_validation(onnx_path: Path | str, card_path: Path | str,
     from tierlink.models.runtime import MAX_BATCH
     from tierlink.models.runtimes import LoadSpec
 
-    task = str(_read_card(card_path)["task"])
+    task = _read_card(card_path).task
     if limit is not None and limit < 1:
         raise ConfigError(f"--eval-limit must be >= 1, got {limit}",
                           hint="omit it to evaluate the whole test split")
@@ -93,13 +100,10 @@ def measure_validation(onnx_path: Path | str, card_path: Path | str,
                       accuracy=float(score or 0.0), measured_at=clock())
 
 
-def _read_card(path: Path | str) -> dict[str, Any]:
+def _read_card(path: Path | str) -> ModelCard:
     try:
-        card = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the model card {path}: {exc}",
-                          hint="pass the .json card beside the .onnx with --card") from exc
-    if not isinstance(card, dict) or not isinstance(card.get("task"), str):
-        raise ConfigError(f"model card {path} is not a JSON object with a 'task'",
-                          hint="pass a zoo model card (tierlink zoo list shows them)")
-    return card
+        return load_card(Path(path))
+    except ModelError as exc:
+        raise ConfigError(exc.message, hint="pass the card.json beside the model file with "
+                                            "--card (tierlink model catalog lists models)") \
+            from exc

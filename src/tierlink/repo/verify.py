@@ -11,11 +11,11 @@ Each failure is an :class:`~tierlink.errors.ArtifactRejected` saying exactly wha
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from tierlink.errors import ArtifactRejected
+from tierlink.errors import ArtifactRejected, ModelError
+from tierlink.models.card import load_card
 from tierlink.repo.manifest import SignedManifest
 from tierlink.repo.signing import verify_manifest
 
@@ -70,18 +70,14 @@ def check_card(signed: SignedManifest, card_path: Path | str) -> None:
     when present, is the manifest's)."""
     m = signed.manifest
     try:
-        card = json.loads(Path(card_path).read_bytes())
-    except (OSError, ValueError) as exc:
-        raise ArtifactRejected(f"model card {card_path} is not readable JSON: {exc}",
-                               hint=_REFETCH_HINT) from exc
-    if not isinstance(card, dict):
-        raise ArtifactRejected(f"model card {card_path} is not a JSON object",
-                               hint=_REFETCH_HINT)
-    if card.get("version") != m.version:
+        card = load_card(Path(card_path))
+    except ModelError as exc:
+        raise ArtifactRejected(exc.message, hint=_REFETCH_HINT) from exc
+    if card.version != m.version:
         raise ArtifactRejected(
-            f"model card {card_path} says version {card.get('version')!r}, the manifest "
+            f"model card {card_path} says version {card.version!r}, the manifest "
             f"{m.version!r}", hint="publish with `tierlink model publish`, which sets the "
             "card's version")
-    if "task" in card and card["task"] != m.task:
-        raise ArtifactRejected(f"model card {card_path} is for task {card['task']!r}, the "
+    if card.task != m.task:
+        raise ArtifactRejected(f"model card {card_path} is for task {card.task!r}, the "
                                f"manifest says {m.task!r}", hint=_REFETCH_HINT)

@@ -308,7 +308,7 @@ def measure_card(task: str, variant: str, onnx_path: Path, trained: Trained, spl
         task=task, name=f"{task}-{variant}", variant=variant, version=MODEL_VERSION,
         tier=VARIANT_TIERS[variant], params=count_params(trained.net),
         size_bytes=onnx_path.stat().st_size, sha256=file_sha256(onnx_path),
-        input=INPUT, output=OUTPUT, labels=splits.class_names,
+        inputs=(INPUT,), outputs=(OUTPUT,), labels=splits.class_names,
         test_accuracy=accuracy(test_logits, test.labels),
         calib_accuracy=accuracy(calib_logits, calib.labels),
         latency_ms=MappingProxyType({k: round(v, 4) for k, v in latency.items()}),

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.errors import ModelError, ModelNotFound, ZooError
-from tierlink.models.card import ModelCard, file_sha256, load_card, save_card
+from tierlink.models.card import LATENCY_KEYS, ModelCard, file_sha256, load_card, save_card
 from tierlink.models.home import tierlink_home
 from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout, card_version
 from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names, recipe_fingerprint
@@ -116,7 +116,7 @@ def _variant_problem(card: ModelCard, onnx_path: Path,
         return "it names no parent model in this zoo"
     if lineage.parent_sha256 != bases[lineage.parent].sha256:
         return f"it was made from an older build of {lineage.parent}"
-    if card.training.recipe != bases[lineage.parent].training.recipe:
+    if _recipe(card) != _recipe(bases[lineage.parent]):
         return f"it was measured with another recipe or data split than {lineage.parent}"
     if not onnx_path.is_file() or card.sha256 != file_sha256(onnx_path):
         return "its .onnx file is missing or does not match the sha256 in its card"
@@ -135,16 +135,23 @@ def _valid_card(root: Path, name: str, task: str, profile: str) -> ModelCard:
     return card
 
 
+def _recipe(card: ModelCard) -> str:
+    return card.training.recipe if card.training else ""
+
+
 def _stale_reason(card: ModelCard, onnx_path: Path, name: str, task: str,
                   profile: str) -> str | None:
-    if (card.task, card.name, card.training.profile) != (task, name, profile):
-        return f"its card describes {card.name} of the {card.training.profile} profile"
+    built = card.training.profile if card.training else "(not a trained model's)"
+    if (card.task, card.name, built) != (task, name, profile):
+        return f"its card describes {card.name} of the {built} profile"
     if name != f"{task}-{card.variant}":
         return f"its card names variant {card.variant!r}"
     if card.version != MODEL_VERSION:
         return f"it is version {card.version}, the zoo now builds version {MODEL_VERSION}"
-    if card.training.recipe != recipe_fingerprint(get_profile(profile), card.variant, task):
+    if _recipe(card) != recipe_fingerprint(get_profile(profile), card.variant, task):
         return "it was built with another recipe than the profile's current one"
+    if set(card.latency_ms) != set(LATENCY_KEYS):
+        return f"its card's latency_ms lacks some of {LATENCY_KEYS}"
     if card.sha256 != file_sha256(onnx_path):
         return "the .onnx file does not match the sha256 in its card"
     return None

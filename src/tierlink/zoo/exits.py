@@ -17,8 +17,8 @@ recipe. It is exported as three ONNX segments whose boundaries are also split po
     fmnist-exits-s3.onnx  features2            -> logits (N, 10)
     fmnist-exits.onnx     input -> exit1, exit2, logits (the whole chain, for checking)
 
-with its card (``fmnist-exits.json``, an :class:`~tierlink.models.exit_card.ExitCard`, not a
-``ModelCard``): per exit its accuracy, a temperature fitted on the calibration split, ECE
+with its card (``card.json``, a :class:`~tierlink.models.card.ModelCard` of format
+``multi-exit`` whose ``multi_exit`` section has, per exit, its accuracy, a temperature fitted on the calibration split, ECE
 before/after and its cascade curve; per segment its latency and MACs; per boundary the
 feature shape and bytes; and an operating point (thresholds within 0.5 point of the final
 exit on the calibration split). Everything lives in ``<zoo dir>/fmnist-exits/``: a
@@ -42,9 +42,8 @@ from types import MappingProxyType
 from typing import Any
 
 from tierlink.errors import ModelError, ZooError
-from tierlink.models.card import file_sha256
-from tierlink.models.exit_card import ExitCard, ExitModel, load_exit_card
-from tierlink.models.exit_runner import Clock
+from tierlink.models.card import ModelCard, file_sha256, load_card
+from tierlink.models.exit_runner import Clock, ExitModel
 from tierlink.models.layout import CARD_FILE, Layout
 from tierlink.zoo.profiles import FMNIST_SPLITS_ID, SPECS, BuildProfile, TrainRecipe, get_profile
 
@@ -102,7 +101,7 @@ def load_exits(profile: str = "full", root: Path | None = None) -> ExitModel:
         raise ZooError(f"{EXITS_NAME} is not built in {directory}",
                        hint="build it with tierlink.zoo.exits.ensure_exits()")
     try:
-        card = load_exit_card(card_path)
+        card = load_card(card_path)
     except ModelError as exc:  # unreadable or malformed: a ZooError, so ensure_exits rebuilds
         raise ZooError(exc.message, hint="rebuild it with ensure_exits(force=True)") from exc
     problem = _stale_reason(card, directory, build_profile)
@@ -111,13 +110,16 @@ def load_exits(profile: str = "full", root: Path | None = None) -> ExitModel:
     return ExitModel(directory, card)
 
 
-def _stale_reason(card: ExitCard, directory: Path, profile: BuildProfile) -> str | None:
-    if card.version != EXITS_VERSION or card.training.profile != profile.name:
-        return f"it is version {card.version} of profile {card.training.profile!r}"
-    if card.training.recipe != exits_fingerprint(profile):
+def _stale_reason(card: ModelCard, directory: Path, profile: BuildProfile) -> str | None:
+    net, training = card.multi_exit, card.training
+    if net is None or training is None:
+        return "its card is not a trained multi-exit model's"
+    if card.version != EXITS_VERSION or training.profile != profile.name:
+        return f"it is version {card.version} of profile {training.profile!r}"
+    if training.recipe != exits_fingerprint(profile):
         return "it was built with another architecture or recipe"
-    files = [(s.file, s.sha256) for s in card.segments] + [
-        (card.whole["file"], card.whole["sha256"])]
+    files = [(s.file, s.sha256) for s in net.segments] + [
+        (net.whole["file"], net.whole["sha256"])]
     for name, sha in files:
         path = directory / name
         if not path.is_file() or file_sha256(path) != sha:

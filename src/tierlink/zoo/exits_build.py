@@ -29,16 +29,15 @@ from torch.nn import functional
 
 from tierlink.errors import ZooError
 from tierlink.models.calibration import measure_calibration
-from tierlink.models.card import TrainingInfo, file_sha256
+from tierlink.models.card import ModelCard, TrainingInfo, file_sha256, save_card, with_exit_header
 from tierlink.models.data import Labelled, Splits
 from tierlink.models.evaluate import accuracy, cascade_curve, latency
 from tierlink.models.exit_card import (
     Boundary,
-    ExitCard,
     ExitInfo,
+    ExitNet,
     OperatingPoint,
     SegmentInfo,
-    save_exit_card,
 )
 from tierlink.models.exit_runner import (
     MAX_DROP,
@@ -141,7 +140,7 @@ def _branch(channels: int, width: int, pool_first: bool) -> nn.Sequential:
 
 
 def build_exits(profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *,
-                splits: Splits | None = None, clock: Clock = time.perf_counter) -> ExitCard:
+                splits: Splits | None = None, clock: Clock = time.perf_counter) -> ModelCard:
     """Train the multi-exit net, export and verify its segments, measure them and write the
     card (last: a card on disk always describes complete, verified files)."""
     splits = load_splits(TASK) if splits is None else splits
@@ -154,8 +153,8 @@ def build_exits(profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *
         macs = segment_macs(trained.net)
     reporter.stage(EXITS_NAME, "evaluating")
     card = measure_exits(paths, trained, macs, splits, profile)
-    save_exit_card(card, out_dir / CARD_FILE)
-    accuracies = ", ".join(f"{100 * e.test_accuracy:.2f}%" for e in card.exits)
+    save_card(card, out_dir / CARD_FILE)
+    accuracies = ", ".join(f"{100 * e.test_accuracy:.2f}%" for e in exits_of(card))
     reporter.end(EXITS_NAME, f"test accuracy per exit {accuracies}")
     return card
 
@@ -278,7 +277,7 @@ def segment_macs(chain: nn.Module) -> tuple[int, ...]:
 
 
 def measure_exits(paths: ExitPaths, trained: Trained, macs: Sequence[int], splits: Splits,
-                  profile: BuildProfile) -> ExitCard:
+                  profile: BuildProfile) -> ModelCard:
     """Evaluate the exported segments (accuracy, temperature, ECE and cascade curve per
     exit), time each one, choose an operating point; returns the card."""
     limit = profile.eval_samples
@@ -300,13 +299,20 @@ def measure_exits(paths: ExitPaths, trained: Trained, macs: Sequence[int], split
         seconds=round(trained.seconds, 2), profile=profile.name,
         torch_version=torch.__version__, train_samples=trained.train_samples,
         calib_samples=len(calib), test_samples=len(test), recipe=exits_fingerprint(profile))
-    return ExitCard(
-        name=EXITS_NAME, task=TASK, version=EXITS_VERSION, base_variant=BASE_VARIANT,
-        params=count_params(trained.net), labels=splits.class_names,
-        loss_weights=LOSS_WEIGHTS, segments=segments, exits=exits, boundaries=boundaries,
-        whole=MappingProxyType({"file": paths.whole.name,
-                                "sha256": file_sha256(paths.whole)}),
-        operating_point=point, training=training)
+    net = ExitNet(base_variant=BASE_VARIANT, loss_weights=LOSS_WEIGHTS, segments=segments,
+                  exits=exits, boundaries=boundaries,
+                  whole=MappingProxyType({"file": paths.whole.name,
+                                          "sha256": file_sha256(paths.whole)}),
+                  operating_point=point)
+    return with_exit_header(ModelCard(
+        name=EXITS_NAME, task=TASK, version=EXITS_VERSION, format="multi-exit",
+        params=count_params(trained.net), labels=splits.class_names, training=training,
+        multi_exit=net))
+
+
+def exits_of(card: ModelCard) -> tuple[ExitInfo, ...]:
+    assert card.multi_exit is not None  # measure_exits writes it
+    return card.multi_exit.exits
 
 
 def _exit_info(name: str, calib_logits: np.ndarray, calib_labels: np.ndarray,

@@ -219,7 +219,7 @@ def _valid(onnx_path: Path) -> bool:
     if card.sha256 != file_sha256(onnx_path):
         return False
     try:
-        return card.training.recipe == recipe()
+        return card.training is not None and card.training.recipe == recipe()
     except ZooError:  # weights not installed here: the verified export on disk is kept
         return True
 
@@ -344,8 +344,8 @@ def _card(path: Path, net: Any, images: np.ndarray, seconds: float) -> Any:
         task="imagenet", name=MODEL_NAME, variant="mobilenetv2", version=BUILD_VERSION,
         tier="device", params=sum(p.numel() for p in net.parameters()),
         size_bytes=path.stat().st_size, sha256=file_sha256(path),
-        input=TensorDecl("input", "FP32", (-1, 3, 224, 224)),
-        output=TensorDecl("logits", "FP32", (-1, 1000)), labels=imagenet_classes(),
+        inputs=(TensorDecl("input", "FP32", (-1, 3, 224, 224)),),
+        outputs=(TensorDecl("logits", "FP32", (-1, 1000)),), labels=imagenet_classes(),
         test_accuracy=PUBLISHED_TOP1, calib_accuracy=0.0,
         latency_ms=MappingProxyType(latency), cascade=(), temperature=1.0,
         training=TrainingInfo(epochs=0, seed=0, seconds=round(seconds, 2), profile="pretrained",
