@@ -72,6 +72,25 @@ def classifier(path: Path, *, input_name: str = "x", features: int = FEATURES,
                  [_init("W", w), _init("B", B_CLS.astype(dtype))])
 
 
+def multi_exit(directory: Path) -> Path:
+    """A two-exit model's segments in ``directory``, named so that sorting them gets the
+    order wrong (the chain decides it): ``b-head.onnx`` passes x on as ``features`` and
+    answers the classifier's logits halved at ``exit1`` (the same classes, less sure);
+    ``a-tail.onnx`` answers the classifier's logits."""
+    head = [helper.make_node("Identity", ["x"], ["features"]),
+            helper.make_node("MatMul", ["x", "W"], ["z"]),
+            helper.make_node("Add", ["z", "B"], ["y"]),
+            helper.make_node("Mul", ["y", "H"], ["exit1"])]
+    _save(directory / "b-head.onnx", head, [_tensor("x", ["N", FEATURES])],
+          [_tensor("features", ["N", FEATURES]), _tensor("exit1", ["N", CLASSES])],
+          [_init("W", W_CLS), _init("B", B_CLS), _init("H", np.array(0.5, np.float32))])
+    tail = [helper.make_node("MatMul", ["features", "W"], ["z"]),
+            helper.make_node("Add", ["z", "B"], ["logits"])]
+    _save(directory / "a-tail.onnx", tail, [_tensor("features", ["N", FEATURES])],
+          [_tensor("logits", ["N", CLASSES])], [_init("W", W_CLS), _init("B", B_CLS)])
+    return directory
+
+
 def two_input_classifier(path: Path) -> Path:
     """Inputs ``a`` (N, 3) and ``b`` (N, 1), concatenated: the classifier of ``x = [a, b]``."""
     nodes = [helper.make_node("Concat", ["a", "b"], ["x"], axis=1),

@@ -5,7 +5,8 @@ its cascade tuned with the CLI, served by a real fleet from the example's fleet 
 called through ``tierlink.Client``: the device's linear model answers what it is sure of,
 the cloud's perceptron the rest, and the answers are as good as the cloud's alone. And the
 same cascade with the cloud's perceptron as an ONNX graph: a Python model and an ONNX model
-in one cascade, on one fleet."""
+in one cascade, on one fleet. And a multi-exit model imported from its ONNX segments, in one
+cascade with the ONNX graph."""
 
 from __future__ import annotations
 
@@ -88,6 +89,62 @@ def test_a_python_model_and_an_onnx_model_in_one_cascade(trained: Path) -> None:
     assert served.count("dev-1") >= 40 and served.count("cloud-1") >= 5, served
     models = {a.model for a in answers}
     assert models == {"digits-linear", "digits-mlp-onnx"}
+
+
+def test_an_imported_multi_exit_model_in_one_cascade_with_an_onnx_model(trained: Path) -> None:
+    """The device model a multi-exit net of the two (its first exit the linear model, its
+    last the perceptron), imported from its ONNX segments; the cloud's perceptron as an
+    ONNX graph."""
+    segments = exits_onnx(trained / "digits-linear" / "weights.npz",
+                          trained / "digits-mlp" / "weights.npz", trained / "digits-exits")
+    for name, model, tier, extra in (
+            ("digits-exits", segments, "device", ("--format", "multi-exit")),
+            ("digits-mlp-onnx", mlp_onnx(trained / "digits-mlp" / "weights.npz",
+                                         trained / "digits-mlp.onnx"), "cloud", ())):
+        tierlink_cli("model", "import", name, str(model), "--task", "digits", "--tier", tier,
+                     "--data", str(trained / "heldout.npz"), *extra)
+    fleet_file = trained / "exits.yaml"
+    fleet_file.write_text((trained / "fleet.yaml").read_text().replace(
+        "models: [digits-mlp]", "models: [digits-mlp-onnx]").replace(
+        "models: [digits-linear]", "models: [digits-exits]"))
+    answers = served_digits(trained, fleet_file, ("digits-exits", "digits-mlp-onnx"))
+    served = [a.served_by for a in answers]
+    assert served.count("dev-1") >= 40 and served.count("cloud-1") >= 1, served
+    assert {a.model for a in answers} == {"digits-exits", "digits-mlp-onnx"}
+
+
+def exits_onnx(linear: Path, mlp: Path, directory: Path) -> Path:
+    """Two segments: ``pixels`` -> the perceptron's hidden layer and, as exit 1, the linear
+    model's logits; the hidden layer -> the perceptron's logits."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    lin, per = np.load(linear), np.load(mlp)
+    hidden = per["w0"].shape[1]
+    directory.mkdir(parents=True, exist_ok=True)
+    first = [helper.make_node("Div", ["pixels", "scale"], ["x"]),
+             helper.make_node("MatMul", ["x", "mw0"], ["h0"]),
+             helper.make_node("Add", ["h0", "mb0"], ["a0"]),
+             helper.make_node("Relu", ["a0"], ["hidden"]),
+             helper.make_node("MatMul", ["x", "lw0"], ["l0"]),
+             helper.make_node("Add", ["l0", "lb0"], ["exit1"])]
+    second = [helper.make_node("MatMul", ["hidden", "mw1"], ["h1"]),
+              helper.make_node("Add", ["h1", "mb1"], ["logits"])]
+    parts = (
+        ("s1", first, [("pixels", 64)], [("hidden", hidden), ("exit1", 10)],
+         {"scale": np.array(16.0, np.float32), "mw0": per["w0"], "mb0": per["b0"],
+          "lw0": lin["w0"], "lb0": lin["b0"]}),
+        ("s2", second, [("hidden", hidden)], [("logits", 10)],
+         {"mw1": per["w1"], "mb1": per["b1"]}))
+    for name, nodes, ins, outs, weights in parts:
+        graph = helper.make_graph(
+            nodes, name,
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", d]) for n, d in ins],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", d]) for n, d in outs],
+            [numpy_helper.from_array(v, k) for k, v in weights.items()])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                    ir_version=8), str(directory / f"{name}.onnx"))
+    return directory
 
 
 def mlp_onnx(weights: Path, path: Path) -> Path:

@@ -129,15 +129,17 @@ zoo: {profile: test}
 control: {ttl_s: 3}
 routing: {policy: tierlink}
 nodes:
-  - {id: cloud-1, tier: cloud, models: [toy-py, fmnist-exits], engine: ray, workers: 2,
+  - {id: cloud-1, tier: cloud, models: [toy-py, toy-exits, fmnist-exits], engine: ray,
+     workers: 2,
      ray: {min_replicas: 1, max_replicas: 1, num_cpus: 0.5}}
 """
 
 
 def test_a_python_model_and_a_multi_exit_model_are_served_through_ray(
         zoo_models: Models, http: httpx.Client, fmnist_test: Labelled, tmp_path: Path) -> None:
-    """Ray hosts whatever runtime a card's format names: a user's Python model and the
-    multi-exit net answer through the cloud node's front door as they do in process."""
+    """Ray hosts whatever runtime a card's format names: a user's Python model, a user's
+    imported multi-exit model and the zoo's multi-exit net answer through the cloud node's
+    front door as they do in process."""
     import byo_support as byo
     from tierlink.models import runtimes
     from tierlink.models.runtimes import LoadSpec
@@ -149,20 +151,29 @@ def test_a_python_model_and_a_multi_exit_model_are_served_through_ray(
 
     store = ModelStore(tmp_path / "store")
     x, y = byo.classification_data()
+    data = byo.save_npz(tmp_path / "d.npz", x=x, y=y)
     import_model(ImportRequest("toy-py", byo.python_classifier(tmp_path / "src"), "toy",
-                               "cloud", byo.save_npz(tmp_path / "d.npz", x=x, y=y)), store)
+                               "cloud", data), store)
+    import_model(ImportRequest("toy-exits", byo.multi_exit(tmp_path / "segments"), "toy",
+                               "cloud", data, model_format="multi-exit"), store)
     exits = ensure_exits("test", root=tmp_path / "exits-zoo")
-    models = {"toy-py": store.paths("toy-py"),
+    models = {"toy-py": store.paths("toy-py"), "toy-exits": store.paths("toy-exits"),
               "fmnist-exits": (exits.whole_path, exits.card_path)}
     with running_fleet(RUNTIMES_FLEET, tmp_path / "fleet", models) as fleet:
         cloud = fleet.node_urls["cloud-1"]
         engine = http.get(f"{cloud}/tierlink/v1/status").json()["engine"]
-        assert engine == {"kind": "ray", "replicas": {"toy-py": 1, "fmnist-exits": 1}}
+        assert engine == {"kind": "ray",
+                          "replicas": {"toy-py": 1, "toy-exits": 1, "fmnist-exits": 1}}
         features = byo.features(6, seed=3)
         toy = infer(http, cloud, "toy-py", features, input_name="x")
         assert toy.status == 200, toy.error
         np.testing.assert_allclose(toy.outputs["logits"], features @ byo.W_CLS + byo.B_CLS,
                                    rtol=1e-5, atol=1e-6)
+        toy_exits = infer(http, cloud, "toy-exits", features, input_name="x")
+        assert toy_exits.status == 200, toy_exits.error
+        np.testing.assert_array_equal(np.exp(toy_exits.outputs["logits"]).argmax(axis=1),
+                                      (features @ byo.W_CLS + byo.B_CLS).argmax(axis=1))
+        assert set(toy_exits.outputs["exit"].tolist()) <= {0, 1}
         images = fmnist_test.input[:8]
         answered = infer(http, cloud, "fmnist-exits", images)
         assert answered.status == 200, answered.error

@@ -23,9 +23,10 @@ console = Console(stderr=True)
 
 def import_cmd(
     name: str = typer.Argument(..., help="the name fleets serve it under, e.g. spam-small"),
-    model: Path = typer.Argument(..., help="the model: an .onnx file, or a Python model's "
+    model: Path = typer.Argument(..., help="the model: an .onnx file, a Python model's "
                                            "source (its .py file, or the directory holding "
-                                           "it and its data files)"),
+                                           "it and its data files), or the directory of a "
+                                           "multi-exit model's ONNX segments"),
     task: str = typer.Option(..., "--task", help="the task it answers, e.g. spam"),
     tier: str = typer.Option(..., "--tier", help="device, edge or cloud: where it is meant "
                                                  "to run"),
@@ -46,6 +47,9 @@ def import_cmd(
     version: str = typer.Option("1", help="the version its card states"),
     entry: str = typer.Option("model:Model", help="a Python model's class, MODULE:CLASS "
                                                   "(with load() and predict(inputs))"),
+    model_format: str | None = typer.Option(None, "--format", help="onnx, python or "
+                                            "multi-exit (default: onnx for an .onnx file, "
+                                            "else python)"),
     control: str | None = typer.Option(None, help="also publish it, signed, to this control "
                                                   "plane's repository (as `model publish`)"),
     key: Path | None = typer.Option(None, help="private signing key, with --control"),
@@ -68,7 +72,7 @@ def import_cmd(
             options={k: _value(v) for k, v in _pairs(option, "--option").items()},
             calib_share=calib_share, seed=seed,
             providers=parse_providers(providers, "--providers"), version=version,
-            entry=entry)
+            entry=entry, model_format=model_format)
         if control is not None and key is None:
             raise ConfigError("--control needs --key (the publisher's private key)",
                               hint="make one with `tierlink model keygen --out KEY`")

@@ -19,6 +19,7 @@ file beside it is the one that was measured.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -222,10 +223,10 @@ def card_from_dict(data: Mapping[str, Any], source: str = "model card") -> Model
     if not isinstance(data, Mapping):
         raise ModelError(f"{source} is not a JSON object")
     current = upgrade(data, source)
-    unknown = sorted(set(current) - _KEYS)
+    unknown = sorted(set(current) - _keys())
     if unknown:
         raise ModelError(f"{source} has unknown field(s) {', '.join(map(repr, unknown))}",
-                         hint=f"a schema {SCHEMA} card has {', '.join(sorted(_KEYS))}")
+                         hint=f"a schema {SCHEMA} card has {', '.join(sorted(_keys()))}")
     missing = [k for k in ("name", "task", "version") if not _given(current.get(k))]
     if missing:
         raise ModelError(f"{source} lacks field(s) {', '.join(map(repr, missing))}")
@@ -242,7 +243,10 @@ def card_from_dict(data: Mapping[str, Any], source: str = "model card") -> Model
     return card
 
 
-_KEYS = frozenset(ModelCard("", "", "").to_dict())
+@functools.cache
+def _keys() -> frozenset[str]:
+    """The fields of a card's JSON."""
+    return frozenset(ModelCard("", "", "").to_dict())
 
 
 def _given(value: Any) -> bool:
@@ -253,8 +257,8 @@ def _convert(d: Mapping[str, Any]) -> ModelCard:
     name, task = str(d["name"]), str(d["task"])
     spec = d.get("task_spec")
     return ModelCard(
-        name=name, task=task, version=str(d["version"]), format=str(d["format"]),
-        file=str(d["file"]), sha256=str(d.get("sha256", "")),
+        name=name, task=task, version=str(d["version"]), format=str(d.get("format", "onnx")),
+        file=str(d.get("file", "model.onnx")), sha256=str(d.get("sha256", "")),
         size_bytes=int(d.get("size_bytes", 0)), params=int(d.get("params", 0)),
         tier=str(d.get("tier", "")), variant=str(d.get("variant", "")),
         entry=str(d.get("entry", "")),
@@ -289,7 +293,8 @@ def with_exit_header(card: ModelCard) -> ModelCard:
         raise ModelError(f"{card.name} is not a multi-exit model")
     first, op = net.segments[0].input, net.operating_point
     return replace(
-        card, format="multi-exit", file=net.whole["file"], sha256=net.whole["sha256"],
+        card, format="multi-exit", file=net.whole.get("file", card.file),
+        sha256=net.whole.get("sha256", card.sha256),
         size_bytes=sum(s.size_bytes for s in net.segments),
         inputs=(TensorDecl(first.name, "FP32", (-1, *first.shape[1:])),),
         outputs=(TensorDecl("logits", "FP32", (-1, len(card.labels))),

@@ -61,7 +61,15 @@ class ExitModel:
 
     @property
     def whole_path(self) -> Path:
+        """The chain as one graph (the zoo exports one; an imported model may have none)."""
+        if not self.net.whole:
+            raise ModelError(f"{self.card.name} has no single-graph export")
         return self.root / self.net.whole["file"]
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file of the model: its segments and, where there is one, its whole graph."""
+        return (*self.segment_paths, *((self.whole_path,) if self.net.whole else ()))
 
     @property
     def card_path(self) -> Path:

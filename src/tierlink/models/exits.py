@@ -123,7 +123,9 @@ class ExitsModel:
         self.card = card
         self._runner = ExitRunner(model, self.thresholds, threads)
         self._boundaries = {b.name: k for k, b in enumerate(net.boundaries)}
-        self.path = model.whole_path
+        # The file it was loaded from: its package, else its whole graph or its card.
+        self.path = (package if segments != card_path.parent and package is not None
+                     else model.whole_path if net.whole else card_path)
         self.inputs: tuple[TensorDecl, ...] = card.inputs
         self.outputs: tuple[TensorDecl, ...] = card.outputs
         splits = exit_split_points(net.stage_ms(), op.calib.shares,
@@ -203,7 +205,7 @@ def pack_exits(card_path: Path, dest: Path) -> None:
     """The multi-exit model whose card is at ``card_path`` as one file (its segments and
     its whole graph, from beside the card): what a version of it carries."""
     model = ExitModel(Path(card_path).parent, load_card(Path(card_path)))
-    pack([(p, p.name) for p in (*model.segment_paths, model.whole_path)], dest)
+    pack([(p, p.name) for p in model.files], dest)
 
 
 __all__ = ["ExitHead", "ExitsModel", "exit_split_points", "find_exit_card", "is_exit_card",

@@ -52,6 +52,7 @@ from tierlink.models.tensors import TensorDecl, datatype_of
 from tierlink.modelstore.store import ModelStore
 
 TIERS = ("device", "edge", "cloud")
+FORMATS = ("onnx", "python", "multi-exit")
 LABELS_HINT = ("y holds one target per sample: a class id (classification), 0/1 per label "
                "(multilabel), boxes (N, G, 5) padded with class -1 (detection), values "
                "(regression), class ids (embedding)")
@@ -74,9 +75,12 @@ class ImportRequest:
     providers: tuple[str, ...] = DEFAULT_PROVIDERS
     version: str = "1"
     entry: str = DEFAULT_ENTRY  # a Python model's class, "module:Class"
+    model_format: str | None = None  # by default: an .onnx file is onnx, else python
 
     @property
     def fmt(self) -> str:
+        if self.model_format is not None:
+            return self.model_format
         return "onnx" if Path(self.model).suffix == ".onnx" else FORMAT
 
 
@@ -98,19 +102,25 @@ def import_model(req: ImportRequest, store: ModelStore,
     (nothing is written then)."""
     t0 = time.perf_counter()
     _check_request(req)
+    if req.fmt == "multi-exit":
+        from tierlink.modelstore.import_exits import import_exits
+
+        card = import_exits(req, store, say)
+        say(f"{req.name} imported in {time.perf_counter() - t0:.1f} s")
+        return card
     with tempfile.TemporaryDirectory(prefix="tierlink-import-") as tmp:
         opened = _open(req, store, Path(tmp))
-        task = _task(req, store, opened.inputs)
+        task = resolve_task(req, store, opened.inputs)
         try:
             kind = kind_of(task.kind)
         except ConfigError as exc:
             raise ImportRefused(exc.message, hint=exc.hint) from exc
-        _check_inputs(task, opened.inputs, req.name)
+        check_inputs(task, opened.inputs, req.name)
         say(f"reading {req.data}")
         data = load_data(req.data, [i.name for i in opened.inputs], task.labels)
         if not opened.outputs:  # a Python model's outputs: what it answers
             opened = _with_outputs(opened, data)
-        _check_outputs(task, kind, opened.outputs)
+        check_outputs(task, kind, opened.outputs)
         parts = split(data, req.calib_share, req.seed)
         say(f"running {req.name} on {len(parts.calib)} calibration + {len(parts.test)} "
             "evaluation samples")
@@ -121,7 +131,7 @@ def import_model(req: ImportRequest, store: ModelStore,
         if req.fmt == "onnx":
             timings |= _other_providers(req, opened.provider, parts, opened.inputs)
         card = _card(req, task, opened, figures, timings, parts)
-        _install(store, card, task, data, opened.file)
+        install(store, card, task, data, opened.file)
     say(f"{req.name} imported in {time.perf_counter() - t0:.1f} s")
     return card
 
@@ -129,6 +139,8 @@ def import_model(req: ImportRequest, store: ModelStore,
 def _check_request(req: ImportRequest) -> None:
     if req.tier not in TIERS:
         raise ImportRefused(f"--tier {req.tier!r}: one of {', '.join(TIERS)}")
+    if req.fmt not in FORMATS:
+        raise ImportRefused(f"--format {req.fmt!r}: one of {', '.join(FORMATS)}")
     if not Path(req.model).exists():
         raise ImportRefused(f"{req.model} does not exist")
 
@@ -187,7 +199,7 @@ def _with_outputs(opened: _Opened, data: Labelled) -> _Opened:
     return replace(opened, outputs=outputs)
 
 
-def _task(req: ImportRequest, store: ModelStore, inputs: tuple[TensorDecl, ...]) -> TaskSpec:
+def resolve_task(req: ImportRequest, store: ModelStore, inputs: tuple[TensorDecl, ...]) -> TaskSpec:
     known = store.task(req.task)
     declared = req.declared
     if declared is not None and known is not None and not same_inputs(declared, known):
@@ -204,7 +216,7 @@ def _task(req: ImportRequest, store: ModelStore, inputs: tuple[TensorDecl, ...])
     return task
 
 
-def _check_inputs(task: TaskSpec, inputs: tuple[TensorDecl, ...], name: str) -> None:
+def check_inputs(task: TaskSpec, inputs: tuple[TensorDecl, ...], name: str) -> None:
     mine = TaskSpec(task.name, task.kind, inputs)
     if not same_inputs(task, mine):
         raise ImportRefused(f"{name} takes {_inputs(mine)}, but task {task.name!r} takes "
@@ -213,7 +225,7 @@ def _check_inputs(task: TaskSpec, inputs: tuple[TensorDecl, ...], name: str) -> 
                                  "and shapes, or import it under another task")
 
 
-def _check_outputs(task: TaskSpec, kind: OutputKind, outputs: tuple[TensorDecl, ...]) -> None:
+def check_outputs(task: TaskSpec, kind: OutputKind, outputs: tuple[TensorDecl, ...]) -> None:
     try:
         check_kind_outputs(kind, task, [o.name for o in outputs])
     except ConfigError as exc:
@@ -306,7 +318,7 @@ def _calibration(fig: dict[str, Any], samples: int) -> Calibration:
                        ece.get("eval_ece_after", math.nan), samples)
 
 
-def _install(store: ModelStore, card: ModelCard, task: TaskSpec, data: Labelled,
+def install(store: ModelStore, card: ModelCard, task: TaskSpec, data: Labelled,
              file: Path) -> None:
     with store.installing(card.name, card.version) as staging:
         shutil.copyfile(file, staging / card.file)

@@ -150,6 +150,8 @@ class SplitPlans:
         if isinstance(rt, OnnxModel):
             self.sessions[name] = SplitSessions(
                 name, rt.path, self._split_dir / f"{name}@{rt.info.version}")
+        elif isinstance(rt, ExitsModel):  # its heads and tails are its own segments
+            self.sessions[name] = rt
 
     def view_heads(self, service_ms: Mapping[str, float]) -> tuple[ModelView, ...]:
         """The heads as the policy should see them: at this node's speed, open cuts only."""
@@ -226,7 +228,8 @@ class SplitPlans:
         for head in self._spec_heads:
             if head.name in sessions:
                 continue
-            sessions[head.name] = (ExitsModel(Path(head.card)) if is_exit_card(Path(head.card))
+            sessions[head.name] = (ExitsModel(Path(head.card), package=Path(head.onnx))
+                                   if is_exit_card(Path(head.card))
                                    else SplitSessions(head.name, Path(head.onnx),
                                                       self._split_dir / head.name))
         return sessions

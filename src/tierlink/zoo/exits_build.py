@@ -12,14 +12,12 @@ when a change here alters the weights or the card.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, cast
 
 import numpy as np
@@ -28,28 +26,18 @@ from torch import nn
 from torch.nn import functional
 
 from tierlink.errors import ZooError
-from tierlink.models.calibration import measure_calibration
-from tierlink.models.card import ModelCard, TrainingInfo, file_sha256, save_card, with_exit_header
+from tierlink.models.card import ModelCard, TrainingInfo, save_card, with_exit_header
 from tierlink.models.data import Labelled, Splits
-from tierlink.models.evaluate import accuracy, cascade_curve, latency
 from tierlink.models.exit_card import (
-    Boundary,
     ExitInfo,
-    ExitNet,
-    OperatingPoint,
-    SegmentInfo,
 )
+from tierlink.models.exit_measure import measure_net
 from tierlink.models.exit_runner import (
-    MAX_DROP,
     Clock,
-    ExitScores,
-    choose_thresholds,
-    evaluate_scores,
     exit_logits,
 )
 from tierlink.models.layout import CARD_FILE
 from tierlink.models.onnx import ort_session
-from tierlink.models.tensors import TensorDecl
 from tierlink.zoo.build import EXPORT_ATOL, OPSET, Trained, _torch_threads, train_net
 from tierlink.zoo.datasets import load_splits
 from tierlink.zoo.exits import (
@@ -283,27 +271,15 @@ def measure_exits(paths: ExitPaths, trained: Trained, macs: Sequence[int], split
     limit = profile.eval_samples
     calib = splits.calib.head(limit or len(splits.calib))
     test = splits.test.head(limit or len(splits.test))
-    sessions = [ort_session(p, profile.threads) for p in paths.segments]
-    calib_logits, test_logits = exit_logits(sessions, calib.input), exit_logits(
-        sessions, test.input)
-    exits = tuple(_exit_info(name, c, calib.labels, t, test.labels)
-                  for name, c, t in zip(EXIT_NAMES, calib_logits, test_logits, strict=True))
-    segments, boundaries = _segment_infos(paths, macs, splits.test.input[:32],
-                                          profile.latency_runs)
-    temps = tuple(e.temperature for e in exits)
-    point = _operating_point(ExitScores.of(calib_logits, calib.labels, temps),
-                             ExitScores.of(test_logits, test.labels, temps),
-                             tuple(s.latency_ms["batch1_p50"] for s in segments), macs)
+    net = measure_net(paths.segments, calib, test, splits.test.input[:32],
+                      runs=profile.latency_runs, threads=profile.threads, macs=macs,
+                      whole=paths.whole, base_variant=BASE_VARIANT,
+                      loss_weights=LOSS_WEIGHTS)
     training = TrainingInfo(
         epochs=exits_recipe(profile).epochs, seed=profile.seed,
         seconds=round(trained.seconds, 2), profile=profile.name,
         torch_version=torch.__version__, train_samples=trained.train_samples,
         calib_samples=len(calib), test_samples=len(test), recipe=exits_fingerprint(profile))
-    net = ExitNet(base_variant=BASE_VARIANT, loss_weights=LOSS_WEIGHTS, segments=segments,
-                  exits=exits, boundaries=boundaries,
-                  whole=MappingProxyType({"file": paths.whole.name,
-                                          "sha256": file_sha256(paths.whole)}),
-                  operating_point=point)
     return with_exit_header(ModelCard(
         name=EXITS_NAME, task=TASK, version=EXITS_VERSION, format="multi-exit",
         params=count_params(trained.net), labels=splits.class_names, training=training,
@@ -313,45 +289,3 @@ def measure_exits(paths: ExitPaths, trained: Trained, macs: Sequence[int], split
 def exits_of(card: ModelCard) -> tuple[ExitInfo, ...]:
     assert card.multi_exit is not None  # measure_exits writes it
     return card.multi_exit.exits
-
-
-def _exit_info(name: str, calib_logits: np.ndarray, calib_labels: np.ndarray,
-               test_logits: np.ndarray, test_labels: np.ndarray) -> ExitInfo:
-    calibration = measure_calibration(calib_logits, calib_labels, test_logits, test_labels)
-    t = calibration.temperature
-    return ExitInfo(name, accuracy(test_logits, test_labels),
-                    accuracy(calib_logits, calib_labels), t, calibration,
-                    cascade_curve(calib_logits, calib_labels, temperature=t))
-
-
-def _segment_infos(paths: ExitPaths, macs: Sequence[int], sample: np.ndarray,
-                   runs: int) -> tuple[tuple[SegmentInfo, ...], tuple[Boundary, ...]]:
-    """Per segment: signature and latency (one thread, batch 1 and 32), fed with the real
-    features of ``sample`` (32 test images) at its input; and the boundary tensors."""
-    segments, boundaries = [], []
-    x = np.ascontiguousarray(sample, dtype=np.float32)
-    for k, path in enumerate(paths.segments):
-        session = ort_session(path, threads=1)
-        outs = session.run(None, {SEGMENT_INPUTS[k]: x})
-        timing = latency(session, x, runs=runs)
-        segments.append(SegmentInfo(
-            file=path.name, sha256=file_sha256(path), size_bytes=path.stat().st_size,
-            input=TensorDecl(SEGMENT_INPUTS[k], "FP32", (-1, *x.shape[1:])),
-            outputs=tuple(TensorDecl(n, "FP32", (-1, *o.shape[1:]))
-                          for n, o in zip(SEGMENT_OUTPUTS[k], outs, strict=True)),
-            macs=int(macs[k]),
-            latency_ms=MappingProxyType({k: round(v, 4) for k, v in timing.items()})))
-        if k < len(paths.segments) - 1:
-            shape = tuple(int(d) for d in outs[0].shape[1:])
-            boundaries.append(Boundary(SEGMENT_OUTPUTS[k][0], shape, 4 * math.prod(shape)))
-        x = outs[0]
-    return tuple(segments), tuple(boundaries)
-
-
-def _operating_point(calib: ExitScores, test: ExitScores, stage_ms: Sequence[float],
-                     macs: Sequence[int]) -> OperatingPoint:
-    chosen = choose_thresholds(calib, stage_ms)
-    on_test = evaluate_scores(test, chosen.thresholds, stage_ms)
-    # The same bookkeeping with MACs as the cost: ``saved`` is then the MACs saved.
-    macs_saved = evaluate_scores(test, chosen.thresholds, [float(m) for m in macs]).saved
-    return OperatingPoint(MAX_DROP, chosen, on_test, round(macs_saved, 5))
