@@ -62,7 +62,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
-ZOO = Path.home() / ".cache" / "tierlink" / "zoo" / "full"
 VENVS = Path.home() / ".cache" / "tierlink" / "peers"
 
 # The peers' own pins; onnxruntime, numpy and httptools are pinned to the project venv's
@@ -614,7 +613,14 @@ def _cpu_model() -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    model = ModelChoice(args.model_name, args.onnx, args.card, dict(args.shape))
+    onnx, card = args.onnx, args.card
+    if onnx is None or card is None:  # the model named, as the catalog finds it
+        from tierlink.models.catalog import Catalog, SourceOptions
+
+        found = Catalog.default(SourceOptions(progress=False)).resolve(
+            [args.model_name])[args.model_name]
+        onnx, card = onnx or found.file, card or found.card
+    model = ModelChoice(args.model_name, onnx, card, dict(args.shape))
     for path in (model.onnx, model.card):
         if not path.exists():
             raise SystemExit(f"{path} does not exist (the zoo's models: tierlink zoo build)")
@@ -686,8 +692,10 @@ def _shape(text: str) -> tuple[str, tuple[int, ...]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--model-name", default="fmnist-large")
-    parser.add_argument("--onnx", type=Path, default=ZOO / "fmnist-large.onnx")
-    parser.add_argument("--card", type=Path, default=ZOO / "fmnist-large.json")
+    parser.add_argument("--onnx", type=Path, default=None,
+                        help="the model's file (default: --model-name's, from the catalog)")
+    parser.add_argument("--card", type=Path, default=None,
+                        help="its card (default: --model-name's, from the catalog)")
     parser.add_argument("--shape", type=_shape, action="append", default=[],
                         help="INPUT=d0,d1,... for an input with dynamic dimensions "
                              "(default: each dynamic dimension 1)")
