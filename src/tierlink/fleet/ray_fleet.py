@@ -16,7 +16,9 @@ def needs_ray(fleet: FleetState) -> bool:
 
 
 def start_ray(fleet: FleetState, timeout_s: float) -> None:
-    """A head on the fleet's host with CPUs for every Ray node's replicas at their maximum."""
+    """A head on the fleet's host with CPUs for every Ray node's replicas at their maximum:
+    each model a node serves is a deployment of its own, and a version being installed runs
+    beside the active one until it takes over."""
     from tierlink.engines import ray_cluster
 
     if not needs_ray(fleet):
@@ -25,7 +27,7 @@ def start_ray(fleet: FleetState, timeout_s: float) -> None:
         raise ray_cluster.RayClusterError(
             "engine: ray nodes on namespaces are not supported yet",
             hint="run the fleet without --netns")
-    cpus = sum(n.engine.max_replicas * n.engine.num_cpus
+    cpus = sum((len(n.models) + 1) * n.engine.max_replicas * n.engine.num_cpus
                for n in fleet.config.nodes if n.engine.on_ray)
     port = pick_port(fleet.host)
     proc = ray_cluster.start(ray_cluster.head_command(fleet.host, port, max(1.0, cpus)),
