@@ -90,12 +90,12 @@ class RepositorySource:
 
     def _resolve(self, ref: str) -> Resolved:
         model, version = split_ref(ref)
+        check_part("name", model)
         if version is None:
             version = self.layout.current(model)
             if version is None:
                 raise ModelNotFound(f"no version of {model!r} is installed from the repository",
                                     hint=f"name one: {model}@VERSION")
-        check_part("name", model)
         check_part("version", version)
         if version not in self.layout.versions(model):
             self._install(model, version)
