@@ -92,3 +92,28 @@ def test_a_tls_fleet_refuses_a_node_id_no_certificate_can_name():
         with_tls(plain, True)
     with pytest.raises(ConfigError, match="dev..1"):
         parse_fleet({**data, "security": {"tls": True}})
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(routing={"polcy": "bandit"}),
+     r"routing.polcy: unknown key \(did you mean routing.policy\?\)"),
+    (lambda d: d.update(nodez=[]), r"^nodez: unknown key \(did you mean nodes\?\)"),
+    (lambda d: d["nodes"][0].update(model=["x"]),
+     r"nodes\[0\].model: unknown key \(did you mean nodes\[0\].models\?\)"),
+    (lambda d: d["links"][0].update(delay=5), r"links\[0\].delay: unknown key"),
+    (lambda d: d.update(zoo={"profiles": "test"}), r"zoo.profiles: unknown key"),
+    (lambda d: d.update(routing={"breaker": {"cooldown": 1}}),
+     r"routing.breaker.cooldown: unknown key \(did you mean routing.breaker.cooldown_s\?\)"),
+    (lambda d: d.update(cost={"compute_usd_per_sec": {}}),
+     r"cost.compute_usd_per_sec: unknown key \(did you mean cost.compute_usd_per_s\?\)"),
+    (lambda d: d["nodes"][0].update(chat={"models": [{"name": "a", "model": "b"}],
+                                          "tsk": "chat"}),
+     r"nodes\[0\].chat.tsk: unknown key \(did you mean nodes\[0\].chat.task\?\)"),
+])
+def test_an_unknown_key_is_refused_at_every_level_with_the_nearest_valid_one(mutate, message):
+    import copy
+
+    data = copy.deepcopy(MIN)
+    mutate(data)
+    with pytest.raises(ConfigError, match=message):
+        parse_fleet(data)

@@ -26,7 +26,7 @@ def test_replicas_over_etcd():
     ({"replicas": 2}, "share their state through etcd"),
     ({"store": "redis"}, "sqlite or etcd"),
     ({"store": "etcd", "etcd_members": 2}, "must be odd"),
-    ({"store": "etcd", "replica": 2}, "control.replica is not a known field"),
+    ({"store": "etcd", "replica": 2}, r"control.replica: unknown key \(did you mean control.replicas\?\)"),
 ])
 def test_inconsistent_control_sections_are_refused(control, match):
     with pytest.raises(ConfigError, match=match):

@@ -90,9 +90,17 @@ def test_privacy_violation_on_receipt_is_refused_and_counted(client):
         in metrics
 
 
-def test_expired_deadline_is_refused_at_once(client):
-    resp = infer(client, "fmnist", {"tierlink.deadline_ms": 0})
+def test_a_forwarded_request_out_of_time_is_refused_at_once(client):
+    resp = infer(client, "fmnist", {"tierlink.deadline_ms": 0, "tierlink.hops": 1})
     assert resp.status_code == 504 and resp.json()["code"] == "deadline_exceeded"
+
+
+@pytest.mark.parametrize("deadline", [0, -5, "nan", 1e12])
+def test_an_applications_unusable_deadline_is_its_mistake(client, deadline):
+    """From an application (no hops yet) a non-positive, NaN or over-limit deadline is a
+    400 naming the parameter, not a 504."""
+    resp = infer(client, "fmnist", {"tierlink.deadline_ms": deadline})
+    assert resp.status_code == 400 and "tierlink.deadline_ms" in resp.json()["error"]
 
 
 def test_bad_parameter_names_the_field(client):

@@ -26,7 +26,7 @@ def test_a_routing_section_parses_alone() -> None:
     assert r.policy_config().weights.cost == 3.0
     with pytest.raises(ConfigError, match=r"routing.hedging.quantile = 0.2 is out of range"):
         parse_routing({"hedging": {"quantile": 0.2}})
-    with pytest.raises(ConfigError, match=r"routing.weights.speed is not a known field"):
+    with pytest.raises(ConfigError, match=r"routing.weights.speed: unknown key"):
         parse_routing({"weights": {"speed": 1}})
 
 

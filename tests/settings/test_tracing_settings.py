@@ -25,7 +25,7 @@ def test_a_collector_endpoint_and_its_defaults():
     ({"sample_ratio": 1.5}, "sample_ratio"),
     ({"collect": "yes"}, "collect"),
     ({"collect": True, "otlp_endpoint": "http://c:4318"}, "collect"),
-    ({"endpoint": "http://c:4318"}, "not a known field"),
+    ({"endpoint": "http://c:4318"}, "tracing.endpoint: unknown key"),
 ])
 def test_mistakes_are_named(raw, says):
     with pytest.raises(ConfigError, match=says):

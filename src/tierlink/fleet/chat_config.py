@@ -26,6 +26,7 @@ from typing import Any
 
 from tierlink.errors import ConfigError
 from tierlink.llm.source import LMSource
+from tierlink.settings.fields import known_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ def parse_chat(raw: Any, where: str) -> ChatConfig | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping with 'models' (and 'task')")
+    known_keys(raw, ("models", "task"), where)
     models = raw.get("models")
     if not isinstance(models, list) or not models:
         raise ConfigError(f"{where}.models must be a non-empty list of language models",
@@ -58,11 +60,8 @@ def _source(raw: Any, where: str) -> LMSource:
             or not isinstance(raw.get("model"), str):
         raise ConfigError(f"{where} needs a name and a model, e.g. "
                           "{name: smollm2, model: smollm2-135m}")
-    known = {"name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences", "router",
-             "quality"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {unknown}", hint=f"known: {sorted(known)}")
+    known_keys(raw, ("name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences",
+                     "router", "quality"), where)
     quantize = raw.get("quantize")
     if quantize not in (None, "int8"):
         raise ConfigError(f"{where}.quantize must be int8 (or left out)")

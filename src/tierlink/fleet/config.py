@@ -30,6 +30,7 @@ from tierlink.settings.fields import (
     as_tier,
     as_url,
     known,
+    known_keys,
 )
 from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
 from tierlink.settings.routing import (
@@ -185,9 +186,18 @@ def load_fleet(path: str | Path) -> FleetConfig:
     return parse_fleet(data, source=str(p))
 
 
+FLEET_KEYS = ("name", "seed", "nodes", "links", "routing", "cost", "zoo", "control",
+              "hard_examples", "trusted_keys", "fault_injection", "tasks", "topology",
+              "tracing", "security")
+NODE_KEYS = ("id", "tier", "models", "heads", "workers", "max_queue", "cpu_quota",
+             "providers", "chat", "advertise_url", "labels", "default_privacy", "engine", "ray")
+LINK_KEYS = ("from", "to", "delay_ms", "jitter_ms", "bandwidth_mbit", "loss")
+
+
 def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with 'nodes' and 'links'")
+    known_keys(data, FLEET_KEYS, "")
     nodes = tuple(_node(n, f"nodes[{i}]") for i, n in enumerate(_list(data, "nodes", source)))
     _unique([n.node_id for n in nodes], "nodes[].id")
     by_id = {n.node_id: n for n in nodes}
@@ -198,6 +208,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     control = as_mapping(data.get("control") or {}, "control")
     store, replicas, members = _control_store(control)
     zoo = as_mapping(data.get("zoo") or {}, "zoo")
+    known_keys(zoo, ("profile",), "zoo")
     return FleetConfig(
         name=str(data.get("name", Path(source).stem)),
         nodes=nodes,
@@ -279,6 +290,7 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
 
 def _node(raw: Any, where: str) -> NodeConfig:
     raw = as_mapping(raw, where)
+    known_keys(raw, NODE_KEYS, where)
     node_id = str(raw.get("id", ""))
     if not _ID.match(node_id):
         raise ConfigError(f"{where}.id {node_id!r} is not a valid node id",
@@ -339,6 +351,7 @@ def _labels(raw: Any, where: str) -> Mapping[str, str]:
 
 def _links(raw: Any, where: str, nodes: Mapping[str, NodeConfig]) -> list[LinkConfig]:
     raw = as_mapping(raw, where)
+    known_keys(raw, LINK_KEYS, where)
     srcs, dsts = _ids(raw.get("from"), f"{where}.from"), _ids(raw.get("to"), f"{where}.to")
     for node_id in (*srcs, *dsts):
         if node_id not in nodes:

@@ -69,16 +69,17 @@ def parse_request(
 ) -> Request:
     """Build a ``Request`` from OIP parameters; a bad value is an ``InvalidRequest``. A
     request that names no privacy level takes ``default_privacy`` (the receiving node's)."""
+    hops = _int(params.get(HOPS, 0), HOPS)
     return Request(
         request_id=request_id,
         task=task,
-        deadline_ms=_deadline(params.get(DEADLINE, DEFAULT_DEADLINE_MS)),
+        deadline_ms=_deadline(params.get(DEADLINE, DEFAULT_DEADLINE_MS), forwarded=hops > 0),
         origin=str(params.get(ORIGIN) or receiver),
         privacy=_enum(Privacy.parse, params.get(PRIVACY, default_privacy), PRIVACY),
         priority=_enum(Priority.parse, params.get(PRIORITY, "interactive"), PRIORITY),
         input_bytes=input_bytes,
         version=str(params[VERSION]) if params.get(VERSION) is not None else None,
-        hops=_int(params.get(HOPS, 0), HOPS),
+        hops=hops,
         policy=str(params[POLICY]) if params.get(POLICY) else None,
         privacy_breached=params.get(BREACHED) is True,
     )
@@ -174,13 +175,17 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
         raise InvalidRequest(f"upstream response lacks routing parameters: {exc}") from exc
 
 
-def _deadline(value: Any) -> float:
+def _deadline(value: Any, *, forwarded: bool) -> float:
+    """The budget in ms. From an application (no hops yet), a non-positive one is the
+    caller's mistake; a forwarded request may arrive with its budget spent (the node then
+    answers ``504``, as for any request out of time)."""
     try:
         out = float(value)
     except (TypeError, ValueError):
         raise InvalidRequest(f"{DEADLINE} must be a number of milliseconds, got {value!r}") from None
-    if math.isnan(out) or out > MAX_DEADLINE_MS:
-        raise InvalidRequest(f"{DEADLINE} = {value!r} is not a usable deadline")
+    if math.isnan(out) or out > MAX_DEADLINE_MS or (out <= 0 and not forwarded):
+        raise InvalidRequest(f"{DEADLINE} = {value!r} is not a usable deadline",
+                             hint=f"a number of milliseconds in (0, {MAX_DEADLINE_MS:g}]")
     return out
 
 

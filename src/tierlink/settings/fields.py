@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -9,7 +10,8 @@ from urllib.parse import urlsplit
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 
-__all__ = ["as_bool", "as_float", "as_int", "as_mapping", "as_tier", "as_url", "known"]
+__all__ = ["as_bool", "as_float", "as_int", "as_mapping", "as_tier", "as_url", "known",
+           "known_keys"]
 
 
 def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -19,9 +21,20 @@ def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def known(key: str, allowed: tuple[str, ...], where: str) -> bool:
+    """``key`` is one of ``allowed``, else a ``ConfigError`` naming its path and the
+    nearest valid key: ``routing.polcy: unknown key (did you mean routing.policy?)``."""
     if key not in allowed:
-        raise ConfigError(f"{where}.{key} is not a known field", hint=f"use {', '.join(allowed)}")
+        path = f"{where}.{key}" if where else str(key)
+        close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+        guess = f" (did you mean {where + '.' if where else ''}{close[0]}?)" if close else ""
+        raise ConfigError(f"{path}: unknown key{guess}", hint=f"use {', '.join(allowed)}")
     return True
+
+
+def known_keys(raw: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    """Every key of the mapping ``raw`` is one of ``allowed`` (see :func:`known`)."""
+    for key in raw:
+        known(str(key), allowed, where)
 
 
 def as_float(value: Any, where: str, lo: float | None = None, hi: float | None = None) -> float:

@@ -14,7 +14,7 @@ from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.split import DEFAULT_CODECS
 from tierlink.policy.base import PolicyConfig, RewardWeights, Weights
-from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, known
+from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, known, known_keys
 
 __all__ = ["BreakerConfig", "HedgeConfig", "OverloadConfig", "RoutingConfig", "ShadowConfig",
            "parse_cost", "parse_routing"]
@@ -138,10 +138,19 @@ def parse_routing(raw: Mapping[str, Any], cost: Mapping[str, Any] | None = None)
     return _routing(as_mapping(raw, "routing"), as_mapping(cost or {}, "cost"))
 
 
+ROUTING_KEYS = ("policy", "weights", "thresholds", "default_threshold", "max_hops",
+                "reserve_ms", "allow_policy_override", "retry_budget", "breaker",
+                "local_features_may_leave", "probe_idle_s", "hedging", "overload",
+                "split_codec_loss", "cascade", "accuracy_tolerance", "bandit", "shadow")
+
+
 def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
+    known_keys(raw, ROUTING_KEYS, "routing")
     weights = as_mapping(raw.get("weights") or {}, "routing.weights")
     thresholds = as_mapping(raw.get("thresholds") or {}, "routing.thresholds")
     breaker = as_mapping(raw.get("breaker") or {}, "routing.breaker")
+    known_keys(breaker, ("failure_threshold", "cooldown_s", "max_cooldown_s"),
+               "routing.breaker")
     return RoutingConfig(
         policy=str(raw.get("policy", "tierlink")),
         weights=Weights(**{k: as_float(v, f"routing.weights.{k}", 0.0) for k, v in weights.items()
@@ -273,6 +282,7 @@ def _overload(raw: Mapping[str, Any]) -> OverloadConfig:
 
 
 def parse_cost(raw: Mapping[str, Any]) -> CostModel:
+    known_keys(raw, ("compute_usd_per_s", "transfer_usd_per_gb"), "cost")
     try:
         return CostModel.from_mapping(raw) if raw else DEFAULT_COST_MODEL
     except (ValueError, TypeError, AttributeError) as exc:
