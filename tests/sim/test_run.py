@@ -9,6 +9,7 @@ import random
 import sim_support as toy
 from tierlink.core.types import Privacy, Request
 from tierlink.node.dispatcher import Dispatcher
+from tierlink.node.policies import PolicyDesk
 from tierlink.policy import REGISTRY
 from tierlink.policy.placement import TierlinkPolicy
 from tierlink.sim import loop
@@ -29,8 +30,9 @@ def test_the_simulator_plans_with_the_nodes_policy_code() -> None:
         fleet, _ = build(config, toy.views(), {"toy": outcomes}, clock, seed=1)
         node = fleet.nodes["dev-1"]
         fleet.view_of(node)
-        policy = node._policy_for(Request("r", "toy", 10.0, "dev-1"))
-        assert type(policy) is TierlinkPolicy and node.policies["tierlink"] is policy
+        policy = node.desk.for_request(Request("r", "toy", 10.0, "dev-1"))
+        assert type(policy) is TierlinkPolicy and node.desk.named("tierlink") is policy
+        assert type(node.desk) is PolicyDesk  # the live node's desk
         assert type(node.dispatcher) is Dispatcher
         # a policy made as a live node makes it plans the same for the same view
         live = REGISTRY.create("tierlink", config.routing.policy_config())
@@ -88,7 +90,7 @@ def test_the_learning_policy_runs_in_the_simulator_and_learns_there() -> None:
         records = await drive(fleet, items, "toy", outcomes.labels.tolist(),
                               outcomes.input_bytes, "bandit")
         assert all(r.answered for r in records)
-        return sum(n.policies["bandit"].model.updates  # type: ignore[attr-defined]
-                   for n in fleet.nodes.values() if "bandit" in n.policies)
+        return sum(n.desk.named("bandit").model.updates  # type: ignore[attr-defined]
+                   for n in fleet.nodes.values())
 
     assert loop.run(main) >= len(items)  # every request taught the node that planned it

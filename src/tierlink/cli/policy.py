@@ -95,7 +95,7 @@ def promote_cmd(fleet_file: Path = typer.Argument(..., help="the fleet YAML to s
             raise typer.Exit(1)
         cand = report["candidate_policy"]
         if not dry_run:
-            promote_policy(fleet_file, str(cand["policy"]), cand.get("weights"),
+            promote_policy(fleet_file, cand["policy"], cand.get("weights"),
                            f"promoted from shadow mode: {verdict}")
         console.print(f"{'would promote' if dry_run else 'promoted'} {cand}: {verdict}")
     except TierlinkError as exc:

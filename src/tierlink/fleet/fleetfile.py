@@ -71,13 +71,15 @@ def write_cascade(path: Path, thresholds: Mapping[str, float], tuned_on: Mapping
     return _dump(path, data, yaml)
 
 
-def promote_policy(path: Path, policy: str, weights: Mapping[str, float] | None,
-                   comment: str) -> str:
-    """Make ``policy`` (with ``weights``, if given) the fleet's acting policy and end its
-    shadow mode; the rest of the file as it was. Returns the new text."""
+def promote_policy(path: Path, policy: str | Mapping[str, Any],
+                   weights: Mapping[str, float] | None, comment: str) -> str:
+    """Make ``policy`` (a name, or ``{name, options}``; with ``weights``, if given) the
+    fleet's acting policy and end its shadow mode; the rest of the file as it was. Returns
+    the new text."""
     data, yaml = _load(path)
     routing = _routing(data)
-    routing["policy"] = policy
+    routing["policy"] = policy if isinstance(policy, str) else _flow(
+        {"name": policy["name"], "options": _flow(dict(policy.get("options") or {}))})
     if weights:
         routing["weights"] = _flow({k: round(float(v), 4) for k, v in weights.items()})
     routing.pop("shadow", None)

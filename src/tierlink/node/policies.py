@@ -1,38 +1,57 @@
-"""A node's policies and what it checks when a request arrives: every registered policy
-made once with the fleet's settings, the one a request may name (where the fleet allows
-overrides), and the receipt — what the node may hold, whether any deadline is left."""
+"""A node's policies and what it checks when a request arrives — the same desk for the live
+node and the simulated one: the fleet's policy made with its options, the one a request may
+name (where the fleet allows overrides), and the receipt — what the node may hold, whether
+any deadline is left."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from tierlink.core.types import Request, Tier
 from tierlink.errors import DeadlineExceeded, InvalidRequest, PrivacyViolation
 from tierlink.node import protocol
-from tierlink.policy import REGISTRY, Policy
+from tierlink.policy import REGISTRY, Policy, PolicyConfig
 from tierlink.settings.routing import RoutingConfig
-from tierlink.telemetry.metrics import NodeMetrics
 
 __all__ = ["PolicyDesk"]
 
 
+Count = Callable[[str, str], None]  # (privacy level, verdict) of an input received
+
+
+def _uncounted(_privacy: str, _verdict: str) -> None:
+    pass
+
+
 class PolicyDesk:
+    """What a node (live or simulated) decides when a request arrives, before any plan:
+    which policy places it and whether the node may hold it at all. The fleet's policy is
+    made at start with its options (``routing.policy: {name, options}``); a policy a request
+    names (where the fleet allows it) is made on first use, without options. ``count`` hears
+    each receipt's verdict (the live node's metric, the simulator's counters)."""
+
     def __init__(self, node_id: str, tier: Tier, routing: RoutingConfig,
-                 metrics: NodeMetrics) -> None:
+                 count: Count = _uncounted, config: PolicyConfig | None = None) -> None:
         self._node_id, self._tier = node_id, tier
         self._allow_override = routing.allow_policy_override
-        self._metrics = metrics
-        self._policies = {name: REGISTRY.create(name, routing.policy_config())
-                          for name in REGISTRY.names()}
-        self.default = self.named(routing.policy)
+        self._count = count
+        self._config = config or routing.policy_config()
+        self.name = routing.policy
+        self.default = REGISTRY.create(routing.policy, self._config, routing.policy_options)
+        self._policies: dict[str, Policy] = {routing.policy: self.default}
 
     def named(self, name: str) -> Policy:
-        if name not in self._policies:
-            raise InvalidRequest(f"unknown policy {name!r}", hint=f"one of {sorted(self._policies)}")
-        return self._policies[name]
+        found = self._policies.get(name)
+        if found is None:
+            if name not in REGISTRY.names():
+                raise InvalidRequest(f"unknown policy {name!r}",
+                                     hint=f"one of {sorted(REGISTRY.names())}")
+            found = self._policies[name] = REGISTRY.create(name, self._config)
+        return found
 
     def for_request(self, req: Request) -> Policy:
-        if req.policy is None or req.policy == self.default.name:
+        if req.policy is None or req.policy == self.name:
             return self.default
         if not self._allow_override:
             raise InvalidRequest(f"this fleet does not allow choosing the policy per request "
@@ -48,7 +67,7 @@ class PolicyDesk:
         an earlier hop already had, and said so in the request."""
         allowed = req.privacy.allows(self._tier, at_origin=req.origin == self._node_id)
         verdict = "allowed" if allowed else ("beyond" if req.privacy_breached else "violation")
-        self._metrics.inputs_received.labels(self._tier.label, req.privacy.value, verdict).inc()
+        self._count(req.privacy.value, verdict)
         if not allowed and policy.respects_privacy:
             raise PrivacyViolation(f"{self._node_id} ({self._tier.label}) may not hold "
                                    f"a {req.privacy.value!r} input from {req.origin}")

@@ -75,7 +75,7 @@ from tierlink.node.uplink import Uplink
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, check_version_known, heartbeat
 from tierlink.policy import Policy
-from tierlink.policy.bandit import teach
+from tierlink.policy.base import give_feedback
 from tierlink.policy.placement import TierlinkPolicy
 from tierlink.policy.shadow import Decision
 from tierlink.telemetry import tracing
@@ -127,7 +127,10 @@ class NodeService:
         self._records = records  # the registry cache's last view (never raises)
         self._parsed_records = ParsedRecords()  # parsed once per fetched list
         self._client = client or OipClient()
-        self.policies = PolicyDesk(spec.node_id, spec.tier, self.routing, self.metrics)
+        received = self.metrics.inputs_received
+        self.policies = PolicyDesk(
+            spec.node_id, spec.tier, self.routing,
+            lambda privacy, verdict: received.labels(spec.tier.label, privacy, verdict).inc())
         self.scheduler = Scheduler(SchedulerConfig(workers=spec.workers, max_queue=spec.max_queue,
                                                    initial_service_ms=self._initial_ms()),
                                    clock=clock, observer=self.metrics)
@@ -334,7 +337,7 @@ class NodeService:
         def observe(result: StepResult | None, latency_ms: float) -> None:
             outcome = result.outcome if result is not None else None
             correct = _correctness(result, labels) if result is not None else 0.0
-            teach(policy, plan, req, view, outcome, correct, latency_ms)
+            give_feedback(policy, plan, req, view, outcome, correct, latency_ms)
             if decision is not None and self.shadow_mode is not None \
                     and isinstance(policy, TierlinkPolicy):
                 self.shadow_mode.log(decision, policy, req, view, outcome, correct, latency_ms)

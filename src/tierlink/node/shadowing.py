@@ -46,7 +46,7 @@ class ShadowMode:
         policy_cfg = routing.policy_config()
         if cfg.weights is not None:
             policy_cfg = replace(policy_cfg, weights=cfg.weights)
-        candidate = REGISTRY.create(cfg.policy, policy_cfg)
+        candidate = REGISTRY.create(cfg.policy, policy_cfg, cfg.options)
         if not isinstance(candidate, TierlinkPolicy):
             raise ConfigError(f"routing.shadow.policy {cfg.policy!r} cannot run in shadow "
                               "mode: it does not order the tierlink policy's options")

@@ -1,6 +1,8 @@
 """Placement policies: pure decisions over a ``ClusterView`` snapshot.
 
-``REGISTRY.create(name, config)`` builds one; built-ins are ``tierlink`` (constraints, then a
+``REGISTRY.create(name, config, options)`` builds one (``options``: the policy's
+keyword-only parameters, from ``routing.policy: {name, options}``); a policy that learns
+implements ``feedback`` (:class:`Learner`) and hears how each of its plans turned out; built-ins are ``tierlink`` (constraints, then a
 weighted score, power-of-two choices inside a tier, cascades), and the benchmark baselines
 ``cloud_only``, ``device_only`` and ``static_rules``, and ``bandit`` (learned: linear Thompson
 sampling among the options ``tierlink``'s constraints leave, taught by each request's
@@ -11,6 +13,7 @@ entry-point group (tierlink's own are declared in its ``pyproject.toml``).
 from tierlink.policy.bandit import BanditPolicy
 from tierlink.policy.base import (
     REGISTRY,
+    Learner,
     Policy,
     PolicyConfig,
     PolicyRegistry,
@@ -25,6 +28,7 @@ __all__ = [
     "BanditPolicy",
     "CloudOnlyPolicy",
     "DeviceOnlyPolicy",
+    "Learner",
     "Policy",
     "PolicyConfig",
     "PolicyRegistry",

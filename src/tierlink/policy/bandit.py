@@ -26,6 +26,7 @@ import random
 from typing import TYPE_CHECKING
 
 from tierlink.core.types import ClusterView, Outcome, Plan, Priority, Privacy, Request, Tier
+from tierlink.errors import ConfigError
 from tierlink.policy.base import PolicyConfig, RewardWeights
 from tierlink.policy.placement import Choice, TierlinkPolicy, merge_placements
 
@@ -114,15 +115,32 @@ class LinearTS:
 
 
 class BanditPolicy(TierlinkPolicy):
-    """Registered as ``"bandit"``; ``observe(plan, reward)`` teaches it."""
+    """Registered as ``"bandit"``; ``observe(plan, reward)`` teaches it. Its option
+    (``routing.policy: {name: bandit, options: {prior_weight: 20}}``): how many requests'
+    worth of belief its prior (the tierlink policy's scoring) carries before outcomes
+    outweigh it."""
 
     name = "bandit"
 
     def __init__(self, config: PolicyConfig, weights: RewardWeights | None = None,
-                 model: LinearTS | None = None) -> None:
+                 model: LinearTS | None = None, *, prior_weight: float = 20.0) -> None:
         super().__init__(config)
+        if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) \
+                or not 0 < prior_weight <= 1e6:
+            raise ConfigError(f"routing.policy.options.prior_weight must be a number in "
+                              f"(0, 1e6], got {prior_weight!r}",
+                              hint="e.g. 20: the prior counts as twenty requests")
         self.rewards = weights or config.reward
-        self.model = model or LinearTS(prior_mean(self.rewards))
+        self.model = model or LinearTS(prior_mean(self.rewards), float(prior_weight))
+
+    def feedback(self, plan: Plan, request: Request, view: ClusterView,
+                 outcome: Outcome | None, correct: float, latency_ms: float) -> None:
+        """The request's reward (:func:`reward_of`) taught to the model (a
+        :class:`~tierlink.policy.base.Learner`); a plan it did not score teaches nothing."""
+        if plan.features:
+            self.observe(plan, reward_of(self.rewards, request,
+                                         self.reference_cost(request, view), outcome,
+                                         correct, latency_ms))
 
     def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
         ref = self.reference_cost(request, view)
@@ -155,15 +173,3 @@ def reward_of(weights: RewardWeights, request: Request, ref_cost: float,
     return weights.reward(correct, latency_ms, request.deadline_ms,
                           outcome.cost if outcome else 0.0, ref_cost,
                           left_device=outcome is not None and outcome.served_by != request.origin)
-
-
-def teach(policy: object, plan: Plan, request: Request, view: ClusterView,
-          outcome: Outcome | None, correct: float, latency_ms: float) -> float | None:
-    """Hand a learning policy the reward of a request it planned; nothing for any other
-    policy. Returns the reward given, if any."""
-    if not isinstance(policy, BanditPolicy) or not plan.features:
-        return None
-    reward = reward_of(policy.rewards, request, policy.reference_cost(request, view), outcome,
-                       correct, latency_ms)
-    policy.observe(plan, reward)
-    return reward

@@ -8,14 +8,16 @@ comes from the ``rng`` the caller passes, so a run is reproducible from its seed
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from tierlink.core.registry import Registry
-from tierlink.core.types import CascadeRecord, ClusterView, Plan, Request
+from tierlink.core.types import CascadeRecord, ClusterView, Outcome, Plan, Request
+from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.latency import EstimateParams
 from tierlink.estimate.split import DEFAULT_CODECS, CodecProfile
@@ -125,14 +127,39 @@ class Policy(Protocol):
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan: ...
 
 
-PolicyFactory = Callable[[PolicyConfig], Policy]
+@runtime_checkable
+class Learner(Protocol):
+    """A policy that learns from how its plans turned out. The node (and the simulator)
+    hands every plan it made back with its outcome (``None``: no answer), whether the answer
+    was right (1.0/0.0 where the label is known) and the latency the caller saw — once per
+    request, after the answer, never on its path."""
+
+    def feedback(self, plan: Plan, request: Request, view: ClusterView,
+                 outcome: Outcome | None, correct: float, latency_ms: float) -> None: ...
+
+
+def give_feedback(policy: object, plan: Plan, request: Request, view: ClusterView,
+                  outcome: Outcome | None, correct: float, latency_ms: float) -> None:
+    """Hand a learning policy (a :class:`Learner`) how its plan turned out; nothing for any
+    other policy."""
+    if isinstance(policy, Learner):
+        policy.feedback(plan, request, view, outcome, correct, latency_ms)
+
+
+PolicyFactory = Callable[..., Policy]
 
 
 class PolicyRegistry:
     """Name → factory, through the one registry mechanism: the built-in policies and a
     user's own come in through the ``tierlink.policies`` entry-point group (tierlink's are
     declared in its ``pyproject.toml``). Duplicate names are an error, never a silent
-    overwrite."""
+    overwrite.
+
+    A factory (usually the policy's class) is called ``factory(config, **options)``: the
+    fleet's :class:`PolicyConfig`, and the options ``routing.policy: {name, options}`` gives
+    it as its keyword-only parameters. An option the factory does not declare is refused
+    here, naming the ones it does; what the values must be, the policy checks itself (a
+    ``ConfigError`` naming the option)."""
 
     def __init__(self, *, discover: bool = True) -> None:
         self._factories: Registry[PolicyFactory] = Registry(ENTRY_POINT_GROUP, "policy",
@@ -144,8 +171,33 @@ class PolicyRegistry:
     def names(self) -> list[str]:
         return self._factories.names()
 
-    def create(self, name: str, config: PolicyConfig | None = None) -> Policy:
-        return self._factories.get(name)(config or PolicyConfig())
+    def create(self, name: str, config: PolicyConfig | None = None,
+               options: Mapping[str, Any] | None = None) -> Policy:
+        factory = self._factories.get(name)
+        options = dict(options or {})
+        if options:
+            _check_options(name, factory, options)
+        return factory(config or PolicyConfig(), **options)
+
+
+def policy_options(factory: Callable[..., object]) -> tuple[str, ...]:
+    """The options a policy factory takes: its keyword-only parameters."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: no declared options
+        return ()
+    return tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def _check_options(name: str, factory: Callable[..., object], options: Mapping[str, Any]
+                   ) -> None:
+    accepted = policy_options(factory)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(f"routing.policy.options: policy {name!r} takes no option "
+                          f"{unknown[0]!r}",
+                          hint=(f"its options: {', '.join(accepted)}" if accepted
+                                else f"{name} takes no options"))
 
 
 REGISTRY = PolicyRegistry()

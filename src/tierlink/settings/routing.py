@@ -69,9 +69,12 @@ class ShadowConfig:
     policy: str
     weights: Weights | None = None
     explore: float = 0.0
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"policy": self.policy, "explore": self.explore}
+        policy: Any = ({"name": self.policy, "options": dict(self.options)} if self.options
+                       else self.policy)
+        out: dict[str, Any] = {"policy": policy, "explore": self.explore}
         if self.weights is not None:
             out["weights"] = {"accuracy": self.weights.accuracy, "latency": self.weights.latency,
                               "cost": self.weights.cost}
@@ -83,6 +86,9 @@ class RoutingConfig:
     """How every node of the fleet routes (one policy, one set of weights)."""
 
     policy: str = "tierlink"
+    # ``routing.policy: {name, options}``: what the policy's factory is given (the policy
+    # validates them itself); ``routing.policy: NAME`` is short for no options.
+    policy_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     weights: Weights = field(default_factory=Weights)
     thresholds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     default_threshold: float = 0.9
@@ -146,13 +152,14 @@ ROUTING_KEYS = ("policy", "weights", "thresholds", "default_threshold", "max_hop
 
 def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
     known_keys(raw, ROUTING_KEYS, "routing")
+    policy, options = policy_choice(raw.get("policy", "tierlink"), "routing.policy")
     weights = as_mapping(raw.get("weights") or {}, "routing.weights")
     thresholds = as_mapping(raw.get("thresholds") or {}, "routing.thresholds")
     breaker = as_mapping(raw.get("breaker") or {}, "routing.breaker")
     known_keys(breaker, ("failure_threshold", "cooldown_s", "max_cooldown_s"),
                "routing.breaker")
     return RoutingConfig(
-        policy=str(raw.get("policy", "tierlink")),
+        policy=policy, policy_options=options,
         weights=Weights(**{k: as_float(v, f"routing.weights.{k}", 0.0) for k, v in weights.items()
                            if known(k, ("accuracy", "latency", "cost"), "routing.weights")}),
         thresholds=MappingProxyType({str(k): as_float(v, f"routing.thresholds.{k}", 0.0, 1.0)
@@ -192,16 +199,34 @@ def _shadow(raw: Any) -> ShadowConfig | None:
     raw = as_mapping(raw, "routing.shadow")
     for key in raw:
         known(key, ("policy", "weights", "explore"), "routing.shadow")
-    if not isinstance(raw.get("policy"), str):
+    if raw.get("policy") is None:
         raise ConfigError("routing.shadow.policy must name the candidate policy",
                           hint="e.g. shadow: {policy: bandit, explore: 0.05}")
+    name, options = policy_choice(raw["policy"], "routing.shadow.policy")
     weights = raw.get("weights")
     parsed = None if weights is None else Weights(**{
         k: as_float(v, f"routing.shadow.weights.{k}", 0.0)
         for k, v in as_mapping(weights, "routing.shadow.weights").items()
         if known(k, ("accuracy", "latency", "cost"), "routing.shadow.weights")})
-    return ShadowConfig(raw["policy"], parsed,
-                        as_float(raw.get("explore", 0.0), "routing.shadow.explore", 0.0, 0.5))
+    return ShadowConfig(name, parsed,
+                        as_float(raw.get("explore", 0.0), "routing.shadow.explore", 0.0, 0.5),
+                        options)
+
+
+def policy_choice(raw: Any, where: str) -> tuple[str, Mapping[str, Any]]:
+    """``NAME`` or ``{name: NAME, options: {...}}``: the policy and its options."""
+    if isinstance(raw, str) and raw:
+        return raw, MappingProxyType({})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a policy's name or {{name, options}}, got {raw!r}",
+                          hint="e.g. policy: bandit, or policy: {name: bandit, options: "
+                               "{prior_weight: 10}}")
+    known_keys(raw, ("name", "options"), where)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.name must name a registered policy")
+    options = as_mapping(raw.get("options") or {}, f"{where}.options")
+    return name, MappingProxyType({str(k): v for k, v in options.items()})
 
 
 def _reward(raw: Mapping[str, Any]) -> RewardWeights:

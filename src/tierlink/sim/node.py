@@ -35,9 +35,7 @@ from tierlink.core.types import (
 )
 from tierlink.errors import (
     DeadlineExceeded,
-    InvalidRequest,
     NoFeasiblePlacement,
-    PrivacyViolation,
     Refused,
     TierlinkError,
     UpstreamTimeout,
@@ -54,9 +52,11 @@ from tierlink.node.dispatcher import (
 )
 from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
+from tierlink.node.policies import PolicyDesk
 from tierlink.node.scheduler import SchedulerConfig
-from tierlink.policy import REGISTRY, Policy
-from tierlink.policy.bandit import reward_of, teach
+from tierlink.policy import Policy
+from tierlink.policy.bandit import reward_of
+from tierlink.policy.base import give_feedback
 from tierlink.policy.ope import Logged
 from tierlink.policy.placement import TierlinkPolicy
 from tierlink.policy.shadow import Decision, Shadow
@@ -129,7 +129,7 @@ class SimNode:
         self.incarnation = 0  # grows at each crash: answers of an older one never arrive
         self._clock = clock
         self._policy_config = routing.policy_config()
-        self.policies: dict[str, Policy] = {}  # made on first use, as the node makes them
+        self.desk = PolicyDesk(node_id, self.tier, routing, self._count, self._policy_config)
         self.scheduler = SimScheduler(SchedulerConfig(workers=workers, max_queue=max_queue),
                                       clock=clock)
         self.scheduler.start()
@@ -231,6 +231,11 @@ class SimNode:
 
     # -- a request arrives -----------------------------------------------------------------
 
+    def _count(self, _privacy: str, verdict: str) -> None:
+        """The desk's receipt verdicts: a violation counts once, where the input first was."""
+        if verdict == "violation":
+            self.counters.violations += 1
+
     async def handle(self, req: Request, inputs: Inputs) -> StepResult:
         """What ``NodeService.infer_task`` does with a routed request."""
         if self.power is not None:
@@ -238,8 +243,8 @@ class SimNode:
         if not self.alive:
             raise UpstreamUnavailable(f"{self.node_id} is down")
         t0 = self._clock()
-        policy = self._policy_for(req)
-        req = self._check_receipt(req, policy)
+        policy = self.desk.for_request(req)
+        req = self.desk.receive(req, policy)
         self.before_plan(self)
         view = self.view
         plan, decision = self._plan(policy, req, view)
@@ -251,7 +256,7 @@ class SimNode:
         def observe(result: StepResult | None, latency_ms: float) -> None:
             outcome = result.outcome if result is not None else None
             correct = float(int(result.outputs["label"]) == label) if result else 0.0
-            teach(policy, plan, req, view, outcome, correct, latency_ms)
+            give_feedback(policy, plan, req, view, outcome, correct, latency_ms)
             self._log(decision, policy, req, view, outcome, correct, latency_ms)
 
         return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
@@ -276,27 +281,6 @@ class SimNode:
         self.counters.shadow_log.append(Logged(
             decision.acting, decision.candidate, decision.propensity, reward,
             decision.acting_features, decision.candidate_features))
-
-    def _policy_for(self, req: Request) -> Policy:
-        name = req.policy or self.routing.policy
-        if name != self.routing.policy and not self.routing.allow_policy_override:
-            raise InvalidRequest(f"this fleet does not allow choosing the policy ({name})")
-        found = self.policies.get(name)
-        if found is None:
-            if name not in REGISTRY.names():
-                raise InvalidRequest(f"unknown policy {name!r}")
-            found = self.policies[name] = REGISTRY.create(name, self._policy_config)
-        return found
-
-    def _check_receipt(self, req: Request, policy: Policy) -> Request:
-        allowed = req.privacy.allows(self.tier, at_origin=req.origin == self.node_id)
-        if not allowed and not req.privacy_breached:
-            self.counters.violations += 1
-        if not allowed and policy.respects_privacy:
-            raise PrivacyViolation(f"{self.node_id} may not hold a {req.privacy.value} input")
-        if req.deadline_ms <= 0 and policy.respects_deadline:
-            raise DeadlineExceeded(f"request {req.request_id} arrived with its deadline spent")
-        return req if allowed else replace(req, privacy_breached=True)
 
     # -- the dispatcher's steps ------------------------------------------------------------
 
