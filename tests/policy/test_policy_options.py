@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tierlink.core.types import ClusterView, Outcome, Plan, Request, Tier
+from tierlink.core.types import ClusterView, Outcome, Plan, Request
 from tierlink.errors import ConfigError
-from tierlink.node.policies import PolicyDesk
 from tierlink.policy import REGISTRY, BanditPolicy, Learner, PolicyConfig, PolicyRegistry
 from tierlink.policy.base import give_feedback, policy_options
 from tierlink.settings.routing import parse_routing
@@ -91,14 +90,3 @@ def test_feedback_reaches_any_learning_policy(registry):
     assert policy.heard == [1.0]
     give_feedback(REGISTRY.create("tierlink", None), plan, req, ClusterView.build("dev-1", (), ()), None,
                   1.0, 12.0)  # a policy that does not learn hears nothing, and that is fine
-
-
-def test_a_node_makes_the_fleets_policy_with_its_options_and_others_on_first_use():
-    routing = parse_routing({"policy": {"name": "bandit", "options": {"prior_weight": 3}},
-                             "allow_policy_override": True})
-    desk = PolicyDesk("dev-1", Tier.DEVICE, routing)
-    assert isinstance(desk.default, BanditPolicy)
-    assert desk.default.model is not REGISTRY.create("bandit", None).model
-    assert desk.for_request(Request("r", "toy", 100.0, "dev-1")) is desk.default
-    other = desk.for_request(Request("r", "toy", 100.0, "dev-1", policy="cloud_only"))
-    assert other.name == "cloud_only" and desk.named("cloud_only") is other

@@ -9,9 +9,9 @@ import random
 import sim_support as toy
 from tierlink.core.types import Privacy, Request
 from tierlink.node.dispatcher import Dispatcher
-from tierlink.node.policies import PolicyDesk
 from tierlink.policy import REGISTRY
 from tierlink.policy.placement import TierlinkPolicy
+from tierlink.routing.desk import PolicyDesk
 from tierlink.sim import loop
 from tierlink.sim.build import Scenario, build
 from tierlink.sim.run import simulate

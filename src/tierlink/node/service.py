@@ -65,9 +65,8 @@ from tierlink.node.hard_examples import ExampleSink, uploader_for
 from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.models import ModelManager
-from tierlink.node.policies import PolicyDesk
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
-from tierlink.node.shadowing import ShadowMode
+from tierlink.node.shadowing import open_shadow
 from tierlink.node.spec import NodeSpec
 from tierlink.node.splits import SplitPlans, Upstream
 from tierlink.node.topology import Topology, rule_of
@@ -75,9 +74,9 @@ from tierlink.node.uplink import Uplink
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, check_version_known, heartbeat
 from tierlink.policy import Policy
-from tierlink.policy.base import give_feedback
-from tierlink.policy.placement import TierlinkPolicy
 from tierlink.policy.shadow import Decision
+from tierlink.routing.desk import PolicyDesk
+from tierlink.routing.router import Router
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
 from tierlink.telemetry.trace_attributes import (
@@ -165,9 +164,11 @@ class NodeService:
                                      margin_ms=self.routing.reserve_ms,
                                      on_hard_example=self._hard_example,
                                      hedger=Hedger(self.routing.hedging))
-        self.shadow_mode = ShadowMode.open(
-            self.routing, self.policies.default, spec.node_id, spec.state_dir,
-            on_dropped=self.metrics.shadow_dropped.labels(spec.tier.label).inc)
+        shadow = open_shadow(self.routing, self.policies.default, spec.node_id,
+                             spec.state_dir,
+                             on_dropped=self.metrics.shadow_dropped.labels(spec.tier.label).inc)
+        self._shadow_log = shadow[1] if shadow is not None else None
+        self.router = Router(self.policies, self._rng, shadow[0] if shadow else None)
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self._keepwarm: asyncio.Task[None] | None = None
@@ -213,8 +214,8 @@ class NodeService:
                 await asyncio.gather(task, return_exceptions=True)
         await self.scheduler.close()
         await self._client.close()
-        if self.shadow_mode is not None:
-            self.shadow_mode.close()
+        if self._shadow_log is not None:
+            self._shadow_log.close()
 
     # -- direct model inference (OIP, no routing) ------------------------------------------
 
@@ -303,8 +304,7 @@ class NodeService:
         check_task_inputs(self.runtimes.values(), task, inputs)
         check_version_known(self.view, task, req.version)
         self.split.routed(task, t0)  # demand: the split warmer opens cuts of tasks in use
-        policy = self.policies.for_request(req)
-        req = self.policies.receive(req, policy)
+        policy, req = self.router.arrive(req)
         self._inflight += 1
         token = LABELS.set(labels)
         try:
@@ -337,10 +337,8 @@ class NodeService:
         def observe(result: StepResult | None, latency_ms: float) -> None:
             outcome = result.outcome if result is not None else None
             correct = _correctness(result, labels) if result is not None else 0.0
-            give_feedback(policy, plan, req, view, outcome, correct, latency_ms)
-            if decision is not None and self.shadow_mode is not None \
-                    and isinstance(policy, TierlinkPolicy):
-                self.shadow_mode.log(decision, policy, req, view, outcome, correct, latency_ms)
+            self.router.feedback(policy, plan, decision, req, view, outcome, correct,
+                                 latency_ms)
 
         return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
                                       observe)
@@ -350,11 +348,7 @@ class NodeService:
         """The acting policy's plan; in shadow mode the candidate decides beside it on this
         node's own requests (an application's, not a forwarded one)."""
         with tracing.stage("tierlink.plan") as span:
-            if self.shadow_mode is None or req.hops > 0 \
-                    or not isinstance(policy, TierlinkPolicy):
-                plan, decision = policy.plan(req, view, self._rng), None
-            else:
-                plan, decision = self.shadow_mode.plan(req, view, self._rng)
+            plan, decision = self.router.plan(policy, req, view)
             tracing.set_attributes(span, plan_attributes(plan))
         return plan, decision
 

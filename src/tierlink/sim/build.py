@@ -118,16 +118,15 @@ def _shadow_devices(nodes: Mapping[str, SimNode], config: FleetConfig, sc: Scena
                     seed: int) -> None:
     from dataclasses import replace as with_
 
-    from tierlink.policy import REGISTRY
-    from tierlink.policy.placement import TierlinkPolicy
+    from tierlink.routing.router import ShadowRun, shadow_candidate
 
     cfg = config.routing.policy_config()
     if sc.shadow_weights is not None:
         cfg = with_(cfg, weights=sc.shadow_weights)
     for node in nodes.values():
         if node.tier is Tier.DEVICE:
-            candidate = REGISTRY.create(str(sc.shadow), cfg)
-            if not isinstance(candidate, TierlinkPolicy):
-                raise ConfigError(f"shadow policy {sc.shadow!r} does not order the feasible "
-                                  "options (it must build on the tierlink policy)")
-            node.shadow = (candidate, sc.explore, seeded(seed, "shadow", node.node_id))
+            candidate = shadow_candidate(str(sc.shadow), cfg, where="the scenario's shadow")
+            node.router.shadow = ShadowRun(candidate, sc.explore,
+                                           seeded(seed, "shadow", node.node_id),
+                                           node.counters.shadow_log.append,
+                                           config.routing.reward)

@@ -28,7 +28,6 @@ from tierlink.core.types import (
     NodeView,
     Outcome,
     Placement,
-    Plan,
     Request,
     SplitPoint,
     Tier,
@@ -52,14 +51,10 @@ from tierlink.node.dispatcher import (
 )
 from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
-from tierlink.node.policies import PolicyDesk
 from tierlink.node.scheduler import SchedulerConfig
-from tierlink.policy import Policy
-from tierlink.policy.bandit import reward_of
-from tierlink.policy.base import give_feedback
 from tierlink.policy.ope import Logged
-from tierlink.policy.placement import TierlinkPolicy
-from tierlink.policy.shadow import Decision, Shadow
+from tierlink.routing.desk import PolicyDesk
+from tierlink.routing.router import Router
 from tierlink.sim.compute import ComputeModel, SimScheduler, Work
 from tierlink.sim.http import HttpCosts
 from tierlink.sim.links import SimLink
@@ -130,6 +125,7 @@ class SimNode:
         self._clock = clock
         self._policy_config = routing.policy_config()
         self.desk = PolicyDesk(node_id, self.tier, routing, self._count, self._policy_config)
+        self.router = Router(self.desk, rng)
         self.scheduler = SimScheduler(SchedulerConfig(workers=workers, max_queue=max_queue),
                                       clock=clock)
         self.scheduler.start()
@@ -158,8 +154,6 @@ class SimNode:
         self.view = ClusterView.build(node_id, [self.me()], [])
         self.view_at = float("-inf")
         self.before_plan: Callable[[SimNode], None] = lambda _node: None  # view refresh
-        # (candidate policy, exploration share, its own generator): shadow mode, set by build
-        self.shadow: tuple[Policy, float, random.Random] | None = None
         self.power: PowerState | None = None  # a device's battery and heat (sim/power.py)
 
     def crash(self) -> None:
@@ -243,11 +237,10 @@ class SimNode:
         if not self.alive:
             raise UpstreamUnavailable(f"{self.node_id} is down")
         t0 = self._clock()
-        policy = self.desk.for_request(req)
-        req = self.desk.receive(req, policy)
+        policy, req = self.router.arrive(req)
         self.before_plan(self)
         view = self.view
-        plan, decision = self._plan(policy, req, view)
+        plan, decision = self.router.plan(policy, req, view)
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.node_id}: {plan.reason}",
                                       request_id=req.request_id)
@@ -256,31 +249,11 @@ class SimNode:
         def observe(result: StepResult | None, latency_ms: float) -> None:
             outcome = result.outcome if result is not None else None
             correct = float(int(result.outputs["label"]) == label) if result else 0.0
-            give_feedback(policy, plan, req, view, outcome, correct, latency_ms)
-            self._log(decision, policy, req, view, outcome, correct, latency_ms)
+            self.router.feedback(policy, plan, decision, req, view, outcome, correct,
+                                 latency_ms)
 
         return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
                                       observe)
-
-    def _plan(self, policy: Policy, req: Request, view: ClusterView
-              ) -> tuple[Plan, Decision | None]:
-        """The acting policy's plan; on a device in shadow mode, the candidate decides
-        beside it (requests from this device's applications only)."""
-        if self.shadow is None or req.hops > 0 or not isinstance(policy, TierlinkPolicy):
-            return policy.plan(req, view, self.rng), None
-        candidate, explore, rng = self.shadow
-        assert isinstance(candidate, TierlinkPolicy)
-        return Shadow(policy, candidate, explore, rng).plan(req, view, self.rng)
-
-    def _log(self, decision: Decision | None, policy: Policy, req: Request, view: ClusterView,
-             outcome: Outcome | None, correct: float, latency_ms: float) -> None:
-        if decision is None or not isinstance(policy, TierlinkPolicy):
-            return
-        reward = reward_of(self._policy_config.reward, req, policy.reference_cost(req, view),
-                           outcome, correct, latency_ms)
-        self.counters.shadow_log.append(Logged(
-            decision.acting, decision.candidate, decision.propensity, reward,
-            decision.acting_features, decision.candidate_features))
 
     # -- the dispatcher's steps ------------------------------------------------------------
 

@@ -10,7 +10,6 @@ from dataclasses import replace
 
 from tierlink.core.types import Request, Tier
 from tierlink.errors import DeadlineExceeded, InvalidRequest, PrivacyViolation
-from tierlink.node import protocol
 from tierlink.policy import REGISTRY, Policy, PolicyConfig
 from tierlink.settings.routing import RoutingConfig
 
@@ -55,7 +54,7 @@ class PolicyDesk:
             return self.default
         if not self._allow_override:
             raise InvalidRequest(f"this fleet does not allow choosing the policy per request "
-                                 f"({protocol.POLICY}={req.policy!r})",
+                                 f"(tierlink.policy={req.policy!r})",
                                  hint="set routing.allow_policy_override in the fleet file")
         return self.named(req.policy)
 

@@ -1,0 +1,100 @@
+"""The routing core: one Router for the live node and the simulated one — arrival (the
+desk's receipt and policy choice), the plan with a shadow candidate beside it, and the
+feedback after the answer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import sim_support as toy
+from tierlink.core.types import Privacy, Request, Tier
+from tierlink.errors import ConfigError, DeadlineExceeded, InvalidRequest, PrivacyViolation
+from tierlink.policy import BanditPolicy, PolicyConfig
+from tierlink.policy.ope import Logged
+from tierlink.routing.desk import PolicyDesk
+from tierlink.routing.router import Router, ShadowRun, shadow_candidate
+from tierlink.settings.routing import parse_routing
+
+
+def desk(**routing: object) -> tuple[PolicyDesk, list[tuple[str, str]]]:
+    counted: list[tuple[str, str]] = []
+    made = PolicyDesk("dev-1", Tier.DEVICE, parse_routing(routing),
+                      lambda privacy, verdict: counted.append((privacy, verdict)))
+    return made, counted
+
+
+def test_a_node_makes_the_fleets_policy_with_its_options_and_others_on_first_use():
+    made, _ = desk(policy={"name": "bandit", "options": {"prior_weight": 3}},
+                   allow_policy_override=True)
+    assert isinstance(made.default, BanditPolicy)
+    assert made.for_request(Request("r", "toy", 100.0, "dev-1")) is made.default
+    other = made.for_request(Request("r", "toy", 100.0, "dev-1", policy="cloud_only"))
+    assert other.name == "cloud_only" and made.named("cloud_only") is other
+    with pytest.raises(InvalidRequest, match="unknown policy 'nope'"):
+        made.named("nope")
+
+
+def test_arrival_refuses_what_the_node_may_not_hold_and_counts_it():
+    counted: list[tuple[str, str]] = []
+    router = Router(PolicyDesk("edge-1", Tier.EDGE, parse_routing({}),
+                               lambda p, v: counted.append((p, v))), random.Random(0))
+    with pytest.raises(PrivacyViolation, match="may not hold a 'local' input"):
+        router.arrive(Request("r", "toy", 100.0, "dev-1", Privacy.LOCAL))
+    with pytest.raises(DeadlineExceeded):
+        router.arrive(Request("r", "toy", 0.0, "dev-1", hops=1))
+    with pytest.raises(InvalidRequest, match="does not allow choosing the policy"):
+        router.arrive(Request("r", "toy", 100.0, "dev-1", policy="cloud_only"))
+    policy, req = router.arrive(Request("r", "toy", 100.0, "dev-1"))
+    assert policy is router.desk.default and req.deadline_ms == 100.0
+    assert counted == [("local", "violation"), ("any", "allowed"), ("any", "allowed")]
+
+
+def test_in_shadow_mode_the_candidate_decides_beside_and_the_outcome_is_logged():
+    view = toy.device_view()
+    logged: list[Logged] = []
+    router = Router(desk()[0], random.Random(1))
+    router.shadow = ShadowRun(shadow_candidate("bandit", PolicyConfig()), 0.0,
+                              random.Random(2), logged.append, PolicyConfig().reward)
+    policy, req = router.arrive(Request("r", "toy", 500.0, "dev-1", input_bytes=3136))
+    plan, decision = router.plan(policy, req, view)
+    assert decision is not None and decision.propensity == 1.0  # no exploration
+    assert plan == policy.plan(req, view, random.Random(1))  # the acting policy's plan
+    router.feedback(policy, plan, decision, req, view, None, 0.0, 600.0)
+    assert len(logged) == 1 and logged[0].acting == decision.acting
+    forwarded = Request("r", "toy", 500.0, "edge-1", hops=1, input_bytes=3136)
+    assert router.plan(policy, forwarded, view)[1] is None  # only an application's own
+
+
+def test_a_learning_policy_hears_its_plans_through_the_router():
+    made, _ = desk(policy="bandit")
+    router, view = Router(made, random.Random(0)), toy.device_view()
+    policy, req = router.arrive(Request("r", "toy", 500.0, "dev-1", input_bytes=3136))
+    plan, decision = router.plan(policy, req, view)
+    before = made.default.model.updates  # type: ignore[attr-defined]
+    router.feedback(policy, plan, decision, req, view, None, 1.0, 20.0)
+    assert made.default.model.updates == before + 1  # type: ignore[attr-defined]
+
+
+def test_a_shadow_candidate_must_order_the_tierlink_policys_options():
+    with pytest.raises(ConfigError, match="cannot run in shadow mode"):
+        shadow_candidate("cloud_only", PolicyConfig())
+    assert isinstance(shadow_candidate("bandit", PolicyConfig()), BanditPolicy)
+
+
+def test_the_live_node_and_the_simulator_route_through_the_same_router():
+    import asyncio
+
+    from tierlink.sim import loop
+    from tierlink.sim.build import build
+
+    async def main() -> Router:
+        fleet, _ = build(toy.fleet(), toy.views(), {"toy": toy.outcomes()},
+                         asyncio.get_running_loop().time, seed=1)
+        return fleet.nodes["dev-1"].router
+
+    assert type(loop.run(main)) is Router
+    from tierlink.node import service
+
+    assert service.Router is Router  # NodeService builds one too (tests/node: its routes)
