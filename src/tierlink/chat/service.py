@@ -32,6 +32,7 @@ from tierlink.errors import (
 from tierlink.estimate.chat import ChatEstimate
 from tierlink.llm.results import Chunk, Generation
 from tierlink.policy.chat import ChatAsk, ChatOption, ChatPlan
+from tierlink.routing.desk import may_hold
 from tierlink.security.names import expect_node
 from tierlink.telemetry.llm_metrics import LLMMetrics
 
@@ -193,8 +194,7 @@ class ChatService:
     def check_privacy(self, req: ChatRequest) -> None:
         """The prompt *is* the private data: refused where this node may not hold it."""
         origin = req.tierlink.origin
-        at_origin = origin is None or origin == self.node_id
-        if not req.tierlink.privacy.allows(self.tier, at_origin=at_origin):
+        if not may_hold(req.tierlink.privacy, self.tier, self.node_id, origin):
             raise PrivacyViolation(
                 f"a {req.tierlink.privacy.value} prompt from {origin} may not be held by "
                 f"{self.node_id} ({self.tier.label})")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from tierlink.core.types import Request, Tier
+from tierlink.core.types import Privacy, Request, Tier
 from tierlink.errors import DeadlineExceeded, InvalidRequest, PrivacyViolation
 from tierlink.policy import REGISTRY, Policy, PolicyConfig
 from tierlink.settings.routing import RoutingConfig
@@ -21,6 +21,12 @@ Count = Callable[[str, str], None]  # (privacy level, verdict) of an input recei
 
 def _uncounted(_privacy: str, _verdict: str) -> None:
     pass
+
+
+def may_hold(privacy: Privacy, tier: Tier, node_id: str, origin: str | None) -> bool:
+    """Whether ``node_id`` (of ``tier``) may hold an input of ``privacy`` from ``origin``
+    (None: its own) — the receipt check of every request, tensor or chat."""
+    return privacy.allows(tier, at_origin=origin is None or origin == node_id)
 
 
 class PolicyDesk:
@@ -64,7 +70,7 @@ class PolicyDesk:
         Verdicts: ``allowed``; ``violation`` — this node is the first to hold the input
         against its privacy level (so summing violations counts *requests*); ``beyond`` —
         an earlier hop already had, and said so in the request."""
-        allowed = req.privacy.allows(self._tier, at_origin=req.origin == self._node_id)
+        allowed = may_hold(req.privacy, self._tier, self._node_id, req.origin)
         verdict = "allowed" if allowed else ("beyond" if req.privacy_breached else "violation")
         self._count(req.privacy.value, verdict)
         if not allowed and policy.respects_privacy:
