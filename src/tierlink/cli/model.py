@@ -69,7 +69,9 @@ def keygen(out: Path = typer.Option(..., "--out", help="where the private key go
 @app.command("publish")
 def publish(
     name: str = typer.Argument(..., help="model name nodes serve it under, e.g. fmnist-medium"),
-    onnx: Path = typer.Argument(..., help="the ONNX graph"),
+    onnx: Path = typer.Argument(..., help="the model's file: an ONNX graph, a Python "
+                                          "model's model.zip, or a multi-exit model's whole "
+                                          "graph (its segments beside its card are packed)"),
     card: Path = typer.Option(..., "--card", help="its model card (JSON)"),
     version: str = typer.Option(..., "--version", help="the new version, e.g. 2"),
     notes: str = typer.Option(..., "--notes", help="what changed in this version"),
