@@ -270,17 +270,17 @@ def _convert(d: Mapping[str, Any]) -> ModelCard:
         test_accuracy=float(d.get("test_accuracy") or 0.0),
         calib_accuracy=float(d.get("calib_accuracy") or 0.0),
         temperature=float(d.get("temperature", 1.0)),
-        calibration=_maybe(calibration_from_dict, d.get("calibration")),
+        calibration=_section(d, "calibration", calibration_from_dict),
         cascade=cascade_from_dicts(d.get("cascade", ())),
         latency_ms=_timings(d.get("latency_ms") or {}),
         latency_by_provider=MappingProxyType(
             {str(k): _timings(v) for k, v in (d.get("latency_by_provider") or {}).items()}),
         provider=str(d.get("provider", CPU)), precision=str(d.get("precision", "fp32")),
-        training=_maybe(training_from_dict, d.get("training")),
-        data=_maybe(data_from_dict, d.get("data")),
+        training=_section(d, "training", training_from_dict),
+        data=_section(d, "data", data_from_dict),
         lineage=lineage_from_dict(d.get("lineage")),
-        multi_exit=_maybe(exit_net_from_dict, d.get("multi_exit")),
-        language=_maybe(language_from_dict, d.get("language")),
+        multi_exit=_section(d, "multi_exit", exit_net_from_dict),
+        language=_section(d, "language", language_from_dict),
     )
 
 
@@ -312,14 +312,15 @@ def _exit_latency(net: ExitNet) -> tuple[float, float, float]:
     return mean, mean, sum(s.latency_ms["batch32_per_sample"] for s in net.segments)
 
 
-def _maybe(parse: Any, data: Any) -> Any:
-    """A section parsed, or None; a malformed one names itself (``ValueError``)."""
+def _section(d: Mapping[str, Any], name: str, parse: Any) -> Any:
+    """Section ``name`` of the card parsed, or None; a malformed one names itself
+    (``ValueError``)."""
+    data = d.get(name)
     if data is None:
         return None
     try:
         return parse(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        name = parse.__name__.removesuffix("_from_dict").replace("exit_net", "multi_exit")
         raise ValueError(f"section {name!r}: {exc!r}") from exc
 
 

@@ -16,7 +16,6 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 
@@ -117,7 +116,7 @@ def chain_order(outputs_of: dict[Path, tuple[str, str]]) -> tuple[Path, ...]:
     if len(starts) != 1:
         raise ValueError(f"exactly one segment must take an input no other segment gives; "
                          f"found {sorted(p.name for p in starts) or 'none'}")
-    by_input: dict[str, Any] = {inp: p for p, (inp, _) in outputs_of.items()}
+    by_input = {inp: p for p, (inp, _) in outputs_of.items()}
     order = [starts[0]]
     while (nxt := by_input.get(outputs_of[order[-1]][1])) is not None and nxt not in order:
         order.append(nxt)

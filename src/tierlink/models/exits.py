@@ -115,17 +115,15 @@ class ExitsModel:
         root = Path(root)
         card_path = find_exit_card(root) if root.is_dir() else root
         card = load_card(card_path)
-        segments = unpack(package) if package is not None and is_package(package) \
-            else card_path.parent
-        model = ExitModel(segments, card)
+        packed = package if package is not None and is_package(package) else None
+        model = ExitModel(unpack(packed) if packed else card_path.parent, card)
         net, op = model.net, model.net.operating_point
         self.thresholds = tuple(thresholds if thresholds is not None else op.calib.thresholds)
         self.card = card
         self._runner = ExitRunner(model, self.thresholds, threads)
         self._boundaries = {b.name: k for k, b in enumerate(net.boundaries)}
         # The file it was loaded from: its package, else its whole graph or its card.
-        self.path = (package if segments != card_path.parent and package is not None
-                     else model.whole_path if net.whole else card_path)
+        self.path = packed or (model.whole_path if net.whole else card_path)
         self.inputs: tuple[TensorDecl, ...] = card.inputs
         self.outputs: tuple[TensorDecl, ...] = card.outputs
         splits = exit_split_points(net.stage_ms(), op.calib.shares,

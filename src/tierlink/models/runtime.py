@@ -60,7 +60,7 @@ class ModelInfo:
 
     def on_provider(self, provider: str) -> ModelInfo:
         """This model as run by ``provider``: the card's latency measured on it, if any."""
-        measured = self.card.latency_by_provider.get(provider) if self.card else None
+        measured = self.card.latency_on(provider) if self.card else None
         if not measured:
             return self
         return replace(self, latency_ms=float(measured["batch1_p50"]))

@@ -25,7 +25,7 @@ from tierlink.models.exit_measure import chain_order, measure_net
 from tierlink.models.kind_registry import kind_of
 from tierlink.models.onnx import open_session
 from tierlink.models.package import PACKAGE, pack
-from tierlink.models.tensors import TensorDecl
+from tierlink.models.tensors import TensorDecl, from_ort
 from tierlink.modelstore.importer import (
     ImportRequest,
     check_inputs,
@@ -44,7 +44,8 @@ def import_exits(req: ImportRequest, store: ModelStore,
     is written then)."""
     segments = ordered_segments(Path(req.model))
     first = open_session(segments[0]).session.get_inputs()[0]
-    inputs = (TensorDecl(first.name, "FP32", (-1, *_dims(first.shape)[1:])),)
+    # The chain runs on float32 (as the zoo's net does), whatever the batch size.
+    inputs = (TensorDecl(first.name, "FP32", (-1, *from_ort(first).shape[1:])),)
     if not req.outputs:  # what it answers is its exits' logits, whichever exit gave them
         req = replace(req, outputs=MappingProxyType({"scores": "logits"}))
     task = resolve_task(req, store, inputs)
@@ -102,6 +103,3 @@ def ordered_segments(directory: Path) -> tuple[Path, ...]:
         raise ImportRefused(f"the segments in {directory} do not form one chain: {exc}",
                             hint="segment k takes segment k-1's first output") from exc
 
-
-def _dims(shape: list[object]) -> tuple[int, ...]:
-    return tuple(d if isinstance(d, int) and d > 0 else -1 for d in shape)

@@ -56,7 +56,7 @@ def open_shadow(routing: RoutingConfig, acting: Policy, node_id: str, state_dir:
     policy_cfg = routing.policy_config()
     if cfg.weights is not None:
         policy_cfg = replace(policy_cfg, weights=cfg.weights)
-    candidate = shadow_candidate(cfg.policy, policy_cfg, dict(cfg.options))
+    candidate = shadow_candidate(cfg.policy, policy_cfg, cfg.options)
     path = Path(state_dir) / "shadow.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -8,8 +8,9 @@ injected; randomness comes from the generator the caller owns.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tierlink.core.types import ClusterView, Outcome, Plan, Request
 from tierlink.errors import ConfigError
@@ -37,11 +38,12 @@ class ShadowRun:
     reward: RewardWeights
 
 
-def shadow_candidate(name: str, config: PolicyConfig, options: object = None,
+def shadow_candidate(name: str, config: PolicyConfig,
+                     options: Mapping[str, Any] | None = None,
                      where: str = "routing.shadow.policy") -> TierlinkPolicy:
     """The candidate policy of shadow mode, made as a node makes its policies; refused when
     it cannot order the tierlink policy's feasible options (what shadow mode compares)."""
-    candidate = REGISTRY.create(name, config, options if isinstance(options, dict) else None)
+    candidate = REGISTRY.create(name, config, options)
     if not isinstance(candidate, TierlinkPolicy):
         raise ConfigError(f"{where} {name!r} cannot run in shadow mode: it does not order "
                           "the tierlink policy's feasible options",
