@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from repo_support import Artifact, FakeClock, make_artifact
 
+from repo_support import Artifact, FakeClock, make_artifact
 from tierlink.repo.signing import public_key_string
 
 

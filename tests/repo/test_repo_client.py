@@ -13,8 +13,8 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
-from repo_support import Artifact, FakeClock, make_artifact, repo_app
 
+from repo_support import Artifact, FakeClock, make_artifact, repo_app
 from tierlink.errors import ArtifactRejected, ControlPlaneError, RepositoryError, VersionConflict
 from tierlink.repo.client import RepositoryClient, fetch_artifact
 from tierlink.repo.verify import verify_artifact

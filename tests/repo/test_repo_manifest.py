@@ -7,8 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from repo_support import NOW, Artifact, validation
 
+from repo_support import NOW, Artifact, validation
 from tierlink.errors import ArtifactRejected
 from tierlink.repo.manifest import (
     PublishedVersion,

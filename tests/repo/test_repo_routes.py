@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
-from repo_support import NOW, Artifact, FakeClock, make_artifact, repo_app
 
+from repo_support import NOW, Artifact, FakeClock, make_artifact, repo_app
 from tierlink.repo.signing import sign_manifest
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from repo_support import Artifact
 
+from repo_support import Artifact
 from tierlink.errors import ArtifactRejected, ConfigError
 from tierlink.repo.signing import (
     generate_key,

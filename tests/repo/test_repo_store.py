@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from repo_support import NOW, Artifact, make_artifact
 
+from repo_support import NOW, Artifact, make_artifact
 from tierlink.control.store import SCHEMA_VERSION, SqliteRegistryStore
 from tierlink.errors import RepositoryError, VersionConflict
 from tierlink.repo.signing import sign_manifest
