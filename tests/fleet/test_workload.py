@@ -104,7 +104,7 @@ def test_the_split_summary_counts_plans_kinds_and_agreement():
                record(split="features.2/fp16", latency=70.0, pred=5, timings=head),
                record(origin="dev-2", latency=120.0),
                record(origin="dev-2", answered=False, error="deadline_exceeded")]
-    s = summarize_split(records, violations=0)
+    s = summarize_split(records)
     assert (s["requests"], s["answered"], s["refused"], s["lost"]) == (5, 4, 1, 0)
     assert s["served"] == {"split": 3, "local": 0, "remote": 1}
     assert s["split_plans"] == {"features.4/fp16": 2, "features.2/fp16": 1}
@@ -119,7 +119,7 @@ def test_the_split_summary_counts_plans_kinds_and_agreement():
 
 
 def test_the_split_summary_of_a_run_that_answered_nothing():
-    s = summarize_split([record(answered=False, error="no_feasible_placement")], 0)
+    s = summarize_split([record(answered=False, error="no_feasible_placement")])
     assert s["answered"] == 0 and s["p50_ms"] is None and s["agreement_top1"] is None
     assert s["by_kind"] == {} and set(s["split_medians"].values()) == {None}
     assert s["errors"] == {"no_feasible_placement": 1}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tierlink
-from tierlink.errors import TensorError
+from tierlink.errors import PrivacyViolation, TensorError
 from tierlink.fleet.launcher import RunningFleet
 
 from .integration_support import running_fleet
@@ -134,3 +134,22 @@ def test_a_malformed_input_is_refused_at_the_device_and_never_travels(
     assert refused.value.details.get("status") == 400
     assert "toy" in refused.value.message
     assert received(byo_fleet, "cloud-1") == before
+
+
+def test_a_policy_that_ignores_privacy_has_its_plans_refused_by_the_router(
+        byo_fleet: RunningFleet) -> None:
+    """``cloud_only`` plans a ``local`` input to the cloud: the device's router refuses the
+    plan (403), counts it under the policy's name, and the input never travels."""
+    import byo_support as byo
+
+    before = received(byo_fleet, "cloud-1")
+    with tierlink.Client(byo_fleet.node_urls["dev-1"]) as node, \
+            pytest.raises(PrivacyViolation) as refused:
+        node.infer("toy", {"x": byo.features(1, seed=3)}, deadline_ms=2000, privacy="local",
+                   parameters={"tierlink.policy": "cloud_only"})
+    assert "policy 'cloud_only' planned to send a 'local'" in refused.value.message
+    assert received(byo_fleet, "cloud-1") == before
+    text = httpx.get(f"{byo_fleet.node_urls['dev-1']}/metrics", timeout=5,
+                     trust_env=False).text
+    assert re.search(r'^tierlink_privacy_refusals_total\{policy="cloud_only",privacy="local",'
+                     r'tier="device"\} [1-9]', text, re.MULTILINE), text

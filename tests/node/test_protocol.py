@@ -48,13 +48,3 @@ def test_outcome_round_trips_through_response_parameters():
     back = protocol.parse_outcome(protocol.outcome_params(out, 12.5))
     assert back.path == out.path and back.fallbacks == out.fallbacks
     assert back.cost == pytest.approx(1e-6) and back.timings_ms["server_ms"] == 12.5
-
-
-def test_a_breach_is_carried_to_later_hops():
-    from dataclasses import replace
-
-    req = protocol.parse_request("t", {"tierlink.privacy": "local"}, request_id="r",
-                                 receiver="edge-1", input_bytes=0)
-    fwd = protocol.forward_params(replace(req, privacy_breached=True), 10.0, None)
-    again = protocol.parse_request("t", fwd, request_id="r", receiver="cloud-1", input_bytes=0)
-    assert again.privacy_breached

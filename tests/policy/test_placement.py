@@ -127,9 +127,10 @@ def test_registry_refuses_duplicates_and_unknown_names():
 
 
 def test_cloud_only_baseline_forwards_up_and_ignores_privacy():
+    """Its plans are the router's to refuse (tests/routing/test_request_router.py)."""
     pol = REGISTRY.create("cloud_only")
     p = pol.plan(req(Privacy.LOCAL), fleet_view(), random.Random(0))
-    assert p.placements[0].kind == "remote" and not p.respects_privacy
+    assert p.placements[0].kind == "remote"
     top = pol.plan(req(), fleet_view(self_id="cloud-1"), random.Random(0))
     assert top.placements[0].kind == "local"
 
@@ -154,7 +155,7 @@ def test_static_rules_sends_each_request_to_the_most_capable_tier_its_privacy_al
         p = pol.plan(req(privacy, deadline), fleet_view(self_id=at), random.Random(0))
         assert (p.placements[0].kind, p.placements[0].tier) == (kind, tier)
         assert all(pl.tier == tier for pl in p.placements)
-        assert p.respects_privacy and not p.respects_deadline
+        assert not p.respects_deadline
 
 
 def test_static_rules_answers_locally_when_no_allowed_tier_above_is_healthy():

@@ -24,7 +24,6 @@ class Counting:
     patience: int = 3
     heard: list[float] = field(default_factory=list)
     name: str = "counting"
-    respects_privacy: bool = True
     respects_deadline: bool = True
 
     @classmethod

@@ -9,7 +9,7 @@ import random
 import pytest
 
 import sim_support as toy
-from tierlink.core.types import Privacy, Request, Tier
+from tierlink.core.types import ClusterView, Placement, Plan, Privacy, Request, Tier
 from tierlink.errors import ConfigError, DeadlineExceeded, InvalidRequest, PrivacyViolation
 from tierlink.policy import BanditPolicy, PolicyConfig
 from tierlink.policy.ope import Logged
@@ -98,3 +98,57 @@ def test_the_live_node_and_the_simulator_route_through_the_same_router():
     from tierlink.node import service
 
     assert service.Router is Router  # NodeService builds one too (tests/node: its routes)
+
+
+class Leaky:
+    """A deliberately bad policy: every request to ``target``, whatever its privacy (as a
+    split's features when ``cut`` is set)."""
+
+    name = "leaky"
+    respects_deadline = True
+
+    def __init__(self, target: Placement) -> None:
+        self.target = target
+
+    def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
+        here = Placement("local", "dev-1", Tier.DEVICE, "toy-small")
+        return Plan((self.target, here), self.name, "anywhere")
+
+
+CLOUD = Placement("remote", "cloud-1", Tier.CLOUD)
+EDGE = Placement("remote", "edge-1", Tier.EDGE)
+EDGE_SPLIT = EDGE._replace(model="toy-small", cut="h", codec="fp16")
+
+
+@pytest.mark.parametrize(("target", "privacy", "refused"), [
+    (CLOUD, Privacy.LOCAL, True), (CLOUD, Privacy.SITE, True), (CLOUD, Privacy.ANY, False),
+    (EDGE, Privacy.LOCAL, True), (EDGE, Privacy.SITE, False),
+    (EDGE_SPLIT, Privacy.LOCAL, True), (EDGE_SPLIT, Privacy.SITE, False),
+])
+def test_a_plan_that_moves_an_input_beyond_its_privacy_is_refused_whatever_the_policy(
+        target: Placement, privacy: Privacy, refused: bool) -> None:
+    refusals: list[tuple[str, str]] = []
+    router = Router(desk()[0], random.Random(0), refused=lambda *r: refusals.append(r))
+    req = Request("r", "toy", 500.0, "dev-1", privacy)
+    if not refused:
+        assert router.plan(Leaky(target), req, toy.device_view())[0].placements[0] == target
+        assert refusals == []
+        return
+    with pytest.raises(PrivacyViolation, match=f"policy 'leaky' planned to send a "
+                                               f"'{privacy.value}' request's") as info:
+        router.plan(Leaky(target), req, toy.device_view())
+    assert refusals == [(privacy.value, "leaky")]
+    assert info.value.http_status == 403 and info.value.details["policy"] == "leaky"
+
+
+def test_a_local_inputs_features_leave_only_where_the_fleet_allows_it() -> None:
+    req = Request("r", "toy", 500.0, "dev-1", Privacy.LOCAL)
+    closed = Router(desk()[0], random.Random(0))
+    with pytest.raises(PrivacyViolation) as info:
+        closed.admit(req, Leaky(EDGE_SPLIT).plan(req, toy.device_view(), random.Random(0)))
+    assert "local_features_may_leave" in (info.value.hint or "")
+    opened = Router(desk(local_features_may_leave=True)[0], random.Random(0))
+    plan = Leaky(EDGE_SPLIT).plan(req, toy.device_view(), random.Random(0))
+    assert opened.admit(req, plan) is plan
+    with pytest.raises(PrivacyViolation):  # the raw input still may not leave
+        opened.admit(req, Leaky(EDGE).plan(req, toy.device_view(), random.Random(0)))

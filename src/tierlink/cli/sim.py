@@ -180,7 +180,7 @@ def _simulate_photos(report: dict[str, Any], phase: tuple[Any, dict[str, Any], A
                      chosen: list[tuple[str, str | None]], scenario: Any,
                      http_by_run: dict[str, Any]) -> None:
     """The photo workload through every run, reported as the demo reports it."""
-    from tierlink.fleet.workload import summarize_split
+    from tierlink.fleet.workload import PrivacyTally, summarize_split
     from tierlink.sim.run import simulate
 
     outcomes, _views, items = phase
@@ -190,7 +190,8 @@ def _simulate_photos(report: dict[str, Any], phase: tuple[Any, dict[str, Any], A
         run = photos["runs"][name]
         report["runs"][name]["imagenet"] = {
             "model": next(iter(outcomes.models)),
-            **summarize_split(records[name], int(run["privacy_violations"]))}
+            **summarize_split(records[name], PrivacyTally(int(run["privacy_violations"]),
+                                                          int(run["privacy_refusals"])))}
 
 
 def _replayed(path: Path, run: str | None, config: FleetConfig, n_samples: int) -> list[Any]:
@@ -239,7 +240,8 @@ def _print(report: dict[str, Any]) -> None:
             ("p95 ms", "p95_ms", "{:.1f}"), ("p99 ms", "p99_ms", "{:.1f}"),
             ("SLA attainment", "sla_attainment", "{:.1%}"),
             ("cost per 1k (USD)", "cost_per_1k", "{:.6f}"), ("refused", "refused", "{:d}"),
-            ("lost", "lost", "{:d}"), ("privacy violations", "privacy_violations", "{:d}")]
+            ("lost", "lost", "{:d}"), ("privacy violations", "privacy_violations", "{:d}"),
+            ("refused for privacy", "privacy_refusals", "{:d}")]
     for label, key, fmt in rows:
         table.add_row(label, *(fmt.format(r[key]) for r in runs.values()))
     table.add_row("device/edge/cloud", *(

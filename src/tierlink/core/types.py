@@ -51,6 +51,14 @@ class Privacy(str, Enum):
             return tier <= Tier.EDGE
         return True
 
+    def features_allowed(self, tier: Tier, *, local_may_leave: bool) -> bool:
+        """May a split plan's features of such an input go to a node of ``tier``? As the raw
+        input, except that a ``local`` input's features leave its device only where the
+        fleet allows it (``routing.local_features_may_leave``)."""
+        if self is Privacy.LOCAL:
+            return local_may_leave
+        return self.allows(tier, at_origin=False)
+
     @classmethod
     def parse(cls, value: str | Privacy) -> Privacy:
         try:
@@ -102,7 +110,6 @@ class Request:
     version: str | None = None  # pin to a model version; None = any
     hops: int = 0  # forwarding hops before reaching this node
     policy: str | None = None  # name of a policy override (benchmark baselines)
-    privacy_breached: bool = False  # an earlier hop already held it against its privacy
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +402,6 @@ class Plan:
     policy: str
     reason: str = ""
     hedge_after_ms: float | None = None
-    respects_privacy: bool = True
     respects_deadline: bool = True
     # A learning policy's context of the option it chose (``policy/bandit.py``): handed
     # back with the outcome's reward, so the policy itself keeps no per-request state.

@@ -3,8 +3,11 @@
 Starts the example fleet (control plane, 1 cloud, 2 edges, 4 devices, emulated links,
 throttled device CPUs), drives the same Fashion-MNIST workload three times — routed by
 tierlink, then all to the cloud, then all on the device — and reports each run side by side.
-Privacy violations are counted from what the nodes received (their
-``tierlink_inputs_received_total{verdict="violation"}`` counters), not from the plans.
+Privacy is counted from the nodes' own counters, not from the plans: the inputs a node received
+that it may not hold (``tierlink_inputs_received_total{verdict="violation"}``: none, as no
+tierlink node sends one) and the plans a node's router refused for moving an input further
+than its privacy allows (``tierlink_privacy_refusals_total``: a baseline that ignores privacy
+makes them).
 
 Each run then sends a small photo workload (:class:`PhotoPhase`): MobileNetV2 on real
 224x224 photos (602 KB inputs, where split computing pays; Fashion-MNIST's 3 KB never do),
@@ -33,6 +36,7 @@ from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.fleet.workload import (
     PHOTO_SLA,
+    PrivacyTally,
     Record,
     WorkItem,
     drive,
@@ -74,20 +78,23 @@ class PhotoPhase:
     confidence: np.ndarray  # (N,) its top-1 probability (what the simulator answers with)
 
 
-def violations(fleet: RunningFleet) -> int:
-    """Sum of every node's received-input violations (a counter: diff it around a run)."""
+def privacy_counts(fleet: RunningFleet) -> PrivacyTally:
+    """Every node's privacy counters summed: received-input violations and plans refused
+    for privacy (counters: diff them around a run)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    total = 0.0
+    violations = refusals = 0.0
     with httpx.Client(timeout=5.0, trust_env=False, verify=fleet.verify()) as client:
         for url in fleet.node_urls.values():
             text = client.get(f"{url}/metrics").text
             for family in text_string_to_metric_families(text):
-                if family.name != "tierlink_inputs_received":
-                    continue
-                total += sum(s.value for s in family.samples
-                             if s.name.endswith("_total") and s.labels.get("verdict") == "violation")
-    return int(total)
+                totals = [s for s in family.samples if s.name.endswith("_total")]
+                if family.name == "tierlink_inputs_received":
+                    violations += sum(s.value for s in totals
+                                      if s.labels.get("verdict") == "violation")
+                elif family.name == "tierlink_privacy_refusals":
+                    refusals += sum(s.value for s in totals)
+    return PrivacyTally(int(violations), int(refusals))
 
 
 def drain(fleet: RunningFleet, timeout_s: float = 30.0) -> bool:
@@ -111,19 +118,19 @@ def drain(fleet: RunningFleet, timeout_s: float = 30.0) -> bool:
 
 def run_workload(fleet: RunningFleet, items: list[WorkItem], images: Any, labels: Any,
                  task: str, policy: str | None, on_done: Callable[[Record], None],
-                 send_labels: bool = True) -> tuple[list[Record], int]:
-    """Drive ``items`` through the fleet's devices; (records, privacy violations)."""
+                 send_labels: bool = True) -> tuple[list[Record], PrivacyTally]:
+    """Drive ``items`` through the fleet's devices; (records, privacy counts)."""
     devices = {n.node_id: fleet.node_urls[n.node_id] for n in fleet.config.nodes
                if n.tier.label == "device"}
     drain(fleet)
-    before = violations(fleet)
+    before = privacy_counts(fleet)
     # On a fleet with TLS the driver is an application: it trusts the fleet CA and
     # presents no certificate (a node's claims are not its to make).
     tls = fleet.pki.client_context(operator=False) if fleet.pki else None
     records = asyncio.run(drive(items, images, labels, devices, task, policy, on_done,
                                 send_labels=send_labels, tls=tls))
     drain(fleet)
-    return records, violations(fleet) - before
+    return records, privacy_counts(fleet).since(before)
 
 
 def warm_up(fleet: RunningFleet, items: list[WorkItem], images: Any, labels: Any, task: str,
@@ -142,7 +149,7 @@ def warm_up(fleet: RunningFleet, items: list[WorkItem], images: Any, labels: Any
 
 
 def run_photos(fleet: RunningFleet, phase: PhotoPhase, policy: str | None,
-               on_done: Callable[[Record], None]) -> tuple[list[Record], int]:
+               on_done: Callable[[Record], None]) -> tuple[list[Record], PrivacyTally]:
     """The photo workload once; each record's ``label`` is the unsplit model's answer."""
     return run_workload(fleet, list(phase.items), phase.images, phase.reference, PHOTO_TASK,
                         policy, on_done, send_labels=False)

@@ -36,6 +36,7 @@ from tierlink.fleet.breakdown import Prediction, breakdown
 from tierlink.fleet.config import load_fleet, on_etcd, with_tls, with_tracing
 from tierlink.fleet.launcher import launch
 from tierlink.fleet.tuning import fresh_thresholds
+from tierlink.fleet.workload import PrivacyTally
 
 console = Console(stderr=True)
 
@@ -129,23 +130,23 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
     from tierlink.fleet.requestlog import append_log, warm_up_run
     from tierlink.fleet.workload import summarize, summarize_split
 
-    def fmnist(on_done: Any) -> tuple[list, int]:
+    def fmnist(on_done: Any) -> tuple[list, PrivacyTally]:
         return run_workload(fleet, items, test.input, test.labels, settings.task, policy,
                             on_done)
 
     warm = warm_up(fleet, items, test.input, test.labels, settings.task, policy)
-    records, violations = _with_progress(name, len(items), fmnist, _fmnist_live)
+    records, privacy = _with_progress(name, len(items), fmnist, _fmnist_live)
     if log_path is not None:
         append_log(log_path, warm_up_run(name), warm)
         append_log(log_path, name, records)
-    run = summarize(records, violations) | breakdown(records, fleet.config, prediction)
+    run = summarize(records, privacy) | breakdown(records, fleet.config, prediction)
     if photos is not None:
 
-        def photo(on_done: Any) -> tuple[list, int]:
+        def photo(on_done: Any) -> tuple[list, PrivacyTally]:
             return run_photos(fleet, photos, policy, on_done)
 
-        records, violations = _with_progress("  photos", len(photos.items), photo,
-                                             _photo_live)
+        records, privacy = _with_progress("  photos", len(photos.items), photo,
+                                          _photo_live)
         # Routed runs split once the head holder has opened a cut (in the background, as
         # soon as photos arrive): which ones it has open now.
         heads = open_heads(fleet, photos) if policy is None else {}
@@ -153,14 +154,14 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
         run["imagenet"] = {"model": photos.model, "origins": origins,
                            "head_holders": [o for o in origins
                                             if photos.model in fleet.config.node(o).heads],
-                           **summarize_split(records, violations), "open_heads": heads}
+                           **summarize_split(records, privacy), "open_heads": heads}
     return run
 
 
 def _fmnist_live(done: list) -> str:
     from tierlink.fleet.workload import summarize
 
-    s: dict[str, Any] = summarize(done, 0)
+    s: dict[str, Any] = summarize(done)
     return (f"acc {100 * s['accuracy']:.1f}%  p95 {s['p95_ms']:.0f} ms  "
             f"SLA {100 * s['sla_attainment']:.0f}%  lost {s['lost']}")
 
@@ -168,15 +169,15 @@ def _fmnist_live(done: list) -> str:
 def _photo_live(done: list) -> str:
     from tierlink.fleet.workload import summarize_split
 
-    s: dict[str, Any] = summarize_split(done, 0)
+    s: dict[str, Any] = summarize_split(done)
     p95 = "-" if s["p95_ms"] is None else f"{s['p95_ms']:.0f}"
     return (f"split {s['served']['split']}  remote {s['served']['remote']}  "
             f"p95 {p95} ms  refused {s['refused']}")
 
 
-def _with_progress(label: str, total: int, run: Any, live: Any) -> tuple[list, int]:
+def _with_progress(label: str, total: int, run: Any, live: Any) -> tuple[list, PrivacyTally]:
     """``run(on_done)`` under a progress bar showing ``live(records so far)``; its
-    (records, violations)."""
+    (records, privacy counts)."""
     columns = (TextColumn(f"[bold]{label:<12}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[live]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
@@ -188,7 +189,7 @@ def _with_progress(label: str, total: int, run: Any, live: Any) -> tuple[list, i
             if len(done) % 10 == 0 or len(done) == total:
                 progress.update(task, completed=len(done), live=live(done))
 
-        result: tuple[list, int] = run(on_done)
+        result: tuple[list, PrivacyTally] = run(on_done)
     return result
 
 
@@ -204,7 +205,8 @@ def _print_report(report: dict[str, Any]) -> None:
             ("p95 ms", "p95_ms", "{:.1f}"), ("p99 ms", "p99_ms", "{:.1f}"),
             ("SLA attainment", "sla_attainment", "{:.1%}"),
             ("cost per 1k (USD)", "cost_per_1k", "{:.6f}"),
-            ("privacy violations", "privacy_violations", "{:d}")]
+            ("privacy violations", "privacy_violations", "{:d}"),
+            ("refused for privacy", "privacy_refusals", "{:d}")]
     for label, key, fmt in rows:
         table.add_row(label, *(fmt.format(r[key]) for r in runs.values()))
     table.add_row("served on device/edge/cloud", *(
@@ -294,6 +296,7 @@ def _print_photos(runs: dict[str, dict[str, Any]]) -> None:
     row("top-1 agreement", lambda r: (
         "-" if r["agreement_top1"] is None else f"{r['agreement_top1']:.1%}"))
     row("privacy violations", lambda r: str(r["privacy_violations"]))
+    row("refused for privacy", lambda r: str(r["privacy_refusals"]))
     row("refused", lambda r: str(r["refused"]))
     Console().print(table)
     _photo_notes(runs)

@@ -19,6 +19,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,23 @@ PHOTO_PRIVACY = Privacy.SITE
 # device, encoding, the round trip to the tail's node (tail_ms of it upstream), the payload,
 # and the policy's estimate of everything after the head.
 SPLIT_TIMINGS = ("head_ms", "encode_ms", "tail_rtt_ms", "tail_ms", "split_bytes", "est_ms")
+
+
+class PrivacyTally(NamedTuple):
+    """A run's privacy figures, from the nodes' own counters: inputs a node received that it
+    may not hold (``violations``: none from a tierlink fleet), and plans its router refused
+    for moving an input further than its privacy allows (``refusals``)."""
+
+    violations: int = 0
+    refusals: int = 0
+
+    def since(self, before: PrivacyTally) -> PrivacyTally:
+        """What counters read now counted after they read ``before``."""
+        return PrivacyTally(self.violations - before.violations,
+                            self.refusals - before.refusals)
+
+
+NONE_COUNTED = PrivacyTally()  # a run whose nodes' counters nobody read
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +202,8 @@ def _timings(raw: object) -> dict[str, float]:
         return {}
 
 
-def summarize(records: list[Record], violations: int) -> dict[str, object]:
+def summarize(records: list[Record], privacy: PrivacyTally = NONE_COUNTED
+              ) -> dict[str, object]:
     """The demo's per-run figures (the shape the issue's JSON asks for)."""
     answered = [r for r in records if r.answered]
     lat = np.array([r.latency_ms for r in answered]) if answered else np.array([0.0])
@@ -203,7 +222,8 @@ def summarize(records: list[Record], violations: int) -> dict[str, object]:
         "sla_attainment": sum(r.in_sla for r in records) / n,
         "cost_per_1k": 1000.0 * sum(r.cost for r in answered) / n,
         "tier_share": shares,
-        "privacy_violations": violations,
+        "privacy_violations": privacy.violations,
+        "privacy_refusals": privacy.refusals,
         "fallbacks": sum(r.fallbacks for r in answered),
         "escalated": sum(r.escalations > 0 for r in answered),
         "degraded": sum(bool(r.degraded) for r in answered),
@@ -211,7 +231,8 @@ def summarize(records: list[Record], violations: int) -> dict[str, object]:
     }
 
 
-def summarize_split(records: list[Record], violations: int) -> dict[str, object]:
+def summarize_split(records: list[Record], privacy: PrivacyTally = NONE_COUNTED
+                    ) -> dict[str, object]:
     """The photo workload's figures: how each request was served (``split`` at which
     cut/codec, ``local``, ``remote``), latency overall and per kind, top-1 agreement with
     the unsplit model (``Record.label`` holds its answer), and for split-served requests
@@ -240,7 +261,8 @@ def summarize_split(records: list[Record], violations: int) -> dict[str, object]
                           "after_head_ms": _median(_after_head(r) for r in split)},
         "tiers": _count(r.tier for r in answered),
         "cost_per_1k": 1000.0 * sum(r.cost for r in answered) / max(1, len(records)),
-        "privacy_violations": violations,
+        "privacy_violations": privacy.violations,
+        "privacy_refusals": privacy.refusals,
         "errors": _count(r.error for r in records if not r.answered),
     }
 

@@ -10,10 +10,9 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import replace
 
-from tierlink.core.types import ModelView, Privacy, Request, SplitPoint, Tier
-from tierlink.errors import PrivacyViolation
+from tierlink.core.types import ModelView, SplitPoint
 
-__all__ = ["check_features_may_leave", "head_factor", "head_key", "scale_heads", "scaled"]
+__all__ = ["head_factor", "head_key", "scale_heads", "scaled"]
 
 
 def scale_heads(heads: tuple[ModelView, ...], card_ms: Mapping[str, float],
@@ -62,21 +61,3 @@ def _slower(point: SplitPoint, factor: float) -> SplitPoint:
     return replace(point, head_ms=point.head_ms * factor,
                    codecs=tuple(replace(c, encode_ms=c.encode_ms * factor)
                                 for c in point.codecs))
-
-
-def check_features_may_leave(req: Request, tier: Tier, node_id: str,
-                             local_may_leave: bool) -> None:
-    """A split plan's features of a ``local`` request leave only when the fleet allows it
-    (``routing.local_features_may_leave``); otherwise they follow the request's privacy
-    level as the raw input would."""
-    privacy = req.privacy
-    if privacy is Privacy.LOCAL:
-        if not local_may_leave:
-            raise PrivacyViolation(
-                f"features of a 'local' request may not leave {node_id}",
-                hint="set routing.local_features_may_leave: true to allow split plans "
-                     "for local requests")
-        privacy = Privacy.ANY
-    if not privacy.allows(tier, at_origin=False):
-        raise PrivacyViolation(f"a {req.privacy.value!r} request's features may not go to "
-                               f"the {tier.label} tier")

@@ -12,7 +12,6 @@ Request parameters (all optional; a client on the device may send none):
 ``tierlink.version``        pin a model version: only a model serving exactly this version
                             answers (a canary in a node's standby slot counts)
 ``tierlink.policy``         name a policy for this request (only if the fleet allows it)
-``tierlink.privacy_breached`` true once a hop held the input against its privacy level
 ``tierlink.label``          the true class index when the client knows it (an eval
                             workload does): an int, or a list (as JSON text) per batch row;
                             ``-1`` = unknown. Only the hard-example loop reads it.
@@ -52,7 +51,6 @@ POLICY = "tierlink.policy"
 CUT = "tierlink.cut"  # a split plan's tail request: the features' tensor in the model
 CODEC = "tierlink.codec"  # ...and how they are encoded (tierlink.split.codecs)
 SPLIT = "tierlink.split"  # ask for a split plan: "NODE/CUT/CODEC" (benchmarks, tests)
-BREACHED = "tierlink.privacy_breached"  # set by the first node that held it against its privacy
 LABEL = "tierlink.label"
 MODEL_VERSION = "tierlink.model_version"  # in answers: the version of the model that ran
 SERVER_MS = "tierlink.server_ms"  # in answers: what the answering node spent on the request
@@ -81,7 +79,6 @@ def parse_request(
         version=str(params[VERSION]) if params.get(VERSION) is not None else None,
         hops=hops,
         policy=str(params[POLICY]) if params.get(POLICY) else None,
-        privacy_breached=params.get(BREACHED) is True,
     )
 
 
@@ -125,8 +122,6 @@ def forward_params(req: Request, deadline_ms: float, traceparent: str | None,
         params[VERSION] = req.version
     if req.policy:
         params[POLICY] = req.policy
-    if req.privacy_breached:
-        params[BREACHED] = True
     if traceparent:
         params[TRACEPARENT] = traceparent
     if labels is not None:

@@ -168,7 +168,11 @@ class NodeService:
                              spec.state_dir,
                              on_dropped=self.metrics.shadow_dropped.labels(spec.tier.label).inc)
         self._shadow_log = shadow[1] if shadow is not None else None
-        self.router = Router(self.policies, self._rng, shadow[0] if shadow else None)
+        refusals = self.metrics.privacy_refusals
+        self.router = Router(
+            self.policies, self._rng, shadow[0] if shadow else None,
+            refused=lambda privacy, policy: refusals.labels(spec.tier.label, privacy,
+                                                            policy).inc())
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self._keepwarm: asyncio.Task[None] | None = None
@@ -324,8 +328,8 @@ class NodeService:
         view = self.view
         decision = None
         if forced_split:
-            plan = self.split.forced_plan(req, str(forced_split), view,
-                                          self.routing.allow_policy_override)
+            plan = self.router.admit(req, self.split.forced_plan(
+                req, str(forced_split), view, self.routing.allow_policy_override))
         else:
             plan, decision = self._plan(policy, req, view)
         if plan.empty:

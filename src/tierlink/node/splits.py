@@ -46,7 +46,7 @@ from tierlink.models.onnx import OnnxModel
 from tierlink.models.runtime import ModelInfo, ModelRuntime, softmax_confidence
 from tierlink.node import protocol
 from tierlink.node.dispatcher import StepResult
-from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
+from tierlink.node.heads import head_factor, head_key, scaled
 from tierlink.node.scheduler import Scheduler
 from tierlink.node.spec import ModelSource, UpstreamSpec
 from tierlink.policy.placement import split_plans
@@ -179,8 +179,6 @@ class SplitPlans:
         if not models:
             raise InvalidRequest(f"{node} serves no model of {req.task!r} whose head "
                                  f"{self._node_id} holds")
-        check_features_may_leave(req, target.tier, self._node_id,  # 403 now, not later
-                                 self._routing.local_features_may_leave)
         # What the policy expects of this plan (0 when it would not consider it), so a
         # benchmark can compare every plan's estimate with what it really took.
         plans = split_plans(view.nodes[self._node_id], target, models[0], view,
@@ -282,8 +280,6 @@ class SplitPlans:
         if sessions is None:
             raise ModelNotFound(f"{self._node_id} holds no head of {model!r}",
                                 hint="list the model under the node's `heads:`")
-        check_features_may_leave(req, placement.tier, self._node_id,
-                                 self._routing.local_features_may_leave)
         up = self._upstreams[placement.node_id]
         x = next(iter(inputs.values()))
         started = self._clock()

@@ -121,8 +121,7 @@ class Policy(Protocol):
     (microseconds) and never block."""
 
     name: str
-    respects_privacy: bool  # False only for benchmark baselines that ignore placement rules
-    respects_deadline: bool
+    respects_deadline: bool  # False only for benchmark baselines that answer late
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan: ...
 

@@ -1,7 +1,9 @@
 """Baseline policies for benchmarks.
 
-``cloud_only`` and ``device_only`` ignore placement rules by definition (privacy and
-deadlines), so a report can show what sending everything to one tier costs. ``static_rules``
+``cloud_only`` and ``device_only`` ignore deadlines by definition, so a report can show what
+sending everything to one tier costs; ``cloud_only`` ignores privacy too, and the node's router
+refuses each of its plans that would move an input further than its privacy allows (privacy
+is the router's to enforce, whatever the policy: a report counts those refusals). ``static_rules``
 is what a team without a router would deploy: each request to the most capable tier its
 privacy level allows (``local`` on the device, ``site`` on the edge, ``any`` in the cloud),
 whatever its deadline or difficulty."""
@@ -9,6 +11,7 @@ whatever its deadline or difficulty."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from tierlink.core.types import ClusterView, Placement, Plan, Request, Tier
 from tierlink.policy.base import PolicyConfig
@@ -19,7 +22,6 @@ class CloudOnlyPolicy:
     """Forward toward the highest tier reachable; serve locally only at the top."""
 
     name = "cloud_only"
-    respects_privacy = False
     respects_deadline = False
 
     def __init__(self, config: PolicyConfig) -> None:
@@ -28,7 +30,7 @@ class CloudOnlyPolicy:
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         tiers = view.upstream.get(view.self_id, {})
         plan = _forward(self.name, sorted(tiers, reverse=True), request, view, self._cfg, rng,
-                        respects_privacy=False)
+                        lambda _tier: "forward to the top tier")
         return plan or _local_or_refuse(self.name, request, view)
 
 
@@ -39,7 +41,6 @@ class StaticRulesPolicy:
     of them: a late answer is still an answer)."""
 
     name = "static_rules"
-    respects_privacy = True
     respects_deadline = False
 
     def __init__(self, config: PolicyConfig) -> None:
@@ -49,18 +50,14 @@ class StaticRulesPolicy:
         allowed = [t for t in view.upstream.get(view.self_id, {}) if t > view.me.tier
                    and request.privacy.allows(t, at_origin=False)]
         plan = _forward(self.name, sorted(allowed, reverse=True), request, view, self._cfg,
-                        rng, respects_privacy=True)
-        if plan is not None:
-            return plan
-        local = _local_or_refuse(self.name, request, view)
-        return Plan(local.placements, self.name, local.reason, respects_deadline=False)
+                        rng, lambda tier: f"privacy {request.privacy.value}: {tier.label}")
+        return plan or _local_or_refuse(self.name, request, view)
 
 
 class DeviceOnlyPolicy:
     """Answer on the node that received the request, never forward."""
 
     name = "device_only"
-    respects_privacy = False
     respects_deadline = False
 
     def __init__(self, config: PolicyConfig) -> None:
@@ -71,8 +68,8 @@ class DeviceOnlyPolicy:
 
 
 def _forward(name: str, tiers: list[Tier], request: Request, view: ClusterView,
-             config: PolicyConfig, rng: random.Random, *,
-             respects_privacy: bool) -> Plan | None:
+             config: PolicyConfig, rng: random.Random,
+             reason: Callable[[Tier], str]) -> Plan | None:
     """Forward to the first of ``tiers`` with a healthy node (and a spare of it); None when
     none has one. A pinned version is never traded off."""
     upstream = view.upstream.get(view.self_id, {})
@@ -84,10 +81,8 @@ def _forward(name: str, tiers: list[Tier], request: Request, view: ClusterView,
         pick, spare = two_choices(ids, view, request.task, rng)
         if pick is not None:
             chosen = [pick] + ([spare] if spare else [])
-            reason = (f"privacy {request.privacy.value}: {tier.label}" if respects_privacy
-                      else "forward to the top tier")
             return Plan(tuple(Placement("remote", n.node_id, n.tier) for n in chosen), name,
-                        reason, respects_privacy=respects_privacy, respects_deadline=False)
+                        reason(tier), respects_deadline=False)
     return None
 
 
@@ -96,6 +91,6 @@ def _local_or_refuse(name: str, request: Request, view: ClusterView) -> Plan:
     model = me.model_for(request.task, request.version)
     if model is None:
         return Plan((), name, f"{me.node_id} holds no model for task {request.task!r}",
-                    respects_privacy=False, respects_deadline=False)
+                    respects_deadline=False)
     return Plan((Placement("local", me.node_id, me.tier, model.name),), name, "local",
-                respects_privacy=False, respects_deadline=False)
+                respects_deadline=False)

@@ -34,7 +34,6 @@ from tierlink.core.types import (
     NodeView,
     Placement,
     Plan,
-    Privacy,
     Request,
     SplitPoint,
     Tier,
@@ -99,7 +98,6 @@ class TierlinkPolicy:
     """The default policy (registered as ``"tierlink"``)."""
 
     name = "tierlink"
-    respects_privacy = True
     respects_deadline = True
 
     def __init__(self, config: PolicyConfig) -> None:
@@ -283,9 +281,8 @@ class TierlinkPolicy:
         return self._memo_plans[key]
 
     def _features_may_go(self, req: Request, tier: Tier) -> bool:
-        if req.privacy is Privacy.LOCAL:
-            return self._cfg.local_features_may_leave
-        return req.privacy.allows(tier, at_origin=False)
+        return req.privacy.features_allowed(
+            tier, local_may_leave=self._cfg.local_features_may_leave)
 
     def _local(self, node: NodeView, req: Request, view: ClusterView,
                path: tuple[str, ...]) -> Choice | None:

@@ -6,7 +6,6 @@ any deadline is left."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from tierlink.core.types import Privacy, Request, Tier
 from tierlink.errors import DeadlineExceeded, InvalidRequest, PrivacyViolation
@@ -38,9 +37,10 @@ class PolicyDesk:
 
     def __init__(self, node_id: str, tier: Tier, routing: RoutingConfig,
                  count: Count = _uncounted, config: PolicyConfig | None = None) -> None:
-        self._node_id, self._tier = node_id, tier
+        self.node_id, self.tier = node_id, tier
         self._allow_override = routing.allow_policy_override
         self._count = count
+        self.local_features_may_leave = routing.local_features_may_leave
         self._config = config or routing.policy_config()
         self.name = routing.policy
         self.default = REGISTRY.create(routing.policy, self._config, routing.policy_options)
@@ -67,16 +67,15 @@ class PolicyDesk:
     def receive(self, req: Request, policy: Policy) -> Request:
         """Count what this node actually received; refuse what it may not hold.
 
-        Verdicts: ``allowed``; ``violation`` — this node is the first to hold the input
-        against its privacy level (so summing violations counts *requests*); ``beyond`` —
-        an earlier hop already had, and said so in the request."""
-        allowed = may_hold(req.privacy, self._tier, self._node_id, req.origin)
-        verdict = "allowed" if allowed else ("beyond" if req.privacy_breached else "violation")
-        self._count(req.privacy.value, verdict)
-        if not allowed and policy.respects_privacy:
-            raise PrivacyViolation(f"{self._node_id} ({self._tier.label}) may not hold "
+        Verdicts: ``allowed``; ``violation`` — the input reached a node that may not hold it
+        (refused here). A tierlink node never sends one (its router refuses such plans), so
+        a violation means a sender outside the fleet's routing."""
+        allowed = may_hold(req.privacy, self.tier, self.node_id, req.origin)
+        self._count(req.privacy.value, "allowed" if allowed else "violation")
+        if not allowed:
+            raise PrivacyViolation(f"{self.node_id} ({self.tier.label}) may not hold "
                                    f"a {req.privacy.value!r} input from {req.origin}")
         if req.deadline_ms <= 0 and policy.respects_deadline:
             raise DeadlineExceeded(f"request {req.request_id} arrived with its deadline spent "
                                    f"({req.deadline_ms:.1f} ms left)")
-        return req if allowed else replace(req, privacy_breached=True)
+        return req

@@ -49,7 +49,7 @@ from tierlink.node.dispatcher import (
     StepResult,
     execute_observed,
 )
-from tierlink.node.heads import check_features_may_leave, head_factor, head_key, scaled
+from tierlink.node.heads import head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
 from tierlink.policy.ope import Logged
@@ -74,6 +74,7 @@ class Counters:
     and the shadow log when a candidate policy runs in shadow mode."""
 
     violations: int = 0
+    refusals: int = 0  # plans the routers refused for privacy
     shadow_log: list[Logged] = field(default_factory=list)
     escalated: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
@@ -125,7 +126,7 @@ class SimNode:
         self._clock = clock
         self._policy_config = routing.policy_config()
         self.desk = PolicyDesk(node_id, self.tier, routing, self._count, self._policy_config)
-        self.router = Router(self.desk, rng)
+        self.router = Router(self.desk, rng, refused=self._refused)
         self.scheduler = SimScheduler(SchedulerConfig(workers=workers, max_queue=max_queue),
                                       clock=clock)
         self.scheduler.start()
@@ -226,9 +227,13 @@ class SimNode:
     # -- a request arrives -----------------------------------------------------------------
 
     def _count(self, _privacy: str, verdict: str) -> None:
-        """The desk's receipt verdicts: a violation counts once, where the input first was."""
+        """The desk's receipt verdicts (the live node's ``tierlink_inputs_received_total``)."""
         if verdict == "violation":
             self.counters.violations += 1
+
+    def _refused(self, _privacy: str, _policy: str) -> None:
+        """A plan the router refused for privacy (``tierlink_privacy_refusals_total``)."""
+        self.counters.refusals += 1
 
     async def handle(self, req: Request, inputs: Inputs) -> StepResult:
         """What ``NodeService.infer_task`` does with a routed request."""
@@ -315,8 +320,6 @@ class SimNode:
         model, up = placement.model or "", placement.node_id
         point = next(p for p in self.heads[model].splits if p.cut == placement.cut)
         codec = point.codec(placement.codec) or self._codec_estimate(point, placement.codec)
-        check_features_may_leave(req, placement.tier, self.node_id,
-                                 self.routing.local_features_may_leave)
         started = self._clock()
         head_s = self.compute.seconds(point.head_ms, self.rng)
         try:

@@ -12,7 +12,7 @@ from typing import Any
 
 from tierlink.core.types import ModelView
 from tierlink.fleet.config import FleetConfig
-from tierlink.fleet.workload import Record, WorkItem, summarize
+from tierlink.fleet.workload import PrivacyTally, Record, WorkItem, summarize
 from tierlink.policy.ope import Logged
 from tierlink.sim import loop
 from tierlink.sim.build import Scenario, build
@@ -57,7 +57,7 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
 
     records, counters, simulated, power = loop.run(main)
     extra = {"power": power} if power else {}
-    return RunResult(records, summarize(records, counters.violations),
+    return RunResult(records, summarize(records, PrivacyTally(counters.violations, counters.refusals)),
                      {"escalated": counters.escalated, "fallbacks": counters.fallbacks,
                       "retried": counters.retried, "hedged": counters.hedged, **extra},
                      simulated, time.perf_counter() - wall, counters.shadow_log)

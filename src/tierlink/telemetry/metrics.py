@@ -85,6 +85,10 @@ class NodeMetrics:
         self.inputs_received = Counter("tierlink_inputs_received_total",
                                        "Raw inputs this node received, by privacy and verdict",
                                        ["tier", "privacy", "verdict"], registry=r)
+        self.privacy_refusals = Counter(
+            "tierlink_privacy_refusals_total",
+            "Plans this node's router refused for moving an input further than its privacy "
+            "allows, by the policy that made them", ["tier", "privacy", "policy"], registry=r)
         self.confidence = Histogram("tierlink_confidence", "Confidence of local answers",
                                     ["tier", "model"],
                                     buckets=(0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0),
