@@ -10,11 +10,11 @@ import pytest
 
 import sim_support as toy
 from tierlink.core.types import ClusterView, Placement, Plan, Privacy, Request, Tier
-from tierlink.errors import ConfigError, DeadlineExceeded, InvalidRequest, PrivacyViolation
+from tierlink.errors import DeadlineExceeded, InvalidRequest, PrivacyViolation
 from tierlink.policy import BanditPolicy, PolicyConfig
 from tierlink.policy.ope import Logged
 from tierlink.routing.desk import PolicyDesk
-from tierlink.routing.router import Router, ShadowRun, shadow_candidate
+from tierlink.routing.router import Router, shadow_run
 from tierlink.settings.routing import parse_routing
 
 
@@ -55,8 +55,8 @@ def test_in_shadow_mode_the_candidate_decides_beside_and_the_outcome_is_logged()
     view = toy.device_view()
     logged: list[Logged] = []
     router = Router(desk()[0], random.Random(1))
-    router.shadow = ShadowRun(shadow_candidate("bandit", PolicyConfig()), 0.0,
-                              random.Random(2), logged.append, PolicyConfig().reward)
+    router.shadow = shadow_run("bandit", PolicyConfig(), None, 0.0, random.Random(2),
+                               logged.append, PolicyConfig().reward)
     policy, req = router.arrive(Request("r", "toy", 500.0, "dev-1", input_bytes=3136))
     plan, decision = router.plan(policy, req, view)
     assert decision is not None and decision.propensity == 1.0  # no exploration
@@ -77,11 +77,41 @@ def test_a_learning_policy_hears_its_plans_through_the_router():
     assert made.default.model.updates == before + 1  # type: ignore[attr-defined]
 
 
-def test_a_shadow_candidate_must_order_the_tierlink_policys_options():
-    with pytest.raises(ConfigError, match="cannot run in shadow mode"):
-        shadow_candidate("cloud_only", PolicyConfig())
-    assert isinstance(shadow_candidate("bandit", PolicyConfig()), BanditPolicy)
+def test_any_policy_runs_in_shadow_mode_beside_any_acting_policy():
+    """A candidate that is not a tierlink policy is matched to the feasible option its plan
+    starts with; one whose plan starts outside them (cloud_only with a local input) is
+    logged as such, with zero features; an acting baseline is shadowed over a tierlink
+    frame's options and acts exactly as it does alone."""
+    view, config = toy.device_view(), PolicyConfig()
+    logged: list[Logged] = []
 
+    def shadowing(candidate: str) -> Router:
+        router = Router(desk(allow_policy_override=True)[0], random.Random(1))
+        router.shadow = shadow_run(candidate, config, None, 0.0, random.Random(2),
+                                   logged.append, config.reward)
+        return router
+
+    local = Request("r", "toy", 500.0, "dev-1", Privacy.LOCAL, input_bytes=3136)
+    router = shadowing("device_only")
+    policy, req = router.arrive(local)
+    _, decision = router.plan(policy, req, view)
+    assert decision is not None and decision.candidate == "local:dev-1:toy-small"
+    assert decision.candidate in decision.arms
+
+    router = shadowing("cloud_only")
+    _, decision = router.plan(policy, req, view)
+    assert decision is not None and decision.candidate.startswith("outside:remote:")
+    assert set(decision.candidate_features) == {0.0}
+
+    router = shadowing("tierlink")
+    baseline, req = router.arrive(Request("r", "toy", 500.0, "dev-1", input_bytes=3136,
+                                          policy="device_only"))
+    plan, decision = router.plan(baseline, req, view)
+    assert plan == baseline.plan(req, view, random.Random(1))  # it acts as it does alone
+    assert decision is not None and decision.acting == "local:dev-1:toy-small"
+    assert decision.propensity == 1.0
+    router.feedback(baseline, plan, decision, req, view, None, 0.0, 600.0)
+    assert logged[-1].acting == decision.acting and logged[-1].candidate == decision.candidate
 
 def test_the_live_node_and_the_simulator_route_through_the_same_router():
     import asyncio

@@ -164,8 +164,7 @@ class NodeService:
                                      margin_ms=self.routing.reserve_ms,
                                      on_hard_example=self._hard_example,
                                      hedger=Hedger(self.routing.hedging))
-        shadow = open_shadow(self.routing, self.policies.default, spec.node_id,
-                             spec.state_dir,
+        shadow = open_shadow(self.routing, spec.node_id, spec.state_dir,
                              on_dropped=self.metrics.shadow_dropped.labels(spec.tier.label).inc)
         self._shadow_log = shadow[1] if shadow is not None else None
         refusals = self.metrics.privacy_refusals

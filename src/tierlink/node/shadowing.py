@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tierlink.errors import ConfigError
-from tierlink.policy import Policy
 from tierlink.policy.ope import Logged, log_line
-from tierlink.policy.placement import TierlinkPolicy
-from tierlink.routing.router import ShadowRun, shadow_candidate
+from tierlink.routing.router import ShadowRun, shadow_run
 from tierlink.settings.routing import RoutingConfig
 
 __all__ = ["ShadowLog", "open_shadow"]
@@ -44,19 +42,17 @@ class ShadowLog:
         self.file.close()
 
 
-def open_shadow(routing: RoutingConfig, acting: Policy, node_id: str, state_dir: str | None,
+def open_shadow(routing: RoutingConfig, node_id: str, state_dir: str | None,
                 on_dropped: Callable[[], None]) -> tuple[ShadowRun, ShadowLog] | None:
-    """The fleet's ``routing.shadow`` for this node and its open log (None: off, or an
-    acting policy that does not order the tierlink policy's options)."""
+    """The fleet's ``routing.shadow`` for this node and its open log (None: off)."""
     cfg = routing.shadow
-    if cfg is None or not isinstance(acting, TierlinkPolicy):
+    if cfg is None:
         return None
     if not state_dir:
         raise ConfigError("routing.shadow needs the node's state_dir for its log")
     policy_cfg = routing.policy_config()
     if cfg.weights is not None:
         policy_cfg = replace(policy_cfg, weights=cfg.weights)
-    candidate = shadow_candidate(cfg.policy, policy_cfg, cfg.options)
     path = Path(state_dir) / "shadow.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -65,5 +61,5 @@ def open_shadow(routing: RoutingConfig, acting: Policy, node_id: str, state_dir:
         raise ConfigError(f"routing.shadow: cannot open the shadow log {path}: {exc}",
                           hint="give the node a writable state_dir") from None
     sink = ShadowLog(file, cfg.to_dict(), on_dropped)
-    return ShadowRun(candidate, cfg.explore, random.Random(f"shadow:{node_id}"), sink,
-                     routing.reward), sink
+    return shadow_run(cfg.policy, policy_cfg, cfg.options, cfg.explore,
+                      random.Random(f"shadow:{node_id}"), sink, routing.reward), sink

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tierlink.core.types import ClusterView, Outcome, Placement, Plan, Privacy, Request
-from tierlink.errors import ConfigError, PrivacyViolation
+from tierlink.errors import PrivacyViolation
 from tierlink.policy import REGISTRY, Policy, PolicyConfig, RewardWeights
 from tierlink.policy.bandit import reward_of
 from tierlink.policy.base import give_feedback
@@ -22,7 +22,7 @@ from tierlink.policy.placement import TierlinkPolicy
 from tierlink.policy.shadow import Decision, Shadow
 from tierlink.routing.desk import PolicyDesk, may_hold
 
-__all__ = ["Router", "ShadowRun", "shadow_candidate"]
+__all__ = ["Router", "ShadowRun", "shadow_run"]
 
 Refusal = Callable[[str, str], None]  # (privacy level, policy) of a plan refused
 
@@ -33,28 +33,27 @@ def _unheard(_privacy: str, _policy: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ShadowRun:
-    """Shadow mode on one node: the candidate that decides beside the acting policy, the
-    share of requests the acting policy explores, the generator of both draws, where each
-    decision goes with its reward (``log``), and what the reward counts."""
+    """Shadow mode on one node: the candidate that decides beside the acting policy (any
+    policy), the share of requests the acting policy explores, the generator of both draws,
+    where each decision goes with its reward (``log``), what the reward counts, and the
+    tierlink policy whose feasible options both are judged over when the acting policy is
+    not one (``frame``)."""
 
-    candidate: TierlinkPolicy
+    candidate: Policy
     explore: float
     rng: random.Random
     log: Callable[[Logged], None]
     reward: RewardWeights
+    frame: TierlinkPolicy
 
 
-def shadow_candidate(name: str, config: PolicyConfig,
-                     options: Mapping[str, Any] | None = None,
-                     where: str = "routing.shadow.policy") -> TierlinkPolicy:
-    """The candidate policy of shadow mode, made as a node makes its policies; refused when
-    it cannot order the tierlink policy's feasible options (what shadow mode compares)."""
-    candidate = REGISTRY.create(name, config, options)
-    if not isinstance(candidate, TierlinkPolicy):
-        raise ConfigError(f"{where} {name!r} cannot run in shadow mode: it does not order "
-                          "the tierlink policy's feasible options",
-                          hint="a shadow candidate builds on the tierlink policy")
-    return candidate
+def shadow_run(name: str, config: PolicyConfig, options: Mapping[str, Any] | None,
+               explore: float, rng: random.Random, log: Callable[[Logged], None],
+               reward: RewardWeights) -> ShadowRun:
+    """Shadow mode as a node runs it: the candidate made as a node makes its policies (with
+    its options), the frame a tierlink policy of the same configuration."""
+    return ShadowRun(REGISTRY.create(name, config, options), explore, rng, log, reward,
+                     TierlinkPolicy(config))
 
 
 class Router:
@@ -79,11 +78,11 @@ class Router:
         """The acting policy's plan, admitted; in shadow mode the candidate decides beside
         it on this node's own requests (an application's, not a forwarded one)."""
         run = self.shadow
-        if run is None or req.hops > 0 or not isinstance(policy, TierlinkPolicy):
+        if run is None or req.hops > 0:
             plan, decision = policy.plan(req, view, self.rng), None
         else:
-            plan, decision = Shadow(policy, run.candidate, run.explore, run.rng).plan(
-                req, view, self.rng)
+            plan, decision = Shadow(policy, run.candidate, run.explore, run.rng,
+                                    run.frame).plan(req, view, self.rng)
         return self.admit(req, plan), decision
 
     def admit(self, req: Request, plan: Plan) -> Plan:
@@ -120,9 +119,11 @@ class Router:
         """After the answer (or its failure): a learning policy hears how its plan turned
         out, and a shadow decision is logged with the request's reward."""
         give_feedback(policy, plan, req, view, outcome, correct, latency_ms)
-        if decision is None or self.shadow is None or not isinstance(policy, TierlinkPolicy):
+        run = self.shadow
+        if decision is None or run is None:
             return
-        reward = reward_of(self.shadow.reward, req, policy.reference_cost(req, view),
-                           outcome, correct, latency_ms)
-        self.shadow.log(Logged(decision.acting, decision.candidate, decision.propensity,
+        frame = policy if isinstance(policy, TierlinkPolicy) else run.frame
+        reward = reward_of(run.reward, req, frame.reference_cost(req, view), outcome,
+                           correct, latency_ms)
+        run.log(Logged(decision.acting, decision.candidate, decision.propensity,
                                reward, decision.acting_features, decision.candidate_features))

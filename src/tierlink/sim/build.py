@@ -118,15 +118,14 @@ def _shadow_devices(nodes: Mapping[str, SimNode], config: FleetConfig, sc: Scena
                     seed: int) -> None:
     from dataclasses import replace as with_
 
-    from tierlink.routing.router import ShadowRun, shadow_candidate
+    from tierlink.routing.router import shadow_run
 
     cfg = config.routing.policy_config()
     if sc.shadow_weights is not None:
         cfg = with_(cfg, weights=sc.shadow_weights)
     for node in nodes.values():
         if node.tier is Tier.DEVICE:
-            candidate = shadow_candidate(str(sc.shadow), cfg, where="the scenario's shadow")
-            node.router.shadow = ShadowRun(candidate, sc.explore,
-                                           seeded(seed, "shadow", node.node_id),
-                                           node.counters.shadow_log.append,
-                                           config.routing.reward)
+            node.router.shadow = shadow_run(str(sc.shadow), cfg, None, sc.explore,
+                                            seeded(seed, "shadow", node.node_id),
+                                            node.counters.shadow_log.append,
+                                            config.routing.reward)
