@@ -4,7 +4,7 @@ import pytest
 
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
-from tierlink.fleet.config import HardExampleConfig, parse_fleet
+from tierlink.fleet.config import HardExampleConfig, parse_fleet, parse_hard_examples
 from tierlink.node.spec import NodeSpec
 
 NODES = {"nodes": [{"id": "dev-1", "tier": "device", "models": ["fmnist-small"]}]}
@@ -36,9 +36,10 @@ def test_errors_name_the_field(section, field):
 
 
 def test_node_specs_carry_the_settings_through_json():
-    spec = NodeSpec("dev-1", Tier.DEVICE, (), hard_examples_raw={"sample_rate": 0.5},
-                    control_tier="edge")
+    spec = NodeSpec("dev-1", Tier.DEVICE, (),
+                    hard_examples=parse_hard_examples({"sample_rate": 0.5}, "edge"))
     again = NodeSpec.from_json(spec.to_json())
-    assert again.hard_examples().sample_rate == 0.5
-    assert again.hard_examples().store_tier is Tier.EDGE
-    assert NodeSpec("dev-1", Tier.DEVICE, ()).hard_examples() == HardExampleConfig()
+    assert again.hard_examples.sample_rate == 0.5
+    assert again.hard_examples.store_tier is Tier.EDGE
+    assert again == spec
+    assert NodeSpec("dev-1", Tier.DEVICE, ()).hard_examples == HardExampleConfig()

@@ -11,6 +11,7 @@ from tierlink.models.runtime import FakeModel, ModelInfo
 from tierlink.node.app import create_app
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
+from tierlink.settings.routing import parse_routing
 from tierlink.transport import oip
 
 
@@ -127,7 +128,7 @@ def test_a_learning_policy_is_taught_by_each_routed_answer():
     from tierlink.policy.bandit import BanditPolicy
 
     info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
-    spec = NodeSpec("dev-1", Tier.DEVICE, (), routing_raw={"policy": "bandit"})
+    spec = NodeSpec("dev-1", Tier.DEVICE, (), routing=parse_routing({"policy": "bandit"}))
     service = NodeService(spec, {"fmnist-small": FakeModel(info)})
     with TestClient(create_app(service, ready=True)) as c:
         for label in (3, None):
@@ -144,8 +145,9 @@ def test_shadow_mode_logs_both_choices_and_the_outcome(tmp_path):
 
     info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
     spec = NodeSpec("dev-1", Tier.DEVICE, (), state_dir=str(tmp_path),
-                    routing_raw={"shadow": {"policy": "tierlink", "weights": {"cost": 0.0},
-                                            "explore": 0.0}})
+                    routing=parse_routing({"shadow": {"policy": "tierlink",
+                                                      "weights": {"cost": 0.0},
+                                                      "explore": 0.0}}))
     service = NodeService(spec, {"fmnist-small": FakeModel(info)})
     with TestClient(create_app(service, ready=True)) as c:
         for _ in range(3):
@@ -164,7 +166,7 @@ def test_shadow_mode_logs_both_choices_and_the_outcome(tmp_path):
 def test_a_shadow_log_that_cannot_be_written_never_costs_the_answer(tmp_path):
     info = ModelInfo("fmnist-small", "fmnist", "1", accuracy=0.9, latency_ms=0.5)
     spec = NodeSpec("dev-1", Tier.DEVICE, (), state_dir=str(tmp_path),
-                    routing_raw={"shadow": {"policy": "tierlink"}})
+                    routing=parse_routing({"shadow": {"policy": "tierlink"}}))
     service = NodeService(spec, {"fmnist-small": FakeModel(info)})
     with TestClient(create_app(service, ready=True)) as c:
         import errno

@@ -31,13 +31,16 @@ SEP = ">"
 RETUNE = "rerun `tierlink cascade tune FLEET_FILE` to write it anew"
 
 
-def record_to_dict(record: CascadeRecord) -> dict[str, float]:
-    """The fleet file's form of a record (4 decimals)."""
-    out = {"share": round(record.share, 4), "accuracy": round(record.accuracy, 4)}
+def record_to_dict(record: CascadeRecord, digits: int | None = 4) -> dict[str, float]:
+    """The fleet file's form of a record (``digits`` decimals; None: as it is)."""
+
+    def num(value: float) -> float:
+        return value if digits is None else round(value, digits)
+
+    out = {"share": num(record.share), "accuracy": num(record.accuracy)}
     if record.threshold is not None:
-        out |= {"threshold": round(record.threshold, 4),
-                "answered": round(record.answered or 0.0, 4),
-                "answered_accuracy": round(record.answered_accuracy or 0.0, 4)}
+        out |= {"threshold": num(record.threshold), "answered": num(record.answered or 0.0),
+                "answered_accuracy": num(record.answered_accuracy or 0.0)}
     return out
 
 

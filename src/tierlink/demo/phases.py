@@ -255,7 +255,7 @@ def fleet_summary(fleet: RunningFleet) -> dict[str, Any]:
         "links": [{"from": l.src, "to": l.dst, "delay_ms": l.delay_ms,
                    "jitter_ms": l.jitter_ms, "bandwidth_mbit": l.bandwidth_mbit,
                    "loss": l.loss} for l in cfg.links],
-        "routing": dict(cfg.raw_routing),
+        "routing": cfg.routing.to_dict(),
         # where the nodes ran: loopback through the link emulator, or namespaces of their
         # own with the kernel shaping links; TLS on every hop or not
         "network": "netns" if fleet.fabric is not None else "loopback",

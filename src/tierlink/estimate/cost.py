@@ -56,5 +56,11 @@ class CostModel:
             transfer[Tier.parse(key)] = float(value)
         return cls(MappingProxyType(compute), MappingProxyType(transfer))
 
+    def to_mapping(self) -> dict[str, dict[str, float]]:
+        """The fleet file's ``cost:`` section (what ``from_mapping`` reads)."""
+        return {"compute_usd_per_s": {t.label: p for t, p in self.compute_usd_per_s.items()},
+                "transfer_usd_per_gb": {t.label: p
+                                        for t, p in self.transfer_usd_per_gb.items()}}
+
 
 DEFAULT_COST_MODEL = CostModel()

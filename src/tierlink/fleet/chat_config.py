@@ -37,6 +37,21 @@ class ChatConfig:
     def tasks(self) -> dict[str, str]:
         return {self.task: self.models[0].name} if self.task and self.models else {}
 
+    def to_dict(self) -> dict[str, Any]:
+        """A node's ``chat:`` block (what :func:`parse_chat` reads)."""
+        out: dict[str, Any] = {"models": [_source_dict(m) for m in self.models]}
+        return out | ({"task": self.task} if self.task else {})
+
+
+def _source_dict(src: LMSource) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": src.name, "model": src.path,
+                           "max_sequences": src.max_sequences}
+    optional = {"quantize": src.quantize, "verifier": src.verifier, "router": src.router,
+                "quality": src.quality,
+                "kv_cache_mib": None if src.kv_cache_bytes is None
+                else src.kv_cache_bytes / 2**20}
+    return out | {k: v for k, v in optional.items() if v is not None}
+
 
 def parse_chat(raw: Any, where: str) -> ChatConfig | None:
     if raw is None:

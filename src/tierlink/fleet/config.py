@@ -71,6 +71,17 @@ class NodeConfig:
     default_privacy: str = "any"  # of a request that names none; "local": fail closed
     engine: EngineConfig = field(default_factory=EngineConfig)  # onnxruntime | ray
 
+    def to_dict(self) -> dict[str, Any]:
+        """The node's entry under ``nodes:``."""
+        out: dict[str, Any] = {
+            "id": self.node_id, "tier": self.tier.label, "models": list(self.models),
+            "heads": list(self.heads), "workers": self.workers, "max_queue": self.max_queue,
+            "providers": list(self.providers), "labels": dict(self.labels),
+            "default_privacy": self.default_privacy, **self.engine.fleet_keys()}
+        optional = {"cpu_quota": self.cpu_quota, "advertise_url": self.advertise_url,
+                    "chat": self.chat.to_dict() if self.chat else None}
+        return out | {k: v for k, v in optional.items() if v is not None}
+
 
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
@@ -85,6 +96,13 @@ class LinkConfig:
     def name(self) -> str:
         return f"{self.src}->{self.dst}"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The link's entry under ``links:`` (one pair: a file's lists are expanded)."""
+        out: dict[str, Any] = {"from": self.src, "to": self.dst, "delay_ms": self.delay_ms,
+                               "jitter_ms": self.jitter_ms, "loss": self.loss}
+        return out | ({} if self.bandwidth_mbit is None
+                      else {"bandwidth_mbit": self.bandwidth_mbit})
+
     @property
     def rtt_ms(self) -> float:
         return 2.0 * self.delay_ms
@@ -96,8 +114,6 @@ class FleetConfig:
     nodes: tuple[NodeConfig, ...]
     links: tuple[LinkConfig, ...]
     routing: RoutingConfig = field(default_factory=RoutingConfig)
-    raw_routing: Mapping[str, Any] = field(default_factory=dict)  # as written, for node specs
-    raw_cost: Mapping[str, Any] = field(default_factory=dict)
     zoo_profile: str = "full"
     control_port: int = 0
     control_ttl_s: float = 5.0
@@ -108,7 +124,6 @@ class FleetConfig:
     control_replicas: int = 1
     etcd_members: int = 3
     hard_examples: HardExampleConfig = field(default_factory=HardExampleConfig)
-    raw_hard_examples: Mapping[str, Any] = field(default_factory=dict)  # for node specs
     seed: int = 0
     # Public keys (ed25519:<base64>) whose signatures on model versions the nodes accept.
     trusted_keys: tuple[str, ...] = ()
@@ -134,6 +149,24 @@ class FleetConfig:
                 except ValueError as exc:
                     raise ConfigError(str(exc), hint="rename the node, or run without TLS"
                                       ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fleet file this configuration was parsed from, every setting written out:
+        ``parse_fleet(c.to_dict()) == c``."""
+        control = {"port": self.control_port, "ttl_s": self.control_ttl_s,
+                   "tier": self.control_tier.label, "store": self.control_store,
+                   "replicas": self.control_replicas, "etcd_members": self.etcd_members}
+        return {
+            "name": self.name, "seed": self.seed,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "links": [link.to_dict() for link in self.links],
+            "routing": self.routing.to_dict(), "cost": self.routing.cost.to_mapping(),
+            "zoo": {"profile": self.zoo_profile}, "control": control,
+            "hard_examples": self.hard_examples.to_dict(),
+            "trusted_keys": list(self.trusted_keys), "fault_injection": self.fault_injection,
+            "tasks": {name: _task_dict(t) for name, t in self.tasks.items()},
+            "topology": self.topology, "tracing": self.tracing.to_dict(),
+            "security": self.security.to_dict()}
 
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
@@ -214,8 +247,6 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         nodes=nodes,
         links=links,
         routing=parse_routing(data.get("routing") or {}, data.get("cost") or {}),
-        raw_routing=dict(data.get("routing") or {}),
-        raw_cost=dict(data.get("cost") or {}),
         zoo_profile=str(zoo.get("profile", "full")),
         control_port=as_int(control.get("port", 0), "control.port", 0),
         control_ttl_s=as_float(control.get("ttl_s", 5.0), "control.ttl_s", 0.5),
@@ -223,7 +254,6 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         control_store=store, control_replicas=replicas, etcd_members=members,
         hard_examples=parse_hard_examples(data.get("hard_examples") or {},
                                           control.get("tier", "cloud")),
-        raw_hard_examples=dict(data.get("hard_examples") or {}),
         seed=as_int(data.get("seed", 0), "seed", 0),
         trusted_keys=_strings(data.get("trusted_keys") or [], "trusted_keys"),
         fault_injection=as_bool(data.get("fault_injection", False), "fault_injection"),
@@ -280,6 +310,14 @@ def _tasks(raw: Any) -> Mapping[str, TaskSpec]:
     for task in tasks.values():
         kind_of(task.kind)  # an unknown kind is refused here, naming the known ones
     return MappingProxyType(tasks)
+
+
+def _task_dict(task: TaskSpec) -> dict[str, Any]:
+    """A task's declaration under ``tasks:`` (its name is the key; one input as ``input``)."""
+    out = {k: v for k, v in task.to_dict().items() if k != "name"}
+    if len(out["inputs"]) == 1:
+        out["input"] = out.pop("inputs")[0]
+    return out
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:

@@ -52,10 +52,10 @@ def require_fresh(config: FleetConfig, models: Models, fleet_file: Path | str) -
 def retune(config: FleetConfig, task: str, goal: Any = None,
            progress: bool = True) -> tuple[FleetConfig, Any]:
     """``config`` with its ``task`` cascade tuned anew for the models this machine has
-    (thresholds, records and provenance, in the parsed routing and in the raw routing that
-    node specs are written from); and the tuning report. The default goal is the one the
+    (thresholds, records and provenance, in the routing configuration the nodes are given);
+    and the tuning report. The default goal is the one the
     fleet file records (:func:`fleet_goal`)."""
-    from tierlink.cascade.records import SEP, record_to_dict
+    from tierlink.cascade.records import SEP, record_from_dict, record_to_dict
     from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
     from tierlink.models.catalog import Catalog, SourceOptions
@@ -65,18 +65,20 @@ def retune(config: FleetConfig, task: str, goal: Any = None,
     catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=progress))
     report = tune_chain(catalog.resolve(chain.models), chain, catalog.data(task), goal,
                         config.routing.policy_config().cost)
-    records = {k: record_to_dict(r) for k, r in (report.records or {}).items()}
-    by_path = {tuple(k.split(SEP)): r for k, r in (report.records or {}).items()}
+    # As the fleet file will hold them (cascade tune writes 4 decimals): the nodes run on
+    # what the file would say.
+    by_path = {tuple(k.split(SEP)): record_from_dict(record_to_dict(r), k)
+               for k, r in (report.records or {}).items()}
     routing = config.routing
     thresholds = {**routing.thresholds, **report.thresholds()}
     tuned_on = dict(report.tuned_on or {})
+    target = target_of(goal)
     routing = replace(routing, thresholds=MappingProxyType(thresholds),
                       cascade_tuned_on=MappingProxyType(tuned_on),
-                      cascade_records=MappingProxyType(by_path))
-    raw = {**config.raw_routing, "thresholds": thresholds,
-           "cascade": {"tuned_on": tuned_on, "records": records,
-                       **({"target": target_of(goal)} if target_of(goal) else {})}}
-    return replace(config, routing=routing, raw_routing=raw), report
+                      cascade_records=MappingProxyType(by_path),
+                      cascade_target=(MappingProxyType(target) if target
+                                      else routing.cascade_target))
+    return replace(config, routing=routing), report
 
 
 def fleet_goal(config: FleetConfig) -> Any:

@@ -27,7 +27,6 @@ from tierlink.node.models import ArtifactSource, Host, ModelManager, load_versio
 from tierlink.node.service import NodeService
 from tierlink.node.spec import NodeSpec
 from tierlink.node.uplink import Uplink, UplinkMetrics, uplink_for_spec
-from tierlink.settings.engine import engine_from_dict
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
 
@@ -40,7 +39,7 @@ log = logging.getLogger("tierlink.node")
 def model_host(spec: NodeSpec) -> Host:
     """The node's engine: its models in this process, or on Ray Serve (``engine: ray``)
     behind this node's front door — for the spec's models and every version installed."""
-    engine = engine_from_dict(spec.engine_raw)
+    engine = spec.engine
     if engine.on_ray:
         from tierlink.node.ray_serve import RayHost
 

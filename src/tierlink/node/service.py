@@ -118,7 +118,7 @@ class NodeService:
         self.runtimes = self.models.active
         self.models.on_switch = self._on_switch
         self.version_stats = VersionStatsBook()
-        self.routing = spec.routing()
+        self.routing = spec.routing
         self.metrics = metrics or NodeMetrics(spec.tier.label)
         self.exports = NodeExports(self.metrics, spec.tier.label, self.models)
         self._clock = clock
@@ -147,7 +147,7 @@ class NodeService:
                             max_cooldown_s=self.routing.breaker.max_cooldown_s),
             clock=clock, on_transition=self._on_breaker)
         self._inflight = 0
-        self.hard_examples = uploader_for(spec.hard_examples(), spec.node_id, spec.seed,
+        self.hard_examples = uploader_for(spec.hard_examples, spec.node_id, spec.seed,
                                           uplink, hard_example_sink,
                                           self.metrics.count_hard_examples)
         self.split = SplitPlans(spec.node_id, spec.tier, self.runtimes, spec.heads,

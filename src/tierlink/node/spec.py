@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.llm.source import LMSource
+from tierlink.settings.engine import EngineConfig, engine_from_dict
 from tierlink.settings.fields import as_url
 from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
 from tierlink.settings.routing import RoutingConfig, parse_routing
@@ -51,8 +51,7 @@ class NodeSpec:
     advertise_url: str | None = None
     control_url: str | None = None
     upstreams: tuple[UpstreamSpec, ...] = ()
-    routing_raw: dict[str, Any] = field(default_factory=dict)
-    cost_raw: dict[str, Any] = field(default_factory=dict)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # the fleet's, typed
     workers: int = 1
     max_queue: int = 256
     seed: int = 0
@@ -64,8 +63,8 @@ class NodeSpec:
     otlp_endpoint: str | None = None
     otlp_protocol: str = "http/protobuf"
     trace_sample_ratio: float = 1.0
-    hard_examples_raw: dict[str, Any] = field(default_factory=dict)  # fleet `hard_examples:`
-    control_tier: str = "cloud"  # the control plane's tier: what hard examples may reach
+    # The fleet's `hard_examples:`; its store_tier is the control plane's (`control.tier`)
+    hard_examples: HardExampleConfig = field(default_factory=HardExampleConfig)
     heads: tuple[ModelSource, ...] = ()  # models whose head this node may run (split plans)
     # Where the node keeps what must survive a restart: its identity, model slots, outbox.
     state_dir: str | None = None
@@ -93,9 +92,9 @@ class NodeSpec:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_auth: str = "optional"
-    # How the node runs its models (settings/engine.py): {} = ONNX Runtime in this process;
-    # {"kind": "ray", ...} = Ray Serve deployments on the cluster at ray_address
-    engine_raw: dict[str, Any] = field(default_factory=dict)
+    # How the node runs its models (settings/engine.py): ONNX Runtime in this process, or
+    # Ray Serve deployments on the cluster at ray_address
+    engine: EngineConfig = field(default_factory=EngineConfig)
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
@@ -131,15 +130,17 @@ class NodeSpec:
         return TraceSettings(otlp_endpoint=self.otlp_endpoint, protocol=self.otlp_protocol,
                              file=self.trace_file, sample_ratio=self.trace_sample_ratio)
 
-    def routing(self) -> RoutingConfig:
-        return parse_routing(self.routing_raw, self.cost_raw)
-
-    def hard_examples(self) -> HardExampleConfig:
-        return parse_hard_examples(self.hard_examples_raw, self.control_tier)
-
     def to_json(self) -> str:
-        data = asdict(self)
-        data["tier"] = self.tier.label
+        """The spec file ``tierlink up`` writes: typed sections in their fleet-file form."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data |= {"tier": self.tier.label,
+                 "routing": {"routing": self.routing.to_dict(),
+                             "cost": self.routing.cost.to_mapping()},
+                 "hard_examples": {**self.hard_examples.to_dict(),
+                                   "store_tier": self.hard_examples.store_tier.label},
+                 "engine": self.engine.to_dict()}
+        for name in ("models", "upstreams", "heads", "llms"):
+            data[name] = [asdict(x) for x in data[name]]
         return json.dumps(data, indent=2)
 
     @classmethod
@@ -154,6 +155,12 @@ class NodeSpec:
             data["providers"] = tuple(data.get("providers", ("CPUExecutionProvider",)))
             data["llms"] = tuple(LMSource(**m) for m in data.get("llms", []))
             data["upstream_match"] = tuple(data.get("upstream_match", ()))
+            routing = data.get("routing") or {}
+            data["routing"] = parse_routing(routing.get("routing") or {}, routing.get("cost"))
+            hard = dict(data.get("hard_examples") or {})
+            store_tier = hard.pop("store_tier", "cloud")
+            data["hard_examples"] = parse_hard_examples(hard, store_tier)
+            data["engine"] = engine_from_dict(data.get("engine"))
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid node spec: {exc}") from exc

@@ -41,6 +41,13 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def fleet_keys(self) -> dict[str, Any]:
+        """A node's ``engine:`` (and ``ray:``) keys in the fleet file."""
+        if not self.on_ray:
+            return {"engine": self.kind}
+        ray = {k: v for k, v in asdict(self).items() if k != "kind"}
+        return {"engine": self.kind, "ray": ray}
+
 
 def parse_engine(kind: Any, ray: Any, where: str) -> EngineConfig:
     if kind not in ENGINES:

@@ -25,6 +25,12 @@ class HardExampleConfig:
     flush_interval_s: float = 1.0  # ... or at least this often
     store_tier: Tier = Tier.CLOUD
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``hard_examples:`` section (``store_tier`` is the fleet's ``control.tier``)."""
+        return {"enabled": self.enabled, "sample_rate": self.sample_rate,
+                "max_queue": self.max_queue, "batch_size": self.batch_size,
+                "flush_interval_s": self.flush_interval_s}
+
 
 def parse_hard_examples(raw: Any, control_tier: str | Tier = "cloud") -> HardExampleConfig:
     """The ``hard_examples:`` section (and ``control.tier``), e.g. from a node spec file."""

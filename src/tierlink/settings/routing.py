@@ -5,7 +5,7 @@ codec losses, the bandit's reward, shadow mode — validated once here and froze
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -72,12 +72,10 @@ class ShadowConfig:
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_dict(self) -> dict[str, Any]:
-        policy: Any = ({"name": self.policy, "options": dict(self.options)} if self.options
-                       else self.policy)
-        out: dict[str, Any] = {"policy": policy, "explore": self.explore}
+        out: dict[str, Any] = {"policy": policy_form(self.policy, self.options),
+                               "explore": self.explore}
         if self.weights is not None:
-            out["weights"] = {"accuracy": self.weights.accuracy, "latency": self.weights.latency,
-                              "cost": self.weights.cost}
+            out["weights"] = asdict(self.weights)
         return out
 
 
@@ -127,6 +125,33 @@ class RoutingConfig:
     # node's own requests, logged for `tierlink policy evaluate`.
     shadow: ShadowConfig | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``routing:`` section as ``parse_routing`` reads it — every setting, so that
+        ``parse_routing(c.to_dict(), c.cost.to_mapping()) == c``; the ``cost:`` section is
+        ``self.cost.to_mapping()``."""
+        from tierlink.cascade.records import path_key, record_to_dict
+
+        out: dict[str, Any] = {
+            "policy": policy_form(self.policy, self.policy_options),
+            "weights": asdict(self.weights), "thresholds": dict(self.thresholds),
+            "default_threshold": self.default_threshold, "max_hops": self.max_hops,
+            "reserve_ms": self.reserve_ms, "allow_policy_override": self.allow_policy_override,
+            "retry_budget": self.retry_budget, "breaker": asdict(self.breaker),
+            "local_features_may_leave": self.local_features_may_leave,
+            "probe_idle_s": self.probe_idle_s, "hedging": asdict(self.hedging),
+            "overload": asdict(self.overload), "split_codec_loss": dict(self.split_codec_loss),
+            "accuracy_tolerance": self.accuracy_tolerance,
+            "bandit": {"reward": asdict(self.reward)}}
+        cascade = {"tuned_on": dict(self.cascade_tuned_on),
+                   "records": {path_key(k): record_to_dict(r, None)
+                               for k, r in self.cascade_records.items()},
+                   "target": dict(self.cascade_target)}
+        if any(cascade.values()):
+            out["cascade"] = {k: v for k, v in cascade.items() if v}
+        if self.shadow is not None:
+            out["shadow"] = self.shadow.to_dict()
+        return out
+
     def policy_config(self) -> PolicyConfig:
         codecs = tuple(replace(c, accuracy_loss=self.split_codec_loss.get(c.spec,
                                                                           c.accuracy_loss))
@@ -168,7 +193,8 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
                                  "routing.default_threshold", 0.0, 1.0),
         max_hops=as_int(raw.get("max_hops", 3), "routing.max_hops", 0),
         reserve_ms=as_float(raw.get("reserve_ms", 5.0), "routing.reserve_ms", 0.0),
-        allow_policy_override=bool(raw.get("allow_policy_override", False)),
+        allow_policy_override=as_bool(raw.get("allow_policy_override", False),
+                                      "routing.allow_policy_override"),
         retry_budget=as_float(raw.get("retry_budget", 0.2), "routing.retry_budget", 0.0, 1.0),
         breaker=BreakerConfig(
             failure_threshold=as_int(breaker.get("failure_threshold", 3),
@@ -211,6 +237,11 @@ def _shadow(raw: Any) -> ShadowConfig | None:
     return ShadowConfig(name, parsed,
                         as_float(raw.get("explore", 0.0), "routing.shadow.explore", 0.0, 0.5),
                         options)
+
+
+def policy_form(name: str, options: Mapping[str, Any]) -> str | dict[str, Any]:
+    """How the fleet file names a policy: ``NAME``, or ``{name, options}`` with options."""
+    return {"name": name, "options": dict(options)} if options else name
 
 
 def policy_choice(raw: Any, where: str) -> tuple[str, Mapping[str, Any]]:

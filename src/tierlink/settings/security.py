@@ -30,6 +30,12 @@ class SecurityConfig:
     cert_ttl_s: float = 86_400.0
     ca_dir: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``security:`` section."""
+        out: dict[str, Any] = {"tls": self.tls, "client_auth": self.client_auth,
+                               "cert_ttl_s": self.cert_ttl_s}
+        return out | ({"ca_dir": self.ca_dir} if self.ca_dir else {})
+
 
 def parse_security(raw: Any) -> SecurityConfig:
     data = as_mapping(raw, "security")

@@ -30,6 +30,13 @@ class TracingConfig:
     def on(self) -> bool:
         return self.collect or self.settings.on
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``tracing:`` section (the file a node writes its spans to is not the fleet's)."""
+        s = self.settings
+        out: dict[str, Any] = {"protocol": s.protocol, "sample_ratio": s.sample_ratio,
+                               "collect": self.collect}
+        return out | ({"otlp_endpoint": s.otlp_endpoint} if s.otlp_endpoint else {})
+
 
 def parse_tracing(raw: Any) -> TracingConfig:
     data = as_mapping(raw, "tracing")
