@@ -42,6 +42,8 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── RolloutError                409: a rollout cannot start or move (one already runs,
     │   │                           no such version, no nodes in the tier)
     │   └── RolloutNotFound         404: no rollout has that id (or no such action)
+    ├── RoutingConflict             409: the fleet's routing revision cannot move so (no
+    │                               earlier revision to go back to)
     ├── OutboxError                 the durable outbox cannot take an item (full with the
     │                               `refuse` policy, disk failing)
     └── NoFreePort                  no loopback port could be reserved for a server to start
@@ -255,6 +257,12 @@ class PeerRefused(NotEnrolled):
     hint = ("a node speaks for itself and the nodes below it; an application names no "
             "origin but the node it calls; peer endpoints need a node's (or an operator's) "
             "fleet certificate")
+
+
+class RoutingConflict(TierlinkError):
+    code = "routing_conflict"
+    http_status = 409
+    hint = "read the revisions with `tierlink policy history`"
 
 
 class RolloutError(TierlinkError):

@@ -14,7 +14,7 @@ import typer
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from tierlink.cli import rollout
+from tierlink.cli import operator, rollout
 from tierlink.cli.errors import admin_headers
 from tierlink.cli.rollout import parse_duration, parse_share, parse_stages
 from tierlink.control.app import create_app
@@ -47,7 +47,7 @@ def http(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient
     registry, identity = SqliteRegistryStore(db), IdentityStore(db, ADMIN_TOKEN)
     try:
         with TestClient(create_app(registry, identity=identity)) as client:
-            monkeypatch.setattr(rollout, "_http",
+            monkeypatch.setattr(operator, "http_client",
                                 lambda url: contextlib.nullcontext(client))
             for node in ("edge-1", "edge-2"):
                 client.post(f"/v1/nodes/{node}/heartbeat", json=heartbeat(node),

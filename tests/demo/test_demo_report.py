@@ -27,13 +27,13 @@ def rec(origin: str, split: str = "", served_by: str = "edge-1", answered: bool 
 
 def report(with_photos: bool) -> dict:
     records = [rec("dev-1", served_by="dev-1")]
-    fmnist = summarize(records, 0) | breakdown(records, load_fleet(EXAMPLE), None)
+    fmnist = summarize(records) | breakdown(records, load_fleet(EXAMPLE), None)
     photos = {"model": "imagenet-mobilenetv2", "origins": ["dev-1", "dev-2"],
               "head_holders": ["dev-1"],
               "open_heads": {"dev-1": ["features.4"]},
               **summarize_split([rec("dev-1", "features.4/fp16"), rec("dev-1", "features.2/fp16"),
                                  rec("dev-2"), rec("dev-2", answered=False,
-                                                   error="deadline_exceeded")], 0)}
+                                                   error="deadline_exceeded")])}
     runs = {name: {**fmnist, **({"imagenet": photos} if with_photos else {})}
             for name in ("tierlink", "static_rules", "cloud_only", "device_only")}
     return {"runs": runs, "thresholds": {}, "fleet": {},

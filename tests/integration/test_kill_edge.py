@@ -116,7 +116,7 @@ def test_kill_edge_under_load_loses_nothing(
     survivor = next(e for e in EDGES if e != dead)
     records = load.records or []
 
-    summary = summarize(records, 0)
+    summary = summarize(records)
     assert summary["requests"] == len(load.items)
     assert summary["lost"] == 0, [r for r in records if r.lost][:5]
     refused = [r for r in records if not r.answered]

@@ -178,8 +178,9 @@ def test_a_shadow_log_that_cannot_be_written_never_costs_the_answer(tmp_path):
             def close(self):
                 return None
 
-        service._shadow_log.file.close()
-        service._shadow_log.file = Full()  # writes fail as on a full disk
+        sink = service.router.shadow.log
+        sink.file.close()
+        sink.file = Full()  # writes fail as on a full disk
         params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000}
         assert infer(c, "fmnist", params).status_code == 200
         metrics = c.get("/metrics").text

@@ -1,6 +1,11 @@
-"""``tierlink policy evaluate|promote``: a candidate policy judged from the shadow logs
-its nodes wrote (``routing.shadow``), and made the fleet's acting policy only when its
-estimated reward's lower bound beats the acting policy's own."""
+"""``tierlink policy``: the fleet's routing policy, judged and changed while it serves.
+
+``evaluate LOGS``: a shadow candidate (``routing.shadow``) judged off-policy from the logs
+its nodes wrote. ``promote FLEET LOGS``: made the fleet's acting policy — in the file and on
+the running fleet — only when its estimated reward's lower bound beats the acting policy's
+own. ``apply FLEET``: the file's routing section as the running fleet's next revision;
+``revert``: back to the previous revision; ``history``: the revisions. Nodes take a new
+revision with their next heartbeat (``control/routing_revisions.py``)."""
 
 from __future__ import annotations
 
@@ -12,10 +17,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierlink.cli.operator import AdminToken, ControlUrl, call
 from tierlink.errors import ConfigError
 
-policy_app = typer.Typer(help="Evaluate a shadow candidate off-policy; promote it.",
+policy_app = typer.Typer(help="Judge a shadow candidate off-policy; change the running "
+                              "fleet's policy (apply, promote, revert, history).",
                          no_args_is_help=True)
+AsJson = typer.Option(False, "--json", help="print the revision(s) as JSON")
 console = Console()
 
 
@@ -74,9 +82,13 @@ def evaluate(logs: list[Path] = typer.Argument(..., help="shadow.jsonl files"),
 @policy_app.command("promote")
 def promote_cmd(fleet_file: Path = typer.Argument(..., help="the fleet YAML to switch"),
                 logs: list[Path] = typer.Argument(..., help="shadow.jsonl files"),
-                dry_run: bool = typer.Option(False, "--dry-run")) -> None:
+                dry_run: bool = typer.Option(False, "--dry-run"),
+                live: bool = typer.Option(True, "--live/--file-only",
+                                          help="also apply it to the running fleet"),
+                control: str = ControlUrl, admin_token: str | None = AdminToken) -> None:
     """Make the candidate the fleet's policy — only if its lower bound beats the acting
-    policy's mean reward; otherwise say why and change nothing (exit 1)."""
+    policy's mean reward; otherwise say why and change nothing (exit 1). The file is
+    rewritten, and the running fleet takes it as a new revision (``--file-only``: not)."""
     from tierlink.cli.errors import fail
     from tierlink.errors import TierlinkError
     from tierlink.fleet.fleetfile import promote_policy
@@ -94,9 +106,97 @@ def promote_cmd(fleet_file: Path = typer.Argument(..., help="the fleet YAML to s
                           f"policy ({verdict})")
             raise typer.Exit(1)
         cand = report["candidate_policy"]
-        if not dry_run:
-            promote_policy(fleet_file, cand["policy"], cand.get("weights"),
-                           f"promoted from shadow mode: {verdict}")
-        console.print(f"{'would promote' if dry_run else 'promoted'} {cand}: {verdict}")
+        if dry_run:
+            console.print(f"would promote {cand}: {verdict}")
+            return
+        promote_policy(fleet_file, cand["policy"], cand.get("weights"),
+                       f"promoted from shadow mode: {verdict}")
+        console.print(f"promoted {cand} in {fleet_file}: {verdict}")
+        if live:
+            made = apply_fleet(fleet_file, control, admin_token, "promote")
+            console.print(_said(made))
     except TierlinkError as exc:
         fail(exc)
+
+
+def apply_fleet(fleet_file: Path, control: str, token: str | None, note: str
+                ) -> dict[str, Any]:
+    """The file's routing section as the running fleet's next revision."""
+    from tierlink.fleet.config import load_fleet
+
+    routing = load_fleet(fleet_file).routing.to_dict()
+    return dict(call(control, token, "PUT", "/v1/routing", {"routing": routing,
+                                                           "note": note}))
+
+
+@policy_app.command("apply")
+def apply_cmd(fleet_file: Path = typer.Argument(..., help="the fleet YAML whose routing "
+                                                           "section to apply"),
+              note: str = typer.Option("apply", help="why (kept with the revision)"),
+              control: str = ControlUrl, admin_token: str | None = AdminToken,
+              as_json: bool = AsJson) -> None:
+    """Apply the file's routing section (policy and options, weights, thresholds, shadow)
+    to the running fleet as its next revision; every node swaps at its next heartbeat."""
+    from tierlink.cli.errors import fail
+    from tierlink.errors import TierlinkError
+
+    try:
+        made = apply_fleet(fleet_file, control, admin_token, note)
+    except TierlinkError as exc:
+        fail(exc)
+    _show(made, as_json)
+
+
+@policy_app.command("revert")
+def revert_cmd(note: str = typer.Option("", help="why (kept with the revision)"),
+               control: str = ControlUrl, admin_token: str | None = AdminToken,
+               as_json: bool = AsJson) -> None:
+    """Go back to the previous revision's routing (as a new revision)."""
+    from tierlink.cli.errors import fail
+    from tierlink.errors import TierlinkError
+
+    try:
+        made = call(control, admin_token, "POST", "/v1/routing/revert", {"note": note})
+    except TierlinkError as exc:
+        fail(exc)
+    _show(made, as_json)
+
+
+@policy_app.command("history")
+def history_cmd(control: str = ControlUrl, admin_token: str | None = AdminToken,
+                as_json: bool = AsJson) -> None:
+    """The fleet's routing revisions, newest first."""
+    import time
+
+    from tierlink.cli.errors import fail
+    from tierlink.errors import TierlinkError
+
+    try:
+        answer = call(control, admin_token, "GET", "/v1/routing")
+    except TierlinkError as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2))
+        return
+    table = Table("revision", "stored", "policy", "note", title=f"routing at {control}")
+    for rev in answer["history"]:
+        stored = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rev["at"]))
+        table.add_row(str(rev["revision"]), stored, _policy_of(rev["routing"]), rev["note"])
+    console.print(table)
+
+
+def _show(made: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(made, indent=2))
+    else:
+        console.print(_said(made))
+
+
+def _policy_of(routing: dict[str, Any]) -> str:
+    policy = routing.get("policy", "tierlink")
+    return policy if isinstance(policy, str) else json.dumps(policy)
+
+
+def _said(made: dict[str, Any]) -> str:
+    return (f"routing revision {made['revision']} ({made['note']}): policy "
+            f"{_policy_of(made['routing'])}; nodes take it with their next heartbeat")

@@ -17,28 +17,19 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
-from tierlink.errors import ConfigError, ControlPlaneError, RolloutError, TierlinkError
-
-if TYPE_CHECKING:
-    import httpx
+from tierlink.cli.errors import fail
+from tierlink.cli.operator import AdminToken, ControlUrl, call
+from tierlink.errors import ConfigError, RolloutError, TierlinkError
 
 app = typer.Typer(help="Staged rollouts of a model version with health gates (operators).",
                   no_args_is_help=True)
 console = Console(stderr=True)
-DEFAULT_URL = "http://127.0.0.1:7000"
-ControlUrl = typer.Option(DEFAULT_URL, "--control-url", "--control",
-                          envvar="TIERLINK_CONTROL_URL", help="control plane URL")
-AdminToken = typer.Option(None, "--admin-token", envvar="TIERLINK_ADMIN_TOKEN",
-                          help=ADMIN_TOKEN_HELP)
 AsJson = typer.Option(False, "--json", help="print the record(s) as JSON")
 Reason = typer.Option(None, "--reason", help="why (goes into the rollout's log)")
 RolloutId = typer.Argument(..., help="a rollout id, or a model name for its latest rollout")
@@ -81,44 +72,11 @@ def parse_duration(text: str, what: str = "duration") -> float:
 # -- HTTP ---------------------------------------------------------------------------------
 
 
-@contextmanager
-def _http(url: str) -> Iterator[httpx.Client]:
-    """A client for the control plane at ``url`` (tests replace this with a TestClient)."""
-    import httpx
-
-    with httpx.Client(base_url=url.rstrip("/"), timeout=10.0, trust_env=False,
-                      verify=fleet_verify()) as client:
-        yield client
-
-
-def _call(url: str, token: str | None, method: str, path: str,
-          body: dict[str, Any] | None = None, params: dict[str, str] | None = None) -> Any:
-    """One call as an operator; a ``TierlinkError`` rebuilt from the answer on >= 400."""
-    import httpx
-
-    from tierlink.errors import error_from_dict
-
-    try:
-        with _http(url) as client:
-            response = client.request(method, path, headers=admin_headers(token), json=body,
-                                      params=params)
-    except httpx.HTTPError as exc:
-        raise ControlPlaneError(f"cannot reach the control plane at {url}: {exc}") from exc
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"error": response.text[:200] or f"HTTP {response.status_code}"}
-    if response.status_code >= 400:
-        raise error_from_dict(answer if isinstance(answer, dict) else {},
-                              response.status_code)
-    return answer
-
-
 def _resolve(url: str, token: str | None, key: str) -> int:
     """A rollout id from ``key``: an id as is, a model name as its latest rollout's id."""
     if key.isascii() and key.isdigit():
         return int(key)
-    found = _call(url, token, "GET", "/v1/rollouts", params={"model": key})["rollouts"]
+    found = call(url, token, "GET", "/v1/rollouts", params={"model": key})["rollouts"]
     if not found:
         raise RolloutError(f"no rollout of model {key!r} (and it is not a rollout id)",
                            hint="list them with `tierlink rollout status`")
@@ -157,7 +115,7 @@ def start_cmd(
     try:
         body = _start_body(model, version, tier, canary, stages, soak, min_requests, previous,
                            deploy_timeout, max_soak, on_insufficient)
-        record = _call(control, admin_token, "POST", "/v1/rollouts", body)
+        record = call(control, admin_token, "POST", "/v1/rollouts", body)
     except TierlinkError as exc:
         fail(exc)
     _show_record(record, as_json, f"started rollout {record['id']}")
@@ -191,10 +149,10 @@ def status_cmd(rollout: str | None = typer.Argument(None, help="a rollout id or 
     """The rollouts (newest first), or one in detail."""
     try:
         if rollout is None:
-            answer = _call(control, admin_token, "GET", "/v1/rollouts")
+            answer = call(control, admin_token, "GET", "/v1/rollouts")
         else:
             rollout_id = _resolve(control, admin_token, rollout)
-            record = _call(control, admin_token, "GET", f"/v1/rollouts/{rollout_id}")
+            record = call(control, admin_token, "GET", f"/v1/rollouts/{rollout_id}")
     except TierlinkError as exc:
         fail(exc)
     if rollout is None:
@@ -215,7 +173,7 @@ def _action(name: str, rollout: str, reason: str | None, control: str, token: st
             as_json: bool) -> None:
     try:
         rollout_id = _resolve(control, token, rollout)
-        record = _call(control, token, "POST", f"/v1/rollouts/{rollout_id}/{name}",
+        record = call(control, token, "POST", f"/v1/rollouts/{rollout_id}/{name}",
                        {"reason": reason} if reason else None)
     except TierlinkError as exc:
         fail(exc)

@@ -29,6 +29,9 @@
     POST   /v1/rollouts, GET /v1/rollouts[/{id}], POST /v1/rollouts/{id}/{action}
                                            (operator) staged rollouts
                                            (tierlink.control.rollout_routes)
+    GET    /v1/routing, PUT /v1/routing, POST /v1/routing/revert
+                                           the fleet's routing revisions (writes: operator;
+                                           tierlink.control.routing_routes)
     GET    /healthz                        the store answers
     GET    /metrics                        Prometheus text exposition
 
@@ -88,6 +91,12 @@ from tierlink.control.results import (
 )
 from tierlink.control.rollout_routes import install_rollout_routes
 from tierlink.control.rollouts import RolloutController, Rollouts, RolloutStore
+from tierlink.control.routing_revisions import (
+    RoutingControl,
+    RoutingRevisions,
+    SqliteRoutingRevisions,
+)
+from tierlink.control.routing_routes import install_routing_routes
 from tierlink.control.schemas import format_error_list
 from tierlink.control.store import (
     HardExampleStore,
@@ -127,6 +136,7 @@ def create_app(
     local_db: str | None = None,
     rollout_store: Rollouts | None = None,
     leader: Callable[[], bool] | None = None,
+    routing_store: RoutingRevisions | None = None,
     authority: Authority | None = None,
     cert_ttl_s: float = 86_400.0,
 ) -> FastAPI:
@@ -155,6 +165,11 @@ def create_app(
     out. ``leader``: whether this replica steps the rollouts now (None: always); the
     others tell nodes what the leader stored.
 
+    ``routing_store``: the fleet's routing revisions (the caller's; on etcd, shared by the
+    replicas); when None and ``store`` is SQLite, a store on the same file (closed when the
+    lifespan ends). Nodes running another revision hear of the current one in their
+    heartbeat answers (:mod:`tierlink.control.routing_revisions`).
+
     ``authority``: the fleet CA (with its key); enrolled nodes then get certificates from it
     (``POST /v1/certificate``, valid ``cert_ttl_s``; needs ``identity``)."""
     if ttl_s <= 0 or sweep_interval_s <= 0 or rollout_interval_s <= 0:
@@ -178,6 +193,10 @@ def create_app(
         owned.append(rollout_store.close)
     controller = None if not rollouts or rollout_store is None else RolloutController(
         rollout_store, service, clock, metrics.registry, repository, leader)
+    if routing_store is None and local_db is not None:
+        routing_store = SqliteRoutingRevisions(local_db)
+        owned.append(routing_store.close)
+    routing = None if routing_store is None else RoutingControl(routing_store, clock)
     if results is None and local_db is not None:  # store-and-forward (control/results.py)
         results = ResultStore(local_db, max_rows=result_max_rows, clock=clock)
         owned.append(results.close)
@@ -192,6 +211,7 @@ def create_app(
     app.state.identity = identity
     app.state.rollouts = controller
     app.state.fleet_view = fleet_view
+    app.state.routing = routing
     _install_error_handlers(app)
     _install_timing(app, service.metrics)
     if identity is not None:
@@ -201,7 +221,9 @@ def create_app(
             from tierlink.control.certificates import install_certificate_routes
 
             install_certificate_routes(app, identity, authority, clock, cert_ttl_s)
-    install_registry_routes(app, service, controller.desired_for if controller else None)
+    install_registry_routes(app, service, controller.desired_for if controller else None,
+                            routing.for_node if routing else None)
+    install_routing_routes(app, routing)
     _install_ops_routes(app, service, examples)
     install_hard_example_routes(app, examples)
     install_rollout_routes(app, controller)

@@ -306,7 +306,7 @@ OPEN, ANY, ADMIN_ONLY, SELF = "open", "any", "admin", "self"
 # /ui: the fleet view's page, which carries no data (it asks for the operator token).
 _OPEN_PATHS = ("/healthz", "/metrics", "/v1/enroll", "/docs", "/openapi.json", "/ui", "/ui/")
 _ADMIN_PREFIXES = ("/v1/enrollment-tokens", "/v1/credentials", "/v1/rollouts", "/v1/fleet")
-_ADMIN_WRITES = ("/v1/blobs", "/v1/models")
+_ADMIN_WRITES = ("/v1/blobs", "/v1/models", "/v1/routing")
 
 
 def access_rule(method: str, path: str) -> tuple[str, str | None]:

@@ -119,10 +119,13 @@ def _parse_heartbeat(raw: bytes) -> Heartbeat:
 
 
 def install_registry_routes(app: FastAPI, service: RegistryService,
-                            desired_for: Callable[[str], dict[str, Any]] | None) -> None:
+                            desired_for: Callable[[str], dict[str, Any]] | None,
+                            routing_for: Callable[[int], dict[str, Any] | None] | None = None
+                            ) -> None:
     """``/v1/nodes...`` and ``/v1/splits/...``: heartbeats (answered with what
-    ``desired_for(node_id)`` says the node should serve: the rollouts), the watched view,
-    one node, deregistration, drains."""
+    ``desired_for(node_id)`` says the node should serve: the rollouts; and, when the node
+    runs another routing revision than ``routing_for`` holds, that revision), the watched
+    view, one node, deregistration, drains."""
     @app.post("/v1/nodes/{node_id}/heartbeat",
               openapi_extra=request_body(model_schema(Heartbeat)))
     async def heartbeat(node_id: str, request: Request) -> Any:
@@ -139,12 +142,15 @@ def install_registry_routes(app: FastAPI, service: RegistryService,
                     "post to /v1/nodes/{the body's node_id}/heartbeat")
             record = await asyncio.to_thread(service.heartbeat, body, raw)
         desired = desired_for(node_id) if desired_for is not None else {}
+        answer = {"node_id": record.node_id, "generation": record.generation,
+                  "registered_at": record.registered_at, "ttl_s": service.ttl_s,
+                  "desired": desired, "draining": record.draining}
+        routing = routing_for(record.routing_revision) if routing_for is not None else None
+        if routing is not None:
+            answer["routing"] = routing
         # Encoded here: FastAPI's response encoding cost as much as the rest of a repeat.
-        return Response(json.dumps(
-            {"node_id": record.node_id, "generation": record.generation,
-             "registered_at": record.registered_at, "ttl_s": service.ttl_s,
-             "desired": desired, "draining": record.draining},
-            separators=(",", ":")).encode(), media_type="application/json")
+        return Response(json.dumps(answer, separators=(",", ":")).encode(),
+                        media_type="application/json")
 
     @app.post("/v1/nodes/{node_id}/drain")
     def drain(node_id: str) -> Any:

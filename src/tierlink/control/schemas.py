@@ -183,6 +183,9 @@ class Heartbeat(_Open):
     traffic: Traffic = Field(default_factory=Traffic)
     breakers_open: list[NodeId] = Field(default_factory=list, max_length=4096)
     outbox_pending: Count = 0  # items waiting in its store-and-forward outbox
+    # The fleet routing revision the node places requests under (0: its spec file's, not
+    # one the control plane handed out; control/routing_revisions.py)
+    routing_revision: Count = 0
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> Heartbeat:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from tierlink.control.identity import Identity
     from tierlink.control.results import DeliveredResults
     from tierlink.control.rollouts import Rollouts
+    from tierlink.control.routing_revisions import RoutingRevisions
     from tierlink.control.store import HardExampleStore, RegistryStore
     from tierlink.etcd.client import Etcd
     from tierlink.etcd.leader import Leadership
@@ -141,7 +142,7 @@ def run_control(
                              hard_examples=shared.hard_examples(hard_example_rows),
                              results=shared.results(result_rows),
                              rollout_store=shared.rollouts, leader=shared.leader(
-                                 f"{host}:{actual_port}"),
+                                 f"{host}:{actual_port}"), routing_store=shared.routing,
                              **(tls.app_options() if tls else {}))
             _serve(app, sock, on_ready=lambda: _announce(ready_file, host, actual_port,
                                                          tls is not None),
@@ -197,17 +198,21 @@ def _stores(db_path: str | Path, etcd_endpoints: tuple[str, ...], token_file: Pa
 
 
 class _Shared:
-    """What replicas over etcd share besides the registry: the rollouts, and the lead of
-    whoever steps them (nothing without etcd: the app keeps rollouts in its SQLite file)."""
+    """What replicas over etcd share besides the registry: the rollouts, the routing
+    revisions, and the lead of whoever steps the rollouts (nothing without etcd: the app
+    keeps both in its SQLite file)."""
 
     def __init__(self, etcd: Etcd | None = None) -> None:
         self.etcd = etcd
         self._leadership: Leadership | None = None
         self.rollouts: Rollouts | None = None
+        self.routing: RoutingRevisions | None = None
         if etcd is not None:
             from tierlink.control.etcd_rollouts import EtcdRolloutStore
+            from tierlink.control.routing_revisions import EtcdRoutingRevisions
 
             self.rollouts = EtcdRolloutStore(etcd)
+            self.routing = EtcdRoutingRevisions(etcd)
 
     def hard_examples(self, max_rows: int) -> HardExampleStore | None:
         """On etcd, the hard examples every replica shares (None: the app's SQLite file)."""

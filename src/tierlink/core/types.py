@@ -437,3 +437,5 @@ class Outcome:
     degraded: str = ""  # why a lower-quality answer was returned, "" when none
     split: str = ""  # "CUT/CODEC" when a split plan answered (head here, tail upstream)
     model_version: str = ""  # the version of ``model`` that answered ("" when unknown)
+    # The fleet routing revision under which the node the request entered placed it
+    routing_revision: int = 0

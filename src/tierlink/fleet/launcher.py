@@ -64,6 +64,7 @@ class RunningFleet:
     cpu_mode: str = "none"
     admin_token: str = ""  # operators' credential (also in run_dir/admin.token)
     enroll_token: str = ""  # the token this fleet's nodes enroll with
+    routing_revision: int = 0  # the control plane's revision of the file's routing section
     etcd: Any = None  # the EtcdCluster this fleet started, if its control plane uses one
     models: dict[str, tuple[Path, Path]] = field(default_factory=dict)  # name: (onnx, card)
     otlp_endpoint: str | None = None  # where the nodes send spans (the fleet's receiver?)
@@ -312,6 +313,7 @@ def _start_control(fleet: RunningFleet, timeout_s: float) -> None:
         port = cfg.control_port + replica if cfg.control_port else 0
         _start_replica(fleet, replica, timeout_s, port=port)
     fleet.enroll_token = _enrollment_token(fleet)
+    fleet.routing_revision = _routing_revision(fleet)
 
 
 def _start_replica(fleet: RunningFleet, replica: int, timeout_s: float, port: int) -> None:
@@ -363,6 +365,20 @@ def _enrollment_token(fleet: RunningFleet) -> str:
         raise LaunchError(f"could not create an enrollment token: {exc}") from exc
 
 
+def _routing_revision(fleet: RunningFleet) -> int:
+    """The fleet file's routing section as the control plane's revision that the nodes
+    start on (``tierlink policy apply`` changes it live from there)."""
+    body = {"routing": fleet.config.routing.to_dict(), "note": "tierlink up", "start": True}
+    try:
+        response = httpx.put(f"{fleet.control_url}/v1/routing", json=body,
+                             headers=fleet.admin_headers, timeout=10.0, trust_env=False,
+                             verify=fleet.verify())
+        response.raise_for_status()
+        return int(response.json()["revision"])
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise LaunchError(f"could not store the fleet's routing revision: {exc}") from exc
+
+
 def _link_spec(fleet: RunningFleet, link: LinkConfig, ports: dict[str, int]) -> dict[str, Any]:
     kernel = fleet.fabric is not None  # bandwidth and loss are shaped there (netns)
     return {"name": link.name, "listen_host": fleet.host, "listen_port": 0,
@@ -404,7 +420,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     host=node_host(fleet, node.node_id), port=port,
                     advertise_url=node.advertise_url,
                     control_url=",".join(fleet.control_urls), upstreams=upstreams,
-                    routing=cfg.routing,
+                    routing=cfg.routing, routing_revision=fleet.routing_revision,
                     workers=node.workers, max_queue=node.max_queue,
                     seed=cfg.seed + zlib.crc32(node.node_id.encode()) % 1000,
                     ready_file=str(fleet.run_dir / f"{node.node_id}.ready"),

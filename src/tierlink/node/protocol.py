@@ -22,7 +22,8 @@ Response parameters describe the :class:`~tierlink.core.types.Outcome`: ``served
 ``tier``, ``model``, ``path`` (JSON list), ``confidence``, ``escalations``, ``fallbacks``
 (JSON list of ``{node, reason, detail}``), ``cost_usd``, ``server_ms``, ``degraded``,
 ``split_plan`` (``CUT/CODEC`` when a split served it), ``model_version`` (the version of
-``model`` that answered) and ``timings_ms`` (JSON: where the time went, e.g. a split's
+``model`` that answered), ``routing_revision`` (the fleet routing revision under which the
+node the request entered placed it) and ``timings_ms`` (JSON: where the time went, e.g. a split's
 ``head_ms``, ``encode_ms``, ``tail_rtt_ms``, ``split_bytes`` and ``est_ms``, the policy's
 estimate of what follows the head: encode + send + tail), each prefixed with
 ``tierlink.``. A model endpoint's answer carries ``tierlink.server_ms`` (queue + compute on
@@ -53,6 +54,7 @@ CODEC = "tierlink.codec"  # ...and how they are encoded (tierlink.split.codecs)
 SPLIT = "tierlink.split"  # ask for a split plan: "NODE/CUT/CODEC" (benchmarks, tests)
 LABEL = "tierlink.label"
 MODEL_VERSION = "tierlink.model_version"  # in answers: the version of the model that ran
+ROUTING_REVISION = "tierlink.routing_revision"  # in answers: the revision that placed it
 SERVER_MS = "tierlink.server_ms"  # in answers: what the answering node spent on the request
 TIMINGS = "tierlink.timings_ms"  # in answers: JSON of where the time went (split: head_ms...)
 TRACEPARENT = "traceparent"
@@ -145,6 +147,7 @@ def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
         "tierlink.degraded": outcome.degraded,
         "tierlink.split_plan": outcome.split,
         MODEL_VERSION: outcome.model_version,
+        ROUTING_REVISION: outcome.routing_revision,
     }
 
 
@@ -164,6 +167,7 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
             degraded=str(params.get("tierlink.degraded", "")),
             split=str(params.get("tierlink.split_plan", "")),
             model_version=str(params.get(MODEL_VERSION, "")),
+            routing_revision=int(params.get(ROUTING_REVISION, 0)),
             timings_ms={"server_ms": float(params.get(SERVER_MS, 0.0))},
         )
     except (KeyError, ValueError, TypeError) as exc:

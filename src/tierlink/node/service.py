@@ -64,9 +64,9 @@ from tierlink.node.forwarding import LABELS, Forwarder
 from tierlink.node.hard_examples import ExampleSink, uploader_for
 from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
+from tierlink.node.live_routing import NodeRouting
 from tierlink.node.models import ModelManager
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
-from tierlink.node.shadowing import open_shadow
 from tierlink.node.spec import NodeSpec
 from tierlink.node.splits import SplitPlans, Upstream
 from tierlink.node.topology import Topology, rule_of
@@ -126,10 +126,8 @@ class NodeService:
         self._records = records  # the registry cache's last view (never raises)
         self._parsed_records = ParsedRecords()  # parsed once per fetched list
         self._client = client or OipClient()
-        received = self.metrics.inputs_received
-        self.policies = PolicyDesk(
-            spec.node_id, spec.tier, self.routing,
-            lambda privacy, verdict: received.labels(spec.tier.label, privacy, verdict).inc())
+        # The router under the fleet's routing revision, swapped when another arrives.
+        self.live = NodeRouting(spec, self._rng, self.metrics)
         self.scheduler = Scheduler(SchedulerConfig(workers=spec.workers, max_queue=spec.max_queue,
                                                    initial_service_ms=self._initial_ms()),
                                    clock=clock, observer=self.metrics)
@@ -164,14 +162,6 @@ class NodeService:
                                      margin_ms=self.routing.reserve_ms,
                                      on_hard_example=self._hard_example,
                                      hedger=Hedger(self.routing.hedging))
-        shadow = open_shadow(self.routing, spec.node_id, spec.state_dir,
-                             on_dropped=self.metrics.shadow_dropped.labels(spec.tier.label).inc)
-        self._shadow_log = shadow[1] if shadow is not None else None
-        refusals = self.metrics.privacy_refusals
-        self.router = Router(
-            self.policies, self._rng, shadow[0] if shadow else None,
-            refused=lambda privacy, policy: refusals.labels(spec.tier.label, privacy,
-                                                            policy).inc())
         self.refresh_view()
         self._refresher: asyncio.Task[None] | None = None
         self._keepwarm: asyncio.Task[None] | None = None
@@ -217,8 +207,7 @@ class NodeService:
                 await asyncio.gather(task, return_exceptions=True)
         await self.scheduler.close()
         await self._client.close()
-        if self._shadow_log is not None:
-            self._shadow_log.close()
+        self.live.close()
 
     # -- direct model inference (OIP, no routing) ------------------------------------------
 
@@ -307,30 +296,33 @@ class NodeService:
         check_task_inputs(self.runtimes.values(), task, inputs)
         check_version_known(self.view, task, req.version)
         self.split.routed(task, t0)  # demand: the split warmer opens cuts of tasks in use
-        policy, req = self.router.arrive(req)
+        router = self.live.router  # this request's, to its answer (see node/live_routing.py)
+        policy, req = router.arrive(req)
         self._inflight += 1
         token = LABELS.set(labels)
         try:
             with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
                               route_attributes(self.spec.node_id, self.spec.tier,
                                                req)) as span:
-                result = await self._route(req, policy, inputs, t0,
+                result = await self._route(req, router, policy, inputs, t0,
                                            params.get(protocol.SPLIT))
                 tracing.set_attributes(span, outcome_attributes(result.outcome))
         finally:
             LABELS.reset(token)
             self._inflight -= 1
-        return result.outputs, result.outcome, (self._clock() - t0) * 1000.0
+        outcome = replace(result.outcome, routing_revision=router.revision)
+        return result.outputs, outcome, (self._clock() - t0) * 1000.0
 
-    async def _route(self, req: Request, policy: Policy, inputs: dict[str, np.ndarray],
-                     t0: float, forced_split: Any = None) -> StepResult:
+    async def _route(self, req: Request, router: Router, policy: Policy,
+                     inputs: dict[str, np.ndarray], t0: float,
+                     forced_split: Any = None) -> StepResult:
         view = self.view
         decision = None
         if forced_split:
-            plan = self.router.admit(req, self.split.forced_plan(
-                req, str(forced_split), view, self.routing.allow_policy_override))
+            plan = router.admit(req, self.split.forced_plan(
+                req, str(forced_split), view, router.desk.allow_override))
         else:
-            plan, decision = self._plan(policy, req, view)
+            plan, decision = self._plan(router, policy, req, view)
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
@@ -340,18 +332,18 @@ class NodeService:
         def observe(result: StepResult | None, latency_ms: float) -> None:
             outcome = result.outcome if result is not None else None
             correct = _correctness(result, labels) if result is not None else 0.0
-            self.router.feedback(policy, plan, decision, req, view, outcome, correct,
-                                 latency_ms)
+            router.feedback(policy, plan, decision, req, view, outcome, correct, latency_ms)
 
         return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
                                       observe)
 
-    def _plan(self, policy: Policy, req: Request, view: ClusterView
+    @staticmethod
+    def _plan(router: Router, policy: Policy, req: Request, view: ClusterView
               ) -> tuple[Plan, Decision | None]:
         """The acting policy's plan; in shadow mode the candidate decides beside it on this
         node's own requests (an application's, not a forwarded one)."""
         with tracing.stage("tierlink.plan") as span:
-            plan, decision = self.router.plan(policy, req, view)
+            plan, decision = router.plan(policy, req, view)
             tracing.set_attributes(span, plan_attributes(plan))
         return plan, decision
 
@@ -454,12 +446,24 @@ class NodeService:
                             self.started_at, self.spec.labels),
                 "traffic": self.exports.traffic.to_dict(), "breakers_open": sorted(
                     n for n, state in self.breakers.states().items() if state == "open"),
-                "outbox_pending": 0 if self.uplink is None else self.uplink.outbox.pending()}
+                "outbox_pending": 0 if self.uplink is None else self.uplink.outbox.pending(),
+                "routing_revision": self.live.revision}
+
+    @property
+    def router(self) -> Router:
+        """The router new requests arrive under (``live``: swapped by a new revision)."""
+        return self.live.router
+
+    @property
+    def policies(self) -> PolicyDesk:
+        return self.live.router.desk
 
     async def apply_answer(self, answer: Mapping[str, Any]) -> None:
-        """A heartbeat answer: serve the model versions its ``desired`` asks for (the
-        heartbeat loop's ``on_answer``; returns at once, installs run in the background)."""
+        """A heartbeat answer: place requests under the routing revision it hands out (when
+        another), serve the model versions its ``desired`` asks for (the heartbeat loop's
+        ``on_answer``; returns at once, installs run in the background)."""
         self.topology.draining = bool(answer.get("draining"))
+        self.live.apply(answer.get("routing"))
         await self.models.apply_desired(answer.get("desired"))
 
     def _on_switch(self, name: str, rt: ModelRuntime) -> None:
@@ -477,6 +481,7 @@ class NodeService:
                 "queue_depth": stats.queue_depth, "inflight": stats.inflight + self._inflight,
                 "breakers": self.breakers.states(), "outstanding": dict(self.forward.outstanding),
                 "view_nodes": sorted(self.view.nodes), "draining": self.topology.draining,
+                "routing_revision": self.live.revision, "policy": self.live.config.policy,
                 "split_open": self.split.open_cuts(),
                 "links": {k: {"rtt_ms": round(u.estimator.view().rtt_ms, 3),
                               "bandwidth_mbit": round(u.estimator.view().bandwidth_mbit, 3),

@@ -17,15 +17,16 @@ from tierlink.policy.ope import Logged, log_line
 from tierlink.routing.router import ShadowRun, shadow_run
 from tierlink.settings.routing import RoutingConfig
 
-__all__ = ["ShadowLog", "open_shadow"]
+__all__ = ["ShadowLog", "open_shadow_file", "shadow_for"]
 
 log = logging.getLogger("tierlink.node")
 
 
 class ShadowLog:
-    """The node's shadow log: one JSON line per decision, line-buffered (a crash loses at
-    most a line); a line that cannot be written (a full disk) is counted and logged, never
-    at the answer's expense."""
+    """One routing revision's shadow decisions, written to the node's log file as JSON lines
+    naming that revision's candidate; a line that cannot be written (a full disk) is counted
+    and logged, never at the answer's expense. The file is the node's (line-buffered: a
+    crash loses at most a line), shared by the revisions it runs."""
 
     def __init__(self, file: TextIO, candidate: dict[str, Any],
                  on_dropped: Callable[[], None]) -> None:
@@ -34,32 +35,32 @@ class ShadowLog:
     def __call__(self, logged: Logged) -> None:
         try:
             self.file.write(log_line(logged, self.candidate) + "\n")
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: written after the node closed it
             self._on_dropped()
             log.warning("shadow log: a decision was not written: %s", exc)
 
-    def close(self) -> None:
-        self.file.close()
 
-
-def open_shadow(routing: RoutingConfig, node_id: str, state_dir: str | None,
-                on_dropped: Callable[[], None]) -> tuple[ShadowRun, ShadowLog] | None:
-    """The fleet's ``routing.shadow`` for this node and its open log (None: off)."""
-    cfg = routing.shadow
-    if cfg is None:
-        return None
+def open_shadow_file(state_dir: str | None) -> TextIO:
+    """The node's shadow log, ``state_dir/shadow.jsonl``, opened to append."""
     if not state_dir:
         raise ConfigError("routing.shadow needs the node's state_dir for its log")
-    policy_cfg = routing.policy_config()
-    if cfg.weights is not None:
-        policy_cfg = replace(policy_cfg, weights=cfg.weights)
     path = Path(state_dir) / "shadow.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        file = path.open("a", buffering=1)
+        return path.open("a", buffering=1)
     except OSError as exc:
         raise ConfigError(f"routing.shadow: cannot open the shadow log {path}: {exc}",
                           hint="give the node a writable state_dir") from None
-    sink = ShadowLog(file, cfg.to_dict(), on_dropped)
+
+
+def shadow_for(routing: RoutingConfig, node_id: str, file: TextIO,
+               on_dropped: Callable[[], None]) -> ShadowRun:
+    """Shadow mode as ``routing.shadow`` asks (which must be set), logging to ``file``."""
+    cfg = routing.shadow
+    assert cfg is not None
+    policy_cfg = routing.policy_config()
+    if cfg.weights is not None:
+        policy_cfg = replace(policy_cfg, weights=cfg.weights)
     return shadow_run(cfg.policy, policy_cfg, cfg.options, cfg.explore,
-                      random.Random(f"shadow:{node_id}"), sink, routing.reward), sink
+                      random.Random(f"shadow:{node_id}"),
+                      ShadowLog(file, cfg.to_dict(), on_dropped), routing.reward)

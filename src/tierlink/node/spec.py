@@ -52,6 +52,7 @@ class NodeSpec:
     control_url: str | None = None
     upstreams: tuple[UpstreamSpec, ...] = ()
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # the fleet's, typed
+    routing_revision: int = 0  # the control plane's revision of ``routing`` (0: none)
     workers: int = 1
     max_queue: int = 256
     seed: int = 0

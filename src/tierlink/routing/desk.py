@@ -38,7 +38,7 @@ class PolicyDesk:
     def __init__(self, node_id: str, tier: Tier, routing: RoutingConfig,
                  count: Count = _uncounted, config: PolicyConfig | None = None) -> None:
         self.node_id, self.tier = node_id, tier
-        self._allow_override = routing.allow_policy_override
+        self.allow_override = routing.allow_policy_override
         self._count = count
         self.local_features_may_leave = routing.local_features_may_leave
         self._config = config or routing.policy_config()
@@ -58,7 +58,7 @@ class PolicyDesk:
     def for_request(self, req: Request) -> Policy:
         if req.policy is None or req.policy == self.name:
             return self.default
-        if not self._allow_override:
+        if not self.allow_override:
             raise InvalidRequest(f"this fleet does not allow choosing the policy per request "
                                  f"(tierlink.policy={req.policy!r})",
                                  hint="set routing.allow_policy_override in the fleet file")

@@ -63,9 +63,11 @@ class Router:
     whatever policy made it."""
 
     def __init__(self, desk: PolicyDesk, rng: random.Random,
-                 shadow: ShadowRun | None = None, refused: Refusal = _unheard) -> None:
+                 shadow: ShadowRun | None = None, refused: Refusal = _unheard,
+                 revision: int = 0) -> None:
         self.desk, self.rng, self.shadow = desk, rng, shadow
         self._refused = refused
+        self.revision = revision  # the fleet routing revision it was made from
 
     def arrive(self, req: Request) -> tuple[Policy, Request]:
         """The policy that places ``req``; refused (``InvalidRequest``, ``PrivacyViolation``,

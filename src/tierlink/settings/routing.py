@@ -16,8 +16,8 @@ from tierlink.estimate.split import DEFAULT_CODECS
 from tierlink.policy.base import PolicyConfig, RewardWeights, Weights
 from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, known, known_keys
 
-__all__ = ["BreakerConfig", "HedgeConfig", "OverloadConfig", "RoutingConfig", "ShadowConfig",
-           "parse_cost", "parse_routing"]
+__all__ = ["LIVE_KEYS", "BreakerConfig", "HedgeConfig", "OverloadConfig", "RoutingConfig",
+           "ShadowConfig", "parse_cost", "parse_routing", "with_live"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +162,21 @@ class RoutingConfig:
                             local_features_may_leave=self.local_features_may_leave,
                             split_codecs=codecs, cascade_records=self.cascade_records,
                             accuracy_tolerance=self.accuracy_tolerance, reward=self.reward)
+
+
+# The keys of a ``routing:`` section a running node takes from a new revision (the control
+# plane's ``tierlink policy apply``); the rest is fixed for the life of its processes.
+LIVE_KEYS = ("policy", "weights", "thresholds", "default_threshold", "max_hops",
+             "accuracy_tolerance", "allow_policy_override", "split_codec_loss", "cascade",
+             "bandit", "shadow")
+_LIVE_FIELDS = ("policy", "policy_options", "weights", "thresholds", "default_threshold",
+                "max_hops", "accuracy_tolerance", "allow_policy_override", "split_codec_loss",
+                "cascade_tuned_on", "cascade_records", "cascade_target", "reward", "shadow")
+
+
+def with_live(running: RoutingConfig, revision: RoutingConfig) -> RoutingConfig:
+    """``running`` with what a new revision may change taken from ``revision``."""
+    return replace(running, **{name: getattr(revision, name) for name in _LIVE_FIELDS})
 
 
 def parse_routing(raw: Mapping[str, Any], cost: Mapping[str, Any] | None = None) -> RoutingConfig:

@@ -85,6 +85,14 @@ class NodeMetrics:
         self.inputs_received = Counter("tierlink_inputs_received_total",
                                        "Raw inputs this node received, by privacy and verdict",
                                        ["tier", "privacy", "verdict"], registry=r)
+        self.routing_revision = Gauge(
+            "tierlink_routing_revision",
+            "The fleet routing revision this node places requests under (0: its spec file's)",
+            ["tier"], registry=r)
+        self.routing_refused = Counter(
+            "tierlink_routing_revisions_refused_total",
+            "Routing revisions this node could not make (it kept the one it runs)", ["tier"],
+            registry=r)
         self.privacy_refusals = Counter(
             "tierlink_privacy_refusals_total",
             "Plans this node's router refused for moving an input further than its privacy "
