@@ -11,7 +11,7 @@ from tierlink.demo import run as demo_run
 from tierlink.demo.fleets import fleet_path
 from tierlink.fleet.breakdown import breakdown
 from tierlink.fleet.config import load_fleet
-from tierlink.fleet.workload import Record, WorkItem, summarize, summarize_split
+from tierlink.fleet.workload import PrivacyTally, Record, WorkItem, summarize, summarize_split
 
 EXAMPLE = fleet_path()
 
@@ -94,7 +94,7 @@ def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
                           served_by=i.origin, timings={"compute_ms": 0.2}) for i in items]
         for r in records:
             on_done(r)
-        return records, 0
+        return records, PrivacyTally()
 
     monkeypatch.setattr("tierlink.demo.phases.run_workload", drive)
     monkeypatch.setattr(demo_run, "run_workload", drive)

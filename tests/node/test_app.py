@@ -136,7 +136,7 @@ def test_a_learning_policy_is_taught_by_each_routed_answer():
             if label is not None:
                 params["tierlink.label"] = label
             assert infer(c, "fmnist", params).status_code == 200
-        bandit = service.policies.default
+        bandit = service.live.router.desk.default
         assert isinstance(bandit, BanditPolicy) and bandit.model.updates == 2
 
 
@@ -178,7 +178,7 @@ def test_a_shadow_log_that_cannot_be_written_never_costs_the_answer(tmp_path):
             def close(self):
                 return None
 
-        sink = service.router.shadow.log
+        sink = service.live.router.shadow.log
         sink.file.close()
         sink.file = Full()  # writes fail as on a full disk
         params = {"tierlink.privacy": "local", "tierlink.deadline_ms": 5000}

@@ -48,10 +48,10 @@ def test_a_new_revision_swaps_the_policy_and_labels_every_answer() -> None:
                 resp.headers.get("inference-header-content-length"))).parameters
 
         assert routed()["tierlink.routing_revision"] == 1
-        assert isinstance(node.policies.default, TierlinkPolicy)
+        assert isinstance(node.live.router.desk.default, TierlinkPolicy)
         asyncio.run(node.apply_answer(revision(2, policy={"name": "bandit",
                                                           "options": {"prior_weight": 4}})))
-        assert isinstance(node.policies.default, BanditPolicy)
+        assert isinstance(node.live.router.desk.default, BanditPolicy)
         assert routed()["tierlink.routing_revision"] == 2
         status = client.get("/tierlink/v1/status").json()
         assert status["routing_revision"] == 2 and status["policy"] == "bandit"
@@ -78,21 +78,21 @@ def test_a_request_in_flight_finishes_under_the_revision_that_placed_it() -> Non
 
 def test_a_revision_the_node_cannot_make_is_refused_and_the_old_one_kept() -> None:
     node = service()
-    before = node.router
+    before = node.live.router
     # a policy no installed package registers (the control plane would refuse it too)
     config = parse_routing({}).to_dict() | {"policy": "not-installed-here"}
     asyncio.run(node.apply_answer({"routing": {"revision": 3, "config": config}}))
     asyncio.run(node.apply_answer({"routing": {"revision": "x", "config": {}}}))
-    assert node.router is before and node.live.revision == 1
+    assert node.live.router is before and node.live.revision == 1
     assert node.metrics.routing_refused.labels("device")._value.get() == 1
 
 
 def test_shadow_mode_can_be_switched_on_live_and_logs_to_the_nodes_file(
         tmp_path: Path) -> None:
     node = service(state_dir=tmp_path)
-    assert node.router.shadow is None
+    assert node.live.router.shadow is None
     asyncio.run(node.apply_answer(revision(2, shadow={"policy": "device_only"})))
-    assert node.router.shadow is not None
+    assert node.live.router.shadow is not None
     with TestClient(create_app(node, ready=True)) as client:
         body, headers = oip.encode_infer_request({"input": x()}, PARAMS, None)
         assert client.post("/v2/models/fmnist/infer", content=body,

@@ -75,7 +75,6 @@ from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, check_version_known, heartbeat
 from tierlink.policy import Policy
 from tierlink.policy.shadow import Decision
-from tierlink.routing.desk import PolicyDesk
 from tierlink.routing.router import Router
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
@@ -448,15 +447,6 @@ class NodeService:
                     n for n, state in self.breakers.states().items() if state == "open"),
                 "outbox_pending": 0 if self.uplink is None else self.uplink.outbox.pending(),
                 "routing_revision": self.live.revision}
-
-    @property
-    def router(self) -> Router:
-        """The router new requests arrive under (``live``: swapped by a new revision)."""
-        return self.live.router
-
-    @property
-    def policies(self) -> PolicyDesk:
-        return self.live.router.desk
 
     async def apply_answer(self, answer: Mapping[str, Any]) -> None:
         """A heartbeat answer: place requests under the routing revision it hands out (when
