@@ -94,5 +94,8 @@ def test_a_heartbeat_answer_carries_the_revision_a_node_does_not_run(
             assert refused.status_code == 400 and "did you mean" in refused.text
             assert client.post("/v1/routing/revert").status_code == 409
             assert client.get("/v1/routing").json()["current"]["revision"] == 1
+            fleet = client.get("/v1/fleet").json()  # the fleet view: who runs what
+            assert fleet["routing_revision"] == 1
+            assert [n["routing_revision"] for n in fleet["nodes"]] == [1]
     finally:
         registry.close()

@@ -202,7 +202,7 @@ def create_app(
         owned.append(results.close)
     fleet_view = FleetView(service.alive, clock, float(ttl_s),
                            rollouts=controller.records if controller is not None else list,
-                           hard_examples=_counter(examples))
+                           hard_examples=_counter(examples), routing=_revision(routing))
     lifespan = _lifespan(service, sweep_interval_s, controller, rollout_interval_s, owned,
                          fleet_view)
     app = FastAPI(title="tierlink control plane", version="1", lifespan=lifespan)
@@ -236,6 +236,14 @@ def create_app(
         install_result_routes(app, results, metrics=ResultMetrics(metrics.registry),
                               handlers=handlers)
     return app
+
+
+def _revision(routing: RoutingControl | None) -> Callable[[], int | None]:
+    def current() -> int | None:
+        latest = routing.current() if routing is not None else None
+        return latest.revision if latest is not None else None
+
+    return current
 
 
 def _counter(examples: HardExampleService | None) -> Callable[[], int | None]:

@@ -57,10 +57,12 @@ class FleetView:
                  ttl_s: float, *, window_s: float = 300.0, sample_s: float = 5.0,
                  forget_s: float = 600.0,
                  rollouts: Callable[[], list[dict[str, Any]]] = list,
-                 hard_examples: Callable[[], int | None] = lambda: None) -> None:
+                 hard_examples: Callable[[], int | None] = lambda: None,
+                 routing: Callable[[], int | None] = lambda: None) -> None:
         self._alive, self._clock, self.ttl_s = alive, clock, ttl_s
         self.window_s, self.sample_s, self.forget_s = window_s, sample_s, forget_s
         self._rollouts, self._hard_examples = rollouts, hard_examples
+        self._routing = routing  # the routing revision the control plane hands out
         self._samples: deque[_Sample] = deque()
         self._last: dict[str, NodeRecord] = {}  # every node seen, its latest record
         self.closed = asyncio.Event()  # set when the server stops: live streams end
@@ -78,6 +80,7 @@ class FleetView:
                 "nodes": nodes, "tiers": _tiers(nodes),
                 "traffic": _traffic(first, last), "models": _models(first, last),
                 "rollouts": self._rollouts()[:10], "hard_examples": self._hard_examples(),
+                "routing_revision": self._routing(),
                 "breakers_open": sum(len(n["breakers_open"]) for n in nodes)}
 
     async def run(self) -> None:
@@ -125,7 +128,8 @@ def _node(r: NodeRecord, now: float, alive: bool) -> dict[str, Any]:
             "links": [{"dst": l.dst, "rtt_ms": l.rtt_ms, "bandwidth_mbit": l.bandwidth_mbit}
                       for l in r.links],
             "breakers_open": list(r.breakers_open), "outbox_pending": r.outbox_pending,
-            "software": r.software, "generation": r.generation}
+            "software": r.software, "generation": r.generation,
+            "routing_revision": r.routing_revision}
 
 
 def _tiers(nodes: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
