@@ -42,6 +42,7 @@ from tierlink.estimate.latency import queue_wait_ms, transfer_ms
 from tierlink.estimate.split import SegmentProfile, SplitEstimate
 from tierlink.estimate.split import candidates as split_candidates
 from tierlink.policy.base import PolicyConfig
+from tierlink.policy.plan_cache import CachedPlan, Draw, PlanCache, key
 
 
 class Estimate(NamedTuple):
@@ -109,12 +110,29 @@ class TierlinkPolicy:
         self._memo_plans: dict[tuple[object, ...], list[SplitEstimate]] = {}
         self._memo_ref: dict[tuple[str, int], float] = {}
         self._path_shares: dict[tuple[str, ...], float] = {}  # config-derived, kept
+        # A decision's request-independent half per snapshot (policy/plan_cache.py); the
+        # plan itself too while the order is this class's ranking.
+        self.cache = PlanCache()
+        cls = type(self)
+        self._own_order = (cls.order is TierlinkPolicy.order
+                           and cls.plan_from is TierlinkPolicy.plan_from)
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
-        feasible, why = self.feasible_choices(request, view, rng)
-        if not feasible:
-            return Plan((), self.name, reason=why)
-        return self.plan_from(request, view, self.order(request, view, feasible, rng))
+        entry, draws = self._decide(request, view, rng)
+        if not entry.feasible:
+            return Plan((), self.name, reason=entry.why)
+        if not self._own_order:
+            feasible = _with_spares(entry.feasible, draws)
+            return self.plan_from(request, view, self.order(request, view, feasible, rng))
+        spares = tuple(d.spare.node_id if d.spare else None for d in draws)
+        plan = entry.plans.get(spares)
+        if plan is None:
+            if entry.ranked is None:
+                entry.ranked = self.ranked(request, view, entry.feasible)
+            plan = self.plan_from(request, view, _with_spares(entry.ranked, draws))
+            if self.cache.enabled:
+                entry.plans[spares] = plan
+        return plan
 
     def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
         """The plan that puts ``order``'s first option first (the rest as fallbacks)."""
@@ -130,12 +148,28 @@ class TierlinkPolicy:
                          ) -> tuple[list[Choice], str]:
         """The options the hard constraints leave (privacy, models, health, the deadline's
         worst case); when none, why not."""
-        budget = request.deadline_ms - self._cfg.reserve_ms
-        choices = self._choices(view.self_id, request, view, budget, request.hops, rng, ())
-        # Answering here needs no reserve beyond the deadline itself; leaving the node does.
-        feasible = [c for c in choices if c.est.worst_ms <= (
-            request.deadline_ms if c.kind == "local" else budget)]
-        return feasible, "" if feasible else self._why_none(request, view, choices)
+        entry, draws = self._decide(request, view, rng)
+        return _with_spares(entry.feasible, draws), entry.why
+
+    def _decide(self, request: Request, view: ClusterView, rng: random.Random
+                ) -> tuple[CachedPlan, tuple[Draw, ...]]:
+        """The draws for this request, then what they give (options without spares): from
+        the plan cache when this snapshot already saw the same request fields and picks."""
+        draws = self._draw(view.self_id, request, view, request.hops, rng)
+        k = key(request, draws) if self.cache.enabled else ()
+        entry = self.cache.get(view, k)
+        if entry is None:
+            budget = request.deadline_ms - self._cfg.reserve_ms
+            bare = tuple(d if d.spare is None else d._replace(spare=None) for d in draws)
+            choices = self._choices(view.self_id, request, view, budget, request.hops, rng,
+                                    (), bare)
+            # Answering here needs no reserve beyond the deadline itself; leaving does.
+            feasible = [c for c in choices if c.est.worst_ms <= (
+                request.deadline_ms if c.kind == "local" else budget)]
+            entry = CachedPlan(feasible,
+                               "" if feasible else self._why_none(request, view, choices))
+            self.cache.put(k, entry)
+        return entry, draws
 
     def ranked(self, request: Request, view: ClusterView, feasible: list[Choice]
                ) -> list[Choice]:
@@ -205,30 +239,54 @@ class TierlinkPolicy:
 
     # -- options -----------------------------------------------------------------------
 
-    def _choices(
-        self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
-        rng: random.Random, path: tuple[str, ...],
-    ) -> list[Choice]:
-        """The options at ``node_id`` for an input that the models of ``path`` escalated
-        on its way there (``()``: an input as it arrives, unfiltered)."""
-        node = view.nodes[node_id]
-        local = self._local(node, req, view, path)
-        choices = [local] if local else []
+    def _draw(self, node_id: str, req: Request, view: ClusterView, hops: int,
+              rng: random.Random) -> tuple[Draw, ...]:
+        """The power-of-two draws of a decision at ``node_id`` (``hops`` from the request's
+        entry), per upstream tier in a fixed order: a split's tail node (this node's own
+        decisions, when it holds heads), then the remote option's pick and spare (where
+        privacy lets the input go)."""
         if hops >= self._cfg.max_hops:
-            return choices
+            return ()
+        node = view.nodes[node_id]
+        draws = []
         for tier, ids in view.upstream.get(node_id, {}).items():
             if req.version is not None:
                 ids = toward_version(ids, view, req.task, req.version,
                                      self._cfg.max_hops - hops - 1)
                 if not ids:
                     continue
+            split, waiting = None, 0
             if node.heads and node_id == view.self_id:
-                split = self._split(node, two_choices(ids, view, req.task, rng)[0], req, view)
+                split = two_choices(ids, view, req.task, rng)[0]
+                waiting = view.outstanding.get(split.node_id, 0) if split else 0
+            pick = spare = None
+            if req.privacy.allows(tier, at_origin=False):
+                pick, spare = two_choices(ids, view, req.task, rng)
+            draws.append(Draw(tier, ids, split, pick, spare, waiting))
+        return tuple(draws)
+
+    def _choices(
+        self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,
+        rng: random.Random, path: tuple[str, ...], draws: tuple[Draw, ...] | None = None,
+    ) -> list[Choice]:
+        """The options at ``node_id`` for an input that the models of ``path`` escalated
+        on its way there (``()``: an input as it arrives, unfiltered), given the decision's
+        ``draws`` (drawn here when None: an upstream valued on the way)."""
+        node = view.nodes[node_id]
+        local = self._local(node, req, view, path)
+        choices = [local] if local else []
+        if hops >= self._cfg.max_hops:
+            return choices
+        if draws is None:
+            draws = self._draw(node_id, req, view, hops, rng)
+        for d in draws:
+            if d.split is not None:
+                split = self._split(node, d.split, req, view)
                 if split:
                     choices.append(split)
-            if not req.privacy.allows(tier, at_origin=False):
+            if d.pick is None:
                 continue
-            remote = self._remote(node, ids, req, view, budget, hops, rng, path)
+            remote = self._remote(node, d.pick, d.spare, req, view, budget, hops, rng, path)
             if remote is None:
                 continue
             choices.append(remote)
@@ -304,12 +362,10 @@ class TierlinkPolicy:
         return rec.accuracy if rec is not None and rec.share > 0 else model.accuracy
 
     def _remote(
-        self, node: NodeView, ids: tuple[str, ...], req: Request, view: ClusterView,
-        budget: float, hops: int, rng: random.Random, path: tuple[str, ...],
+        self, node: NodeView, pick: NodeView, spare: NodeView | None, req: Request,
+        view: ClusterView, budget: float, hops: int, rng: random.Random,
+        path: tuple[str, ...],
     ) -> Choice | None:
-        pick, spare = two_choices(ids, view, req.task, rng)
-        if pick is None:
-            return None
         est = self._remote_estimate(node, pick, req, view, budget, hops, rng, path)
         return None if est is None else Choice("remote", est, node, None, pick, spare, None,
                                                est.worst_ms)
@@ -483,6 +539,15 @@ def _wait(node: NodeView, view: ClusterView, task: str) -> float:
     if model is None:
         return float(node.queue_depth + outstanding)
     return queue_wait_ms(node, model, outstanding)
+
+
+def _with_spares(choices: list[Choice], draws: tuple[Draw, ...]) -> list[Choice]:
+    """``choices`` (made without spares) with each upstream option's spare as drawn."""
+    spares = {d.tier: d.spare for d in draws if d.spare is not None}
+    if not spares:
+        return list(choices)
+    return [c._replace(spare=spares.get(c.pick.tier))
+            if c.pick is not None and c.kind != "split" else c for c in choices]
 
 
 def placements(choice: Choice) -> tuple[Placement, ...]:

@@ -46,6 +46,10 @@ class PolicyDesk:
         self.default = REGISTRY.create(routing.policy, self._config, routing.policy_options)
         self._policies: dict[str, Policy] = {routing.policy: self.default}
 
+    def made(self) -> tuple[Policy, ...]:
+        """Every policy this desk has made so far."""
+        return tuple(self._policies.values())
+
     def named(self, name: str) -> Policy:
         found = self._policies.get(name)
         if found is None:

@@ -14,6 +14,7 @@ from tierlink.core.types import ModelView
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.workload import PrivacyTally, Record, WorkItem, summarize
 from tierlink.policy.ope import Logged
+from tierlink.policy.placement import TierlinkPolicy
 from tierlink.sim import loop
 from tierlink.sim.build import Scenario, build
 from tierlink.sim.fleet import drive
@@ -53,14 +54,24 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
                                 clock, seed, scenario)
         records = await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
                               outcomes.input_bytes, policy, on_done)
-        return records, counters, clock(), power_summary(fleet.nodes.values(), clock())
+        return records, counters, clock(), {
+            **({"power": p} if (p := power_summary(fleet.nodes.values(), clock())) else {}),
+            "plan_cache": plan_cache_summary(fleet.nodes.values())}
 
-    records, counters, simulated, power = loop.run(main)
-    extra = {"power": power} if power else {}
+    records, counters, simulated, extra = loop.run(main)
     return RunResult(records, summarize(records, PrivacyTally(counters.violations, counters.refusals)),
                      {"escalated": counters.escalated, "fallbacks": counters.fallbacks,
                       "retried": counters.retried, "hedged": counters.hedged, **extra},
                      simulated, time.perf_counter() - wall, counters.shadow_log)
+
+
+def plan_cache_summary(nodes: Iterable[SimNode]) -> dict[str, Any]:
+    """How often the nodes' policies found a decision's second half in their plan cache
+    (``policy/plan_cache.py``)."""
+    caches = [p.cache for n in nodes for p in n.desk.made() if isinstance(p, TierlinkPolicy)]
+    hits, misses = sum(c.hits for c in caches), sum(c.misses for c in caches)
+    return {"hits": hits, "misses": misses,
+            "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
 
 
 def power_summary(nodes: Iterable[SimNode], now: float) -> dict[str, Any]:
