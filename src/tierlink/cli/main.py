@@ -175,7 +175,11 @@ def sim(fleet_file: Path = typer.Argument(DEMO_FLEET, help="the fleet YAML (as `
                                           "log's warm-ups (sent right before each run, not "
                                           "counted) instead of its measured requests"),
         photos: bool = typer.Option(True, help="with the demo's workload, then its photo "
-                                               "workload (split plans), as the demo runs it")
+                                               "workload (split plans), as the demo runs it"),
+        workers: int = typer.Option(1, min=1, help="local processes the runs are spread "
+                                                   "over (each run is independent)"),
+        ray_address: str | None = typer.Option(None, "--ray-address", help="spread the "
+                                               "runs over this Ray cluster instead"),
         ) -> None:
     """Simulate a fleet on simulated time with the nodes' own policies and dispatcher."""
     from tierlink.cli.sim import run_sim
@@ -185,7 +189,8 @@ def sim(fleet_file: Path = typer.Argument(DEMO_FLEET, help="the fleet YAML (as `
                 arrivals=arrivals, duration_s=duration, seed=seed, runs=runs,
                 json_path=json_path, png_path=png_path, scale=scale, replay=replay,
                 replay_run=replay_run, http_from=http_from,
-                http_warm_up=http_warm_up, photos=photos)
+                http_warm_up=http_warm_up, photos=photos, workers=workers,
+                ray_address=ray_address)
     except TierlinkError as exc:
         fail(exc)
 

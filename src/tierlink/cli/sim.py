@@ -24,9 +24,10 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
             runs: str, json_path: Path | None, png_path: Path | None,
             scale: str | None = None, progress: bool = True, replay: Path | None = None,
             replay_run: str | None = None, http_from: Path | None = None,
-            http_warm_up: bool = False, photos: bool = True) -> dict[str, Any]:
+            http_warm_up: bool = False, photos: bool = True, workers: int = 1,
+            ray_address: str | None = None) -> dict[str, Any]:
     from tierlink.sim.outcomes import model_outcomes
-    from tierlink.sim.run import RUNS, simulate
+    from tierlink.sim.run import RUNS, Spread, simulate
 
     config = load_fleet(fleet_file)
     if scale:
@@ -58,7 +59,7 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
         all_views = {**views, **(phase[1] if phase else {})}
         report, records = simulate(config, all_views, outcomes, items, seed, chosen,
                                    sc.scenario, on_done=done, http_by_run=http_by_run,
-                                   also=also)
+                                   also=also, spread=Spread(workers, ray_address))
         if phase is not None:
             _simulate_photos(report, phase, config, all_views, outcomes, seed, chosen,
                              sc.scenario, http_by_run)

@@ -168,6 +168,11 @@ class FleetConfig:
             "topology": self.topology, "tracing": self.tracing.to_dict(),
             "security": self.security.to_dict()}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its fleet file (the sections are typed and round-trip; their
+        read-only mappings do not pickle): a simulated run sent to another process."""
+        return (parse_fleet, (self.to_dict(), f"<fleet {self.name}>"))
+
     def model_names(self) -> tuple[str, ...]:
         """Every model some node serves, in file order, once each."""
         return tuple(dict.fromkeys(m for n in self.nodes for m in (*n.models, *n.heads)))

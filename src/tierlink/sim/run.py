@@ -5,6 +5,7 @@ reported in the demo's schema (``fleet/workload.summarize``).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -65,6 +66,66 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
                      simulated, time.perf_counter() - wall, counters.shadow_log)
 
 
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Where independent runs go: ``workers`` local processes, or the Ray cluster at
+    ``ray_address`` (one task per run); one process, in order, by default."""
+
+    workers: int = 1
+    ray_address: str | None = None
+
+
+Job = tuple[FleetConfig, Mapping[str, ModelView], Outcomes, Sequence[WorkItem], str | None,
+            int, Scenario | None]
+
+
+def run_spread(jobs: Mapping[str, Job], spread: Spread,
+               on_done: Callable[[str, Record], None] = lambda _n, _r: None,
+               also: Mapping[str, Outcomes] | None = None) -> dict[str, RunResult]:
+    """``run_once`` of every job, by name. Runs in this process report each record as it
+    is answered; runs elsewhere report theirs when the run is back."""
+    if spread.ray_address is None and spread.workers <= 1:
+        return {name: run_once(*job, on_done=functools.partial(on_done, name), also=also)
+                for name, job in jobs.items()}
+    if spread.ray_address is not None:
+        results = _on_ray(jobs, spread.ray_address, also)
+    else:
+        results = _on_processes(jobs, spread.workers, also)
+    for name, result in results.items():
+        for record in result.records:
+            on_done(name, record)
+    return results
+
+
+def _on_processes(jobs: Mapping[str, Job], workers: int,
+                  also: Mapping[str, Outcomes] | None) -> dict[str, RunResult]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # forkserver: a clean interpreter per worker (no copy of this process's threads)
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
+        futures = {name: pool.submit(run_once, *job, also=also) for name, job in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _on_ray(jobs: Mapping[str, Job], address: str,
+            also: Mapping[str, Outcomes] | None) -> dict[str, RunResult]:
+    import ray
+
+    from tierlink.errors import ConfigError
+
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"cannot join the Ray cluster at {address}: {exc}",
+                          hint="start one with `ray start --head` and give its address"
+                          ) from exc
+    remote: Any = ray.remote(num_cpus=1)(run_once)
+    refs = {name: remote.remote(*job, also=also) for name, job in jobs.items()}
+    return {name: ray.get(ref) for name, ref in refs.items()}
+
+
 def plan_cache_summary(nodes: Iterable[SimNode]) -> dict[str, Any]:
     """How often the nodes' policies found a decision's second half in their plan cache
     (``policy/plan_cache.py``)."""
@@ -95,25 +156,27 @@ def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
              scenario: Scenario | None = None, bins: int = 30,
              on_done: Callable[[str, Record], None] = lambda _n, _r: None,
              http_by_run: Mapping[str, HttpCosts] | None = None,
-             also: Mapping[str, Outcomes] | None = None
+             also: Mapping[str, Outcomes] | None = None, spread: Spread | None = None
              ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
     """Every run of ``runs`` over the same items: the report (``runs`` as the demo's, the
     simulator's own counters and speed under ``sim``, per-window ``series``) and each
     run's records. ``http_by_run``: HTTP costs of a run's own (measured for its policy),
-    instead of the scenario's."""
+    instead of the scenario's. ``spread``: the runs side by side on local processes or a
+    Ray cluster (each is independent: a fleet of its own from the same seed)."""
     from tierlink.fleet.breakdown import breakdown
     from tierlink.sim.plots import series
 
     report: dict[str, Any] = {"fleet": config.name, "requests": len(items), "seed": seed,
                               "runs": {}, "sim": {}, "series": {}}
     records: dict[str, list[Record]] = {}
+    jobs = {}
     for name, policy in runs:
-        def done(r: Record, n: str = name) -> None:
-            on_done(n, r)
-
         own = (http_by_run or {}).get(name)
         sc = scenario if own is None else replace(scenario or Scenario(), http=own)
-        result = run_once(config, views, outcomes, items, policy, seed, sc, done, also)
+        jobs[name] = (config, views, outcomes, items, policy, seed, sc)
+    results = run_spread(jobs, spread or Spread(), on_done, also)
+    for name, _policy in runs:
+        result = results[name]
         records[name] = result.records
         report["runs"][name] = result.summary | breakdown(result.records, config, None)
         report["sim"][name] = {**result.counters, "simulated_s": round(result.simulated_s, 3),
