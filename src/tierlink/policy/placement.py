@@ -118,7 +118,13 @@ class TierlinkPolicy:
                            and cls.plan_from is TierlinkPolicy.plan_from)
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
-        entry, draws = self._decide(request, view, rng)
+        draws = self._draw(view.self_id, request, view, request.hops, rng)
+        if not self.cache.active(view):
+            feasible, why = self._options(request, view, rng, draws)
+            if not feasible:
+                return Plan((), self.name, reason=why)
+            return self.plan_from(request, view, self.order(request, view, feasible, rng))
+        entry = self._cached(request, view, rng, draws)
         if not entry.feasible:
             return Plan((), self.name, reason=entry.why)
         if not self._own_order:
@@ -130,8 +136,7 @@ class TierlinkPolicy:
             if entry.ranked is None:
                 entry.ranked = self.ranked(request, view, entry.feasible)
             plan = self.plan_from(request, view, _with_spares(entry.ranked, draws))
-            if self.cache.enabled:
-                entry.plans[spares] = plan
+            entry.plans[spares] = plan
         return plan
 
     def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
@@ -148,28 +153,34 @@ class TierlinkPolicy:
                          ) -> tuple[list[Choice], str]:
         """The options the hard constraints leave (privacy, models, health, the deadline's
         worst case); when none, why not."""
-        entry, draws = self._decide(request, view, rng)
+        draws = self._draw(view.self_id, request, view, request.hops, rng)
+        if not self.cache.active(view):
+            return self._options(request, view, rng, draws)
+        entry = self._cached(request, view, rng, draws)
         return _with_spares(entry.feasible, draws), entry.why
 
-    def _decide(self, request: Request, view: ClusterView, rng: random.Random
-                ) -> tuple[CachedPlan, tuple[Draw, ...]]:
-        """The draws for this request, then what they give (options without spares): from
-        the plan cache when this snapshot already saw the same request fields and picks."""
-        draws = self._draw(view.self_id, request, view, request.hops, rng)
-        k = key(request, draws) if self.cache.enabled else ()
-        entry = self.cache.get(view, k)
+    def _cached(self, request: Request, view: ClusterView, rng: random.Random,
+                draws: tuple[Draw, ...]) -> CachedPlan:
+        """What this request's draws give (the options without spares), from the plan cache
+        when this snapshot already saw the same request fields and picks."""
+        k = key(request, draws)
+        entry = self.cache.get(k)
         if entry is None:
-            budget = request.deadline_ms - self._cfg.reserve_ms
             bare = tuple(d if d.spare is None else d._replace(spare=None) for d in draws)
-            choices = self._choices(view.self_id, request, view, budget, request.hops, rng,
-                                    (), bare)
-            # Answering here needs no reserve beyond the deadline itself; leaving does.
-            feasible = [c for c in choices if c.est.worst_ms <= (
-                request.deadline_ms if c.kind == "local" else budget)]
-            entry = CachedPlan(feasible,
-                               "" if feasible else self._why_none(request, view, choices))
+            entry = CachedPlan(*self._options(request, view, rng, bare))
             self.cache.put(k, entry)
-        return entry, draws
+        return entry
+
+    def _options(self, request: Request, view: ClusterView, rng: random.Random,
+                 draws: tuple[Draw, ...]) -> tuple[list[Choice], str]:
+        """The options ``draws`` give that fit the deadline's worst case; when none, why."""
+        budget = request.deadline_ms - self._cfg.reserve_ms
+        choices = self._choices(view.self_id, request, view, budget, request.hops, rng, (),
+                                draws)
+        # Answering here needs no reserve beyond the deadline itself; leaving does.
+        feasible = [c for c in choices if c.est.worst_ms <= (
+            request.deadline_ms if c.kind == "local" else budget)]
+        return feasible, "" if feasible else self._why_none(request, view, choices)
 
     def ranked(self, request: Request, view: ClusterView, feasible: list[Choice]
                ) -> list[Choice]:

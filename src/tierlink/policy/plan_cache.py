@@ -13,6 +13,13 @@ rank depends on it; each request's are put back), their ranking when the order i
 tierlink policy's own, and the plans made from it per set of spares. With the cache on or
 off a node makes the same decisions (tested on a fixed-seed simulation).
 
+A cache that finds nothing costs its keys. The first decision on a snapshot cannot find
+anything (the cache starts empty with each snapshot), so it is made without one — a
+simulated device that plans once per snapshot never keys at all; and where keys do not come
+back (a node whose requests are all forwarded with budgets of their own), fewer than
+:data:`WORTH` of its last :data:`PROBE` lookups found, it stands aside for :data:`REST`
+decisions and then tries again.
+
 One thing a snapshot does not fix is a split's tail queue, read live from the node's own
 in-flight counts: the key carries that count for each split pick.
 """
@@ -27,6 +34,7 @@ from tierlink.core.types import NodeView, Plan, Request, Tier
 __all__ = ["CachedPlan", "Draw", "PlanCache", "key"]
 
 LIMIT = 4096  # entries per snapshot; a snapshot with more keys starts over
+PROBE, WORTH, REST = 512, 0.02, 8192  # lookups judged at once, the share found, decisions off
 
 
 class Draw(NamedTuple):
@@ -69,24 +77,44 @@ class PlanCache:
     enabled: bool = True
     hits: int = 0
     misses: int = 0
+    aside: int = 0  # decisions made while the cache stood aside (it was not paying)
     _view: object = None
     _entries: dict[tuple[object, ...], CachedPlan] = field(default_factory=dict)
+    _window: tuple[int, int] = (0, 0)  # hits and lookups since the last judgement
+    _rest: int = 0
 
-    def get(self, view: object, k: tuple[object, ...]) -> CachedPlan | None:
+    def active(self, view: object) -> bool:
+        """Whether this decision (over ``view``) looks in the cache: not the first on a
+        snapshot (nothing to find: the cache starts over with it), nor one while it stands
+        aside."""
         if not self.enabled:
-            return None
+            return False
         if view is not self._view:
             self._view, self._entries = view, {}
+            return False
+        if self._rest > 0:
+            self._rest -= 1
+            self.aside += 1
+            return False
+        return True
+
+    def get(self, k: tuple[object, ...]) -> CachedPlan | None:
+        """The entry under ``k`` for the snapshot :meth:`active` was last asked about."""
         found = self._entries.get(k)
         if found is None:
             self.misses += 1
         else:
             self.hits += 1
+        hits, lookups = self._window
+        hits, lookups = hits + (found is not None), lookups + 1
+        if lookups >= PROBE:
+            if hits < WORTH * lookups:
+                self._rest, self._entries = REST, {}
+            hits = lookups = 0
+        self._window = (hits, lookups)
         return found
 
     def put(self, k: tuple[object, ...], entry: CachedPlan) -> None:
-        if not self.enabled:
-            return
         if len(self._entries) >= LIMIT:
             self._entries.clear()
         self._entries[k] = entry
