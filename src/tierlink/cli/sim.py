@@ -37,9 +37,13 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
     outcomes = model_outcomes(TASK, list(views), config.zoo_profile)
     sc = _scenario(scenario_file)
     http_by_run: dict[str, Any] = {}
+    http_source: dict[str, Any] = {"from": "the scenario" if sc.http_given else "none"}
     if http_from is not None:
+        http_source = {"from": f"the request log {http_from}"}
         sc, http_by_run = _measured_http(sc, http_from, config, outcomes.input_bytes,
                                          http_warm_up)
+    elif not sc.http_given:  # what live runs of the demo's fleet paid (sim/http.py)
+        sc, http_by_run, http_source = _default_http(sc)
     seed = config.seed if seed is None else seed
     if replay is not None:
         items = _replayed(replay, replay_run, config, outcomes.size)
@@ -65,7 +69,7 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
                              sc.scenario, http_by_run)
     report["tuning"] = tuning
     report["models"] = sorted(views)
-    report["http"] = sc.scenario.http.summary()
+    report["http"] = {**sc.scenario.http.summary(), "source": http_source}
     if http_by_run:
         report["http"]["by_run"] = {name: http_by_run[name].summary()
                                     for name, _ in chosen if name in http_by_run}
@@ -229,6 +233,17 @@ def _measured_http(sc: Any, path: Path, config: FleetConfig, input_bytes: int,
                                "run's warm-up too)")
     pooled, own = costs_by_run(runs, config, input_bytes)
     return replace(sc, scenario=replace(sc.scenario, http=pooled)), own
+
+
+def _default_http(sc: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The scenario with the measured default HTTP costs, each demo run's own by name."""
+    from dataclasses import replace
+
+    from tierlink.sim.http import measured_defaults
+
+    defaults = measured_defaults()
+    return (replace(sc, scenario=replace(sc.scenario, http=defaults.pooled)),
+            dict(defaults.by_run), {"from": "the measured defaults", **defaults.provenance})
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -9,20 +9,32 @@ constant. :func:`costs_from_log` measures both from a live run's request log
 application's latency minus the model's compute), ``hop`` from those one upstream answered
 (the latency minus the link's round trip and transfer, the upstream's own time and the
 median request cost).
+
+With no log, ``tierlink sim`` uses :func:`measured_defaults`: the costs measured on live
+runs of the demo's fleet on a two-core machine (``http_defaults.json``, written by
+``benchmarks/sim_calibration.py --write-defaults`` with its date and runs), so a simulated
+fleet answers in the time a real one would, not in the model's compute alone.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
 
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import FleetConfig
 from tierlink.fleet.requestlog import LoggedRequest
 
-__all__ = ["HttpCosts", "costs_by_run", "costs_from_log"]
+__all__ = ["HttpCosts", "MeasuredDefaults", "costs_by_run", "costs_from_log",
+           "measured_defaults", "write_defaults"]
+DEFAULTS_FILE = "http_defaults.json"
+QUANTILES = 100  # values kept of each measured distribution
 
 MIN_SAMPLES = 20  # fewer measured requests than this say too little about a spread
 
@@ -55,6 +67,50 @@ class HttpCosts:
     def summary(self) -> dict[str, dict[str, float]]:
         return {name: _quantiles(values) for name, values
                 in (("request_ms", self.request_ms), ("hop_ms", self.hop_ms))}
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredDefaults:
+    """The costs live runs of the demo's fleet paid: all runs together, each demo run's
+    own (a request's cost includes its node's planning, which differs by policy), and where
+    and when they were measured."""
+
+    pooled: HttpCosts
+    by_run: Mapping[str, HttpCosts]
+    provenance: Mapping[str, Any]
+
+
+def measured_defaults() -> MeasuredDefaults:
+    """The packaged defaults (see the module)."""
+    text = resources.files("tierlink.sim").joinpath(DEFAULTS_FILE).read_text()
+    data = json.loads(text)
+
+    def costs(raw: Mapping[str, Any]) -> HttpCosts:
+        return HttpCosts.of(raw["request_ms"], raw["hop_ms"])
+
+    return MeasuredDefaults(costs(data["pooled"]),
+                            {name: costs(c) for name, c in data["by_run"].items()},
+                            data["provenance"])
+
+
+def write_defaults(path: Path, pooled: HttpCosts, by_run: Mapping[str, HttpCosts],
+                   provenance: Mapping[str, Any]) -> None:
+    """Store measured costs as the defaults (:data:`QUANTILES` values of each)."""
+    def costs(c: HttpCosts) -> dict[str, list[float]]:
+        return {"request_ms": _spread(c.request_ms), "hop_ms": _spread(c.hop_ms)}
+
+    path.write_text(json.dumps({"provenance": dict(provenance), "pooled": costs(pooled),
+                                "by_run": {n: costs(c) for n, c in by_run.items()}},
+                               indent=1) + "\n")
+
+
+def _spread(values: Sequence[float]) -> list[float]:
+    """Evenly spaced quantiles of ``values``: their spread in a fixed number of values."""
+    ordered = sorted(values)
+    if len(ordered) <= QUANTILES:
+        return [round(v, 3) for v in ordered]
+    return [round(ordered[int((i + 0.5) * len(ordered) / QUANTILES)], 3)
+            for i in range(QUANTILES)]
 
 
 def costs_from_log(entries: Sequence[LoggedRequest], config: FleetConfig,

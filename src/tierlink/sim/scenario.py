@@ -48,6 +48,7 @@ class ScenarioFile:
     scenario: Scenario = field(default_factory=Scenario)
     arrivals: Arrivals | None = None
     duration_s: float | None = None
+    http_given: bool = False  # the file sets request_ms or hop_ms (else: measured defaults)
 
 
 def load_scenario(path: Path) -> ScenarioFile:
@@ -85,7 +86,8 @@ def parse_scenario(raw: Any, where: str = "scenario") -> ScenarioFile:
         raise ConfigError(f"{where}: {exc}", hint="see `tierlink sim --help`") from None
     if duration is not None and duration <= 0:
         raise ConfigError(f"{where}: duration_s must be positive")
-    return ScenarioFile(scenario, arrivals, duration)
+    return ScenarioFile(scenario, arrivals, duration,
+                        http_given="request_ms" in raw or "hop_ms" in raw)
 
 
 def _slow(window: Any) -> tuple[float, float, float]:
