@@ -65,3 +65,23 @@ def test_requests_pay_what_the_scenario_says() -> None:
     forwarded = [paid["runs"]["static_rules"]["by_privacy"]["site"]["p95_ms"],
                  free["runs"]["static_rules"]["by_privacy"]["site"]["p95_ms"]]
     assert forwarded[0] - forwarded[1] == pytest.approx(6.0, abs=0.5)  # request + one hop
+
+
+def test_the_measured_defaults_are_what_live_runs_paid_and_round_trip(tmp_path) -> None:
+    """``tierlink sim`` with no calibration option uses them: a simulated request costs what
+    a real one does on the demo's fleet, not the model's compute alone."""
+    from tierlink.sim.http import measured_defaults, write_defaults
+
+    found = measured_defaults()
+    assert found.provenance["live_runs"] >= 3
+    assert 1.0 < sorted(found.pooled.request_ms)[len(found.pooled.request_ms) // 2] < 20.0
+    assert {"tierlink", "static_rules", "cloud_only", "device_only"} <= set(found.by_run)
+    path = tmp_path / "defaults.json"
+    many = HttpCosts.of([float(i) for i in range(1000)], [1.0, 2.0])
+    write_defaults(path, many, {"tierlink": many}, {"live_runs": 3})
+    import json
+
+    data = json.loads(path.read_text())
+    assert len(data["pooled"]["request_ms"]) == 100  # the spread, in a fixed number of values
+    assert data["pooled"]["request_ms"][0] < 10 and data["pooled"]["request_ms"][-1] > 990
+    assert data["pooled"]["hop_ms"] == [1.0, 2.0]
