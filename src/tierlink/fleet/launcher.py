@@ -354,29 +354,31 @@ def _is_control(name: str) -> bool:
 
 def _enrollment_token(fleet: RunningFleet) -> str:
     """One token for this fleet's nodes (any number of uses: nodes added later use it too)."""
-    try:
-        response = httpx.post(f"{fleet.control_url}/v1/enrollment-tokens",
-                              json={"note": f"fleet {fleet.config.name}"},
-                              headers=fleet.admin_headers, timeout=10.0, trust_env=False,
-                              verify=fleet.verify())
-        response.raise_for_status()
-        return str(response.json()["token"])
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
-        raise LaunchError(f"could not create an enrollment token: {exc}") from exc
+    return str(_as_operator(fleet, "POST", "/v1/enrollment-tokens",
+                            {"note": f"fleet {fleet.config.name}"}, "token",
+                            "create an enrollment token"))
 
 
 def _routing_revision(fleet: RunningFleet) -> int:
     """The fleet file's routing section as the control plane's revision that the nodes
     start on (``tierlink policy apply`` changes it live from there)."""
     body = {"routing": fleet.config.routing.to_dict(), "note": "tierlink up", "start": True}
+    return int(_as_operator(fleet, "PUT", "/v1/routing", body, "revision",
+                            "store the fleet's routing revision"))
+
+
+def _as_operator(fleet: RunningFleet, method: str, path: str, body: dict[str, Any],
+                 key: str, what: str) -> Any:
+    """The ``key`` of the control plane's answer to one call with the operators' token;
+    ``LaunchError`` saying ``what`` could not be done otherwise."""
     try:
-        response = httpx.put(f"{fleet.control_url}/v1/routing", json=body,
-                             headers=fleet.admin_headers, timeout=10.0, trust_env=False,
-                             verify=fleet.verify())
+        response = httpx.request(method, f"{fleet.control_url}{path}", json=body,
+                                 headers=fleet.admin_headers, timeout=10.0,
+                                 trust_env=False, verify=fleet.verify())
         response.raise_for_status()
-        return int(response.json()["revision"])
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
-        raise LaunchError(f"could not store the fleet's routing revision: {exc}") from exc
+        return response.json()[key]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+        raise LaunchError(f"could not {what}: {exc}") from exc
 
 
 def _link_spec(fleet: RunningFleet, link: LinkConfig, ports: dict[str, int]) -> dict[str, Any]:
