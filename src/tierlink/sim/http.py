@@ -99,9 +99,11 @@ def write_defaults(path: Path, pooled: HttpCosts, by_run: Mapping[str, HttpCosts
     def costs(c: HttpCosts) -> dict[str, list[float]]:
         return {"request_ms": _spread(c.request_ms), "hop_ms": _spread(c.hop_ms)}
 
-    path.write_text(json.dumps({"provenance": dict(provenance), "pooled": costs(pooled),
-                                "by_run": {n: costs(c) for n, c in by_run.items()}},
-                               indent=1) + "\n")
+    lines = [f'"provenance": {json.dumps(dict(provenance))}',
+             f'"pooled": {json.dumps(costs(pooled))}',
+             '"by_run": {' + ",\n  ".join(f"{json.dumps(n)}: {json.dumps(costs(c))}"
+                                          for n, c in by_run.items()) + "}"]
+    path.write_text("{\n " + ",\n ".join(lines) + "\n}\n")  # a line per distribution set
 
 
 def _spread(values: Sequence[float]) -> list[float]:
