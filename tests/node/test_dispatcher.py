@@ -7,6 +7,7 @@ from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
 from tierlink.errors import (
     DeadlineExceeded,
     InvalidRequest,
+    PrivacyViolation,
     TensorError,
     UpstreamError,
     UpstreamUnavailable,
@@ -135,6 +136,21 @@ def test_every_placement_failing_raises_with_the_fallbacks():
     with pytest.raises(UpstreamError) as info:
         run(d, plan)
     assert info.value.details["fallbacks"][0]["node"] == "edge-1"
+
+
+def test_every_upstream_refusing_for_privacy_is_a_privacy_refusal_to_the_caller():
+    """An upstream's router refused the plan its policy made (a baseline that ignores
+    privacy, forwarded): the caller hears 403 privacy_violation, not a broken upstream."""
+    plan = Plan((Placement("remote", "edge-1", Tier.EDGE), Placement("remote", "edge-2",
+                                                                     Tier.EDGE)), "cloud_only")
+    refused = {n: PrivacyViolation("policy 'cloud_only' planned to send a 'site' request's "
+                                   "input to cloud-1 (cloud); refused") for n in ("edge-1",
+                                                                                "edge-2")}
+    d, _, _, _ = make(remote=refused)
+    with pytest.raises(PrivacyViolation) as info:
+        run(d, plan)
+    assert info.value.http_status == 403
+    assert [f["node"] for f in info.value.details["fallbacks"]] == ["edge-1", "edge-2"]
 
 
 def test_no_time_left_after_local_answers_degraded_instead_of_late():

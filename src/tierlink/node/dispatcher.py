@@ -358,13 +358,16 @@ _BUSY = frozenset({"timeout", "deadline", "refused", "breaker_open", "no_feasibl
 
 
 def _all_failed(req: Request, fallbacks: list[Fallback]) -> TierlinkError:
-    """Every placement timed out: 504; each was refused or out of time (overload): 503 with
-    a retry hint; anything else (an upstream broke or answered garbage): 502."""
+    """Every placement timed out: 504; each refused it for its privacy (an upstream's
+    router or receipt): 403; each was refused or out of time (overload): 503 with a retry
+    hint; anything else (an upstream broke or answered garbage): 502."""
     tried = ", ".join(f"{f.node_id}: {f.reason}" for f in fallbacks) or "no placement"
     reasons = {f.reason for f in fallbacks}
     cls: type[TierlinkError] = UpstreamError
     extra: dict[str, Any] = {}
-    if reasons and reasons <= {"timeout", "deadline"}:
+    if reasons == {PrivacyViolation.code}:
+        cls = PrivacyViolation
+    elif reasons and reasons <= {"timeout", "deadline"}:
         cls = DeadlineExceeded
     elif reasons and reasons <= _BUSY:
         cls, extra = Overloaded, {"retry_after_s": 1.0}
