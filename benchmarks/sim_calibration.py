@@ -3,7 +3,7 @@
 The live demo (``tierlink demo --quick``, its workload seed 7) runs ``--live-runs`` times
 (at least three), each with its request log. ``sim`` is ``tierlink sim`` on the demo's
 fleet file with no calibration option — the simulator's defaults, HTTP costs included
-(``sim/http_defaults.json``: measured on earlier live runs); ``sim_calibrated`` is the same
+(``sim/serving_defaults.json``: measured on earlier live runs); ``sim_calibrated`` is the same
 with the HTTP costs measured from the first live run's log (``--http-from``). Per policy and
 metric the report puts the simulation beside the live runs' median and their spread
 (max − min), and a run is ``within`` when, for p50 and p95, |sim − live median| <= live
@@ -15,7 +15,7 @@ attainment within 2 points::
 
 ``--runs-dir`` keeps (or reuses) the live runs: ``demo-7-1.json``/``.jsonl``, ...
 ``--write-defaults`` stores the HTTP costs all the live runs paid as the simulator's
-defaults (``src/tierlink/sim/http_defaults.json``) before simulating — in-sample then: judge
+defaults (``src/tierlink/sim/serving_defaults.json``) before simulating — in-sample then: judge
 the defaults on other live runs (another ``--runs-dir``).
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "src/tierlink/demo/fleets/fleet.yaml"
-DEFAULTS = ROOT / "src/tierlink/sim/http_defaults.json"
+DEFAULTS = ROOT / "src/tierlink/sim/serving_defaults.json"
 BOUNDS = {"latency_spread_plus": 0.10, "tier_share_pts": 3.0, "sla_pts": 2.0}
 RUNS = ("tierlink", "static_rules", "cloud_only", "device_only")
 SEED = 7  # the demo's workload
@@ -139,12 +139,32 @@ def write_defaults(logs: list[Path]) -> dict[str, Any]:
         for name, entries in measured(read_runs(log)).items():
             runs.setdefault(name, []).extend(entries)
     pooled, own = costs_by_run(runs, config, input_bytes)
+    overhead = compute_overhead([e for entries in runs.values() for e in entries], config)
     provenance = {"measured": time.strftime("%Y-%m-%d"), "fleet": "the demo's (quick)",
                   "live_runs": len(logs), "machine": "2 cores, no accelerator",
                   "command": "benchmarks/sim_calibration.py --write-defaults"}
-    store(DEFAULTS, pooled, own, provenance)
+    store(DEFAULTS, pooled, own, provenance, overhead)
     return {"written": str(DEFAULTS.relative_to(ROOT)), **provenance,
-            "request_ms": pooled.summary()["request_ms"], "hop_ms": pooled.summary()["hop_ms"]}
+            "request_ms": pooled.summary()["request_ms"], "hop_ms": pooled.summary()["hop_ms"],
+            "compute_overhead_ms": round(overhead, 4)}
+
+
+def compute_overhead(entries: list[Any], config: Any) -> float:
+    """A model run's cost beyond its card: the devices' own answers' compute time less the
+    card's latency at the device's speed (its CPU quota), the median."""
+    from tierlink.models.catalog import Catalog, SourceOptions
+    from tierlink.models.runtime import ModelInfo
+
+    devices = {n.node_id: n for n in config.nodes if n.tier.label == "device"}
+    names = tuple(dict.fromkeys(n.models[0] for n in devices.values() if n.models))
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=False))
+    card = {name: ModelInfo.from_card(paths[1]).latency_ms
+            for name, paths in catalog.paths(names).items()}
+    samples = [e.timings["compute_ms"] - card[devices[e.served_by].models[0]]
+               / (devices[e.served_by].cpu_quota or 1.0)
+               for e in entries if e.answered and e.served_by == e.item.origin
+               and e.served_by in devices and "compute_ms" in e.timings]
+    return max(0.0, statistics.median(samples)) if samples else 0.0
 
 
 def main(argv: list[str] | None = None) -> None:

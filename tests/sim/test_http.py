@@ -74,6 +74,7 @@ def test_the_measured_defaults_are_what_live_runs_paid_and_round_trip(tmp_path) 
 
     found = measured_defaults()
     assert found.provenance["live_runs"] >= 3
+    assert 0.0 < found.compute_overhead_ms < 5.0  # the node's work around a model run
     assert 1.0 < sorted(found.pooled.request_ms)[len(found.pooled.request_ms) // 2] < 20.0
     assert {"tierlink", "static_rules", "cloud_only", "device_only"} <= set(found.by_run)
     path = tmp_path / "defaults.json"
@@ -85,3 +86,19 @@ def test_the_measured_defaults_are_what_live_runs_paid_and_round_trip(tmp_path) 
     assert len(data["pooled"]["request_ms"]) == 100  # the spread, in a fixed number of values
     assert data["pooled"]["request_ms"][0] < 10 and data["pooled"]["request_ms"][-1] > 990
     assert data["pooled"]["hop_ms"] == [1.0, 2.0]
+
+
+def test_a_model_run_pays_the_nodes_overhead_beside_its_card() -> None:
+    from tierlink.sim.compute import ComputeModel
+    from tierlink.sim.scenario import parse_scenario
+
+    plain, loaded = ComputeModel(speed=0.5, jitter=0.0), ComputeModel(speed=0.5, jitter=0.0,
+                                                                       overhead_ms=0.2)
+    rng = random.Random(0)
+    assert plain.seconds(1.0, rng) == pytest.approx(0.002)
+    assert loaded.seconds(1.0, rng) == pytest.approx(0.0022)
+    parsed = parse_scenario({"compute_overhead_ms": 0.3})
+    assert parsed.scenario.compute_overhead_ms == 0.3 and parsed.overhead_given
+    assert not parse_scenario({}).overhead_given
+    with pytest.raises(ConfigError, match="compute_overhead_ms"):
+        parse_scenario({"compute_overhead_ms": -1})

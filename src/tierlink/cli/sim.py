@@ -44,6 +44,8 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
                                          http_warm_up)
     elif not sc.http_given:  # what live runs of the demo's fleet paid (sim/http.py)
         sc, http_by_run, http_source = _default_http(sc)
+    if not sc.overhead_given:
+        sc = _default_overhead(sc)
     seed = config.seed if seed is None else seed
     if replay is not None:
         items = _replayed(replay, replay_run, config, outcomes.size)
@@ -69,7 +71,8 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
                              sc.scenario, http_by_run)
     report["tuning"] = tuning
     report["models"] = sorted(views)
-    report["http"] = {**sc.scenario.http.summary(), "source": http_source}
+    report["http"] = {**sc.scenario.http.summary(), "source": http_source,
+                      "compute_overhead_ms": sc.scenario.compute_overhead_ms}
     if http_by_run:
         report["http"]["by_run"] = {name: http_by_run[name].summary()
                                     for name, _ in chosen if name in http_by_run}
@@ -244,6 +247,16 @@ def _default_http(sc: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     defaults = measured_defaults()
     return (replace(sc, scenario=replace(sc.scenario, http=defaults.pooled)),
             dict(defaults.by_run), {"from": "the measured defaults", **defaults.provenance})
+
+
+def _default_overhead(sc: Any) -> Any:
+    """The scenario with the measured per-run compute overhead (sim/http.py)."""
+    from dataclasses import replace
+
+    from tierlink.sim.http import measured_defaults
+
+    overhead = measured_defaults().compute_overhead_ms
+    return replace(sc, scenario=replace(sc.scenario, compute_overhead_ms=overhead))
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ class Scenario:
     # What the HTTP stacks cost beyond the wire and the model (sim/http.py: measured on
     # this machine by benchmarks/routing_overhead.py, or from a live run's request log).
     http: HttpCosts = field(default_factory=HttpCosts)
+    compute_overhead_ms: float = 0.0  # a node's own work around each model run (ms)
     power: DevicePower | None = None  # devices' batteries and heat (sim/power.py)
     # Shadow mode on the devices: a candidate policy (a name; with other weights, if any)
     # decides beside the acting one, which explores this share of the time.
@@ -64,7 +65,8 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
         nodes[n.node_id] = SimNode(
             n.node_id, n.tier, models, config.routing, outcomes, counters,
             seeded(seed, "node", n.node_id), workers=n.workers, max_queue=n.max_queue,
-            compute=ComputeModel(speed=speed, jitter=sc.jitter), http=sc.http,
+            compute=ComputeModel(speed=speed, jitter=sc.jitter,
+                                 overhead_ms=sc.compute_overhead_ms), http=sc.http,
             clock=clock, heads={name: views[name] for name in n.heads
                                 if name in views and views[name].task in outcomes})
     for link in config.links:

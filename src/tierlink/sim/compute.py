@@ -60,7 +60,8 @@ class ComputeModel:
 
     speed: float = 1.0  # 0.5: a half-core CPU quota; lowered by slowdowns and throttling
     jitter: float = 0.15
+    overhead_ms: float = 0.0  # the node's own work around each model run (sim/http.py)
 
     def seconds(self, base_ms: float, rng: random.Random) -> float:
         noise = math.exp(rng.gauss(-0.5 * self.jitter ** 2, self.jitter)) if self.jitter else 1.0
-        return base_ms / 1000.0 / max(self.speed, 1e-6) * noise
+        return base_ms / 1000.0 / max(self.speed, 1e-6) * noise + self.overhead_ms / 1000.0

@@ -11,9 +11,12 @@ application's latency minus the model's compute), ``hop`` from those one upstrea
 median request cost).
 
 With no log, ``tierlink sim`` uses :func:`measured_defaults`: the costs measured on live
-runs of the demo's fleet on a two-core machine (``http_defaults.json``, written by
+runs of the demo's fleet on a two-core machine (``serving_defaults.json``, written by
 ``benchmarks/sim_calibration.py --write-defaults`` with its date and runs), so a simulated
-fleet answers in the time a real one would, not in the model's compute alone.
+fleet answers in the time a real one would, not in the model's compute alone — and with
+them what a model run costs beyond its card (``compute_overhead_ms``: the node's own work
+around the runtime's, measured on the devices' answers as their compute time less the
+card's latency at their speed).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from tierlink.fleet.requestlog import LoggedRequest
 
 __all__ = ["HttpCosts", "MeasuredDefaults", "costs_by_run", "costs_from_log",
            "measured_defaults", "write_defaults"]
-DEFAULTS_FILE = "http_defaults.json"
+DEFAULTS_FILE = "serving_defaults.json"
 QUANTILES = 100  # values kept of each measured distribution
 
 MIN_SAMPLES = 20  # fewer measured requests than this say too little about a spread
@@ -77,6 +80,7 @@ class MeasuredDefaults:
 
     pooled: HttpCosts
     by_run: Mapping[str, HttpCosts]
+    compute_overhead_ms: float
     provenance: Mapping[str, Any]
 
 
@@ -90,16 +94,17 @@ def measured_defaults() -> MeasuredDefaults:
 
     return MeasuredDefaults(costs(data["pooled"]),
                             {name: costs(c) for name, c in data["by_run"].items()},
-                            data["provenance"])
+                            float(data.get("compute_overhead_ms", 0.0)), data["provenance"])
 
 
 def write_defaults(path: Path, pooled: HttpCosts, by_run: Mapping[str, HttpCosts],
-                   provenance: Mapping[str, Any]) -> None:
+                   provenance: Mapping[str, Any], compute_overhead_ms: float = 0.0) -> None:
     """Store measured costs as the defaults (:data:`QUANTILES` values of each)."""
     def costs(c: HttpCosts) -> dict[str, list[float]]:
         return {"request_ms": _spread(c.request_ms), "hop_ms": _spread(c.hop_ms)}
 
     lines = [f'"provenance": {json.dumps(dict(provenance))}',
+             f'"compute_overhead_ms": {round(compute_overhead_ms, 4)}',
              f'"pooled": {json.dumps(costs(pooled))}',
              '"by_run": {' + ",\n  ".join(f"{json.dumps(n)}: {json.dumps(costs(c))}"
                                           for n, c in by_run.items()) + "}"]

@@ -40,7 +40,7 @@ from tierlink.sim.workload import Arrivals, Burst
 
 KEYS = ("duration_s", "arrivals", "outages", "link_slow", "crashes", "slow", "jitter",
         "heartbeat_s",
-        "view_refresh_s", "ttl_s", "request_ms", "hop_ms", "power")
+        "view_refresh_s", "ttl_s", "request_ms", "hop_ms", "compute_overhead_ms", "power")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,9 @@ class ScenarioFile:
     scenario: Scenario = field(default_factory=Scenario)
     arrivals: Arrivals | None = None
     duration_s: float | None = None
-    http_given: bool = False  # the file sets request_ms or hop_ms (else: measured defaults)
+    # the file sets request_ms or hop_ms / compute_overhead_ms (else: the measured defaults)
+    http_given: bool = False
+    overhead_given: bool = False
 
 
 def load_scenario(path: Path) -> ScenarioFile:
@@ -79,6 +81,8 @@ def parse_scenario(raw: Any, where: str = "scenario") -> ScenarioFile:
             ttl_s=float(raw.get("ttl_s", d.ttl_s)),
             http=HttpCosts.of(raw.get("request_ms", d.http.request_ms),
                               raw.get("hop_ms", d.http.hop_ms)),
+            compute_overhead_ms=float(raw.get("compute_overhead_ms",
+                                              d.compute_overhead_ms)),
             power=_power(raw["power"]) if raw.get("power") else None)
         arrivals = _arrivals(raw["arrivals"]) if "arrivals" in raw else None
         duration = float(raw["duration_s"]) if "duration_s" in raw else None
@@ -86,8 +90,11 @@ def parse_scenario(raw: Any, where: str = "scenario") -> ScenarioFile:
         raise ConfigError(f"{where}: {exc}", hint="see `tierlink sim --help`") from None
     if duration is not None and duration <= 0:
         raise ConfigError(f"{where}: duration_s must be positive")
+    if scenario.compute_overhead_ms < 0:
+        raise ConfigError(f"{where}: compute_overhead_ms must be >= 0")
     return ScenarioFile(scenario, arrivals, duration,
-                        http_given="request_ms" in raw or "hop_ms" in raw)
+                        http_given="request_ms" in raw or "hop_ms" in raw,
+                        overhead_given="compute_overhead_ms" in raw)
 
 
 def _slow(window: Any) -> tuple[float, float, float]:
