@@ -8,38 +8,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
-from tierlink.errors import ControlPlaneError, TierlinkError, error_from_dict
+from tierlink.cli.errors import fail
+from tierlink.cli.operator import AdminToken, ControlUrl, call
+from tierlink.errors import TierlinkError
 
 app = typer.Typer(help="Enrollment tokens and node credentials (operators).",
                   no_args_is_help=True)
 console = Console(stderr=True)
-ControlUrl = typer.Option("http://127.0.0.1:7000", "--control", help="control plane URL")
-AdminToken = typer.Option(None, envvar="TIERLINK_ADMIN_TOKEN", help=ADMIN_TOKEN_HELP)
-
-
-def _call(method: str, url: str, token: str | None, **kwargs: Any) -> Any:
-    import httpx
-
-    try:
-        response = httpx.request(method, url, headers=admin_headers(token), timeout=10.0,
-                                 trust_env=False, verify=fleet_verify(), **kwargs)
-    except httpx.HTTPError as exc:
-        raise ControlPlaneError(f"cannot reach the control plane at {url}: {exc}") from exc
-    try:
-        body = response.json()
-    except ValueError:
-        body = {"error": response.text[:200]}
-    if response.status_code >= 400:
-        raise error_from_dict(body if isinstance(body, dict) else {}, response.status_code)
-    return body
-
 
 @app.command("token")
 def token_cmd(control: str = ControlUrl, admin_token: str | None = AdminToken,
@@ -50,8 +30,8 @@ def token_cmd(control: str = ControlUrl, admin_token: str | None = AdminToken,
               as_json: bool = typer.Option(False, "--json")) -> None:
     """Create an enrollment token (shown once: the control plane keeps only its hash)."""
     try:
-        body = _call("POST", f"{control.rstrip('/')}/v1/enrollment-tokens", admin_token,
-                     json={"ttl_s": ttl, "uses": uses, "note": note})
+        body = call(control, admin_token, "POST", "/v1/enrollment-tokens",
+                    {"ttl_s": ttl, "uses": uses, "note": note})
     except TierlinkError as exc:
         fail(exc)
     print(json.dumps(body) if as_json else body["token"])
@@ -62,7 +42,7 @@ def list_cmd(control: str = ControlUrl, admin_token: str | None = AdminToken,
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Enrolled nodes, revoked ones marked."""
     try:
-        nodes = _call("GET", f"{control.rstrip('/')}/v1/credentials", admin_token)["nodes"]
+        nodes = call(control, admin_token, "GET", "/v1/credentials")["nodes"]
     except TierlinkError as exc:
         fail(exc)
     if as_json:
@@ -82,7 +62,7 @@ def revoke_cmd(node_id: str = typer.Argument(..., help="the node to cut off"),
                control: str = ControlUrl, admin_token: str | None = AdminToken) -> None:
     """Revoke a node: every call of it is refused from now on and it leaves the registry."""
     try:
-        _call("POST", f"{control.rstrip('/')}/v1/credentials/{node_id}/revoke", admin_token)
+        call(control, admin_token, "POST", f"/v1/credentials/{node_id}/revoke")
     except TierlinkError as exc:
         fail(exc)
     console.print(f"revoked {node_id}")
