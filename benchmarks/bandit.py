@@ -114,6 +114,38 @@ def drifted(outcomes: Any, edge: str = "fmnist-medium", share: float = 1 / 3,
     return replace(outcomes, models={**outcomes.models, edge: Answers(pred, was.confidence)})
 
 
+OVERSTATED_BY, DEGRADED_SHARE = 0.05, 0.2
+
+
+def misestimated(views: Any, outcomes: Any, model: str = "fmnist-medium") -> tuple[Any, Any]:
+    """The edges' card overstates their model's accuracy by :data:`OVERSTATED_BY`, and the
+    model's answers have silently degraded: a wrong class on :data:`DEGRADED_SHARE` of the
+    inputs, as sure of itself as before."""
+    from dataclasses import replace
+
+    card = views[model]
+    views = {**views, model: replace(card, accuracy=min(1.0, card.accuracy + OVERSTATED_BY))}
+    return views, drifted(outcomes, model, DEGRADED_SHARE, seed=1)
+
+
+def misestimate_check(config: Any, views: Any, outcomes: Any, rate: float, seeds: int
+                      ) -> dict[str, Any]:
+    """The bandit against ``tierlink`` and the best fixed policy when a card lies."""
+    wrong_views, wrong = misestimated(views, outcomes)
+    runs = [one_seed(config, wrong_views, wrong, rate, 21 + s, shifts=False)
+            for s in range(seeds)]
+    out = over_seeds(runs)
+    by_seed = out["mean_reward_by_seed"]
+    ahead = [b - t for b, t in zip(by_seed["bandit"], by_seed["tierlink"], strict=True)]
+    mean = out["mean_reward"]
+    return {"edge_model": f"fmnist-medium: card +{OVERSTATED_BY:.2f} accuracy, a wrong class "
+                          f"on {DEGRADED_SHARE:.0%} of the inputs", **out,
+            "bandit": mean["bandit"], "tierlink": mean["tierlink"],
+            "best_fixed": mean[out["best_fixed"]], "best_fixed_policy": out["best_fixed"],
+            "seed_spread": round(max(max(v) - min(v) for v in by_seed.values()), 5),
+            "bandit_ahead_of_tierlink_by_seed": [round(a, 5) for a in ahead]}
+
+
 def drift_check(config: Any, views: Any, outcomes: Any, rate: float, seeds: int
                 ) -> dict[str, Any]:
     runs = [one_seed(config, views, drifted(outcomes), rate, 11 + s, shifts=False)

@@ -66,6 +66,10 @@ def test_a_built_in_policy_takes_its_options_too():
     assert isinstance(bandit, BanditPolicy)
     with pytest.raises(ConfigError, match="prior_weight"):
         REGISTRY.create("bandit", PolicyConfig(), {"prior_weight": -1})
+    calm = REGISTRY.create("bandit", PolicyConfig(), {"noise": 0.1})
+    assert isinstance(calm, BanditPolicy) and calm.model.noise == 0.1
+    with pytest.raises(ConfigError, match="noise"):
+        REGISTRY.create("bandit", PolicyConfig(), {"noise": 0})
     with pytest.raises(ConfigError, match="tierlink takes no options"):
         REGISTRY.create("tierlink", PolicyConfig(), {"explore": 0.1})
 

@@ -67,6 +67,9 @@ def prior_mean(w: RewardWeights) -> np.ndarray:
     return theta
 
 
+NOISE = 0.3  # the reward noise the model assumes (an option: ``noise``)
+
+
 class LinearTS:
     """Bayesian linear regression of the reward with geometric forgetting; Thompson samples.
 
@@ -74,7 +77,7 @@ class LinearTS:
     falls back to the prior, never to nothing); mean = ``A⁻¹b``."""
 
     def __init__(self, prior_mean: np.ndarray, prior_weight: float = 20.0,
-                 noise: float = 0.3, forgetting: float = 0.999) -> None:
+                 noise: float = NOISE, forgetting: float = 0.999) -> None:
         import numpy as np
 
         d = prior_mean.shape[0]
@@ -115,23 +118,24 @@ class LinearTS:
 
 
 class BanditPolicy(TierlinkPolicy):
-    """Registered as ``"bandit"``; ``observe(plan, reward)`` teaches it. Its option
-    (``routing.policy: {name: bandit, options: {prior_weight: 20}}``): how many requests'
-    worth of belief its prior (the tierlink policy's scoring) carries before outcomes
-    outweigh it."""
+    """Registered as ``"bandit"``; ``observe(plan, reward)`` teaches it. Its options
+    (``routing.policy: {name: bandit, options: {prior_weight: 20, noise: 0.3}}``): how many
+    requests' worth of belief its prior (the tierlink policy's scoring) carries before
+    outcomes outweigh it, and the reward's noise the model assumes (σ: the width of its
+    posterior, so how far its Thompson samples stray — how much it explores)."""
 
     name = "bandit"
 
     def __init__(self, config: PolicyConfig, weights: RewardWeights | None = None,
-                 model: LinearTS | None = None, *, prior_weight: float = 20.0) -> None:
+                 model: LinearTS | None = None, *, prior_weight: float = 20.0,
+                 noise: float = NOISE) -> None:
         super().__init__(config)
-        if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) \
-                or not 0 < prior_weight <= 1e6:
-            raise ConfigError(f"routing.policy.options.prior_weight must be a number in "
-                              f"(0, 1e6], got {prior_weight!r}",
-                              hint="e.g. 20: the prior counts as twenty requests")
+        _check_option("prior_weight", prior_weight, 1e6, "e.g. 20: the prior counts as "
+                                                         "twenty requests")
+        _check_option("noise", noise, 10.0, "e.g. 0.3; smaller explores less")
         self.rewards = weights or config.reward
-        self.model = model or LinearTS(prior_mean(self.rewards), float(prior_weight))
+        self.model = model or LinearTS(prior_mean(self.rewards), float(prior_weight),
+                                       float(noise))
 
     def feedback(self, plan: Plan, request: Request, view: ClusterView,
                  outcome: Outcome | None, correct: float, latency_ms: float) -> None:
@@ -162,6 +166,12 @@ class BanditPolicy(TierlinkPolicy):
 
         if plan.features and math.isfinite(reward):
             self.model.update(np.asarray(plan.features), reward)
+
+
+def _check_option(name: str, value: object, most: float, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:
+        raise ConfigError(f"routing.policy.options.{name} must be a number in (0, {most:g}], "
+                          f"got {value!r}", hint=hint)
 
 
 def reward_of(weights: RewardWeights, request: Request, ref_cost: float,
