@@ -1,7 +1,9 @@
 """The fleet's policy switched while it serves: under 60 requests/s from three devices,
 ``PUT /v1/routing`` (what ``tierlink policy apply`` sends) moves every node to the new
 revision within 2 s, no request fails, and every answer names the revision its entry node
-placed it under — the old one before the switch, the new one once its device runs it."""
+placed it under — the old one before the switch, the new one once its device runs it. And
+end to end: shadow mode, ``tierlink policy evaluate``, ``tierlink policy promote``, the
+running fleet on the promoted revision."""
 
 from __future__ import annotations
 
@@ -118,3 +120,74 @@ def test_the_policy_switched_under_load_loses_nothing(start_fleet: Any,
         else:
             assert revision in (old_revision, new)
     assert sum(a[2][1] == new for a in answers) > RATE_PER_S  # a real share after the swap
+
+
+SHADOW_FLEET = """
+name: itest-shadow-promote
+seed: 5
+zoo: {profile: test}
+control: {ttl_s: 3}
+routing:
+  policy: tierlink
+  weights: {accuracy: 0.0, latency: 1.0, cost: 2.0}   # blind to accuracy: keeps all here
+  shadow: {policy: tierlink, weights: {accuracy: 1.0, latency: 1.0, cost: 2.0}, explore: 0.3}
+nodes:
+  - {id: edge-1, tier: edge, models: [fmnist-medium]}
+  - {id: dev-1, tier: device, models: [fmnist-small]}
+  - {id: dev-2, tier: device, models: [fmnist-small]}
+links:
+  - {from: [dev-1, dev-2], to: edge-1, delay_ms: 2}
+"""
+
+
+def test_shadow_then_evaluate_then_promote_switches_the_running_fleet(
+        start_fleet: Any, fmnist_test: Labelled, tmp_path: Any) -> None:
+    """A candidate decides beside an acting policy that ignores accuracy; its log says it is
+    better; ``tierlink policy promote`` rewrites the file and the running fleet takes it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fleet: RunningFleet = start_fleet(SHADOW_FLEET)
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(SHADOW_FLEET)
+    with httpx.Client(timeout=10.0, trust_env=False) as http:
+        for i in range(1200):
+            device = ("dev-1", "dev-2")[i % 2]
+            body, headers = encode_infer_request(
+                {"input": fmnist_test.input[i: i + 1]},
+                {"tierlink.privacy": "any", "tierlink.deadline_ms": 1000,
+                 "tierlink.label": int(fmnist_test.labels[i])}, None,
+                binary_inputs=True, binary_outputs=True)
+            resp = http.post(f"{fleet.node_urls[device]}/v2/models/fmnist/infer",
+                             content=body, headers=headers)
+            assert resp.status_code == 200, resp.text
+        before = http.get(f"{fleet.control_url}/v1/routing",
+                          headers=fleet.admin_headers).json()["current"]["revision"]
+        logs = [str(fleet.run_dir / "state" / d / "shadow.jsonl") for d in ("dev-1", "dev-2")]
+        tierlink = [str(Path(sys.executable).parent / "tierlink"), "policy"]
+        evaluated = subprocess.run([*tierlink, "evaluate", *logs, "--json"], capture_output=True,
+                                   text=True, timeout=120, check=False)
+        assert evaluated.returncode == 0, evaluated.stderr
+        report = json.loads(evaluated.stdout)
+        assert report["decisions"] >= 1000
+        assert report["candidate"]["ci_low"] > report["acting"]["estimate"], report
+        promoted = subprocess.run(
+            [*tierlink, "promote", str(fleet_file), *logs, "--control", fleet.control_url,
+             "--admin-token", fleet.admin_token], capture_output=True, text=True, timeout=120,
+            check=False)
+        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+        current = http.get(f"{fleet.control_url}/v1/routing",
+                           headers=fleet.admin_headers).json()["current"]
+        assert current["revision"] == before + 1 and current["note"] == "promote"
+        assert current["routing"]["weights"]["accuracy"] == 1.0
+        assert "shadow" not in current["routing"]
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            revisions = {n: http.get(f"{u}/tierlink/v1/status").json()["routing_revision"]
+                         for n, u in fleet.node_urls.items()}
+            if set(revisions.values()) == {current["revision"]}:
+                break
+            time.sleep(0.2)
+        assert set(revisions.values()) == {current["revision"]}, revisions
