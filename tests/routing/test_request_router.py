@@ -112,6 +112,12 @@ def test_any_policy_runs_in_shadow_mode_beside_any_acting_policy():
     assert decision.propensity == 1.0
     router.feedback(baseline, plan, decision, req, view, None, 0.0, 600.0)
     assert logged[-1].acting == decision.acting and logged[-1].candidate == decision.candidate
+    # exploring always: an option the baseline would not take goes first, under its name
+    router.shadow = shadow_run("tierlink", config, None, 1.0, random.Random(3), logged.append,
+                               config.reward)
+    explored, decision = router.plan(baseline, req, view)
+    assert explored.policy == "device_only" and decision is not None
+    assert decision.propensity == pytest.approx(1.0 / len(decision.arms))
 
 def test_the_live_node_and_the_simulator_route_through_the_same_router():
     import asyncio

@@ -24,7 +24,7 @@ The candidate and the exploration draw from a generator of their own, so with
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tierlink.core.types import ClusterView, Placement, Plan, Request
 from tierlink.policy.bandit import features
@@ -108,7 +108,10 @@ class Shadow:
         first = own
         if self.explore > 0 and self.rng.random() < self.explore:
             first = self.rng.choice(feasible)
-            plan = frame.plan_from(request, view, [first, *(c for c in order if c is not first)])
+            explored = frame.plan_from(request, view,
+                                       [first, *(c for c in order if c is not first)])
+            plan = explored if frame is self.acting else replace(explored,
+                                                                  policy=self.acting.name)
         propensity = (1.0 - self.explore) * (first is own) + self.explore / len(feasible)
         ref = frame.reference_cost(request, view)
         zero = (0.0,) * len(features(request, feasible[0], ref))

@@ -127,5 +127,5 @@ class Router:
         frame = policy if isinstance(policy, TierlinkPolicy) else run.frame
         reward = reward_of(run.reward, req, frame.reference_cost(req, view), outcome,
                            correct, latency_ms)
-        run.log(Logged(decision.acting, decision.candidate, decision.propensity,
-                               reward, decision.acting_features, decision.candidate_features))
+        run.log(Logged(decision.acting, decision.candidate, decision.propensity, reward,
+                       decision.acting_features, decision.candidate_features))
