@@ -42,10 +42,9 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
         http_source = {"from": f"the request log {http_from}"}
         sc, http_by_run = _measured_http(sc, http_from, config, outcomes.input_bytes,
                                          http_warm_up)
-    elif not sc.http_given:  # what live runs of the demo's fleet paid (sim/http.py)
-        sc, http_by_run, http_source = _default_http(sc)
-    if not sc.overhead_given:
-        sc = _default_overhead(sc)
+    sc, defaults = _measured_defaults(sc, http=http_from is None and not sc.http_given)
+    if defaults is not None:
+        http_by_run, http_source = defaults
     seed = config.seed if seed is None else seed
     if replay is not None:
         items = _replayed(replay, replay_run, config, outcomes.size)
@@ -238,25 +237,25 @@ def _measured_http(sc: Any, path: Path, config: FleetConfig, input_bytes: int,
     return replace(sc, scenario=replace(sc.scenario, http=pooled)), own
 
 
-def _default_http(sc: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The scenario with the measured default HTTP costs, each demo run's own by name."""
+def _measured_defaults(sc: Any, http: bool
+                       ) -> tuple[Any, tuple[dict[str, Any], dict[str, Any]] | None]:
+    """The scenario with what live runs of the demo's fleet paid (sim/http.py) where it
+    gives nothing of its own: the per-run compute overhead, and (``http``) the HTTP costs
+    — then also each demo run's own by name and where they come from."""
     from dataclasses import replace
 
     from tierlink.sim.http import measured_defaults
 
+    if sc.overhead_given and not http:
+        return sc, None
     defaults = measured_defaults()
-    return (replace(sc, scenario=replace(sc.scenario, http=defaults.pooled)),
-            dict(defaults.by_run), {"from": "the measured defaults", **defaults.provenance})
-
-
-def _default_overhead(sc: Any) -> Any:
-    """The scenario with the measured per-run compute overhead (sim/http.py)."""
-    from dataclasses import replace
-
-    from tierlink.sim.http import measured_defaults
-
-    overhead = measured_defaults().compute_overhead_ms
-    return replace(sc, scenario=replace(sc.scenario, compute_overhead_ms=overhead))
+    scenario = sc.scenario
+    if not sc.overhead_given:
+        scenario = replace(scenario, compute_overhead_ms=defaults.compute_overhead_ms)
+    if not http:
+        return replace(sc, scenario=scenario), None
+    return (replace(sc, scenario=replace(scenario, http=defaults.pooled)),
+            (dict(defaults.by_run), {"from": "the measured defaults", **defaults.provenance}))
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -54,10 +54,8 @@ def install_routing_routes(app: FastAPI, control: RoutingControl | None) -> None
 
     @app.get("/v1/routing")
     def current() -> dict[str, Any]:
-        ctl = need()
-        latest = ctl.store.latest()
-        return {"current": latest.to_dict() if latest else None,
-                "history": [r.to_dict() for r in ctl.store.history()]}
+        history = [r.to_dict() for r in need().store.history()]  # newest first
+        return {"current": history[0] if history else None, "history": history}
 
     @app.put("/v1/routing", status_code=201)
     def apply(body: RoutingIn) -> JSONResponse:

@@ -273,7 +273,7 @@ class TierlinkPolicy:
             pick = spare = None
             if req.privacy.allows(tier, at_origin=False):
                 pick, spare = two_choices(ids, view, req.task, rng)
-            draws.append(Draw(tier, ids, split, pick, spare, waiting))
+            draws.append(Draw(tier, split, pick, spare, waiting))
         return tuple(draws)
 
     def _choices(

@@ -42,7 +42,6 @@ class Draw(NamedTuple):
     decision, on the request path)."""
 
     tier: Tier
-    ids: tuple[str, ...]  # the tier's nodes (toward a pinned version)
     split: NodeView | None = None  # the node a split's tail would run on (None: no split)
     pick: NodeView | None = None  # the remote option's node (None: not drawn)
     spare: NodeView | None = None
@@ -119,7 +118,3 @@ class PlanCache:
             self._entries.clear()
         self._entries[k] = entry
 
-    @property
-    def hit_rate(self) -> float | None:
-        total = self.hits + self.misses
-        return self.hits / total if total else None

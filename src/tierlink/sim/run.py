@@ -131,7 +131,7 @@ def plan_cache_summary(nodes: Iterable[SimNode]) -> dict[str, Any]:
     (``policy/plan_cache.py``)."""
     caches = [p.cache for n in nodes for p in n.desk.made() if isinstance(p, TierlinkPolicy)]
     hits, misses = sum(c.hits for c in caches), sum(c.misses for c in caches)
-    return {"hits": hits, "misses": misses,
+    return {"hits": hits, "misses": misses, "aside": sum(c.aside for c in caches),
             "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
 
 
