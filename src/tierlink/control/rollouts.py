@@ -548,7 +548,7 @@ class RolloutController:
         return [self.record(r, now) for r in self.store.recent(model)]
 
     def record(self, rollout: StoredRollout, now: float) -> dict[str, Any]:
-        """The API's view of a rollout (see the contract in ``docs/architecture.md``)."""
+        """The API's view of a rollout (see the contract in ``docs/explanation/control-plane.md``)."""
         return {"id": rollout.id, "spec": rollout.spec.to_dict(),
                 "state": rollout.state.to_dict(), "phase": rollout.state.phase.value,
                 "describe": describe(rollout.spec, rollout.state, now),
