@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch is pinned: the CPU wheel of 2.13.0 is what these machines carry.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,llm,test,ray]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,llm,test,ray,docs]" 2>&1 | grep -v "^WARNING: Location" || true
 # A third party's placement policy (examples/policies/), installed as a user installs one:
 # its entry point registers it; docs/how-to/custom-policy.md and a test use it.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e examples/policies 2>&1 | grep -v "^WARNING: Location" || true
