@@ -6,8 +6,9 @@ before a fence (invisible on the site) says how:
 
 - ``<!-- test: timeout=120 -->`` — the block's time limit in seconds (default 300);
 - ``<!-- test: background, ready=/tmp/x/endpoints.json -->`` — a long-running command
-  (``tierlink up``): started in its own process group, the page goes on once ``ready``
-  exists and is not empty, and the group is stopped by its pid when the page ends;
+  (``tierlink up``): started in its own process group, the page goes on once ``ready`` (a
+  file) exists and is not empty, or answers 200 (an ``http://`` URL on loopback), and the
+  group is stopped by its pid when the page ends;
 - ``<!-- not run: reason -->`` before a ``text`` block — a command aimed at a user's own
   infrastructure (a collector's address, a real cluster): shown, counted, never run.
 
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +103,17 @@ def _option(part: str) -> tuple[str, str]:
     return key, value
 
 
+def _ready(what: str) -> bool:
+    if not what.startswith("http://"):
+        path = Path(what)
+        return path.is_file() and path.stat().st_size > 0
+    try:
+        with urllib.request.urlopen(what, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 class PageRun:
     """Runs one page's blocks in order; stops what it started in the background."""
 
@@ -124,8 +137,7 @@ class PageRun:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.background.append(proc)
         deadline = time.monotonic() + block.timeout_s
-        ready = Path(block.ready) if block.ready else None
-        while ready is not None and not (ready.is_file() and ready.stat().st_size):
+        while block.ready and not _ready(block.ready):
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else ""
                 raise AssertionError(f"{block.where} ended before it was ready:\n{err[-3000:]}")
