@@ -1,34 +1,12 @@
 """What travels with a request across hops, as OIP ``parameters``.
 
-Request parameters (all optional; a client on the device may send none):
-
-==========================  ==========================================================
-``tierlink.deadline_ms``    budget left, in ms, when the request was sent (default 1000)
-``tierlink.privacy``        ``local`` | ``site`` | ``any`` (default ``any``, or the
-                            node's ``default_privacy``: a device may fail closed)
-``tierlink.priority``       ``realtime`` | ``interactive`` | ``batch``
-``tierlink.origin``         node id of the device the input came from (default: receiver)
-``tierlink.hops``           forwarding hops so far
-``tierlink.version``        pin a model version: only a model serving exactly this version
-                            answers (a canary in a node's standby slot counts)
-``tierlink.policy``         name a policy for this request (only if the fleet allows it)
-``tierlink.label``          the true class index when the client knows it (an eval
-                            workload does): an int, or a list (as JSON text) per batch row;
-                            ``-1`` = unknown. Only the hard-example loop reads it.
-``traceparent``             W3C trace context
-==========================  ==========================================================
-
-Response parameters describe the :class:`~tierlink.core.types.Outcome`: ``served_by``,
-``tier``, ``model``, ``path`` (JSON list), ``confidence``, ``escalations``, ``fallbacks``
-(JSON list of ``{node, reason, detail}``), ``cost_usd``, ``server_ms``, ``degraded``,
-``split_plan`` (``CUT/CODEC`` when a split served it), ``model_version`` (the version of
-``model`` that answered), ``routing_revision`` (the fleet routing revision under which the
-node the request entered placed it) and ``timings_ms`` (JSON: where the time went, e.g. a split's
-``head_ms``, ``encode_ms``, ``tail_rtt_ms``, ``split_bytes`` and ``est_ms``, the policy's
-estimate of what follows the head: encode + send + tail), each prefixed with
-``tierlink.``. A model endpoint's answer carries ``tierlink.server_ms`` (queue + compute on
-that node) and ``tierlink.model_version``, so a caller can tell network time from server
-time, and which version answered.
+The parameters a node reads from a request are :data:`REQUEST_PARAMETERS` (all optional; a
+client on the device may send none), those it writes into a routed answer
+:data:`RESPONSE_PARAMETERS`: each with its type, default and meaning (the documentation's
+reference page is generated from them; a unit test holds them to this module's parser). A
+model endpoint's answer carries ``tierlink.server_ms`` (queue + compute on that node) and
+``tierlink.model_version``, so a caller can tell network time from server time, and which
+version answered.
 """
 
 from __future__ import annotations
@@ -36,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Request, Tier
 from tierlink.errors import InvalidRequest
@@ -61,6 +39,79 @@ TRACEPARENT = "traceparent"
 
 DEFAULT_DEADLINE_MS = 1000.0
 MAX_DEADLINE_MS = 3_600_000.0
+
+
+class Parameter(NamedTuple):
+    """One OIP parameter tierlink reads or writes: its name, type, default and meaning."""
+
+    name: str
+    type: str
+    default: str  # "" when it has none (an answer's, or absent means "not asked for")
+    meaning: str
+
+
+REQUEST_PARAMETERS: tuple[Parameter, ...] = (
+    Parameter(DEADLINE, "number (ms)", f"{DEFAULT_DEADLINE_MS:g}",
+              "budget left, in ms, when the request was sent (at most "
+              f"{MAX_DEADLINE_MS:,.0f}); a forwarding node sends what is left of it"),
+    Parameter(PRIVACY, "local | site | any", "any, or the node's default_privacy",
+              "how far the raw input may travel: ``local`` never leaves the origin device, "
+              "``site`` the device or its site's edge, ``any`` anywhere; a node with "
+              "``default_privacy: local`` fails closed"),
+    Parameter(PRIORITY, "realtime | interactive | batch", "interactive",
+              "queue order (realtime first); under overload the less urgent are shed first"),
+    Parameter(ORIGIN, "string", "the receiving node",
+              "node id of the device the input came from"),
+    Parameter(HOPS, "integer >= 0", "0", "forwarding hops so far (set by forwarding nodes)"),
+    Parameter(VERSION, "string", "",
+              "pin a model version: only a model serving exactly this version answers (a "
+              "canary in a node's standby slot counts)"),
+    Parameter(POLICY, "string", "",
+              "name a policy for this request (only if the fleet's "
+              "``routing.allow_policy_override`` allows it)"),
+    Parameter(LABEL, "integer, or a JSON list of integers", "",
+              "the true class index when the client knows it (an eval workload does): an int, "
+              "or a list (as JSON text) per batch row; ``-1`` = unknown. Only the "
+              "hard-example loop reads it"),
+    Parameter("tierlink.async", "boolean", "false",
+              "true: answered ``202`` once the result is durably queued toward the control "
+              "plane, whose ``/v1/results`` serves it (tierlink.node.async_requests)"),
+    Parameter(SPLIT, "NODE/CUT/CODEC", "",
+              "ask for a split plan: the head here, the tail on NODE (benchmarks, tests)"),
+    Parameter(CUT, "string", "",
+              "a split plan's tail request (sent by the node that ran the head): the "
+              "features' tensor in the model"),
+    Parameter(CODEC, "string", "", "... and how the features are encoded "
+              "(tierlink.split.codecs)"),
+    Parameter(TRACEPARENT, "string", "", "W3C trace context"),
+)
+
+RESPONSE_PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("tierlink.served_by", "string", "", "the node that answered"),
+    Parameter("tierlink.tier", "device | edge | cloud", "", "its tier"),
+    Parameter("tierlink.model", "string", "", "the model that answered"),
+    Parameter("tierlink.path", "JSON list", "", "the nodes the request went through"),
+    Parameter("tierlink.confidence", "number", "", "the answer's confidence"),
+    Parameter("tierlink.escalations", "integer", "",
+              "times the request went upstream for low confidence"),
+    Parameter("tierlink.fallbacks", "JSON list", "",
+              "placements that failed and were replaced: ``{node, reason, detail}`` each"),
+    Parameter("tierlink.cost_usd", "number", "", "what the answer cost (USD)"),
+    Parameter(SERVER_MS, "number (ms)", "",
+              "what the answering node spent on the request (queue + compute)"),
+    Parameter(TIMINGS, "JSON object", "",
+              "where the time went, e.g. a split's ``head_ms``, ``encode_ms``, "
+              "``tail_rtt_ms``, ``split_bytes`` and ``est_ms`` (the policy's estimate of "
+              "what follows the head: encode + send + tail)"),
+    Parameter("tierlink.degraded", "string", "",
+              "why a lower-quality answer was returned (empty when none)"),
+    Parameter("tierlink.split_plan", "CUT/CODEC", "", "when a split plan served it"),
+    Parameter(MODEL_VERSION, "string", "", "the version of ``model`` that answered"),
+    Parameter(ROUTING_REVISION, "integer", "",
+              "the fleet routing revision under which the node the request entered placed it"),
+    Parameter("tierlink.uplink", "up | down", "",
+              "whether the node's store-and-forward uplink delivers (on a node with one)"),
+)
 
 
 def parse_request(
