@@ -110,3 +110,48 @@ def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
     runs = read_runs(log)
     assert [len(e) for e in measured(runs).values()] == [10]
     assert {name: len(e) for name, e in warm_ups(runs).items()} == {"device_only": 6}
+
+
+def test_each_run_and_the_model_build_go_through_the_demos_reporter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not on a terminal (a pipe, CI) each run says it started, its requests answered so far
+    and when it is done; the models are built on the same reporter."""
+    import io
+    from types import SimpleNamespace
+
+    from tierlink.core.progress import Reporter
+    from tierlink.demo.phases import DemoSettings
+
+    def drive(_fleet, items, _images, _labels, _task, _policy, on_done, send_labels=True):
+        records = [Record(i, 0, True, False, "", 2.0, pred=0, tier="device",
+                          served_by=i.origin, timings={"compute_ms": 0.2}) for i in items]
+        for r in records:
+            on_done(r)
+        return records, PrivacyTally()
+
+    monkeypatch.setattr("tierlink.demo.phases.run_workload", drive)
+    monkeypatch.setattr(demo_run, "run_workload", drive)
+    items = [WorkItem(i, i, "dev-1", 150.0, Priority.INTERACTIVE, Privacy.SITE, 0.5 * i)
+             for i in range(20)]
+    stream = io.StringIO()
+    reporter = Reporter(stream, clock=lambda: 0.0, interval_s=0.0, beat_s=None)
+    demo_run._one_run(SimpleNamespace(config=load_fleet(EXAMPLE)), "device_only",
+                      "device_only", items, SimpleNamespace(input=None, labels=None),
+                      DemoSettings.quick(), None, None, None, reporter)
+    lines = stream.getvalue().splitlines()
+    assert lines[:3] == ["device_only: started",
+                         "device_only: warming up (3 s of its traffic, not counted)",
+                         "device_only: sending requests"]
+    assert lines[3].startswith("device_only: 1/20 (5%) 0:00 elapsed")
+    assert lines[12].startswith("device_only: 10/20 (50%) 0:00 elapsed, ~0:00 left; acc ")
+    assert lines[-1] == "device_only: done in 0:00"
+
+    options = []
+
+    def catalog(found):
+        options.append(found)
+        return SimpleNamespace(paths=lambda wanted: {})
+
+    monkeypatch.setattr("tierlink.models.catalog.Catalog.default", catalog)
+    demo_run._fleet_models("test", ["fmnist-small"], reporter)
+    assert options[0].progress is reporter and options[0].say == reporter.say

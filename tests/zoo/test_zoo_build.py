@@ -1,6 +1,7 @@
 """Builds the ``test`` profile once into a temporary TIERLINK_HOME and checks what came out."""
 
 import hashlib
+import io
 import shutil
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
+from tierlink.core.progress import Reporter
 from tierlink.errors import ModelNotFound, ZooError
 from tierlink.models.evaluate import CASCADE_THRESHOLDS, accuracy, onnx_logits
 from tierlink.models.onnx import ort_session
@@ -29,6 +31,7 @@ class Built:
     zoo: Zoo
     home: Path
     seconds: float
+    progress: str  # what the build said on a stream that is not a terminal
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +41,9 @@ def built(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TIERLINK_HOME", str(home))
         start = time.perf_counter()
-        zoo = ensure_zoo(profile="test", progress=False)
-        yield Built(zoo, home, time.perf_counter() - start)
+        stream = io.StringIO()
+        zoo = ensure_zoo(profile="test", progress=Reporter(stream, beat_s=None))
+        yield Built(zoo, home, time.perf_counter() - start, stream.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +56,15 @@ def test_the_zoo_lands_in_tierlink_home(built):
     assert tuple(built.zoo.cards) == NAMES == model_names("fmnist")
     for name in NAMES:
         assert built.zoo.path(name).is_file() and built.zoo.card_path(name).is_file()
+
+
+def test_the_build_says_a_phase_per_model_in_lines(built):
+    lines = built.progress.splitlines()
+    for name in NAMES:
+        mine = [line.removeprefix(f"{name}: ") for line in lines if line.startswith(name)]
+        assert mine[0] == "started" and "exporting" in mine and "evaluating" in mine
+        assert mine[-1].startswith("done in ") and "; test " in mine[-1]
+    assert "\x1b" not in built.progress  # no terminal codes: it is not a terminal
 
 
 def test_onnx_models_load_and_take_any_batch(built):
@@ -171,14 +184,14 @@ def test_unknown_names_are_clear_errors(built):
 def test_training_is_reproducible(splits):
     from tierlink.zoo.build import train_net
     from tierlink.zoo.profiles import TrainRecipe
-    from tierlink.zoo.progress import NullReporter
 
     torch.set_num_threads(1)
     recipe = TrainRecipe(epochs=1, batch_size=64, flips=True)
     data = splits.train.head(256)
-    first = train_net("t", "small", recipe, data, 7, NullReporter()).net.state_dict()
-    second = train_net("t", "small", recipe, data, 7, NullReporter()).net.state_dict()
-    other = train_net("t", "small", recipe, data, 8, NullReporter()).net.state_dict()
+    quiet = Reporter.quiet()
+    first = train_net("t", "small", recipe, data, 7, quiet.start("t")).net.state_dict()
+    second = train_net("t", "small", recipe, data, 7, quiet.start("t")).net.state_dict()
+    other = train_net("t", "small", recipe, data, 8, quiet.start("t")).net.state_dict()
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert not all(torch.equal(first[k], other[k]) for k in first)
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tierlink.cli.errors import fail
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import ConfigError, TierlinkError
 
 app = typer.Typer(help="Tune where cascades stop.", no_args_is_help=True)
@@ -106,21 +107,27 @@ def _goal(drop: float | None, floor: float | None, escalation: float | None,
     return Goal(kind, value, prefer, confidence or None, batch or None)
 
 
-def tune_fleet(fleet_file: Path, task: str, goal: Any, progress: bool = True) -> Any:
-    """Load the fleet and its zoo, build the task's chain, tune it."""
+def tune_fleet(fleet_file: Path, task: str, goal: Any,
+               progress: bool | Reporter = True) -> Any:
+    """Load the fleet and its zoo, build the task's chain, tune it; models built and the
+    tuning shown on ``progress`` (a reporter; ``True``: stderr)."""
     from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
     from tierlink.fleet.config import load_fleet
     from tierlink.models.catalog import Catalog, SourceOptions
 
+    reporter = as_reporter(progress)
     config = load_fleet(fleet_file)
     if _imported(config, task):
-        return _tune_imported(config, task, goal)
+        with reporter.phase("tuning thresholds"):
+            return _tune_imported(config, task, goal)
     chain = chain_from_fleet([(n.tier, n.models) for n in config.nodes], task)
-    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=progress))
+    catalog = Catalog.default(SourceOptions(profile=config.zoo_profile, progress=reporter,
+                                            say=reporter.say))
     found = catalog.resolve(chain.models)  # e.g. fmnist-small-fp16, made on first use
-    return tune_chain(found, chain, catalog.data(task), goal,
-                      config.routing.policy_config().cost)
+    with reporter.phase("tuning thresholds"):  # blocking: its heartbeat speaks for it
+        return tune_chain(found, chain, catalog.data(task), goal,
+                          config.routing.policy_config().cost)
 
 
 def _imported(config: Any, task: str) -> bool:

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from tierlink.cli.errors import fail
+from tierlink.core.progress import Reporter
 from tierlink.errors import TierlinkError
 
 console = Console(stderr=True)
@@ -43,11 +44,10 @@ def chat_router_cmd(
             return Target(TargetKind.ESCALATION_BUDGET, large_budget)
         return Target(TargetKind.ACCURACY_FLOOR, top - drop / 100)
     try:
-        with console.status("scoring labelled prompts (cached after the first run)") as status:
-            def progress(text: str) -> None:
-                status.update(text)
-            s = answers(small, n, progress=progress)
-            big = answers("fp32", n, progress=progress)
+        # the cache read or the models scoring: a heartbeat covers what reports nothing
+        with Reporter(enabled=not as_json).phase("scoring labelled prompts") as phase:
+            s = answers(small, n, progress=phase.stage)
+            big = answers("fp32", n, progress=phase.stage)
         report = train_router(s, big, target_for)
     except TierlinkError as exc:
         fail(exc)

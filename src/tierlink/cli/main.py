@@ -237,7 +237,7 @@ def up(fleet_file: Path = typer.Argument(..., help="the fleet YAML"),
                 "ca": str(fleet.pki.ca_file) if fleet.pki else None,
                 "operator_cert": str(fleet.pki.operator.cert) if fleet.pki else None,
                 "operator_key": str(fleet.pki.operator.key) if fleet.pki else None}
-        print(json.dumps(info, indent=2)) if as_json else _print_endpoints(info)
+        print(json.dumps(info, indent=2), flush=True) if as_json else _print_endpoints(info)
         _wait_for_signal(fleet)
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +23,12 @@ from rich.console import Console
 from rich.table import Table
 
 from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import TierlinkError
 
 if TYPE_CHECKING:
     from tierlink.repo.client import RepositoryClient
     from tierlink.repo.manifest import PublishedVersion, SignedManifest, Validation
-    from tierlink.repo.publish import Progress
 
 app = typer.Typer(help="Models: import your own; versions: signing keys, publish, list, "
                        "show.", no_args_is_help=True)
@@ -99,7 +97,8 @@ def publish(
 
 
 def run_publish(name: str, onnx: Path, card: Path, version: str, notes: str, key: Path,
-                control: str, *, eval_limit: int | None = None, progress: bool = False,
+                control: str, *, eval_limit: int | None = None,
+                progress: bool | Reporter = False,
                 admin_token: str | None = None,
                 validation: Validation | None = None) -> tuple[PublishedVersion, bool]:
     """What ``publish`` does: the key and the control plane first (fail before minutes of
@@ -115,8 +114,10 @@ def run_publish(name: str, onnx: Path, card: Path, version: str, notes: str, key
     with _client(control, admin_token) as client:
         _preflight(client, name, version)
         if validation is None:  # an imported model brings the one its import measured
-            with _progress(progress, f"validating {onnx.name}") as report:
-                validation = measure_validation(onnx, card, eval_limit, progress=report)
+            with as_reporter(progress).phase(f"validating {onnx.name}") as phase:
+                validation = measure_validation(
+                    onnx, card, eval_limit,
+                    progress=lambda done, total: phase.update(completed=done, total=total))
         with tempfile.TemporaryDirectory(prefix="tierlink-publish-") as tmp:
             manifest, onnx_path, card_path = prepare_version(name, onnx, card, version, notes,
                                                              tmp, validation)
@@ -155,20 +156,6 @@ def _same_files_or_raise(client: RepositoryClient, signed: SignedManifest) -> Pu
     raise VersionConflict(
         f"{m.name} version {m.version} is already published with other files or notes "
         f"(onnx {o.onnx_sha256[:12]}..., notes {_short(o.notes)!r})")
-
-
-@contextmanager
-def _progress(show: bool, text: str) -> Iterator[Progress | None]:
-    """A rich bar on stderr fed by ``(done, total)`` calls, or None when not ``show``."""
-    if not show:
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    with Progress(TextColumn(text), BarColumn(), MofNCompleteColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task(text, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 @app.command("list")

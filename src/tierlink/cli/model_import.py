@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tierlink.cli.errors import fail
+from tierlink.core.progress import Reporter
 from tierlink.errors import ConfigError, TierlinkError
 
 if TYPE_CHECKING:
@@ -76,9 +77,10 @@ def import_cmd(
         if control is not None and key is None:
             raise ConfigError("--control needs --key (the publisher's private key)",
                               hint="make one with `tierlink model keygen --out KEY`")
-        say = (lambda m: None) if as_json else (lambda m: console.print(f"[dim]{m}[/dim]"))
         store = ModelStore.default()
-        card = import_model(req, store, say=say)
+        # reading, running, timing: blocking steps, said as stages, a heartbeat between
+        with Reporter(enabled=not as_json).phase(f"importing {name}") as phase:
+            card = import_model(req, store, say=phase.stage)
         published = (_publish(store, card, control, key, notes, admin_token)  # type: ignore[arg-type]
                      if control is not None else None)
     except TierlinkError as exc:

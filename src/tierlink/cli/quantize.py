@@ -6,8 +6,6 @@ The lead registers :func:`quantize` on the typer app (``app.command()(quantize)`
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import typer
 from rich.console import Console
 
 from tierlink.cli.errors import fail
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import TierlinkError
 
 CLI_PRECISIONS = ("int8", "int8dyn", "fp16", "int4w", "mixed")
@@ -76,8 +75,13 @@ def _quantize_imported(models: list[str], settings: list[Any], as_json: bool) ->
     from tierlink.modelstore.store import ModelStore
 
     store = ModelStore.default()
-    say = (lambda m: None) if as_json else (lambda m: console.print(f"[dim]{m}[/dim]"))
-    cards = [quantize_imported(store, m, s, say) for m in models for s in settings]
+    reporter = as_reporter(not as_json)
+    cards = []
+    with reporter.phase("quantize", len(models) * len(settings), heartbeat=True) as phase:
+        for m in models:
+            for s in settings:
+                cards.append(quantize_imported(store, m, s, phase.stage))
+                phase.advance()
     if as_json:
         print(json.dumps([c.to_dict() for c in cards], indent=2))
         return
@@ -105,52 +109,36 @@ def _precisions(text: str) -> list[str]:
 
 
 def run_quantize(models: list[str] | None, settings: list[Any], *, profile: str, task: str,
-                 plot_dir: Path | None, progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Make every (model, settings) variant. Returns the report as JSON-ready data and
-    the cards of the mixed variants by parent (for the sensitivity tables)."""
+                 plot_dir: Path | None, progress: bool | Reporter
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Make every (model, settings) variant, one phase over them all on ``progress`` (a
+    reporter; ``True``: stderr). Returns the report as JSON-ready data and the cards of the
+    mixed variants by parent (for the sensitivity tables)."""
     from tierlink.quantize.report import plot_sensitivity, sensitivity_rows, variant_row
     from tierlink.zoo import ensure_zoo
     from tierlink.zoo.variants import eval_data, make_variant
 
-    zoo = ensure_zoo(task=task, profile=profile, progress=progress)
+    reporter = as_reporter(progress)
+    zoo = ensure_zoo(task=task, profile=profile, progress=reporter)
     names = list(models) if models else list(zoo.base_names())
     for name in names:
         zoo.card(name)  # a clear error before any work
     data = eval_data(zoo)
     doc: dict[str, Any] = {"zoo": str(zoo.root), "variants": [], "sensitivity": {}, "plots": {}}
     mixed: dict[str, Any] = {}
-    with _bar(progress, len(names) * len(settings)) as say:
+    # Each variant is one blocking call: the heartbeat says it is still working.
+    with reporter.phase("quantize", len(names) * len(settings), heartbeat=True) as phase:
         for name in names:
             for s in settings:
-                card = make_variant(zoo, name, s, data=data, say=say)
+                card = make_variant(zoo, name, s, data=data, say=phase.stage)
                 doc["variants"].append(variant_row(card, zoo.card(name), s.budget_pt))
                 if s.precision == "mixed":
                     doc["sensitivity"][name] = sensitivity_rows(card)
                     png = (plot_dir or zoo.root / "plots") / f"{name}-sensitivity.png"
                     doc["plots"][name] = str(plot_sensitivity(card, png))
                     mixed[name] = card
-                say("")
+                phase.advance()
     return doc, mixed
-
-
-@contextmanager
-def _bar(enabled: bool, total: int) -> Iterator[Callable[[str], None]]:
-    """A rich progress bar over the variants; ``say("")`` advances it, ``say(text)`` shows
-    the current step. Nothing when disabled."""
-    if not enabled:
-        yield lambda _: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]quantize"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-                  console=console) as bar:
-        task = bar.add_task("quantize", total=total, status="")
-
-        def say(text: str) -> None:
-            bar.update(task, advance=0 if text else 1, status=text)
-
-        yield say
 
 
 def _print(doc: dict[str, Any], mixed: dict[str, Any], budget: float) -> None:

@@ -5,13 +5,15 @@ models answer from their recorded answers on the test split)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tierlink.core.progress import Phase, Reporter, as_reporter
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import FleetConfig, load_fleet
 
@@ -22,19 +24,22 @@ TASK = "fmnist"
 def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | None,
             rate: float, arrivals: str | None, duration_s: float | None, seed: int | None,
             runs: str, json_path: Path | None, png_path: Path | None,
-            scale: str | None = None, progress: bool = True, replay: Path | None = None,
+            scale: str | None = None, progress: bool | Reporter = True,
+            replay: Path | None = None,
             replay_run: str | None = None, http_from: Path | None = None,
             http_warm_up: bool = False, photos: bool = True, workers: int = 1,
             ray_address: str | None = None) -> dict[str, Any]:
+    """``progress``: where its phases show (models built, thresholds tuned, each run)."""
     from tierlink.sim.outcomes import model_outcomes
     from tierlink.sim.run import RUNS, Spread, simulate
 
+    reporter = as_reporter(progress)
     config = load_fleet(fleet_file)
     if scale:
         config = _scaled(config, scale)
     chosen = _runs(runs, (*RUNS, ("bandit", "bandit")))
-    config, tuning, views = _models(config)
-    outcomes = model_outcomes(TASK, list(views), config.zoo_profile)
+    config, tuning, views = _models(config, reporter)
+    outcomes = model_outcomes(TASK, list(views), config.zoo_profile, progress=reporter)
     sc = _scenario(scenario_file)
     http_by_run: dict[str, Any] = {}
     http_source: dict[str, Any] = {"from": "the scenario" if sc.http_given else "none"}
@@ -50,24 +55,19 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
         items = _replayed(replay, replay_run, config, outcomes.size)
     else:
         items = _items(config, sc, outcomes.size, requests, rate, arrivals, duration_s, seed)
-    with Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, disable=not progress) as bar:
-        tasks = {name: bar.add_task(name, total=len(items)) for name, _ in chosen}
-
-        def done(name: str, _record: Any) -> None:
-            bar.advance(tasks[name])
-
-        demo_workload = not (replay or scale or arrivals or duration_s or sc.arrivals
-                             or sc.duration_s)
-        phase = _photo_phase(config, seed) if photos and demo_workload else None
-        also = {phase[0].task: phase[0]} if phase else {}
-        all_views = {**views, **(phase[1] if phase else {})}
+    demo_workload = not (replay or scale or arrivals or duration_s or sc.arrivals
+                         or sc.duration_s)
+    phase = _photo_phase(config, seed, reporter) if photos and demo_workload else None
+    also = {phase[0].task: phase[0]} if phase else {}
+    all_views = {**views, **(phase[1] if phase else {})}
+    spread = Spread(workers, ray_address)
+    with _per_run(reporter, len(items), spread) as done:
         report, records = simulate(config, all_views, outcomes, items, seed, chosen,
                                    sc.scenario, on_done=done, http_by_run=http_by_run,
-                                   also=also, spread=Spread(workers, ray_address))
-        if phase is not None:
-            _simulate_photos(report, phase, config, all_views, outcomes, seed, chosen,
-                             sc.scenario, http_by_run)
+                                   also=also, spread=spread)
+    if phase is not None:
+        _simulate_photos(report, phase, config, all_views, outcomes, seed, chosen,
+                         sc.scenario, http_by_run, reporter)
     report["tuning"] = tuning
     report["models"] = sorted(views)
     report["http"] = {**sc.scenario.http.summary(), "source": http_source,
@@ -116,7 +116,44 @@ def _runs(text: str, known: tuple[tuple[str, str | None], ...]
     return [(n, table[n]) for n in names]
 
 
-def _models(config: FleetConfig) -> tuple[FleetConfig, dict[str, Any], dict[str, Any]]:
+@contextmanager
+def _per_run(reporter: Reporter, total: int, spread: Any,
+             suffix: str = "") -> Iterator[Callable[[str, Any], None]]:
+    """``simulate``'s ``on_done``: a phase per run (``<run><suffix>``, its requests
+    counted), from its first answer to the next run's (runs in this process come one
+    after another). Runs spread over other processes report only when back: a phase with
+    a heartbeat stands for them while they run."""
+    current: list[Phase] = []
+
+    def done(name: str, _record: Any) -> None:
+        label = name + suffix
+        if not current or current[-1].name != label:
+            _end(current)
+            current.append(reporter.start(label, total))
+        current[-1].advance()
+
+    where = spread.ray_address or (f"{spread.workers} processes" if spread.workers > 1
+                                   else None)
+    waiting = reporter.start(f"simulating on {where}") if where else None
+    try:
+        yield done
+    except BaseException:
+        _end(current, failed=True)
+        if waiting is not None:
+            waiting.finish(failed=True)
+        raise
+    _end(current)
+    if waiting is not None:
+        waiting.finish()
+
+
+def _end(phases: list[Phase], failed: bool = False) -> None:
+    while phases:
+        phases.pop().finish(failed=failed)
+
+
+def _models(config: FleetConfig, reporter: Reporter
+            ) -> tuple[FleetConfig, dict[str, Any], dict[str, Any]]:
     """The zoo models of the simulated task (built, variants made, as the demo does) with
     thresholds that belong to them, and each model's view as a node builds it."""
     from tierlink.cli.models import fleet_models
@@ -126,9 +163,8 @@ def _models(config: FleetConfig) -> tuple[FleetConfig, dict[str, Any], dict[str,
     wanted = tuple(m for m in config.model_names() if m.startswith(f"{TASK}-"))
     if not wanted:
         raise ConfigError(f"fleet {config.name!r} serves no {TASK} model to simulate")
-    models = fleet_models(config.zoo_profile, wanted)
-    config, tuning = fresh_thresholds(config, models, TASK,
-                                      lambda m: console.print(f"[dim]{m}[/dim]"))
+    models = fleet_models(config.zoo_profile, wanted, progress=reporter)
+    config, tuning = fresh_thresholds(config, models, TASK, reporter.say, reporter)
     views = {name: ModelInfo.from_card(models[name][1]).view() for name in wanted}
     return config, tuning, views
 
@@ -159,7 +195,8 @@ def _items(config: FleetConfig, sc: Any, n_samples: int, requests: int | None, r
     return workload(shape, duration, devices, n_samples, seed, limit=requests)
 
 
-def _photo_phase(config: FleetConfig, seed: int) -> tuple[Any, dict[str, Any], Any] | None:
+def _photo_phase(config: FleetConfig, seed: int,
+                 reporter: Reporter) -> tuple[Any, dict[str, Any], Any] | None:
     """The demo's photo workload for this fleet (None: it has no photo model with a
     device head): the model's answers on the photos, its view (split profile included),
     and the requests."""
@@ -173,8 +210,9 @@ def _photo_phase(config: FleetConfig, seed: int) -> tuple[Any, dict[str, Any], A
     model = photo_model(config)
     if model is None:
         return None
-    models = photo_models([model], say=lambda m: console.print(f"[dim]{m}[/dim]"))
-    phase = photo_phase(config, replace(DemoSettings.quick(), seed=seed), models)
+    models = photo_models([model], say=reporter.say, progress=reporter)
+    with reporter.phase("preparing the photo workload"):
+        phase = photo_phase(config, replace(DemoSettings.quick(), seed=seed), models)
     if phase is None:
         return None
     outcomes = photo_outcomes(PHOTO_TASK, model, phase.reference, phase.confidence,
@@ -185,14 +223,17 @@ def _photo_phase(config: FleetConfig, seed: int) -> tuple[Any, dict[str, Any], A
 def _simulate_photos(report: dict[str, Any], phase: tuple[Any, dict[str, Any], Any],
                      config: FleetConfig, views: dict[str, Any], fmnist: Any, seed: int,
                      chosen: list[tuple[str, str | None]], scenario: Any,
-                     http_by_run: dict[str, Any]) -> None:
-    """The photo workload through every run, reported as the demo reports it."""
+                     http_by_run: dict[str, Any], reporter: Reporter) -> None:
+    """The photo workload through every run (a phase each), reported as the demo reports
+    it."""
     from tierlink.fleet.workload import PrivacyTally, summarize_split
-    from tierlink.sim.run import simulate
+    from tierlink.sim.run import Spread, simulate
 
     outcomes, _views, items = phase
-    photos, records = simulate(config, views, outcomes, list(items), seed, chosen, scenario,
-                               http_by_run=http_by_run, also={TASK: fmnist})
+    with _per_run(reporter, len(items), Spread(), " photos") as done:
+        photos, records = simulate(config, views, outcomes, list(items), seed, chosen,
+                                   scenario, on_done=done, http_by_run=http_by_run,
+                                   also={TASK: fmnist})
     for name, _policy in chosen:
         run = photos["runs"][name]
         report["runs"][name]["imagenet"] = {

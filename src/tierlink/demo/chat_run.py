@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from tierlink.core.progress import Phase, Reporter
 from tierlink.demo.chat import RUNS, chat_items, run_chat, summarize
 from tierlink.demo.fleets import CHAT_FLEET, fleet_path
 from tierlink.fleet.config import load_fleet
@@ -21,8 +22,11 @@ console = Console(stderr=True)
 
 
 def chat_phase(quick: bool, fleet_file: Path | None = None,
-               per_device: int | None = None) -> dict[str, Any]:
-    """``fleet_file``: the chat fleet (default: the demo's own, ``chat-fleet.yaml``)."""
+               per_device: int | None = None,
+               reporter: Reporter | None = None) -> dict[str, Any]:
+    """``fleet_file``: the chat fleet (default: the demo's own, ``chat-fleet.yaml``);
+    ``reporter``: where its phases show (default: stderr)."""
+    reporter = reporter or Reporter()
     config = load_fleet(fleet_path(CHAT_FLEET) if fleet_file is None else fleet_file)
     devices = [n.node_id for n in config.nodes if n.tier.label == "device" and n.chat]
     items = chat_items(devices, per_device=per_device or (12 if quick else 30))
@@ -30,25 +34,26 @@ def chat_phase(quick: bool, fleet_file: Path | None = None,
     reference: dict[tuple[str, str], str] = {}
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-chat-"))
     try:
-        with launch(config, {}, run_dir, say=lambda m: console.print(f"[dim]{m}[/dim]"),
-                    ready_timeout_s=180.0) as fleet:
+        with reporter.phase("starting the chat fleet"):
+            fleet = launch(config, {}, run_dir, say=reporter.say, ready_timeout_s=180.0)
+        with fleet:
             for run in RUNS:
-                with Progress(TextColumn(f"chat {run:<12}"), BarColumn(),
-                              MofNCompleteColumn(), console=console) as bar:
-                    task = bar.add_task(run, total=len(items))
-
-                    def advance(n: int, bar: Progress = bar, task: Any = task) -> None:
-                        bar.update(task, completed=n)
-                    records = run_chat(fleet, items, run, progress=advance)
+                with reporter.phase(f"chat {run}", len(items)) as phase:
+                    records = run_chat(fleet, items, run, progress=_counter(phase))
                 if run == "cloud_only":
                     reference = {(r["device"], r["prompt"]): r["text"] for r in records}
                 runs[run] = summarize(records, reference)
     except BaseException:
-        console.print(f"[dim]the chat fleet's logs and state are kept in {run_dir}[/dim]")
+        reporter.say(f"the chat fleet's logs and state are kept in {run_dir}")
         raise
     shutil.rmtree(run_dir, ignore_errors=True)  # a stopped fleet's logs, state, certificates
     _print(runs)
     return {"fleet": config.name, "prompts": len(items), "runs": runs}
+
+
+def _counter(phase: Phase) -> Callable[[int], None]:
+    """``run_chat``'s progress: answers so far, counted on ``phase``."""
+    return lambda n: phase.update(completed=n)
 
 
 def _print(runs: dict[str, Any]) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tierlink.core.progress import Phase, Reporter
 from tierlink.demo.phases import (
     RUNS,
     WARM_UP_S,
@@ -46,65 +46,78 @@ def run_demo(fleet_file: Path, *, quick: bool, json_path: Path | None,
              chat: bool = False, log_path: Path | None = None,
              seed: int | None = None, etcd_replicas: int | None = None,
              traces: bool = False, otlp_endpoint: str | None = None,
-             netns: bool = False, tls: bool = False) -> dict[str, Any]:
+             netns: bool = False, tls: bool = False,
+             reporter: Reporter | None = None) -> dict[str, Any]:
+    """The whole demo; its phases (models built, thresholds tuned, fleet started, each run)
+    shown on ``reporter`` (default: stderr, bars on a terminal, lines otherwise)."""
     from tierlink.zoo.datasets import fashion_mnist
 
+    reporter = reporter or Reporter()
     settings = DemoSettings.quick() if quick else DemoSettings()
     settings = replace(settings, requests=requests or settings.requests,
                        rate_per_s=rate or settings.rate_per_s,
                        seed=settings.seed if seed is None else seed)
     config = with_tls(with_tracing(on_etcd(load_fleet(fleet_file), etcd_replicas), traces,
                                    otlp_endpoint), tls)
-    models = _fleet_models(config.zoo_profile, config.model_names())
+    models = _fleet_models(config.zoo_profile, config.model_names(), reporter)
     zoo_summary = _model_summary(models)
-    config, tuning = fresh_thresholds(config, models, settings.task, _say)
-    test = fashion_mnist().test
-    items = workload_for(config, settings, len(test.labels))
-    photos = photo_phase(config, settings, models)
-    prediction = threshold_prediction(config, models, settings.task)
+    config, tuning = fresh_thresholds(config, models, settings.task, reporter.say, reporter)
+    with reporter.phase("preparing the workloads"):
+        test = fashion_mnist().test
+        items = workload_for(config, settings, len(test.labels))
+        photos = photo_phase(config, settings, models)
+        prediction = threshold_prediction(config, models, settings.task)
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-demo-"))
     if log_path is not None:
         log_path.write_text("")  # this run's requests only
     try:
-        with launch(config, models, run_dir, say=_say, netns=netns) as fleet:
-            _say(f"each run is warmed up first: {WARM_UP_S:g} s of its traffic, not counted")
+        with reporter.phase("starting the fleet"):
+            fleet = launch(config, models, run_dir, say=reporter.say, netns=netns)
+        with fleet:
+            reporter.say(f"each run is warmed up first: {WARM_UP_S:g} s of its traffic, "
+                         "not counted")
             runs = {name: _one_run(fleet, name, policy, items, test, settings, photos,
-                                   prediction, log_path)
+                                   prediction, log_path, reporter)
                     for name, policy in RUNS}
-            report = {"runs": runs, "fleet": fleet_summary(fleet),
-                      "thresholds": dict(config.routing.thresholds), "tuning": tuning,
-                      "hard_examples": hard_example_summary(fleet.control_url,
-                                                           headers=fleet.admin_headers,
-                                                           verify=fleet.verify()),
-                      "environment": environment(fleet, settings, zoo_summary)}
+            with reporter.phase("report"):
+                report = _report(fleet, runs, config, tuning, settings, zoo_summary)
     except BaseException:
-        _say(f"the fleet's logs and state are kept in {run_dir}")
+        reporter.say(f"the fleet's logs and state are kept in {run_dir}")
         raise
     _print_report(report)
     if fleet.traces_file is not None:  # the run directory holds them: kept
-        _say(f"traces: tierlink trace list -f {fleet.traces_file}")
+        reporter.say(f"traces: tierlink trace list -f {fleet.traces_file}")
     else:  # nothing in it is needed any more (logs, state, certificates of a stopped fleet)
         shutil.rmtree(run_dir, ignore_errors=True)
     if chat:
         from tierlink.demo.chat_run import chat_phase
 
-        report["chat"] = chat_phase(quick)
+        report["chat"] = chat_phase(quick, reporter=reporter)
     if json_path:
         json_path.write_text(json.dumps(report, indent=2))
         console.print(f"report written to {json_path}")
     return report
 
 
-def _say(message: str) -> None:
-    console.print(f"[dim]{message}[/dim]")
+def _report(fleet: Any, runs: dict[str, Any], config: Any, tuning: dict[str, Any],
+            settings: DemoSettings, zoo_summary: dict[str, Any]) -> dict[str, Any]:
+    """The demo's report (the JSON): the runs, and what the fleet says of itself."""
+    return {"runs": runs, "fleet": fleet_summary(fleet),
+            "thresholds": dict(config.routing.thresholds), "tuning": tuning,
+            "hard_examples": hard_example_summary(fleet.control_url,
+                                                 headers=fleet.admin_headers,
+                                                 verify=fleet.verify()),
+            "environment": environment(fleet, settings, zoo_summary)}
 
 
-def _fleet_models(profile: str, wanted: Iterable[str]) -> dict[str, tuple[Path, Path]]:
+def _fleet_models(profile: str, wanted: Iterable[str],
+                  reporter: Reporter) -> dict[str, tuple[Path, Path]]:
     """Model name -> (model file, card) for every name in ``wanted``, made first where a
-    source makes it (``profile``: the fleet file's ``zoo.profile``)."""
+    source makes it (``profile``: the fleet file's ``zoo.profile``), shown on ``reporter``."""
     from tierlink.models.catalog import Catalog, SourceOptions
 
-    return Catalog.default(SourceOptions(profile=profile, progress=True, say=_say)).paths(wanted)
+    options = SourceOptions(profile=profile, progress=reporter, say=reporter.say)
+    return Catalog.default(options).paths(wanted)
 
 
 def _model_summary(models: dict[str, tuple[Path, Path]]) -> dict[str, dict[str, Any]]:
@@ -126,16 +139,22 @@ def _model_summary(models: dict[str, tuple[Path, Path]]) -> dict[str, dict[str, 
 
 def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
              settings: DemoSettings, photos: PhotoPhase | None,
-             prediction: Prediction | None, log_path: Path | None = None) -> dict[str, Any]:
+             prediction: Prediction | None, log_path: Path | None = None,
+             reporter: Reporter | None = None) -> dict[str, Any]:
     from tierlink.fleet.requestlog import append_log, warm_up_run
     from tierlink.fleet.workload import summarize, summarize_split
+
+    reporter = reporter or Reporter()
 
     def fmnist(on_done: Any) -> tuple[list, PrivacyTally]:
         return run_workload(fleet, items, test.input, test.labels, settings.task, policy,
                             on_done)
 
-    warm = warm_up(fleet, items, test.input, test.labels, settings.task, policy)
-    records, privacy = _with_progress(name, len(items), fmnist, _fmnist_live)
+    with reporter.phase(name, len(items)) as phase:
+        phase.stage(f"warming up ({WARM_UP_S:g} s of its traffic, not counted)")
+        warm = warm_up(fleet, items, test.input, test.labels, settings.task, policy)
+        phase.stage("sending requests")
+        records, privacy = _counted(phase, fmnist, _fmnist_live)
     if log_path is not None:
         append_log(log_path, warm_up_run(name), warm)
         append_log(log_path, name, records)
@@ -145,8 +164,8 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
         def photo(on_done: Any) -> tuple[list, PrivacyTally]:
             return run_photos(fleet, photos, policy, on_done)
 
-        records, privacy = _with_progress("  photos", len(photos.items), photo,
-                                          _photo_live)
+        with reporter.phase(f"{name} photos", len(photos.items)) as phase:
+            records, privacy = _counted(phase, photo, _photo_live)
         # Routed runs split once the head holder has opened a cut (in the background, as
         # soon as photos arrive): which ones it has open now.
         heads = open_heads(fleet, photos) if policy is None else {}
@@ -175,21 +194,18 @@ def _photo_live(done: list) -> str:
             f"p95 {p95} ms  refused {s['refused']}")
 
 
-def _with_progress(label: str, total: int, run: Any, live: Any) -> tuple[list, PrivacyTally]:
-    """``run(on_done)`` under a progress bar showing ``live(records so far)``; its
-    (records, privacy counts)."""
-    columns = (TextColumn(f"[bold]{label:<12}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[live]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task(label, total=total, live="")
-        done: list[Any] = []
+def _counted(phase: Phase, run: Any, live: Any) -> tuple[list, PrivacyTally]:
+    """``run(on_done)`` with each answered request counted on ``phase``, its status
+    ``live(records so far)`` (every 10th: it summarizes them all); its (records, privacy
+    counts)."""
+    done: list[Any] = []
 
-        def on_done(record: Any) -> None:
-            done.append(record)
-            if len(done) % 10 == 0 or len(done) == total:
-                progress.update(task, completed=len(done), live=live(done))
+    def on_done(record: Any) -> None:
+        done.append(record)
+        refresh = len(done) % 10 == 0 or len(done) == phase.total
+        phase.update(completed=len(done), status=live(done) if refresh else None)
 
-        result: tuple[list, PrivacyTally] = run(on_done)
+    result: tuple[list, PrivacyTally] = run(on_done)
     return result
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import ConfigError
 from tierlink.fleet.config import FleetConfig
 
@@ -50,11 +51,12 @@ def require_fresh(config: FleetConfig, models: Models, fleet_file: Path | str) -
 
 
 def retune(config: FleetConfig, task: str, goal: Any = None,
-           progress: bool = True) -> tuple[FleetConfig, Any]:
+           progress: bool | Reporter = True) -> tuple[FleetConfig, Any]:
     """``config`` with its ``task`` cascade tuned anew for the models this machine has
     (thresholds, records and provenance, in the routing configuration the nodes are given);
     and the tuning report. The default goal is the one the
-    fleet file records (:func:`fleet_goal`)."""
+    fleet file records (:func:`fleet_goal`). ``progress``: where models built on the way
+    show their progress (a reporter; ``True``: one on stderr)."""
     from tierlink.cascade.records import SEP, record_from_dict, record_to_dict
     from tierlink.cascade.report import tune_chain
     from tierlink.cascade.stages import chain_from_fleet
@@ -101,17 +103,20 @@ def target_of(goal: Any) -> dict[str, float]:
 
 
 def fresh_thresholds(config: FleetConfig, models: Models, task: str,
-                     say: Callable[[str], None]) -> tuple[FleetConfig, dict[str, Any]]:
+                     say: Callable[[str], None], progress: bool | Reporter = True
+                     ) -> tuple[FleetConfig, dict[str, Any]]:
     """The fleet with thresholds that belong to the models this machine built: as written
     when they were tuned on these very files, else tuned anew here (a fresh clone trains
     its own zoo) — said through ``say`` and in the returned report (the demo's and the
-    simulator's ``tuning``)."""
+    simulator's ``tuning``); the tuning is a phase of ``progress`` (a reporter)."""
     stale = stale_thresholds(config, models)
     if not stale:
         return config, {"retuned": False, "tuned_on": dict(config.routing.cascade_tuned_on)}
     say("the fleet file's cascade thresholds were tuned on other models ("
         + "; ".join(stale) + "): tuning them for this machine's models")
-    config, report = retune(config, task)
+    reporter = as_reporter(progress)
+    with reporter.phase("tuning thresholds"):  # blocking: its heartbeat speaks for it
+        config, report = retune(config, task, progress=reporter)
     say(f"thresholds {report.thresholds()}: {report.describe()}; on the test split "
         f"{100 * report.test.accuracy:.2f}%, {100 * report.test.shares[0]:.1f}% answered "
         "on the device")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from tierlink.core.progress import Reporter
 from tierlink.core.registry import Registry
 from tierlink.errors import ModelNotFound
 from tierlink.models.data import Splits
@@ -38,13 +39,14 @@ def _quiet(_: str) -> None:
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
     """What a source may need to know of the caller: the zoo's build ``profile`` (a fleet
-    file's ``zoo.profile``), whether to show progress while building, where to say what it
-    is doing; the signed repository's URL, the publisher keys to trust, the token to read
+    file's ``zoo.profile``), whether and where to show progress while building (a
+    :class:`~tierlink.core.progress.Reporter`; ``True``: one on stderr), where to say what
+    it is doing; the signed repository's URL, the publisher keys to trust, the token to read
     it with and how to verify its TLS certificate (``True``: the system's trust, or an
     ``ssl.SSLContext``)."""
 
     profile: str = "full"
-    progress: bool = True
+    progress: bool | Reporter = True
     say: Callable[[str], None] = field(default=_quiet)
     repository: str | None = None
     trusted_keys: tuple[str, ...] = ()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import ConfigError
 
 
@@ -49,9 +50,11 @@ class Outcomes:
 
 
 def model_outcomes(task: str, names: Iterable[str], profile: str = "full",
-                   cache_dir: Path | None = None) -> Outcomes:
+                   cache_dir: Path | None = None,
+                   progress: bool | Reporter = False) -> Outcomes:
     """Answers of the classifiers ``names`` of ``task`` on its test split, each found by
-    the catalog (zoo variants made on first use, as the demo makes them)."""
+    the catalog (zoo variants made on first use, as the demo makes them); computed once
+    (cached), a phase of ``progress`` (a reporter) then."""
     from tierlink.models.card import load_card
     from tierlink.models.catalog import Catalog, SourceOptions
 
@@ -70,11 +73,14 @@ def model_outcomes(task: str, names: Iterable[str], profile: str = "full",
     from tierlink.models.evaluate import onnx_logits, softmax
 
     models = {}
-    for name in wanted:
-        probs = softmax(onnx_logits(found[name].file, test.input, threads=1),
-                        cards[name].temperature)
-        models[name] = Answers(probs.argmax(axis=1).astype(np.int16),
-                               probs.max(axis=1).astype(np.float32))
+    with as_reporter(progress).phase("recorded answers", len(wanted), heartbeat=True) as phase:
+        for name in wanted:
+            phase.stage(f"{name} on {test.labels.shape[0]:,} test images")
+            probs = softmax(onnx_logits(found[name].file, test.input, threads=1),
+                            cards[name].temperature)
+            models[name] = Answers(probs.argmax(axis=1).astype(np.int16),
+                                   probs.max(axis=1).astype(np.float32))
+            phase.advance()
     outcomes = Outcomes(task, test.labels.astype(np.int16), models, input_bytes)
     _save(path, outcomes)
     return outcomes

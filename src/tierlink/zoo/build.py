@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tierlink.core.progress import Phase, Reporter
 from tierlink.errors import ZooError
 from tierlink.models.calibration import calibrated_card
 from tierlink.models.card import ModelCard, TrainingInfo, file_sha256, save_card
@@ -46,7 +47,6 @@ from tierlink.zoo.profiles import (
     model_names,
     recipe_fingerprint,
 )
-from tierlink.zoo.progress import BuildReporter
 
 OPSET = 17
 INPUT = TensorDecl("input", "FP32", (-1, 1, 28, 28))
@@ -67,11 +67,12 @@ class Trained:
     train_samples: int
 
 
-def build_zoo(task: str, profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *,
+def build_zoo(task: str, profile: BuildProfile, out_dir: Path, reporter: Reporter, *,
               names: Collection[str] | None = None, splits: Splits | None = None,
               clock: Clock = time.perf_counter) -> dict[str, ModelCard]:
     """Build the models ``names`` of ``task`` (default: all) into ``out_dir`` from the
-    task's splits (default: :func:`load_splits`); returns their cards by model name."""
+    task's splits (default: :func:`load_splits`), a phase of ``reporter`` per model;
+    returns their cards by model name."""
     wanted = model_names(task) if names is None else tuple(names)
     splits = load_splits(task) if splits is None else splits
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -85,11 +86,22 @@ def build_zoo(task: str, profile: BuildProfile, out_dir: Path, reporter: BuildRe
 
 
 def build_model(task: str, variant: str, splits: Splits, profile: BuildProfile,
-                out_dir: Path, reporter: BuildReporter, *,
+                out_dir: Path, reporter: Reporter, *,
                 clock: Clock = time.perf_counter) -> ModelCard:
     """Train one variant, export and verify its ONNX graph, measure it, write its card:
-    installed whole as ``<out_dir>/<name>/<MODEL_VERSION>/`` (the framework's layout)."""
+    installed whole as ``<out_dir>/<name>/<MODEL_VERSION>/`` (the framework's layout).
+    One phase of ``reporter``: the training batches counted, then export and evaluation
+    (blocking: its heartbeat says they are still working)."""
     name = f"{task}-{variant}"
+    with reporter.phase(name, heartbeat=True) as phase:
+        card = _build_model(name, task, variant, splits, profile, out_dir, phase, clock)
+        phase.finish(f"test {100 * card.test_accuracy:.2f}%, "
+                     f"{card.latency_ms['batch1_p50']:.2f} ms")
+    return card
+
+
+def _build_model(name: str, task: str, variant: str, splits: Splits, profile: BuildProfile,
+                 out_dir: Path, phase: Phase, clock: Clock) -> ModelCard:
     train = splits.train.head(profile.train_samples or len(splits.train))
     recipe = profile.recipe(task, variant)
     teacher_path = out_dir / f"{task}-{TEACHER}" / MODEL_VERSION / MODEL_FILE
@@ -98,15 +110,13 @@ def build_model(task: str, variant: str, splits: Splits, profile: BuildProfile,
     with Layout(out_dir).installing(name, MODEL_VERSION) as staging:
         with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
             trained = train_net(name, variant, recipe, train, profile.seed,
-                                reporter, clock, task=task, teacher=teacher)
+                                phase, clock, task=task, teacher=teacher)
             onnx_path = staging / MODEL_FILE
-            reporter.stage(name, "exporting")
+            phase.stage("exporting")
             export_onnx(trained.net, onnx_path, check_on=splits.calib.input[:64])
-        reporter.stage(name, "evaluating")
+        phase.stage("evaluating")
         card = measure_card(task, variant, onnx_path, trained, splits, profile)
         save_card(card, staging / CARD_FILE)
-    reporter.end(name, f"test {100 * card.test_accuracy:.2f}%, "
-                       f"{card.latency_ms['batch1_p50']:.2f} ms")
     return card
 
 
@@ -133,7 +143,7 @@ def teacher_logits(path: Path, data: Labelled, threads: int) -> tuple[np.ndarray
 
 
 def train_net(name: str, variant: str, recipe: TrainRecipe, data: Labelled, seed: int,
-              reporter: BuildReporter, clock: Clock = time.perf_counter, *,
+              progress: Phase, clock: Clock = time.perf_counter, *,
               task: str = "fmnist", make_net: Callable[[], nn.Module] | None = None,
               loss_fn: LossFn = nn.functional.cross_entropy,
               teacher: tuple[np.ndarray, np.ndarray] | None = None) -> Trained:
@@ -142,7 +152,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Labelled, seed
     (called after seeding, so its weights are seeded too) and ``loss_fn(net(x), labels)``
     the cross-entropy: the multi-exit net trains with this loop and its joint loss.
     ``teacher``: its logits on ``data`` as is and mirrored (:func:`teacher_logits`), for a
-    recipe that distills."""
+    recipe that distills. ``progress``: the phase that counts the batches."""
     steps = len(data) // recipe.batch_size
     if steps == 0:
         raise ZooError(f"{name}: {len(data)} training images is less than one batch")
@@ -157,7 +167,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Labelled, seed
                                          torch.from_numpy(teacher[1]))
     if recipe.distill > 0 and soft is None:
         raise ZooError(f"{name}: its recipe distills, but no teacher logits were given")
-    reporter.begin(name, recipe.epochs, steps)
+    progress.update(completed=0, total=recipe.epochs * steps, status="training")
     start = clock()
     net.train()
     for epoch in range(recipe.epochs):
@@ -170,7 +180,7 @@ def train_net(name: str, variant: str, recipe: TrainRecipe, data: Labelled, seed
                 torch.where(mirror[:, None], soft[1][idx], soft[0][idx]), recipe)
             loss = _step(net, x, labels[idx], name, step_loss)
             opt.step(lr, momentum)
-            reporter.batch(name, epoch, loss)
+            progress.advance(status=f"epoch {epoch + 1}/{recipe.epochs} loss {loss:.3f}")
     seconds = clock() - start
     net = net.eval().to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
     return Trained(net, seconds, steps * recipe.batch_size)

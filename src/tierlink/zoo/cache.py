@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import ModelError, ModelNotFound, ZooError
 from tierlink.models.card import LATENCY_KEYS, ModelCard, file_sha256, load_card, save_card
 from tierlink.models.home import tierlink_home
@@ -157,13 +158,14 @@ def _stale_reason(card: ModelCard, onnx_path: Path, name: str, task: str,
     return None
 
 
-def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = True,
+def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool | Reporter = True,
                force: bool = False, root: Path | None = None) -> Zoo:
     """The zoo of ``task`` / ``profile``, building whatever is missing or stale first (every
     model when ``force``). Cheap when cached: reads the cards and hashes the files.
 
     Building trains with torch (``full``: minutes; ``test``: under a minute) and shows a
-    progress bar per model when ``progress``. Models already valid on disk are kept, so an
+    phase per model on ``progress`` (a :class:`~tierlink.core.progress.Reporter`; ``True``: one
+    on stderr, ``False``: none). Models already valid on disk are kept, so an
     interrupted build resumes. Raises ``ZooError`` if it cannot build.
     """
     build_profile = get_profile(profile)
@@ -176,8 +178,7 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool = Tru
             # Another process may have built them while this one waited for the lock.
             todo = names if force else _stale(names, task, profile, root)
             if todo:
-                with _reporter(progress) as reporter:
-                    _builder()(task, build_profile, root, reporter, names=todo)
+                _builder()(task, build_profile, root, as_reporter(progress), names=todo)
     zoo = load_zoo(task, profile, root)
     if any(card.calibration is None for card in zoo.cards.values()):
         with build_lock(root, task):
@@ -224,12 +225,6 @@ def _builder() -> Any:
         raise ZooError(f"building the zoo needs torch, which does not import: {exc}",
                        hint="pip install 'tierlink[zoo]' (torch==2.13.0, the CPU wheel)") from exc
     return build.build_zoo
-
-
-def _reporter(progress: bool) -> Any:
-    from tierlink.zoo.progress import NullReporter, RichReporter
-
-    return RichReporter() if progress else nullcontext(NullReporter())
 
 
 @contextmanager

@@ -36,11 +36,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import ModelError, ZooError
 from tierlink.models.card import ModelCard, file_sha256, load_card
 from tierlink.models.exit_runner import Clock, ExitModel
@@ -127,11 +126,13 @@ def _stale_reason(card: ModelCard, directory: Path, profile: BuildProfile) -> st
     return None
 
 
-def ensure_exits(profile: str = "full", root: Path | None = None, progress: bool = False, *,
+def ensure_exits(profile: str = "full", root: Path | None = None,
+                 progress: bool | Reporter = False, *,
                  force: bool = False, clock: Clock = time.perf_counter) -> ExitModel:
     """The multi-exit model of ``profile``, built first when missing or stale (``full``:
     ~15 minutes of CPU; ``test``: seconds). Holds ``build_lock(root, "fmnist-exits")`` while
-    building, so processes that start together build once."""
+    building, so processes that start together build once. ``progress``: the reporter the
+    build shows its phase on (``True``: one on stderr)."""
     from tierlink.zoo.cache import build_lock, migrate_flat, zoo_dir
 
     base = zoo_dir(profile) if root is None else Path(root)
@@ -150,13 +151,6 @@ def ensure_exits(profile: str = "full", root: Path | None = None, progress: bool
                 pass
         from tierlink.zoo.exits_build import build_exits  # torch: only when building
 
-        with _reporter(progress) as reporter, \
-                Layout(base).installing(EXITS_NAME, EXITS_VERSION) as staging:
-            build_exits(get_profile(profile), staging, reporter, clock=clock)
+        with Layout(base).installing(EXITS_NAME, EXITS_VERSION) as staging:
+            build_exits(get_profile(profile), staging, as_reporter(progress), clock=clock)
     return load_exits(profile, base)
-
-
-def _reporter(progress: bool) -> Any:
-    from tierlink.zoo.progress import NullReporter, RichReporter
-
-    return RichReporter() if progress else nullcontext(NullReporter())

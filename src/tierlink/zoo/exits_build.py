@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from tierlink.core.progress import Phase, Reporter
 from tierlink.errors import ZooError
 from tierlink.models.card import ModelCard, TrainingInfo, save_card, with_exit_header
 from tierlink.models.data import Labelled, Splits
@@ -62,7 +63,6 @@ from tierlink.zoo.nets import (
     fold_linear_batchnorm,
 )
 from tierlink.zoo.profiles import SPECS, BuildProfile, TrainRecipe, data_stats
-from tierlink.zoo.progress import BuildReporter
 
 CHAIN_ATOL = 1e-5  # segments s1 -> s2 -> s3 against the whole graph
 
@@ -127,31 +127,39 @@ def _branch(channels: int, width: int, pool_first: bool) -> nn.Sequential:
 # --- building and training ------------------------------------------------------------------
 
 
-def build_exits(profile: BuildProfile, out_dir: Path, reporter: BuildReporter, *,
+def build_exits(profile: BuildProfile, out_dir: Path, reporter: Reporter, *,
                 splits: Splits | None = None, clock: Clock = time.perf_counter) -> ModelCard:
     """Train the multi-exit net, export and verify its segments, measure them and write the
-    card (last: a card on disk always describes complete, verified files)."""
+    card (last: a card on disk always describes complete, verified files). One phase of
+    ``reporter``, as :func:`tierlink.zoo.build.build_model`'s."""
     splits = load_splits(TASK) if splits is None else splits
     out_dir.mkdir(parents=True, exist_ok=True)
-    train = splits.train.head(profile.train_samples or len(splits.train))
-    with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
-        trained = train_chain(train, exits_recipe(profile), profile.seed, reporter, clock)
-        reporter.stage(EXITS_NAME, "exporting")
-        paths = export_exits(trained.net, out_dir, check_on=splits.calib.input[:64])
-        macs = segment_macs(trained.net)
-    reporter.stage(EXITS_NAME, "evaluating")
-    card = measure_exits(paths, trained, macs, splits, profile)
-    save_card(card, out_dir / CARD_FILE)
-    accuracies = ", ".join(f"{100 * e.test_accuracy:.2f}%" for e in exits_of(card))
-    reporter.end(EXITS_NAME, f"test accuracy per exit {accuracies}")
+    with reporter.phase(EXITS_NAME, heartbeat=True) as phase:
+        card = _build_exits(profile, out_dir, splits, phase, clock)
+        accuracies = ", ".join(f"{100 * e.test_accuracy:.2f}%" for e in exits_of(card))
+        phase.finish(f"test accuracy per exit {accuracies}")
     return card
 
 
-def train_chain(data: Labelled, recipe: TrainRecipe, seed: int, reporter: BuildReporter,
+def _build_exits(profile: BuildProfile, out_dir: Path, splits: Splits, phase: Phase,
+                 clock: Clock) -> ModelCard:
+    train = splits.train.head(profile.train_samples or len(splits.train))
+    with _torch_threads(profile.threads), torch.random.fork_rng(devices=[]):
+        trained = train_chain(train, exits_recipe(profile), profile.seed, phase, clock)
+        phase.stage("exporting")
+        paths = export_exits(trained.net, out_dir, check_on=splits.calib.input[:64])
+        macs = segment_macs(trained.net)
+    phase.stage("evaluating")
+    card = measure_exits(paths, trained, macs, splits, profile)
+    save_card(card, out_dir / CARD_FILE)
+    return card
+
+
+def train_chain(data: Labelled, recipe: TrainRecipe, seed: int, progress: Phase,
                 clock: Clock = time.perf_counter) -> Trained:
     """Train a fresh multi-exit net on ``data`` with the zoo's loop (Nesterov SGD, one-cycle
     schedule, flips) and the joint loss ``sum(w_k * CE(exit_k))``."""
-    return train_net(EXITS_NAME, BASE_VARIANT, recipe, data, seed, reporter, clock, task=TASK,
+    return train_net(EXITS_NAME, BASE_VARIANT, recipe, data, seed, progress, clock, task=TASK,
                      make_net=build_chain, loss_fn=joint_loss)
 
 

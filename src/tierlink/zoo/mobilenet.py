@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import sys
 import time
 from collections.abc import Callable
 from functools import lru_cache
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.errors import ZooError
 
 MODEL_NAME = "imagenet-mobilenetv2"
@@ -163,10 +163,11 @@ def normalized(net: Any) -> Any:
     return Normalized().eval()
 
 
-def ensure_mobilenet(root: Path | None = None, progress: bool = False) -> Path:
+def ensure_mobilenet(root: Path | None = None, progress: bool | Reporter = False) -> Path:
     """The exported ``imagenet-mobilenetv2.onnx`` in ``root`` (default: the ``full`` zoo's
     directory), exporting, verifying and measuring it first when missing or stale. Holds the
-    zoo's build lock, so processes starting together export once. ~30 s on one core."""
+    zoo's build lock, so processes starting together export once. ~30 s on one core: a
+    phase of ``progress`` (a reporter; ``True``: one on stderr)."""
     from tierlink.models.layout import MODEL_FILE, Layout
     from tierlink.zoo.cache import build_lock, migrate_flat, zoo_dir
 
@@ -178,13 +179,12 @@ def ensure_mobilenet(root: Path | None = None, progress: bool = False) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with build_lock(root, "imagenet"):
         if not _valid(onnx_path):  # another process may have built it while this one waited
-            with Layout(root).installing(MODEL_NAME, BUILD_VERSION) as staging:
-                _build(staging / MODEL_FILE, _say if progress else None)
+            reporter = as_reporter(progress)
+            with reporter.phase(MODEL_NAME) as phase, \
+                    Layout(root).installing(MODEL_NAME, BUILD_VERSION) as staging:
+                phase.stage("exporting to ONNX, verifying, measuring (once, ~30 s)")
+                _build(staging / MODEL_FILE, reporter.say)
     return onnx_path
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def card_path(onnx_path: Path) -> Path:

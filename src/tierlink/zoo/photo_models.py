@@ -13,6 +13,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from tierlink.core.progress import Reporter
+
 PHOTO_TASK = "imagenet"
 # Rounds per segment when a split profile is made on first use: ~11 s for MobileNetV2's 19
 # block cuts on one core (what benchmarks/split.py uses too).
@@ -21,15 +23,16 @@ Say = Callable[[str], None]
 
 
 def photo_models(wanted: Collection[str], say: Say = lambda _: None,
-                 ) -> dict[str, tuple[Path, Path]]:
+                 progress: bool | Reporter = True) -> dict[str, tuple[Path, Path]]:
     """Model name -> (onnx, card) for the photo-task models among ``wanted`` that the zoo
-    can make: MobileNetV2, exported on first use, with this machine's split profile beside
-    its card (made on first use too, so nodes can price split plans)."""
+    can make: MobileNetV2, exported on first use (a phase of ``progress``), with this
+    machine's split profile beside its card (made on first use too, so nodes can price
+    split plans)."""
     from tierlink.zoo.mobilenet import MODEL_NAME, card_path, ensure_mobilenet
 
     if MODEL_NAME not in wanted:
         return {}
-    onnx_path = ensure_mobilenet(progress=True)
+    onnx_path = ensure_mobilenet(progress=progress)
     ensure_split_profile(MODEL_NAME, onnx_path, say)
     return {MODEL_NAME: (onnx_path, card_path(onnx_path))}
 

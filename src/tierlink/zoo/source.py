@@ -58,7 +58,8 @@ class ZooSource:
         if PHOTO_MODEL in names:
             from tierlink.zoo.photo_models import photo_models
 
-            found |= photo_models((PHOTO_MODEL,), say=self.options.say)
+            found |= photo_models((PHOTO_MODEL,), say=self.options.say,
+                                  progress=self.options.progress)
         if EXITS_NAME in names:  # the multi-exit net: trained on first use
             from tierlink.zoo.exits import ensure_exits
 
@@ -80,7 +81,7 @@ class ZooSource:
 
         zoo = with_variants(ensure_zoo(task=task, profile=self.options.profile,
                                        progress=self.options.progress),
-                            names, say=self.options.say)
+                            names, say=self.options.say, progress=self.options.progress)
         return {n: (zoo.path(n), zoo.card_path(n)) for n in names}
 
 

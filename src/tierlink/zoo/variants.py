@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tierlink.core.progress import Reporter, as_reporter
 from tierlink.models.card import ModelCard
 from tierlink.quantize.settings import QuantSettings
 from tierlink.quantize.variants import EvalData, Say, make_variant_at, split_variant_name
@@ -56,11 +57,15 @@ def ensure_variant(zoo: Zoo, name: str, *, data: EvalData | None = None,
                                say or _quiet, latency_rounds)
 
 
-def with_variants(zoo: Zoo, names: Iterable[str], say: Say | None = None) -> Zoo:
+def with_variants(zoo: Zoo, names: Iterable[str], say: Say | None = None,
+                  progress: bool | Reporter = False) -> Zoo:
     """``zoo`` with every variant among ``names`` made if missing (base models and names
-    already present pass through); the zoo reloaded when anything was made."""
+    already present pass through), each a phase of ``progress``; the zoo reloaded when
+    anything was made."""
     missing = [n for n in names if n not in zoo.cards]
+    reporter = as_reporter(progress)
     for name in missing:
         (say or _quiet)(f"making {name} (first use)")
-        ensure_variant(zoo, name)
+        with reporter.phase(name):  # blocking: its heartbeat says it is still working
+            ensure_variant(zoo, name)
     return load_zoo(zoo.task, zoo.profile, zoo.root) if missing else zoo
