@@ -115,7 +115,7 @@ def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
 def test_each_run_and_the_model_build_go_through_the_demos_reporter(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Not on a terminal (a pipe, CI) each run says it started, its requests answered so far
-    and when it is done; the models are built on the same reporter."""
+    and, when it is done, its figures; the models are built on the same reporter."""
     import io
     from types import SimpleNamespace
 
@@ -144,7 +144,9 @@ def test_each_run_and_the_model_build_go_through_the_demos_reporter(
                          "device_only: sending requests"]
     assert lines[3].startswith("device_only: 1/20 (5%) 0:00 elapsed")
     assert lines[12].startswith("device_only: 10/20 (50%) 0:00 elapsed, ~0:00 left; acc ")
-    assert lines[-1] == "device_only: done in 0:00"
+    # the run's figures as soon as it ends
+    assert lines[-1].startswith("device_only: done in 0:00; accuracy ")
+    assert "SLA 100.0%" in lines[-1] and "device/edge/cloud 100% / 0% / 0%" in lines[-1]
 
     options = []
 

@@ -31,13 +31,13 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
             ray_address: str | None = None) -> dict[str, Any]:
     """``progress``: where its phases show (models built, thresholds tuned, each run)."""
     from tierlink.sim.outcomes import model_outcomes
-    from tierlink.sim.run import RUNS, Spread, simulate
+    from tierlink.sim.run import Spread, simulate
 
     reporter = as_reporter(progress)
     config = load_fleet(fleet_file)
     if scale:
         config = _scaled(config, scale)
-    chosen = _runs(runs, (*RUNS, ("bandit", "bandit")))
+    chosen = _runs(runs, config)
     config, tuning, views = _models(config, reporter)
     outcomes = model_outcomes(TASK, list(views), config.zoo_profile, progress=reporter)
     sc = _scenario(scenario_file)
@@ -106,14 +106,27 @@ def _scaled(config: FleetConfig, text: str) -> FleetConfig:
     return generate(config, devices, edges, clouds)
 
 
-def _runs(text: str, known: tuple[tuple[str, str | None], ...]
-          ) -> list[tuple[str, str | None]]:
+def _runs(text: str, config: FleetConfig) -> list[tuple[str, str | None]]:
+    """The runs ``text`` names: the demo's (``tierlink``, the baselines), ``bandit``, or any
+    registered policy (a third party's too), each as (name, the policy its requests name:
+    None for the fleet file's own)."""
+    from tierlink.policy import REGISTRY
+    from tierlink.sim.run import RUNS
+
     names = [n.strip() for n in text.split(",") if n.strip()]
-    table = dict(known)
-    unknown = [n for n in names if n not in table]
+    known = {name: policy for name, policy in RUNS} | {n: n for n in REGISTRY.names()}
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ConfigError(f"unknown run(s) {unknown}", hint=f"choose from {', '.join(table)}")
-    return [(n, table[n]) for n in names]
+        raise ConfigError(f"unknown run(s) {unknown}", hint=f"choose from {', '.join(known)}")
+    own = config.routing.policy
+    chosen = [(n, None if n == own else known[n] or n) for n in names]
+    named = [n for n, policy in chosen if policy is not None]
+    if named and not config.routing.allow_policy_override:
+        raise ConfigError(f"run(s) {named} need requests to name their policy, which the "
+                          "fleet file does not allow",
+                          hint="set routing.allow_policy_override: true (or run only the "
+                               f"fleet's own policy, {own})")
+    return chosen
 
 
 @contextmanager

@@ -155,10 +155,11 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
         warm = warm_up(fleet, items, test.input, test.labels, settings.task, policy)
         phase.stage("sending requests")
         records, privacy = _counted(phase, fmnist, _fmnist_live)
+        run = summarize(records, privacy) | breakdown(records, fleet.config, prediction)
+        phase.finish(_headline(run))  # the run's figures as soon as it ends
     if log_path is not None:
         append_log(log_path, warm_up_run(name), warm)
         append_log(log_path, name, records)
-    run = summarize(records, privacy) | breakdown(records, fleet.config, prediction)
     if photos is not None:
 
         def photo(on_done: Any) -> tuple[list, PrivacyTally]:
@@ -175,6 +176,17 @@ def _one_run(fleet: Any, name: str, policy: str | None, items: list, test: Any,
                                             if photos.model in fleet.config.node(o).heads],
                            **summarize_split(records, privacy), "open_heads": heads}
     return run
+
+
+def _headline(run: dict[str, Any]) -> str:
+    """A run's figures in one line, as the report's table gives them."""
+    tiers = run["tier_share"]
+    shares = " / ".join(f"{100 * tiers.get(t, 0.0):.0f}%" for t in ("device", "edge", "cloud"))
+    return (f"accuracy {100 * run['accuracy']:.2f}%, p50/p95 {run['p50_ms']:.1f}/"
+            f"{run['p95_ms']:.1f} ms, SLA {100 * run['sla_attainment']:.1f}%, "
+            f"cost/1k {run['cost_per_1k']:.6f}, device/edge/cloud {shares}, "
+            f"lost {run['lost']}, refused {run['refused']}, "
+            f"privacy violations {run['privacy_violations']}")
 
 
 def _fmnist_live(done: list) -> str:
