@@ -133,6 +133,8 @@ class PageRun:
                                       f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
 
     def _start(self, block: Block, argv: list[str]) -> None:
+        if block.ready and not block.ready.startswith("http://"):
+            Path(block.ready).unlink(missing_ok=True)  # a file left by an earlier run
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.background.append(proc)

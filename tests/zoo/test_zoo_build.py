@@ -42,7 +42,8 @@ def built(tmp_path_factory):
         mp.setenv("TIERLINK_HOME", str(home))
         start = time.perf_counter()
         stream = io.StringIO()
-        zoo = ensure_zoo(profile="test", progress=Reporter(stream, beat_s=None))
+        # force: trained here, not taken from the shipped models
+        zoo = ensure_zoo(profile="test", progress=Reporter(stream, beat_s=None), force=True)
         yield Built(zoo, home, time.perf_counter() - start, stream.getvalue())
 
 
@@ -298,3 +299,21 @@ def test_a_zoo_in_the_old_flat_layout_is_moved_on_first_use(built, tmp_path, cap
     exits = flat / "fmnist-exits" / "1"
     assert (exits / "card.json").is_file() and (exits / "fmnist-exits-s1.onnx").is_file()
     assert (flat / "fmnist-exits" / "CURRENT").read_text() == "1"
+
+
+def test_rebuilding_reproduces_the_shipped_models(built):
+    """``tierlink zoo build --rebuild`` of the test profile gives the models tierlink ships:
+    the same recipe, the test accuracy within half a point (bit-identity is only expected
+    on the machine that built them)."""
+    from tierlink.models.card import load_card
+    from tierlink.models.layout import CARD_FILE, Layout
+    from tierlink.zoo.shipped import shipped_root
+
+    shipped = Layout(shipped_root("test"))
+    assert sorted(shipped.names()) == sorted(NAMES)
+    for name in NAMES:
+        card, ours = load_card(shipped.dir(name) / CARD_FILE), built.zoo.card(name)
+        assert card.training is not None and ours.training is not None
+        assert card.training.recipe == ours.training.recipe, name
+        assert abs(card.test_accuracy - ours.test_accuracy) <= 0.005, name
+

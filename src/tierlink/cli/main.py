@@ -69,13 +69,25 @@ __all__ = ["app", "fail", "fleet_models"]  # the last: cli/models.py
 @zoo_app.command("build")
 def zoo_build(profile: str = typer.Option("full", help="full (the real models) or test"),
               task: str = typer.Option("fmnist", help="fmnist (Fashion-MNIST) or mnist"),
-              force: bool = typer.Option(False, help="retrain even if cached"),
+              rebuild: bool = typer.Option(False, "--rebuild", "--force",
+                                           help="train again, even if cached or shipped"),
+              ship: bool = typer.Option(False, "--ship",
+                                        help="copy the built models into the ones tierlink "
+                                             "ships (developers, after a recipe changes)"),
               as_json: bool = typer.Option(False, "--json", help="print the cards as JSON")) -> None:
-    """Train, export and profile a task's models (cached after the first run)."""
+    """Train, export and profile a task's models (cached after the first run; the
+    Fashion-MNIST families ship with tierlink, checked against this code on first use)."""
     from tierlink.zoo import ensure_zoo
 
     try:
-        zoo = ensure_zoo(task=task, profile=profile, progress=not as_json, force=force)
+        zoo = ensure_zoo(task=task, profile=profile, progress=not as_json, force=rebuild)
+        if ship:
+            from tierlink.zoo.shipped import VARIANTS
+            from tierlink.zoo.shipped import ship as ship_models
+
+            names = [n for n in zoo.cards if n in zoo.base_names() or n in VARIANTS]
+            where = ship_models(zoo.root, profile, names)
+            console.print(f"shipped {', '.join(names)} in {where}")
     except TierlinkError as exc:
         fail(exc)
     _print_cards(zoo, as_json)
@@ -86,7 +98,7 @@ def zoo_list(profile: str = typer.Option("full"),
              task: str = typer.Option("fmnist", help="fmnist (Fashion-MNIST) or mnist"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Show the model cards of a built zoo."""
-    zoo_build(profile=profile, task=task, force=False, as_json=as_json)
+    zoo_build(profile=profile, task=task, rebuild=False, ship=False, as_json=as_json)
 
 
 def _print_cards(zoo: Any, as_json: bool) -> None:

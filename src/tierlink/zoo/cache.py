@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -27,6 +28,7 @@ from tierlink.errors import ModelError, ModelNotFound, ZooError
 from tierlink.models.card import LATENCY_KEYS, ModelCard, file_sha256, load_card, save_card
 from tierlink.models.home import tierlink_home
 from tierlink.models.layout import CARD_FILE, MODEL_FILE, Layout, card_version
+from tierlink.zoo import shipped
 from tierlink.zoo.profiles import MODEL_VERSION, get_profile, model_names, recipe_fingerprint
 
 log = logging.getLogger(__name__)
@@ -170,21 +172,51 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool | Rep
     """
     build_profile = get_profile(profile)
     names = model_names(task)
+    from_shipped = root is None and not force  # the default zoo starts from the shipped one
     root = zoo_dir(profile) if root is None else Path(root)
     migrate_flat(root)
+    reporter = as_reporter(progress)
     if force or _stale(names, task, profile, root):
         root.mkdir(parents=True, exist_ok=True)
         with build_lock(root, task):
             # Another process may have built them while this one waited for the lock.
             todo = names if force else _stale(names, task, profile, root)
+            if todo and from_shipped:
+                taken = shipped.take(root, profile, todo, partial(
+                    _shipped_problem, task=task, profile=profile), reporter.say)
+                todo = tuple(n for n in todo if n not in taken)
             if todo:
-                _builder()(task, build_profile, root, as_reporter(progress), names=todo)
+                _builder()(task, build_profile, root, reporter, names=todo)
     zoo = load_zoo(task, profile, root)
+    if from_shipped:
+        zoo = _shipped_variants(zoo, reporter)
     if any(card.calibration is None for card in zoo.cards.values()):
         with build_lock(root, task):
             _calibrate_missing(load_zoo(task, profile, root), build_profile.eval_samples)
         zoo = load_zoo(task, profile, root)
     return zoo
+
+
+def _shipped_problem(name: str, card: ModelCard, onnx_path: Path, *, task: str,
+                     profile: str) -> str | None:
+    return _stale_reason(card, onnx_path, name, task, profile)
+
+
+def _shipped_variants(zoo: Zoo, reporter: Reporter) -> Zoo:
+    """The shipped variants of ``zoo``'s models it lacks (the devices' FP16 copy), taken
+    where they were made from these very models; the zoo as it is then."""
+    wanted = [n for n in shipped.shipped_names(zoo.profile)
+              if n.startswith(f"{zoo.task}-") and n not in zoo.cards]
+    if not wanted:
+        return zoo
+    bases = {n: zoo.cards[n] for n in zoo.base_names()}
+
+    def problem(_name: str, card: ModelCard, onnx_path: Path) -> str | None:
+        return _variant_problem(card, onnx_path, bases)
+
+    with build_lock(zoo.root, zoo.task):
+        shipped.take(zoo.root, zoo.profile, wanted, problem, reporter.say)
+    return load_zoo(zoo.task, zoo.profile, zoo.root)
 
 
 def _calibrate_missing(zoo: Zoo, eval_samples: int | None) -> None:
