@@ -15,7 +15,8 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── Refused                     a request refused at once (not left to time out)
     │   ├── AdmissionRefused        429: queue full, or the deadline cannot be met here
     │   ├── NoFeasiblePlacement     503: no placement meets privacy + model + deadline
-    │   └── DeadlineExceeded        504: the deadline passed before an answer
+    │   ├── DeadlineExceeded        504: the deadline passed before an answer
+    │   └── Overloaded              every placement refused or out of time: busy, not broken
     ├── UpstreamError               502: an upstream hop failed (after fallbacks)
     │   ├── UpstreamTimeout         504
     │   └── UpstreamUnavailable     503: connection refused / reset / breaker open
@@ -34,8 +35,9 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     │                               signature the task does not take, bad labels, no data)
     ├── RepositoryError             model repository: unknown version, artifact missing, a
     │   │                           store that cannot be written (404 / 409 / 503 by case)
-    │   └── ArtifactRejected        422: hash or signature does not verify, unsigned, signed
-    │                               by a key this node does not trust
+    │   ├── ArtifactRejected        422: hash or signature does not verify, unsigned, signed
+    │   │                           by a key this node does not trust
+    │   └── VersionConflict         another artifact is already published as that version
     ├── SessionBusy                 409: a conversation is answering another turn
     ├── NotEnrolled                 401: unknown or revoked node / bad enrollment token
     │   └── PeerRefused             403: a sender's claims are not its to make (TLS fleets)

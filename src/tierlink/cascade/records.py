@@ -44,8 +44,15 @@ def record_to_dict(record: CascadeRecord, digits: int | None = 4) -> dict[str, f
     return out
 
 
+RECORD_KEYS = ("share", "accuracy", "threshold", "answered", "answered_accuracy")
+
+
 def record_from_dict(raw: Mapping[str, object], where: str) -> CascadeRecord:
     """A record as the fleet file holds it; ``ConfigError`` naming the field otherwise."""
+    unknown = sorted(set(raw) - set(RECORD_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}",
+                          hint=f"a record holds {', '.join(RECORD_KEYS)}; {RETUNE}")
 
     def num(key: str) -> float | None:
         value = raw.get(key)

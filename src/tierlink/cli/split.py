@@ -29,7 +29,7 @@ from rich.table import Table
 from tierlink.cli.errors import fail
 from tierlink.errors import SplitError, TierlinkError
 
-app = typer.Typer(help="Labelled computing: a model's cut points and feature codecs.",
+app = typer.Typer(help="Split computing: a model's cut points and feature codecs.",
                   no_args_is_help=True)
 console = Console(stderr=True)
 TAIL_BATCH = 500

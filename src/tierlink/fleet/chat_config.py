@@ -93,10 +93,14 @@ def _source(raw: Any, where: str) -> LMSource:
     quality = raw.get("quality")
     if quality is not None and (not isinstance(quality, int | float) or not 0 <= quality <= 1):
         raise ConfigError(f"{where}.quality must be a share between 0 and 1, e.g. 0.757")
+    sequences = raw.get("max_sequences", 16)
+    if not isinstance(sequences, int) or isinstance(sequences, bool) or sequences < 1:
+        raise ConfigError(f"{where}.max_sequences must be a whole number >= 1, got "
+                          f"{sequences!r}")
     return LMSource(name=raw["name"], path=raw["model"], quantize=quantize, verifier=verifier,
                     router=router, quality=None if quality is None else float(quality),
                     kv_cache_bytes=int(mib * 2**20) if mib else None,
-                    max_sequences=int(raw.get("max_sequences", 16)))
+                    max_sequences=sequences)
 
 
 def check_verifiers(chats: Mapping[str, ChatConfig], tiers: Mapping[str, str],

@@ -239,8 +239,11 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     nodes = tuple(_node(n, f"nodes[{i}]") for i, n in enumerate(_list(data, "nodes", source)))
     _unique([n.node_id for n in nodes], "nodes[].id")
     by_id = {n.node_id: n for n in nodes}
-    links = tuple(l for i, raw in enumerate(data.get("links") or [])
-                  for l in _links(raw, f"links[{i}]", by_id))
+    declared = data.get("links") or []
+    if not isinstance(declared, list):
+        raise ConfigError("links must be a list of {from, to, ...} links",
+                          hint="links: [{from: dev-1, to: edge-1, delay_ms: 5}]")
+    links = tuple(l for i, raw in enumerate(declared) for l in _links(raw, f"links[{i}]", by_id))
     _unique([l.name for l in links], "links (from -> to pairs)")
     nodes = _checked_chat(nodes, links)
     control = as_mapping(data.get("control") or {}, "control")
@@ -338,8 +341,11 @@ def _node(raw: Any, where: str) -> NodeConfig:
     if not _ID.match(node_id):
         raise ConfigError(f"{where}.id {node_id!r} is not a valid node id",
                           hint="use lowercase letters, digits, '.', '_' or '-' (max 63)")
+    declared = raw.get("tier", "")
+    if not isinstance(declared, str):
+        raise ConfigError(f"{where}.tier must be device, edge or cloud, got {declared!r}")
     try:
-        tier = Tier.parse(raw.get("tier", ""))
+        tier = Tier.parse(declared)
     except ValueError as exc:
         raise ConfigError(f"{where}.tier: {exc}") from None
     models = raw.get("models") or []

@@ -71,6 +71,9 @@ def task_from_dict(name: str, raw: Any, where: str = "tasks") -> TaskSpec:
     if not isinstance(outputs, Mapping):
         raise ConfigError(f"{here}.outputs must map roles to output names, e.g. "
                           "{scores: logits}")
+    labels = raw.get("labels") or []
+    if not isinstance(labels, list):
+        raise ConfigError(f"{here}.labels must be a list of class names, e.g. [cat, dog]")
     options = raw.get("options") or {}
     if not isinstance(options, Mapping):
         raise ConfigError(f"{here}.options must be a mapping")
@@ -78,7 +81,7 @@ def task_from_dict(name: str, raw: Any, where: str = "tasks") -> TaskSpec:
                     inputs=tuple(tensor_decl(d, f"{here}.inputs[{i}]")
                                  for i, d in enumerate(decls)),
                     outputs=MappingProxyType({str(k): str(v) for k, v in outputs.items()}),
-                    labels=tuple(str(x) for x in raw.get("labels") or ()),
+                    labels=tuple(str(x) for x in labels),
                     options=MappingProxyType(dict(options)))
 
 

@@ -69,6 +69,10 @@ def tensor_decl(raw: Any, where: str) -> TensorDecl:
     ``where`` when it is malformed."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where} must be a mapping {{name, datatype, shape}}, got {raw!r}")
+    unknown = sorted(set(raw) - {"name", "datatype", "shape"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}",
+                          hint="a tensor is declared by name, datatype and shape")
     try:
         name, datatype = str(raw["name"]), str(raw.get("datatype", "FP32")).upper()
         shape = tuple(int(d) for d in raw["shape"])
