@@ -7,8 +7,8 @@ before a fence (invisible on the site) says how:
 - ``<!-- test: timeout=120 -->`` — the block's time limit in seconds (default 300);
 - ``<!-- test: background, ready=/tmp/x/endpoints.json -->`` — a long-running command
   (``tierlink up``): started in its own process group, the page goes on once ``ready`` (a
-  file) exists and is not empty, or answers 200 (an ``http://`` URL on loopback), and the
-  group is stopped by its pid when the page ends;
+  file) exists and is not empty — or holds ``contains=TEXT`` —, or answers 200 (an
+  ``http://`` URL on loopback), and the group is stopped by its pid when the page ends;
 - ``<!-- not run: reason -->`` before a ``text`` block — a command aimed at a user's own
   infrastructure (a collector's address, a real cluster): shown, counted, never run.
 
@@ -49,6 +49,7 @@ class Block:
     code: str
     background: bool = False
     ready: str = ""
+    contains: str = ""  # what the ``ready`` file must hold
     timeout_s: float = DEFAULT_TIMEOUT_S
     not_run: str = ""  # the reason a shown command is not run
 
@@ -94,7 +95,7 @@ def _block(page: str, line: int, lang: str, code: str,
         return None
     options = dict(_option(part) for part in args.split(",") if part.strip())
     return Block(page, line, lang, code, background="background" in options,
-                 ready=options.get("ready", ""),
+                 ready=options.get("ready", ""), contains=options.get("contains", ""),
                  timeout_s=float(options.get("timeout", DEFAULT_TIMEOUT_S)))
 
 
@@ -103,10 +104,11 @@ def _option(part: str) -> tuple[str, str]:
     return key, value
 
 
-def _ready(what: str) -> bool:
+def _ready(what: str, contains: str = "") -> bool:
     if not what.startswith("http://"):
         path = Path(what)
-        return path.is_file() and path.stat().st_size > 0
+        return (path.is_file() and path.stat().st_size > 0
+                and (not contains or contains in path.read_text(errors="replace")))
     try:
         with urllib.request.urlopen(what, timeout=2) as answer:
             return bool(answer.status == 200)
@@ -139,7 +141,7 @@ class PageRun:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.background.append(proc)
         deadline = time.monotonic() + block.timeout_s
-        while block.ready and not _ready(block.ready):
+        while block.ready and not _ready(block.ready, block.contains):
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else ""
                 raise AssertionError(f"{block.where} ended before it was ready:\n{err[-3000:]}")

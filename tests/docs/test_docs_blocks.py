@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 # (until then their blocks are not claimed to run: see NOT_YET).
 RUNNABLE = ["docs/tutorials/first-fleet.md", "docs/how-to/python-model.md",
             "docs/how-to/custom-policy.md", "docs/how-to/models.md", "docs/how-to/simulate.md",
-            "docs/tutorials/chat.md"]
+            "docs/tutorials/chat.md", "docs/tutorials/demo.md"]
 NOT_YET = sorted({str(p.relative_to(ROOT)) for d in ("tutorials", "how-to")
                   for p in (ROOT / "docs" / d).glob("*.md")} - set(RUNNABLE))
 
@@ -51,13 +51,15 @@ def test_blocks_not_run_say_why_and_are_counted() -> None:
 
 def test_the_directives_parse(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("x\n<!-- test: background, ready=/tmp/r, timeout=5 -->\n```bash\n"
+    page.write_text("x\n<!-- test: background, ready=/tmp/r, contains=up, timeout=5 -->\n```bash\n"
                     "sleep 1\n```\n<!-- not run: your own collector -->\n```text\n"
                     "curl http://collector:4318\n```\n```yaml\na: 1\n```\n"
                     "```python\nprint(1)\n```\n")
-    assert [(b.lang, b.background, b.ready, b.timeout_s, b.not_run) for b in blocks(page)] == [
-        ("bash", True, "/tmp/r", 5.0, ""), ("text", False, "", 300.0, "your own collector"),
-        ("python", False, "", 300.0, "")]
+    assert [(b.lang, b.background, b.ready, b.contains, b.timeout_s, b.not_run)
+            for b in blocks(page)] == [
+        ("bash", True, "/tmp/r", "up", 5.0, ""), ("text", False, "", "", 300.0,
+                                                   "your own collector"),
+        ("python", False, "", "", 300.0, "")]
     page.write_text("<!-- not run: -->\n```text\nx\n```\n")
     with pytest.raises(ValueError, match="must say why"):
         blocks(page)
