@@ -11,14 +11,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tierlink.client import AsyncClient, Client
+    from tierlink.client import AsyncClient, Client, ClientTLS
 
 __version__ = "0.1.0"
 
 # Names loaded on first use (module-level __getattr__), so `import tierlink` stays cheap.
-_LAZY = {"Client": "tierlink.client", "AsyncClient": "tierlink.client"}
+_LAZY = {"Client": "tierlink.client", "AsyncClient": "tierlink.client",
+         "ClientTLS": "tierlink.client"}
 
-__all__ = ["AsyncClient", "Client", "__version__"]
+__all__ = ["AsyncClient", "Client", "ClientTLS", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,7 @@ from tierlink.client.results import (
     TensorMetadata,
 )
 from tierlink.client.sync import Client
+from tierlink.client.tls import ClientTLS
 
-__all__ = ["Accepted", "AsyncClient", "AsyncResult", "Client", "InferResult", "ModelEntry",
-           "ModelMetadata", "TensorMetadata"]
+__all__ = ["Accepted", "AsyncClient", "AsyncResult", "Client", "ClientTLS", "InferResult",
+           "ModelEntry", "ModelMetadata", "TensorMetadata"]

@@ -17,6 +17,7 @@ import numpy as np
 
 from tierlink.client import session, wire
 from tierlink.client.results import Accepted, AsyncResult, InferResult, ModelEntry, ModelMetadata
+from tierlink.client.tls import ClientTLS, sync_options
 from tierlink.core.types import Priority, Privacy
 from tierlink.errors import UpstreamTimeout, UpstreamUnavailable
 
@@ -30,7 +31,9 @@ class Client:
     ``control_url`` / ``admin_token``: where :meth:`result` reads the results of asynchronous
     requests (the token is the operators' ``<db>.admin-token``; none for ``--open``).
     ``timeout_s``: each phase of a call (connect, send, read) unless the call sets its own.
-    ``transport``: an ``httpx`` transport to use instead of the network (tests). Use it as a
+    ``tls``: HTTPS to a fleet with TLS (:class:`~tierlink.client.tls.ClientTLS`: the fleet CA,
+    the node's id, the application's certificate). ``transport``: an ``httpx`` transport to
+    use instead of the network (tests). Use it as a
     context manager, or call :meth:`close`.
     """
 
@@ -38,14 +41,16 @@ class Client:
                  admin_token: str | None = None,
                  timeout_s: float = session.DEFAULT_TIMEOUT_S,
                  max_connections: int = session.DEFAULT_MAX_CONNECTIONS,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 tls: ClientTLS | None = None) -> None:
         self.url = session.checked_url(url, "url")
         self.control_url = (session.checked_url(control_url, "control_url")
                             if control_url is not None else None)
         self._admin_token = admin_token
         self._timeout_s = timeout_s
         self._http = httpx.Client(**session.pool_options(timeout_s, max_connections),
-                                  transport=transport)
+                                  transport=transport,
+                                  **sync_options(tls, self.url))
         self._input_names: dict[str, str] = {}  # by task / model: what an array is sent as
 
     def close(self) -> None:
