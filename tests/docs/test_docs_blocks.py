@@ -18,7 +18,8 @@ RUNNABLE = ["docs/tutorials/first-fleet.md", "docs/how-to/python-model.md",
             "docs/how-to/custom-policy.md", "docs/how-to/models.md", "docs/how-to/simulate.md",
             "docs/tutorials/chat.md", "docs/tutorials/demo.md", "docs/how-to/tracing.md",
             "docs/how-to/monitoring.md", "docs/how-to/control-plane-etcd.md",
-            "docs/how-to/many-machines.md", "docs/how-to/fleet-operations.md"]
+            "docs/how-to/many-machines.md", "docs/how-to/fleet-operations.md",
+            "docs/how-to/shadow-and-promote.md"]
 NOT_YET = sorted({str(p.relative_to(ROOT)) for d in ("tutorials", "how-to")
                   for p in (ROOT / "docs" / d).glob("*.md")} - set(RUNNABLE))
 
