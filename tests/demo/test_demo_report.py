@@ -86,18 +86,7 @@ def test_each_run_is_warmed_up_right_before_it_and_the_log_keeps_both(
     from tierlink.demo.phases import DemoSettings
     from tierlink.fleet.requestlog import measured, read_runs, warm_ups
 
-    sent: list[tuple[str | None, int, bool]] = []
-
-    def drive(_fleet, items, _images, _labels, _task, policy, on_done, send_labels=True):
-        sent.append((policy, len(items), send_labels))
-        records = [Record(i, 0, True, False, "", 2.0, pred=0, tier="device",
-                          served_by=i.origin, timings={"compute_ms": 0.2}) for i in items]
-        for r in records:
-            on_done(r)
-        return records, PrivacyTally()
-
-    monkeypatch.setattr("tierlink.demo.phases.run_workload", drive)
-    monkeypatch.setattr(demo_run, "run_workload", drive)
+    sent = _answered_on_the_device(monkeypatch)
     items = [WorkItem(i, i, "dev-1", 150.0, Priority.INTERACTIVE, Privacy.SITE, 0.5 * i)
              for i in range(10)]  # 3 s of warm-up: the first six
     test = SimpleNamespace(input=None, labels=None)
@@ -122,15 +111,7 @@ def test_each_run_and_the_model_build_go_through_the_demos_reporter(
     from tierlink.core.progress import Reporter
     from tierlink.demo.phases import DemoSettings
 
-    def drive(_fleet, items, _images, _labels, _task, _policy, on_done, send_labels=True):
-        records = [Record(i, 0, True, False, "", 2.0, pred=0, tier="device",
-                          served_by=i.origin, timings={"compute_ms": 0.2}) for i in items]
-        for r in records:
-            on_done(r)
-        return records, PrivacyTally()
-
-    monkeypatch.setattr("tierlink.demo.phases.run_workload", drive)
-    monkeypatch.setattr(demo_run, "run_workload", drive)
+    _answered_on_the_device(monkeypatch)
     items = [WorkItem(i, i, "dev-1", 150.0, Priority.INTERACTIVE, Privacy.SITE, 0.5 * i)
              for i in range(20)]
     stream = io.StringIO()
@@ -157,3 +138,22 @@ def test_each_run_and_the_model_build_go_through_the_demos_reporter(
     monkeypatch.setattr("tierlink.models.catalog.Catalog.default", catalog)
     demo_run._fleet_models("test", ["fmnist-small"], reporter)
     assert options[0].progress is reporter and options[0].say == reporter.say
+
+
+def _answered_on_the_device(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, int, bool]]:
+    """The demo's workload driver replaced: every request answered at its device at once;
+    what each call sent (policy, requests, whether labels went along)."""
+    sent: list[tuple[str | None, int, bool]] = []
+
+    def drive(_fleet, items, _images, _labels, _task, policy, on_done, send_labels=True):
+        sent.append((policy, len(items), send_labels))
+        records = [Record(i, 0, True, False, "", 2.0, pred=0, tier="device",
+                          served_by=i.origin, timings={"compute_ms": 0.2}) for i in items]
+        for r in records:
+            on_done(r)
+        return records, PrivacyTally()
+
+    monkeypatch.setattr("tierlink.demo.phases.run_workload", drive)
+    monkeypatch.setattr(demo_run, "run_workload", drive)
+    return sent
+
