@@ -149,16 +149,20 @@ class PageRun:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """Stop the background commands by their process group (their pid: we started them),
-        politely first, as Ctrl-C would."""
+        """Stop the background commands by their process group (their pid: we started them)
+        as Ctrl-C would, and wait for them to release what they started; one that does not
+        stop in time is killed and the page fails: its fleet would be left running."""
         for proc in self.background:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
+        stuck = []
         for proc in self.background:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
+                stuck.append(proc.args)
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             if proc.stderr:
                 proc.stderr.close()
+        assert not stuck, f"did not stop on Ctrl-C within 60 s: {stuck}"

@@ -278,14 +278,9 @@ def _print_endpoints(info: dict[str, Any]) -> None:
 
 
 def _wait_for_signal(fleet: Any) -> None:
-    stop = {"now": False}
-
-    def handler(signum: int, frame: Any) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, handler)
+    """Until Ctrl-C or SIGTERM (see :func:`_stop_on_signals`), saying which process exits."""
     try:
-        while not stop["now"]:
+        while True:
             for name, proc in fleet.procs.items():
                 if proc.poll() is not None:
                     console.print(f"[yellow]{name} exited with code {proc.returncode}[/yellow]")
@@ -443,10 +438,23 @@ def _served(models: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    _stop_on_signals()
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM both stop a command the way Ctrl-C does (KeyboardInterrupt: every
+    fleet, server and temporary file it holds is released) — also when it was started with
+    SIGINT ignored, as a shell starts a background job, which would otherwise leave
+    ``tierlink up`` impossible to stop but by SIGKILL and its processes orphaned."""
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 if __name__ == "__main__":
