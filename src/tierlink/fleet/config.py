@@ -54,11 +54,11 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
-    node_id: str
-    tier: Tier
-    models: tuple[str, ...]
-    workers: int = 1
-    max_queue: int = 256
+    node_id: str  # the node's stable name in the fleet (lowercase, digits, '.', '_', '-')
+    tier: Tier  # device, edge or cloud: what the node is, for placement and prices
+    models: tuple[str, ...]  # the models it serves (zoo, imported or published names)
+    workers: int = 1  # models run at once (the scheduler's workers)
+    max_queue: int = 256  # requests waiting beyond which new ones are refused at once (429)
     cpu_quota: float | None = None  # fraction of one core, enforced with a cgroup
     heads: tuple[str, ...] = ()  # models whose head this node may run for a split plan
     # ONNX Runtime execution providers in order of preference (CPU is always the fallback)
@@ -88,9 +88,9 @@ class LinkConfig:
     src: str
     dst: str
     delay_ms: float = 0.0  # one way: RTT = 2 x delay
-    jitter_ms: float = 0.0
-    bandwidth_mbit: float | None = None
-    loss: float = 0.0
+    jitter_ms: float = 0.0  # spread of each packet's one-way delay
+    bandwidth_mbit: float | None = None  # per direction, shared by connections (none: no cap)
+    loss: float = 0.0  # share of packets lost (paid as a retransmission's delay)
 
     @property
     def name(self) -> str:
@@ -110,13 +110,13 @@ class LinkConfig:
 
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
-    name: str
+    name: str  # the fleet's name (reports, run directories)
     nodes: tuple[NodeConfig, ...]
     links: tuple[LinkConfig, ...]
     routing: RoutingConfig = field(default_factory=RoutingConfig)
-    zoo_profile: str = "full"
-    control_port: int = 0
-    control_ttl_s: float = 5.0
+    zoo_profile: str = "full"  # the zoo's build profile: full (the real models) or test
+    control_port: int = 0  # the control plane's port (0: any free one)
+    control_ttl_s: float = 5.0  # a node silent this long drops out of the fleet's view
     control_tier: Tier = Tier.CLOUD  # where the control plane runs (hard-example privacy)
     # sqlite: one control-plane process; etcd: `control_replicas` stateless replicas over
     # an etcd cluster of `etcd_members` that `tierlink up` starts (and stops) too.
@@ -124,7 +124,7 @@ class FleetConfig:
     control_replicas: int = 1
     etcd_members: int = 3
     hard_examples: HardExampleConfig = field(default_factory=HardExampleConfig)
-    seed: int = 0
+    seed: int = 0  # the workload's and the simulator's seed
     # Public keys (ed25519:<base64>) whose signatures on model versions the nodes accept.
     trusted_keys: tuple[str, ...] = ()
     # Lets benchmarks and tests slow a node down over HTTP (/tierlink/v1/faults). Never on

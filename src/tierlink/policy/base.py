@@ -35,9 +35,9 @@ class Weights:
     ``cost = 2``: sending every request to the dearest tier is worth two points of accuracy.
     """
 
-    accuracy: float = 1.0
-    latency: float = 1.0
-    cost: float = 2.0
+    accuracy: float = 1.0  # per point of expected accuracy
+    latency: float = 1.0  # per share of the deadline the expected latency takes
+    cost: float = 2.0  # per share of the cost of answering at the fleet's dearest node
 
 
 @dataclass(frozen=True, slots=True)

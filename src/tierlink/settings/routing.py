@@ -56,9 +56,9 @@ class OverloadConfig:
 
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
-    failure_threshold: int = 3
-    cooldown_s: float = 2.0
-    max_cooldown_s: float = 30.0
+    failure_threshold: int = 3  # failures in a row that open an upstream's breaker
+    cooldown_s: float = 2.0  # how long it stays open before one request probes it
+    max_cooldown_s: float = 30.0  # the cooldown doubles on each failed probe, up to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +89,8 @@ class RoutingConfig:
     policy_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     weights: Weights = field(default_factory=Weights)
     thresholds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    default_threshold: float = 0.9
-    max_hops: int = 3
+    default_threshold: float = 0.9  # a cascade's confidence bar for a model with none tuned
+    max_hops: int = 3  # how many times a request may be forwarded
     reserve_ms: float = 5.0  # kept back from deadlines for the way back to the caller
     allow_policy_override: bool = False  # let a request name a baseline policy (benchmarks)
     retry_budget: float = 0.2  # retries may add at most this share of requests
