@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tierlink.client.tls import ClientTLS, async_options, sync_options
+from tierlink.client.tls import ClientTLS, client_options
 from tierlink.errors import ConfigError
 
 
@@ -19,7 +19,8 @@ def test_the_node_is_reached_by_its_identity_and_anything_else_as_the_control_pl
 
 
 def test_no_tls_changes_nothing() -> None:
-    assert sync_options(None, "http://x") == {} == async_options(None, "http://x")
+    assert client_options(None, "http://x") == {}
+    assert client_options(None, "http://x", asynchronous=True) == {}
 
 
 def test_bad_tls_files_are_config_errors(tmp_path: Path) -> None:

@@ -111,15 +111,15 @@ def _runs(text: str, config: FleetConfig) -> list[tuple[str, str | None]]:
     registered policy (a third party's too), each as (name, the policy its requests name:
     None for the fleet file's own)."""
     from tierlink.policy import REGISTRY
-    from tierlink.sim.run import RUNS
 
     names = [n.strip() for n in text.split(",") if n.strip()]
-    known = {name: policy for name, policy in RUNS} | {n: n for n in REGISTRY.names()}
+    known = REGISTRY.names()
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ConfigError(f"unknown run(s) {unknown}", hint=f"choose from {', '.join(known)}")
+        raise ConfigError(f"unknown run(s) {unknown}",
+                          hint=f"choose from {', '.join(sorted(known))}")
     own = config.routing.policy
-    chosen = [(n, None if n == own else known[n] or n) for n in names]
+    chosen = [(n, None if n == own else n) for n in names]
     named = [n for n, policy in chosen if policy is not None]
     if named and not config.routing.allow_policy_override:
         raise ConfigError(f"run(s) {named} need requests to name their policy, which the "

@@ -19,7 +19,7 @@ import numpy as np
 
 from tierlink.client import session, wire
 from tierlink.client.results import Accepted, AsyncResult, InferResult, ModelEntry, ModelMetadata
-from tierlink.client.tls import ClientTLS, async_options
+from tierlink.client.tls import ClientTLS, client_options
 from tierlink.core.types import Priority, Privacy
 from tierlink.errors import UpstreamTimeout, UpstreamUnavailable
 
@@ -53,7 +53,8 @@ class AsyncClient:
         self._timeout_s = timeout_s
         self._http = httpx.AsyncClient(**session.pool_options(timeout_s, max_connections),
                                        transport=transport,
-                                       **async_options(tls, self.url))
+                                       **client_options(tls, self.url,
+                                                         asynchronous=True))
         self._input_names: dict[str, str] = {}  # by task / model: what an array is sent as
 
     async def close(self) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from tierlink.client import session, wire
 from tierlink.client.results import Accepted, AsyncResult, InferResult, ModelEntry, ModelMetadata
-from tierlink.client.tls import ClientTLS, sync_options
+from tierlink.client.tls import ClientTLS, client_options
 from tierlink.core.types import Priority, Privacy
 from tierlink.errors import UpstreamTimeout, UpstreamUnavailable
 
@@ -50,7 +50,7 @@ class Client:
         self._timeout_s = timeout_s
         self._http = httpx.Client(**session.pool_options(timeout_s, max_connections),
                                   transport=transport,
-                                  **sync_options(tls, self.url))
+                                  **client_options(tls, self.url))
         self._input_names: dict[str, str] = {}  # by task / model: what an array is sent as
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ means. An application presents a certificate of its own where the fleet asks for
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,24 +59,19 @@ class ClientTLS:
         return node_host(self.node) if str(url).startswith(node_url) else CONTROL_HOST
 
 
-def sync_options(tls: ClientTLS | None, node_url: str) -> dict[str, Any]:
-    """``httpx.Client`` options for ``tls`` (none without it)."""
+def client_options(tls: ClientTLS | None, node_url: str, *,
+                   asynchronous: bool = False) -> dict[str, Any]:
+    """``httpx.Client`` (or, ``asynchronous``, ``httpx.AsyncClient``) options for ``tls``:
+    the fleet CA's context and a request hook naming the identity each request must reach
+    (none without ``tls``)."""
     if tls is None:
         return {}
 
     def named(request: httpx.Request) -> None:
         request.extensions["sni_hostname"] = tls.host_for(request.url, node_url)
 
-    return {"verify": tls.context(), "event_hooks": {"request": [named]}}
+    async def named_async(request: httpx.Request) -> None:
+        named(request)
 
-
-def async_options(tls: ClientTLS | None, node_url: str) -> dict[str, Any]:
-    """``httpx.AsyncClient`` options for ``tls`` (none without it)."""
-    if tls is None:
-        return {}
-
-    async def named(request: httpx.Request) -> None:
-        request.extensions["sni_hostname"] = tls.host_for(request.url, node_url)
-
-    hooks: list[Callable[[httpx.Request], Awaitable[None]]] = [named]
-    return {"verify": tls.context(), "event_hooks": {"request": hooks}}
+    hook: Callable[[httpx.Request], Any] = named_async if asynchronous else named
+    return {"verify": tls.context(), "event_hooks": {"request": [hook]}}

@@ -18,7 +18,6 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -182,8 +181,9 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool | Rep
             # Another process may have built them while this one waited for the lock.
             todo = names if force else _stale(names, task, profile, root)
             if todo and from_shipped:
-                taken = shipped.take(root, profile, todo, partial(
-                    _shipped_problem, task=task, profile=profile), reporter.say)
+                taken = shipped.take(root, profile, todo, lambda name, card, onnx:
+                                     _stale_reason(card, onnx, name, task, profile),
+                                     reporter.say)
                 todo = tuple(n for n in todo if n not in taken)
             if todo:
                 _builder()(task, build_profile, root, reporter, names=todo)
@@ -195,11 +195,6 @@ def ensure_zoo(task: str = "fmnist", profile: str = "full", progress: bool | Rep
             _calibrate_missing(load_zoo(task, profile, root), build_profile.eval_samples)
         zoo = load_zoo(task, profile, root)
     return zoo
-
-
-def _shipped_problem(name: str, card: ModelCard, onnx_path: Path, *, task: str,
-                     profile: str) -> str | None:
-    return _stale_reason(card, onnx_path, name, task, profile)
 
 
 def _shipped_variants(zoo: Zoo, reporter: Reporter) -> Zoo:

@@ -56,9 +56,7 @@ def take(root: Path, profile: str, names: Sequence[str], problem: Problem,
         if why:
             say(f"the shipped {name} does not fit this code ({why}): building it here")
             continue
-        with Layout(root).installing(name, card.version) as staging:
-            for part in (MODEL_FILE, CARD_FILE):
-                shutil.copyfile(source / part, staging / part)
+        _install(Layout(root), name, card.version, source)
         taken.append(name)
     return tuple(taken)
 
@@ -72,7 +70,12 @@ def ship(zoo_root: Path, profile: str, names: Sequence[str]) -> Path:
         version = load_card(source / CARD_FILE).version
         if (target.root / name).exists():
             target.remove(name)
-        with target.installing(name, version) as staging:
-            for part in (MODEL_FILE, CARD_FILE):
-                shutil.copyfile(source / part, staging / part)
+        _install(target, name, version, source)
     return target.root
+
+
+def _install(layout: Layout, name: str, version: str, source: Path) -> None:
+    """A model's file and card from ``source`` as ``name``'s ``version`` in ``layout``."""
+    with layout.installing(name, version) as staging:
+        for part in (MODEL_FILE, CARD_FILE):
+            shutil.copyfile(source / part, staging / part)
