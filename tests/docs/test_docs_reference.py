@@ -204,6 +204,13 @@ def test_every_fleet_key_has_a_type_and_a_default(ref: ModuleType) -> None:
     assert by_path[("control", "store")].allowed == "must be sqlite or etcd"
 
 
+def test_every_fleet_key_has_a_description(ref: ModuleType) -> None:
+    keys = ref.fleet_keys()
+    bare = [f"{k.section}.{k.key}".lstrip(".") for k in keys
+            if not re.sub(r"\s*See `[^`]+`\.$", "", k.help).strip()]
+    assert bare == []  # each says what it does, not only where its subsection is
+
+
 # -- request parameters ------------------------------------------------------------------------
 
 

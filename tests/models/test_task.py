@@ -127,8 +127,8 @@ def test_a_fleet_declares_tasks_and_node_providers():
 
 def test_a_fleet_task_of_an_unknown_kind_is_refused_naming_the_known_ones():
     with pytest.raises(ConfigError) as err:
-        parse_fleet({**NODES, "tasks": {"spam": {**SPAM, "kind": "segmentation"}}})
-    assert "unknown output kind 'segmentation'" in err.value.message
+        parse_fleet({**NODES, "tasks": {"spam": {**SPAM, "kind": "keypoints"}}})
+    assert "unknown output kind 'keypoints'" in err.value.message
     for kind in ("classification", "multilabel", "detection", "regression", "embedding"):
         assert kind in err.value.hint
 

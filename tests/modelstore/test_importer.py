@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 
 import byo_support as byo
+from tierlink.core.registry import Registry
 from tierlink.errors import ImportRefused, TierlinkError
 from tierlink.models import kind_registry as registry_mod
 from tierlink.models import layout
@@ -538,15 +539,15 @@ def test_a_declared_output_the_model_does_not_have(model_store, tmp_path, classi
 def test_an_unknown_kind_is_refused_naming_the_known_ones(model_store, classifier):
     onnx, data = classifier
     with pytest.raises(TierlinkError) as err:
-        import_model(request("m", onnx, "t", data, kind="segmentation"), model_store)
-    assert "unknown output kind 'segmentation'" in err.value.message
+        import_model(request("m", onnx, "t", data, kind="keypoints"), model_store)
+    assert "unknown output kind 'keypoints'" in err.value.message
     assert "classification, detection, embedding, multilabel, regression" in err.value.hint
     assert_clean(model_store, "m", "t")
 
 
 def test_an_unknown_kind_is_an_import_refusal(model_store, classifier):
     onnx, data = classifier
-    refused(model_store, request("m", onnx, "t", data, kind="segmentation"),
+    refused(model_store, request("m", onnx, "t", data, kind="keypoints"),
             "unknown output kind")
 
 
@@ -691,3 +692,104 @@ def test_graph_tools_refuse_a_python_model(model_store, tmp_path):
     import_model(request("py", byo.python_classifier(tmp_path / "src"), "t", data), model_store)
     with pytest.raises(ImportRefused, match="quantize works on ONNX graphs; py is a python"):
         model_store.graph("py", "quantize")
+
+
+class LinearFile:
+    """A user's runtime (format ``linear``): a ``.npz`` of weights ``w`` and bias ``b``,
+    logits = x @ w + b. Its signature is read off the file."""
+
+    platform = "numpy"
+    provider = "numpy-cpu"
+
+    def __init__(self, spec: Any) -> None:
+        from tierlink.models.runtime import ModelInfo
+
+        z = np.load(spec.model_file or spec.directory / spec.read_card().file)
+        self.w, self.b = z["w"], z["b"]
+        self.info = ModelInfo.of(spec.read_card())
+        self.inputs = (TensorDecl("x", "FP32", (-1, self.w.shape[0])),)
+        self.outputs = (TensorDecl("logits", "FP32", (-1, self.w.shape[1])),)
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if inputs["x"].shape[0] > 1000:
+            raise ValueError("too many")
+        return {"logits": (inputs["x"] @ self.w + self.b).astype(np.float32)}
+
+
+@pytest.fixture
+def linear_runtime(monkeypatch: pytest.MonkeyPatch) -> Registry:
+    """The process's runtime registry with the user's ``linear`` format added by hand."""
+    from tierlink.models import runtimes
+
+    registry = Registry(runtimes.ENTRY_POINT_GROUP, "model format")
+    registry.register("linear", LinearFile)
+    monkeypatch.setattr(runtimes, "_REGISTRY", registry)
+    return registry
+
+
+def test_a_model_of_a_users_runtime_imports_and_serves_through_it(
+        model_store, classifier, linear_runtime, tmp_path):
+    from tierlink.models import runtimes
+
+    _, data = classifier
+    weights = byo.save_npz(tmp_path / "linear.npz", w=byo.W_CLS.astype(np.float32),
+                           b=byo.B_CLS.astype(np.float32))
+    card = import_model(request("m", weights, "t", data, model_format="linear"), model_store)
+    assert (card.format, card.file, card.entry, card.provider) == \
+        ("linear", "model.npz", "", "numpy-cpu")
+    assert card.test_accuracy == pytest.approx(0.75, abs=0.1) and card.cascadable
+    assert [i.name for i in card.inputs] == ["x"] and [o.name for o in card.outputs] == ["logits"]
+    model_file, card_file = model_store.paths("m")
+    assert hashlib.sha256(model_file.read_bytes()).hexdigest() == card.sha256
+    served = runtimes.load(runtimes.LoadSpec(card_file))
+    x = byo.features(3, 0)
+    assert np.allclose(served.infer({"x": x})["logits"], x @ byo.W_CLS + byo.B_CLS, atol=1e-5)
+
+
+def test_a_format_no_runtime_serves_is_refused_naming_the_installed_ones(
+        model_store, classifier, linear_runtime):
+    onnx, data = classifier
+    with pytest.raises(ImportRefused, match=r"'tflite'.*one of linear") as info:
+        import_model(request("m", onnx, "t", data, model_format="tflite"), model_store)
+    assert "tierlink.runtimes" in info.value.hint
+    with pytest.raises(ImportRefused, match="'llm'"):
+        import_model(request("m", onnx, "t", data, model_format="llm"), model_store)
+    assert_clean(model_store, "m", "t")
+
+
+def test_a_runtime_that_cannot_load_the_file_is_refused_naming_it(
+        model_store, classifier, linear_runtime, tmp_path):
+    _, data = classifier
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz")
+    with pytest.raises(ImportRefused, match=r"'linear' runtime cannot load .*bad\.npz"):
+        import_model(request("m", bad, "t", data, model_format="linear"), model_store)
+    with pytest.raises(ImportRefused, match="from one file"):
+        import_model(request("m", tmp_path, "t", data, model_format="linear"), model_store)
+    assert_clean(model_store, "m", "t")
+
+
+class ScaledArgmax(Argmax):
+    """A user's kind that fits a temperature on a likelihood of its own."""
+
+    name = "scaled"
+    temperature_fit = True
+
+    def logits(self, raw: Outputs, task: TaskSpec) -> np.ndarray | None:
+        return role(raw, task, "scores").astype(np.float64)
+
+    def nll(self, logits: np.ndarray, y: np.ndarray, task: TaskSpec,
+            temperature: float) -> float:
+        z = logits / temperature
+        z = z - z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        return float(-logp[np.arange(len(y)), y].mean())
+
+
+def test_a_users_kind_fits_its_temperature_on_its_own_likelihood(
+        model_store, classifier, monkeypatch):
+    monkeypatch.setattr(registry_mod, "_REGISTRY", KindRegistry((ScaledArgmax(),)))
+    onnx, data = classifier
+    card = import_model(request("m", onnx, "t", data, kind="scaled"), model_store)
+    assert card.temperature != 1.0
+    assert card.calibration.nll_after < card.calibration.nll_before

@@ -48,9 +48,9 @@ def import_cmd(
     version: str = typer.Option("1", help="the version its card states"),
     entry: str = typer.Option("model:Model", help="a Python model's class, MODULE:CLASS "
                                                   "(with load() and predict(inputs))"),
-    model_format: str | None = typer.Option(None, "--format", help="onnx, python or "
-                                            "multi-exit (default: onnx for an .onnx file, "
-                                            "else python)"),
+    model_format: str | None = typer.Option(None, "--format", help="onnx, python, "
+                                            "multi-exit or an installed runtime's format "
+                                            "(default: onnx for an .onnx file, else python)"),
     control: str | None = typer.Option(None, help="also publish it, signed, to this control "
                                                   "plane's repository (as `model publish`)"),
     key: Path | None = typer.Option(None, help="private signing key, with --control"),

@@ -36,7 +36,9 @@ def _transfer_prices() -> Mapping[Tier, float]:
 class CostModel:
     """USD per compute-second by tier and per GB transferred into a tier."""
 
+    # By tier: USD per second of model compute a request uses there
     compute_usd_per_s: Mapping[Tier, float] = field(default_factory=_compute_prices)
+    # By the tier the bytes go into: USD per GB sent (the site's LAN is free by default)
     transfer_usd_per_gb: Mapping[Tier, float] = field(default_factory=_transfer_prices)
 
     def compute(self, tier: Tier, ms: float) -> float:

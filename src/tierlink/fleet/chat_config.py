@@ -31,7 +31,8 @@ from tierlink.settings.fields import known_keys
 
 @dataclass(frozen=True, slots=True)
 class ChatConfig:
-    models: tuple[LMSource, ...]
+    models: tuple[LMSource, ...]  # the language models the node serves (at least one)
+    # A name requests may give as their model: it is answered by the first of `models`
     task: str | None = None
 
     def tasks(self) -> dict[str, str]:

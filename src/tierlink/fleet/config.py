@@ -69,7 +69,9 @@ class NodeConfig:
     advertise_url: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)  # site, region: picks upstreams
     default_privacy: str = "any"  # of a request that names none; "local": fail closed
-    engine: EngineConfig = field(default_factory=EngineConfig)  # onnxruntime | ray
+    # How it runs its models; with `engine: ray`, the Ray Serve deployments' replicas, CPUs
+    # and autoscaling (settings/engine.py)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The node's entry under ``nodes:``."""
@@ -85,7 +87,9 @@ class NodeConfig:
 
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
+    # The node (or list of nodes) the link leaves: its requests may go up over it to `to`.
     src: str
+    # The upstream node (or list); with lists on either side, a link for every pair.
     dst: str
     delay_ms: float = 0.0  # one way: RTT = 2 x delay
     jitter_ms: float = 0.0  # spread of each packet's one-way delay
@@ -111,9 +115,11 @@ class LinkConfig:
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
     name: str  # the fleet's name (reports, run directories)
-    nodes: tuple[NodeConfig, ...]
+    nodes: tuple[NodeConfig, ...]  # the fleet's machines, one entry each (at least one)
+    # How each node reaches its upstreams (emulated in a local fleet): delay, bandwidth,
+    # loss; with `topology: static` also the only upstreams a node has.
     links: tuple[LinkConfig, ...]
-    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # how every node routes
     zoo_profile: str = "full"  # the zoo's build profile: full (the real models) or test
     control_port: int = 0  # the control plane's port (0: any free one)
     control_ttl_s: float = 5.0  # a node silent this long drops out of the fleet's view
@@ -121,8 +127,9 @@ class FleetConfig:
     # sqlite: one control-plane process; etcd: `control_replicas` stateless replicas over
     # an etcd cluster of `etcd_members` that `tierlink up` starts (and stops) too.
     control_store: str = "sqlite"
-    control_replicas: int = 1
-    etcd_members: int = 3
+    control_replicas: int = 1  # control-plane processes (more than one needs etcd)
+    etcd_members: int = 3  # with etcd: the cluster's size, odd so a majority survives a loss
+    # Inputs a node escalated for low confidence, sent to the control plane for retraining
     hard_examples: HardExampleConfig = field(default_factory=HardExampleConfig)
     seed: int = 0  # the workload's and the simulator's seed
     # Public keys (ed25519:<base64>) whose signatures on model versions the nodes accept.

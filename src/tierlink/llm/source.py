@@ -9,11 +9,11 @@ from dataclasses import dataclass
 class LMSource:
     """A language model in a node spec: ``path`` is a model directory or a packaged name."""
 
-    name: str
-    path: str
+    name: str  # what requests and /v1/models call the model
+    path: str  # a packaged model (`tierlink llm list`) or a model directory
     kv_cache_bytes: int | None = None  # bounded cache per sequence (sliding window + sinks)
     sinks: int = 4
-    max_sequences: int = 16
+    max_sequences: int = 16  # sequences generated at once; more requests wait their turn
     max_sessions: int = 64
     exact: bool = True  # batch-invariant kernels (required to verify drafts)
     # "int8": serve an INT8 copy (a device's own model, and its speculative draft)

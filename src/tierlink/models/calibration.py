@@ -4,8 +4,9 @@ A classifier's max softmax probability is the confidence a cascade thresholds on
 nets are usually over-confident, so a single temperature ``T`` is fitted on the held-out
 calibration split by minimising the negative log-likelihood of ``softmax(logits / T)``.
 ``T`` never changes the predicted class, only how sure the model says it is. Any output
-kind with logits is fitted the same way (:func:`kind_temperature`: a softmax NLL, or a
-sigmoid's binary cross-entropy for multilabel outputs). Pure numpy.
+kind with logits is fitted the same way (:func:`kind_temperature`: on the likelihood the
+kind itself defines, :meth:`~tierlink.models.kinds.OutputKind.nll` — a softmax NLL, a
+sigmoid's binary cross-entropy for multilabel outputs, a user's kind its own). Pure numpy.
 """
 
 from __future__ import annotations
@@ -131,27 +132,12 @@ def kind_temperature(kind: OutputKind, raw: Mapping[str, np.ndarray], y: np.ndar
     logits = kind.logits(raw, task) if kind.temperature_fit else None
     if logits is None:
         return 1.0, math.nan, math.nan
-    loss = _kind_nll(kind.name, logits, np.asarray(y))
+    labels = np.asarray(y)
+
+    def loss(t: float) -> float:
+        return kind.nll(logits, labels, task, t)
     t = best_temperature(loss)
     return t, loss(1.0), loss(t)
-
-
-def _kind_nll(kind: str, logits: np.ndarray, y: np.ndarray) -> Callable[[float], float]:
-    from tierlink.models.kinds import class_ids, multilabel_targets, sigmoid, softmax
-
-    if kind == "multilabel":
-        target = multilabel_targets(y, logits.shape).astype(np.float64)
-
-        def bce(t: float) -> float:
-            p = np.clip(sigmoid(logits, t).astype(np.float64), 1e-12, 1 - 1e-12)
-            return float(-(target * np.log(p) + (1 - target) * np.log(1 - p)).mean())
-        return bce
-    labels = class_ids(y, logits.shape)
-
-    def ce(t: float) -> float:
-        p = softmax(logits, t).astype(np.float64)[np.arange(len(labels)), labels]
-        return float(-np.log(np.clip(p, 1e-12, None)).mean())
-    return ce
 
 
 def _check(logits: np.ndarray, labels: np.ndarray) -> None:

@@ -9,7 +9,8 @@ missing role defaults to the model's first output where that makes sense) and gi
 * :meth:`OutputKind.score` — the task metric on labelled data (higher is better; the card's
   ``test_accuracy`` for policies), and :meth:`OutputKind.correct` — per sample, whether the
   answer counts as right (what cascade tuning needs; ``None`` where it has no meaning);
-* :attr:`OutputKind.temperature_fit` — whether a temperature is fitted on calibration data.
+* :attr:`OutputKind.temperature_fit` — whether a temperature is fitted on calibration data
+  (:meth:`OutputKind.logits` is what it divides, :meth:`OutputKind.nll` what it minimises).
 
 Pure numpy. Kinds live in a registry (``tasks/registry.py``); a user's package adds its own
 through the ``tierlink.output_kinds`` entry point group.
@@ -61,6 +62,13 @@ class OutputKind(Protocol):
 
     def logits(self, raw: Outputs, task: TaskSpec) -> np.ndarray | None:
         """What a temperature divides (None where no temperature applies)."""
+        ...
+
+    def nll(self, logits: np.ndarray, y: np.ndarray, task: TaskSpec,
+            temperature: float) -> float:
+        """The mean negative log-likelihood of the labels ``y`` under ``logits / T``: what
+        the temperature minimises on the calibration data. Only called on a kind with
+        ``temperature_fit``; a kind without one need not define it."""
         ...
 
 
@@ -118,6 +126,12 @@ class Classification:
     def correct(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> np.ndarray | None:
         return answer.outputs["label"] == class_ids(y, answer.outputs["probabilities"].shape)
 
+    def nll(self, logits: np.ndarray, y: np.ndarray, task: TaskSpec,
+            temperature: float) -> float:
+        labels = class_ids(y, logits.shape)
+        p = softmax(logits, temperature).astype(np.float64)[np.arange(len(labels)), labels]
+        return float(-np.log(np.clip(p, 1e-12, None)).mean())
+
     def score(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> float | None:
         return float(self.correct(answer, y, task).mean())  # type: ignore[union-attr]
 
@@ -150,6 +164,13 @@ class Multilabel:
     def correct(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> np.ndarray | None:
         y = multilabel_targets(y, answer.outputs["labels"].shape)
         return (answer.outputs["labels"] == y).all(axis=1)
+
+    def nll(self, logits: np.ndarray, y: np.ndarray, task: TaskSpec,
+            temperature: float) -> float:
+        """The binary cross-entropy of each label, averaged."""
+        target = multilabel_targets(y, logits.shape).astype(np.float64)
+        p = np.clip(sigmoid(logits, temperature).astype(np.float64), 1e-12, 1 - 1e-12)
+        return float(-(target * np.log(p) + (1 - target) * np.log(1 - p)).mean())
 
     def score(self, answer: Answer, y: np.ndarray, task: TaskSpec) -> float | None:
         return float(self.correct(answer, y, task).mean())  # type: ignore[union-attr]

@@ -35,11 +35,16 @@ class TaskSpec:
     labels where they apply, and kind options (e.g. ``probabilities: true`` when the
     classifier already outputs probabilities, ``tolerance`` for regression)."""
 
-    name: str
+    name: str  # the task's name (in a fleet file: its key under `tasks:` unless given)
+    # the output kind: classification (the default), multilabel, detection, regression,
+    # embedding, or one a plugin registers
     kind: str
+    # the tensors a request carries, each {name, datatype, shape} (-1: any size)
     inputs: tuple[TensorDecl, ...]
+    # role -> output tensor name, for the roles the kind reads (e.g. scores: logits)
     outputs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    labels: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # class names, in the order of the model's outputs
+    # the kind's options, e.g. probabilities: true, or tolerance for regression
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_dict(self) -> dict[str, Any]:

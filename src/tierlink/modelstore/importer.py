@@ -1,7 +1,10 @@
-"""``tierlink model import``: measure a user's model — an ONNX graph, or a Python class
-(:mod:`tierlink.models.python`) — on its own labelled data, write its card, install it in
-the model store. Both are measured through the same calls (:func:`~tierlink.models.evaluate.
-predictor`), so their cards mean the same and they cascade with each other.
+"""``tierlink model import``: measure a user's model — an ONNX graph, a Python class
+(:mod:`tierlink.models.python`), or a file of any format an installed runtime serves
+(:mod:`tierlink.models.runtimes`) — on its own labelled data, write its card, install it in
+the model store. All are measured through the same calls (:func:`~tierlink.models.evaluate.
+predictor`), so their cards mean the same and they cascade with each other. A runtime
+package's model is opened through its runtime exactly as a node will open it: from a draft
+card beside its file.
 
 The task decides what the model must look like: the first import of a task declares it
 (inputs from the model's signature, the output kind and roles from the flags) unless a
@@ -25,7 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from tierlink.errors import ConfigError, ImportRefused, ModelError, RuntimeFailure, TensorError
+from tierlink.errors import (
+    ConfigError,
+    ImportRefused,
+    ModelError,
+    RuntimeFailure,
+    TensorError,
+    TierlinkError,
+)
 from tierlink.models.calibration import calibration_error, kind_temperature
 from tierlink.models.card import ModelCard, save_card
 from tierlink.models.card_parts import Calibration, DataInfo
@@ -46,13 +56,16 @@ from tierlink.models.layout import CARD_FILE, MODEL_FILE
 from tierlink.models.onnx import DEFAULT_PROVIDERS, open_session
 from tierlink.models.package import PACKAGE, unpack
 from tierlink.models.python import DEFAULT_ENTRY, FORMAT, PythonModel, pack
-from tierlink.models.runtime import ModelInfo
+from tierlink.models.runtime import ModelInfo, ModelRuntime
+from tierlink.models.runtimes import LoadSpec
+from tierlink.models.runtimes import load as load_runtime
+from tierlink.models.runtimes import registry as runtime_registry
 from tierlink.models.task import TaskSpec, same_inputs
 from tierlink.models.tensors import TensorDecl, datatype_of
 from tierlink.modelstore.store import ModelStore
 
 TIERS = ("device", "edge", "cloud")
-FORMATS = ("onnx", "python", "multi-exit")
+NOT_IMPORTED = ("llm",)  # formats a fleet file names directly (``llms:``), never imported
 LABELS_HINT = ("y holds one target per sample: a class id (classification), 0/1 per label "
                "(multilabel), boxes (N, G, 5) padded with class -1 (detection), values "
                "(regression), class ids (embedding)")
@@ -75,7 +88,8 @@ class ImportRequest:
     providers: tuple[str, ...] = DEFAULT_PROVIDERS
     version: str = "1"
     entry: str = DEFAULT_ENTRY  # a Python model's class, "module:Class"
-    model_format: str | None = None  # by default: an .onnx file is onnx, else python
+    # Any format an installed runtime serves; by default an .onnx file is onnx, else python.
+    model_format: str | None = None
 
     @property
     def fmt(self) -> str:
@@ -118,7 +132,7 @@ def import_model(req: ImportRequest, store: ModelStore,
         check_inputs(task, opened.inputs, req.name)
         say(f"reading {req.data}")
         data = load_data(req.data, [i.name for i in opened.inputs], task.labels)
-        if not opened.outputs:  # a Python model's outputs: what it answers
+        if not opened.outputs:  # a Python model's outputs (or a runtime's): what it answers
             opened = _with_outputs(opened, data)
         check_outputs(task, kind, opened.outputs)
         parts = split(data, req.calib_share, req.seed)
@@ -139,16 +153,26 @@ def import_model(req: ImportRequest, store: ModelStore,
 def _check_request(req: ImportRequest) -> None:
     if req.tier not in TIERS:
         raise ImportRefused(f"--tier {req.tier!r}: one of {', '.join(TIERS)}")
-    if req.fmt not in FORMATS:
-        raise ImportRefused(f"--format {req.fmt!r}: one of {', '.join(FORMATS)}")
+    formats = importable_formats()
+    if req.fmt not in formats:
+        raise ImportRefused(f"--format {req.fmt!r}: no installed runtime imports it; one of "
+                            f"{', '.join(formats)}", hint="a package adds a format under the "
+                            "'tierlink.runtimes' entry points")
     if not Path(req.model).exists():
         raise ImportRefused(f"{req.model} does not exist")
+
+
+def importable_formats() -> list[str]:
+    """The formats ``tierlink model import --format`` takes: every installed runtime's."""
+    return [f for f in runtime_registry().names() if f not in NOT_IMPORTED]
 
 
 def _open(req: ImportRequest, store: ModelStore, tmp: Path) -> _Opened:
     if req.fmt == "onnx":
         return _open_onnx(req.model, req.providers)
-    return _open_python(req, store, tmp)
+    if req.fmt == FORMAT:
+        return _open_python(req, store, tmp)
+    return _open_runtime(req, store, tmp)
 
 
 def _open_onnx(path: Path, providers: tuple[str, ...]) -> _Opened:
@@ -183,9 +207,53 @@ def _open_python(req: ImportRequest, store: ModelStore, tmp: Path) -> _Opened:
     return _Opened(model.predict, model.inputs, (), "python", package)
 
 
+def _open_runtime(req: ImportRequest, store: ModelStore, tmp: Path) -> _Opened:
+    """A model of a runtime package's format: its one file copied as the card will name it
+    (``model`` and the source's suffixes), a draft card beside it, opened through that
+    runtime's factory as a node opens it. Its inputs are what the runtime reads off the
+    file, else what the task takes."""
+    source = Path(req.model)
+    if not source.is_file():
+        raise ImportRefused(f"{source}: a {req.fmt} model is imported from one file")
+    file = tmp / f"model{''.join(source.suffixes)}"
+    shutil.copyfile(source, file)
+    task = req.declared or store.task(req.task)
+    draft = ModelCard(name=req.name, task=req.task, version=req.version, format=req.fmt,
+                      file=file.name, sha256=hashlib.sha256(file.read_bytes()).hexdigest(),
+                      size_bytes=file.stat().st_size, tier=req.tier,
+                      inputs=task.inputs if task else (), task_spec=task)
+    save_card(draft, tmp / CARD_FILE)
+    try:
+        runtime = load_runtime(LoadSpec(tmp / CARD_FILE, file, req.providers), req.fmt)
+    except TierlinkError as exc:
+        raise ImportRefused(f"{source}: {exc.message}", hint=exc.hint) from exc
+    except Exception as exc:
+        raise ImportRefused(f"the {req.fmt!r} runtime cannot load {source}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    inputs = tuple(runtime.inputs) or (task.inputs if task else ())
+    if not inputs:
+        raise ImportRefused(f"the {req.fmt!r} runtime reads no inputs off {source} and task "
+                            f"{req.task!r} is not declared yet", hint="declare the task in a "
+                            "fleet file's tasks: and pass --fleet")
+    provider = str(getattr(runtime, "provider", "") or runtime.platform)
+    return _Opened(_guarded(runtime, req.name), inputs, tuple(runtime.outputs), provider, file)
+
+
+def _guarded(runtime: ModelRuntime, name: str) -> Predict:
+    """``runtime.infer``, a failure inside it named as the model's (``RuntimeFailure``)."""
+    def predict(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return runtime.infer(feed)
+        except TierlinkError:
+            raise
+        except Exception as exc:
+            raise RuntimeFailure(f"{name} failed: {type(exc).__name__}: {exc}") from exc
+    return predict
+
+
 def _with_outputs(opened: _Opened, data: Labelled) -> _Opened:
-    """The outputs a Python model gives, read off its answer to two samples (the batch
-    dimension any size)."""
+    """The outputs a model gives when its runtime declares none (a Python model's), read off
+    its answer to two samples (the batch dimension any size)."""
     sample = feed(data.head(2).inputs, opened.inputs)
     try:
         answer = opened.predict(sample)
@@ -295,9 +363,11 @@ def _card(req: ImportRequest, task: TaskSpec, opened: _Opened, fig: dict[str, An
     onnx = req.fmt == "onnx"
     return ModelCard(
         name=req.name, task=task.name, version=req.version, format=req.fmt,
-        file=MODEL_FILE if onnx else PACKAGE, sha256=hashlib.sha256(blob).hexdigest(),
-        size_bytes=len(blob), params=_params(blob) if onnx else 0, tier=req.tier,
-        entry="" if onnx else req.entry, inputs=opened.inputs, outputs=opened.outputs,
+        file=MODEL_FILE if onnx else opened.file.name,
+        sha256=hashlib.sha256(blob).hexdigest(), size_bytes=len(blob),
+        params=_params(blob) if onnx else 0, tier=req.tier,
+        entry=req.entry if req.fmt == FORMAT else "", inputs=opened.inputs,
+        outputs=opened.outputs,
         labels=task.labels, task_spec=task, metric=kind_of(task.kind).metric,
         test_accuracy=score["eval"] if score["eval"] is not None else 0.0,
         calib_accuracy=score["calib"] if score["calib"] is not None else 0.0,

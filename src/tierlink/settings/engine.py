@@ -25,14 +25,16 @@ _RAY_KEYS = ("min_replicas", "max_replicas", "num_cpus", "target_ongoing_request
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
+    # onnxruntime: the models run in the node's process; ray: each model is a Ray Serve
+    # deployment on the cluster `tierlink up` starts (tuned with `ray:`)
     kind: str = "onnxruntime"
-    min_replicas: int = 1
-    max_replicas: int = 2
+    min_replicas: int = 1  # per model: the autoscaler never goes below this many replicas
+    max_replicas: int = 2  # per model: the most it scales to (left out: 2, or min_replicas)
     num_cpus: float = 0.5  # per replica: fractional, so replicas fit a small machine
     target_ongoing_requests: float = 2.0  # per replica: the autoscaler's target
     max_ongoing_requests: int = 100  # per replica (Serve's default collapses on 2 cores)
-    upscale_delay_s: float = 1.0
-    downscale_delay_s: float = 30.0
+    upscale_delay_s: float = 1.0  # seconds the load must call for more replicas before one is added
+    downscale_delay_s: float = 30.0  # seconds it must call for fewer before one is removed
 
     @property
     def on_ray(self) -> bool:

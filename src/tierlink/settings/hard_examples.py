@@ -18,7 +18,7 @@ class HardExampleConfig:
     control plane's tier (``control.tier``): an input is sent only if its privacy level lets
     a node of that tier hold it."""
 
-    enabled: bool = True
+    enabled: bool = True  # off: a node sends none (nothing leaves it for retraining)
     sample_rate: float = 1.0  # share of eligible examples sent (seeded draw per example)
     max_queue: int = 1000  # examples waiting on the node; when full the oldest is dropped
     batch_size: int = 64  # flush as soon as this many wait ...

@@ -24,12 +24,14 @@ __all__ = ["LIVE_KEYS", "BreakerConfig", "HedgeConfig", "OverloadConfig", "Routi
 class HedgeConfig:
     """Fleet YAML ``routing.hedging``."""
 
-    enabled: bool = True
+    enabled: bool = True  # off: a slow call upstream is only ever waited on
+    # A call is hedged once it ran longer than this quantile of the recent calls to the
+    # task's fastest upstream
     quantile: float = 0.95
     budget: float = 0.05  # extra upstream calls, as a share of requests
     min_samples: int = 20  # per upstream, before its quantile is trusted
     window: int = 200  # recent samples kept per (task, upstream)
-    min_delay_ms: float = 2.0
+    min_delay_ms: float = 2.0  # never hedge a call sooner than this many ms after it was sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,7 @@ class OverloadConfig:
     """Fleet YAML ``routing.overload``: how a node sheds less urgent requests when its event
     loop falls behind (node/overload.py)."""
 
-    enabled: bool = True
+    enabled: bool = True  # off: the node admits every request (deadline checks still apply)
     # Milliseconds the event loop ran late per 100 ms of a window above which it sheds
     # (benchmarks/overload.py on the demo fleet: about 7 at half its capacity, 15 at
     # capacity, 24 at twice, 60 at three times, where realtime misses half its deadlines).
@@ -47,7 +49,7 @@ class OverloadConfig:
     step_down: float = 0.25  # per overloaded window
     step_up: float = 0.1  # per calm window (lag under 70% of the target)
     max_wait_s: float = 0.25  # a shed request waits at most this for room
-    retry_after_s: float = 1.0
+    retry_after_s: float = 1.0  # seconds a shed request's 429 asks the caller to wait
     # Shed only after a window in which at least this many inference requests were in the
     # node at once: with fewer, the lag is a request's own work (a device's CPU quota
     # freezing it mid-model), and refusing the next one would win nothing.
@@ -66,8 +68,11 @@ class ShadowConfig:
     """``routing.shadow``: the candidate policy (a registered name, with its own weights if
     given) and the share of requests the acting policy explores."""
 
-    policy: str
+    policy: str  # the candidate: a registered policy's name (or {name, options})
+    # the candidate's own trade-off weights (left out: the acting policy's `routing.weights`)
     weights: Weights | None = None
+    # share of requests (0..0.5) on which a uniformly drawn feasible option goes first
+    # instead of the acting policy's choice, so the log covers other options (0: none)
     explore: float = 0.0
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -83,17 +88,21 @@ class ShadowConfig:
 class RoutingConfig:
     """How every node of the fleet routes (one policy, one set of weights)."""
 
-    policy: str = "tierlink"
+    policy: str = "tierlink"  # a registered policy: tierlink, bandit, a baseline or a plugin's
     # ``routing.policy: {name, options}``: what the policy's factory is given (the policy
     # validates them itself); ``routing.policy: NAME`` is short for no options.
     policy_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # How the policy trades accuracy, latency and cost once hard constraints are met
     weights: Weights = field(default_factory=Weights)
+    # By model name: an answer less confident than its model's bar is escalated upstream
+    # (`tierlink cascade tune` writes them; others take `default_threshold`)
     thresholds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     default_threshold: float = 0.9  # a cascade's confidence bar for a model with none tuned
     max_hops: int = 3  # how many times a request may be forwarded
     reserve_ms: float = 5.0  # kept back from deadlines for the way back to the caller
     allow_policy_override: bool = False  # let a request name a baseline policy (benchmarks)
     retry_budget: float = 0.2  # retries may add at most this share of requests
+    # Per upstream: stop calling one that keeps failing, then probe it again after a cooldown
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     cost: CostModel = DEFAULT_COST_MODEL
     # May the intermediate features of a `local`-privacy request leave the device in a split
@@ -105,22 +114,26 @@ class RoutingConfig:
     # Hedged calls upstream (node/hedging.py): after the learned delay, a copy to the plan's
     # next upstream, within a duplicate budget.
     hedging: HedgeConfig = field(default_factory=HedgeConfig)
+    # Shedding batch, then interactive requests while the node's event loop runs late
     overload: OverloadConfig = field(default_factory=OverloadConfig)
     # Measured accuracy loss (points) of feature codecs, by codec (e.g. from `tierlink split
     # codecs`): replaces the default table's conservative figure in split pricing.
     split_codec_loss: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({}))
-    # Written by `cascade tune` (routing.cascade): the sha256 of each model the thresholds
-    # were tuned on, and each model's calibration figures on the inputs reaching it by path.
+    # Written by `cascade tune` (routing.cascade.tuned_on): the sha256 of each model the
+    # thresholds were tuned on.
     cascade_tuned_on: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # The target the thresholds were tuned for (routing.cascade.target: `accuracy_drop` in
     # points and `confidence`): what a re-tune for new models aims at again.
     cascade_target: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Written by `cascade tune` (routing.cascade.records): by path (`a>b`: the models an
+    # input met), what its last model did on the calibration inputs that came that way
     cascade_records: Mapping[tuple[str, ...], CascadeRecord] = field(
         default_factory=lambda: MappingProxyType({}))
     # Points: options further below the most accurate feasible one are not chosen.
     accuracy_tolerance: float = 0.0
-    reward: RewardWeights = field(default_factory=RewardWeights)  # the bandit's
+    # What the `bandit` policy is rewarded for, per request (routing.bandit.reward)
+    reward: RewardWeights = field(default_factory=RewardWeights)
     # Shadow mode (policy/shadow.py): a candidate decides beside the acting policy on each
     # node's own requests, logged for `tierlink policy evaluate`.
     shadow: ShadowConfig | None = None

@@ -25,9 +25,13 @@ _KEYS = ("tls", "client_auth", "cert_ttl_s", "ca_dir")
 
 @dataclass(frozen=True, slots=True)
 class SecurityConfig:
-    tls: bool = False
+    tls: bool = False  # HTTPS on every hop, with a fleet CA and a certificate per node
+    # optional: a caller without a fleet certificate connects as anonymous; required: none
+    # connects without one (mutual TLS)
     client_auth: str = "optional"
-    cert_ttl_s: float = 86_400.0
+    cert_ttl_s: float = 86_400.0  # seconds a node certificate is valid; renewed at 2/3 of it
+    # the fleet CA's directory (`tierlink pki init`; a CA is made there if it has none);
+    # left out: a new CA in the run directory
     ca_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -67,9 +67,11 @@ class TraceSettings:
     ``protocol: grpc``, ``host:4317``. ``file``: JSON lines, one span per line.
     ``sample_ratio``: the share of new traces recorded (a child follows its parent)."""
 
+    # an OTLP collector: http://host:4318, or host:4317 with grpc (none: no spans sent)
     otlp_endpoint: str | None = None
-    protocol: str = "http/protobuf"
+    protocol: str = "http/protobuf"  # how spans are sent to it: http/protobuf or grpc
     file: str | None = None
+    # share of new traces recorded (0..1); a request that brings a trace follows its caller
     sample_ratio: float = 1.0
 
     @property
