@@ -1242,6 +1242,42 @@ def python_api_page() -> str:
 
 # -- the index and the writer -----------------------------------------------------------------
 
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_LINK = re.compile(r"\]\(\s*(https?://[^)\s]+)|<(https?://[^>\s]+)>")
+
+
+def external_links(root: Path = ROOT) -> dict[str, list[str]]:
+    """Every external link of the documentation (the pages under ``docs/`` and the README),
+    outside code blocks and code spans: URL -> the pages that carry it, sorted. The site
+    build checks internal links and anchors; these are listed, never fetched."""
+    found: dict[str, set[str]] = {}
+    sources = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    for path in sources:
+        if not path.is_file() or (root / "docs" / "gen") in path.parents:
+            continue
+        fenced = False
+        for line in path.read_text().splitlines():
+            if _FENCE.match(line):
+                fenced = not fenced
+                continue
+            if fenced:
+                continue
+            for m in _LINK.finditer(re.sub(r"`[^`]*`", "", line)):
+                found.setdefault(m.group(1) or m.group(2), set()).add(
+                    path.relative_to(root).as_posix())
+    return {url: sorted(pages) for url, pages in sorted(found.items())}
+
+
+def external_links_page() -> str:
+    links = external_links()
+    rows = [(f"<{url}>", ", ".join(f"`{p}`" for p in pages)) for url, pages in links.items()]
+    return _page("External links",
+                 f"Every link out of this documentation ({len(links)}), and the pages that "
+                 "carry it. The site's build checks every internal link and anchor; these "
+                 "are listed here and never fetched by the tests.",
+                 _table(("link", "on"), rows))
+
+
 PAGES: dict[str, tuple[str, str, Callable[[], str]]] = {
     "reference/cli.md": (
         "Command line", "every `tierlink` command, its arguments and options", cli_page),
@@ -1263,6 +1299,8 @@ PAGES: dict[str, tuple[str, str, Callable[[], str]]] = {
     "reference/python-api.md": (
         "Python API", "the clients, the policy contract, tasks, output kinds and the model card",
         python_api_page),
+    "reference/external-links.md": (
+        "External links", "every link out of the documentation, and where", external_links_page),
 }
 
 

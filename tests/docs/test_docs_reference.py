@@ -397,3 +397,28 @@ def test_the_python_api_directives_name_real_public_objects(
     assert ref.sphinx_roles_as_code(":class:`~tierlink.client.aio.AsyncClient` and "
                                     ":mod:`tierlink.client.wire`") \
         == "`AsyncClient` and `tierlink.client.wire`"
+
+
+def test_every_external_link_is_listed_on_its_page_and_well_formed(
+        ref: ModuleType, pages: dict[str, str]) -> None:
+    from urllib.parse import urlsplit
+
+    links = ref.external_links()
+    assert links, "the explanation pages cite their sources"
+    page = pages["reference/external-links.md"]
+    for url, on in links.items():
+        parts = urlsplit(url)
+        assert parts.scheme == "https" and "." in parts.netloc and " " not in url, url
+        assert f"<{url}>" in page and all(f"`{p}`" in page for p in on)
+    print(f"{len(links)} external links, listed and not fetched:", *links, sep="\n  ")
+
+
+def test_links_in_code_are_not_links(ref: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "p.md").write_text(
+        "See [the spec](https://example.org/spec) and <https://example.org/auto>.\n"
+        "`curl [x](https://example.org/span)`\n```text\n[y](https://example.org/fence)\n```\n")
+    (tmp_path / "README.md").write_text("[z](https://example.org/spec)\n")
+    assert ref.external_links(tmp_path) == {
+        "https://example.org/auto": ["docs/p.md"],
+        "https://example.org/spec": ["README.md", "docs/p.md"]}
