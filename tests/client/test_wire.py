@@ -15,7 +15,7 @@ import pytest
 
 from tierlink.client import wire
 from tierlink.client.results import Accepted, ModelMetadata, TensorMetadata
-from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Tier
+from tierlink.core.types import Bill, Fallback, Outcome, Priority, Privacy, Tier
 from tierlink.errors import (
     ConfigError,
     ControlPlaneError,
@@ -33,7 +33,8 @@ CONTROL = "http://control:9000"
 IMAGE = np.arange(2 * 1 * 28 * 28, dtype=np.float32).reshape(2, 1, 28, 28) / 1000.0
 OUTCOME = Outcome("edge-2", Tier.EDGE, "fmnist-medium", ("dev-1", "edge-2"), 0.8125,
                   escalations=1, fallbacks=(Fallback("edge-1", "timeout", "no answer"),),
-                  timings_ms={"compute_ms": 1.5}, cost=2.5e-7, degraded="",
+                  timings_ms={"compute_ms": 1.5}, bill=Bill.of_compute(Tier.EDGE, 2.5e-7),
+                  degraded="",
                   split="conv2/int8", model_version="3")
 OUTPUTS: dict[str, np.ndarray] = {"probabilities": np.array([[0.1, 0.9], [0.7, 0.3]], np.float32),
            "label": np.array([1, 0], np.int64)}

@@ -3,7 +3,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
+from tierlink.core.types import Bill, Outcome, Placement, Plan, Request, Tier
 from tierlink.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -54,7 +54,7 @@ class Boards:
 
 def answer(node: str, tier: Tier, conf: float, cost: float = 1.0) -> StepResult:
     return StepResult({"label": np.array([1])}, Outcome(node, tier, f"{node}-m", (node,), conf,
-                                                        cost=cost))
+                                                        bill=Bill.of_compute(tier, cost)))
 
 
 def make(local_conf=0.5, remote=None, clock=None):

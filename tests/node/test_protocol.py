@@ -1,6 +1,6 @@
 import pytest
 
-from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Tier
+from tierlink.core.types import Bill, Fallback, Outcome, Priority, Privacy, Tier
 from tierlink.errors import InvalidRequest
 from tierlink.node import protocol
 
@@ -44,7 +44,18 @@ def test_bad_parameters_name_themselves(params, name):
 
 def test_outcome_round_trips_through_response_parameters():
     out = Outcome("cloud-1", Tier.CLOUD, "fmnist-large", ("dev-1", "edge-1", "cloud-1"), 0.97,
-                  escalations=2, fallbacks=(Fallback("edge-2", "timeout", "slow"),), cost=1e-6)
+                  escalations=2, fallbacks=(Fallback("edge-2", "timeout", "slow"),),
+                  bill=Bill.of_compute(Tier.CLOUD, 1e-6) + Bill.of_transfer(Tier.CLOUD, 2e-7)
+                  + Bill.of_compute(Tier.DEVICE, 3e-9))
     back = protocol.parse_outcome(protocol.outcome_params(out, 12.5))
     assert back.path == out.path and back.fallbacks == out.fallbacks
-    assert back.cost == pytest.approx(1e-6) and back.timings_ms["server_ms"] == 12.5
+    assert back.bill == out.bill and back.cost == out.cost == pytest.approx(1.203e-6)
+    assert back.timings_ms["server_ms"] == 12.5
+
+
+@pytest.mark.parametrize("bad", ['{"compute": {"mars": 1}}', '{"energy": {"cloud": 1}}',
+                                 '[1, 2]', '{"compute": 3}', "{"])
+def test_a_malformed_bill_from_an_upstream_is_named(bad):
+    params = protocol.outcome_params(Outcome("c", Tier.CLOUD, "m", ("c",), 0.9), 1.0)
+    with pytest.raises(InvalidRequest, match="lacks routing parameters"):
+        protocol.parse_outcome({**params, protocol.COST: bad})

@@ -421,6 +421,69 @@ class Fallback:
     detail: str = ""
 
 
+_ZERO3 = (0.0, 0.0, 0.0)
+COST_PARTS = ("compute", "transfer")
+
+
+@dataclass(frozen=True, slots=True)
+class Bill:
+    """What an answer cost (USD), by tier and by part: the compute done at each tier, the
+    bytes sent into each tier. ``usd`` is the total, summed in the order the parts were
+    added (an upstream's bill, then the hop's transfer, then superseded answers)."""
+
+    compute: tuple[float, float, float] = _ZERO3  # indexed by Tier
+    transfer: tuple[float, float, float] = _ZERO3
+    usd: float = 0.0
+
+    @staticmethod
+    def of_compute(tier: Tier, usd: float) -> Bill:
+        parts = [0.0, 0.0, 0.0]
+        parts[tier] = usd
+        return Bill(tuple(parts), _ZERO3, usd)  # type: ignore[arg-type]
+
+    @staticmethod
+    def of_transfer(tier: Tier, usd: float) -> Bill:
+        parts = [0.0, 0.0, 0.0]
+        parts[tier] = usd
+        return Bill(_ZERO3, tuple(parts), usd)  # type: ignore[arg-type]
+
+    def __add__(self, other: Bill) -> Bill:
+        return Bill((self.compute[0] + other.compute[0], self.compute[1] + other.compute[1],
+                     self.compute[2] + other.compute[2]),
+                    (self.transfer[0] + other.transfer[0], self.transfer[1] + other.transfer[1],
+                     self.transfer[2] + other.transfer[2]), self.usd + other.usd)
+
+    def items(self) -> list[tuple[Tier, str, float]]:
+        """``(tier, part, usd)`` of each part that cost anything."""
+        return [(tier, part, usd) for part, by_tier in zip(COST_PARTS, (self.compute,
+                                                                      self.transfer),
+                                                           strict=True)
+                for tier, usd in zip(Tier, by_tier, strict=True) if usd]
+
+    def to_wire(self) -> dict[str, dict[str, float]]:
+        """``{"compute": {"device": usd, ...}, "transfer": {...}}``, non-zero parts only."""
+        out: dict[str, dict[str, float]] = {}
+        for tier, part, usd in self.items():
+            out.setdefault(part, {})[tier.label] = usd
+        return out
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Mapping[str, float]], usd: float) -> Bill:
+        """What :meth:`to_wire` wrote; ``usd``: the total as it was summed."""
+        parts = {p: [0.0, 0.0, 0.0] for p in COST_PARTS}
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"a bill is a mapping of parts, got {raw!r}")
+        for part, by_tier in raw.items():
+            if part not in parts or not isinstance(by_tier, Mapping):
+                raise ValueError(f"unknown cost part {part!r}: {by_tier!r}")
+            for tier, value in by_tier.items():
+                parts[part][Tier.parse(tier)] = float(value)
+        return cls(tuple(parts["compute"]), tuple(parts["transfer"]), usd)  # type: ignore[arg-type]
+
+
+NO_BILL = Bill()
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How a request was answered: by whom, along which path, at what cost."""
@@ -433,9 +496,14 @@ class Outcome:
     escalations: int = 0
     fallbacks: tuple[Fallback, ...] = ()
     timings_ms: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    cost: float = 0.0
+    bill: Bill = NO_BILL  # what it cost, by tier: compute there, transfer into it
     degraded: str = ""  # why a lower-quality answer was returned, "" when none
     split: str = ""  # "CUT/CODEC" when a split plan answered (head here, tail upstream)
     model_version: str = ""  # the version of ``model`` that answered ("" when unknown)
     # The fleet routing revision under which the node the request entered placed it
     routing_revision: int = 0
+
+    @property
+    def cost(self) -> float:
+        """What the answer cost in all (USD)."""
+        return self.bill.usd

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tierlink.core.types import Tier
+from tierlink.core.types import Bill, Tier
 
 _GB = 1e9
 
@@ -46,6 +46,21 @@ class CostModel:
 
     def transfer(self, dst_tier: Tier, nbytes: int) -> float:
         return self.transfer_usd_per_gb[dst_tier] * nbytes / _GB
+
+    def compute_bill(self, tier: Tier, ms: float) -> Bill:
+        """The bill of ``ms`` of model compute at ``tier``."""
+        return Bill.of_compute(tier, self.compute(tier, ms))
+
+    def transfer_bill(self, dst_tier: Tier, nbytes: int) -> Bill:
+        """The bill of sending ``nbytes`` into ``dst_tier``."""
+        return Bill.of_transfer(dst_tier, self.transfer(dst_tier, nbytes))
+
+    def split_bill(self, head_tier: Tier, head_ms: float, tail_tier: Tier, wire_bytes: int,
+                   tail_ms: float) -> Bill:
+        """A split plan's bill: the head's compute here, the features sent up, the tail's
+        compute there (what the policy's estimate of the plan counts too)."""
+        return (self.compute_bill(head_tier, head_ms) + self.transfer_bill(tail_tier, wire_bytes)
+                + self.compute_bill(tail_tier, tail_ms))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Mapping[str, float]]) -> CostModel:

@@ -313,11 +313,13 @@ async def _infer_model(service: NodeService, name: str, version: str | None,
                              hint=f"post to the task ({service.runtime(name, None).info.task!r})"
                                   " with tierlink.async, or drop tierlink.async")
     start = time.perf_counter()
-    outputs, served = await service.infer_model(name, version, data.inputs, data.parameters)
+    outputs, served, compute_ms = await service.infer_model(name, version, data.inputs,
+                                                            data.parameters)
     selected = _select(outputs, data)
-    # What this node spent (queue + compute): a caller's link estimate subtracts it.
+    # What this node spent (queue + compute): a caller's link estimate subtracts it; what
+    # the model computed: a split's head bills the tail's compute at it.
     params = {protocol.SERVER_MS: round((time.perf_counter() - start) * 1000.0, 3),
-              protocol.MODEL_VERSION: served}
+              protocol.COMPUTE_MS: round(compute_ms, 3), protocol.MODEL_VERSION: served}
     body, headers = oip.encode_infer_response(name, served, data.id, selected,
                                               params, data.binary_outputs(selected))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tierlink.core.types import Fallback, Outcome, Placement, Plan, Request, Tier
+from tierlink.core.types import NO_BILL, Bill, Fallback, Outcome, Placement, Plan, Request, Tier
 
 __all__ = ["Dispatcher", "HardExampleHook", "RetryBudget", "StepResult", "execute_observed",
            "reason_of"]
@@ -141,7 +141,7 @@ class Dispatcher:
             self._hedger.deposit()
         in_hand: StepResult | None = None
         fallbacks: list[Fallback] = []
-        escalations, spent = 0, 0.0  # spent: cost of answers superseded by an escalation
+        escalations, spent = 0, NO_BILL  # spent: what answers superseded by an escalation cost
         tried: set[int] = set()  # placements a hedge already tried
         for i, placement in enumerate(plan.placements):
             if i in tried:
@@ -159,7 +159,7 @@ class Dispatcher:
             if result is None:
                 continue
             if in_hand is not None:
-                spent += in_hand.outcome.cost
+                spent = spent + in_hand.outcome.bill
             in_hand = result
             if self._escalate(placement, result, i, plan):
                 escalations += 1
@@ -327,11 +327,11 @@ class Dispatcher:
                 and self._breakers.allow(placement.node_id) and self._budget.take())
 
     def _finish(self, result: StepResult, fallbacks: list[Fallback], escalations: int,
-                spent: float, degraded: str) -> StepResult:
+                spent: Bill, degraded: str) -> StepResult:
         up = result.outcome
         path = up.path if up.path and up.path[0] == self._node_id else (self._node_id, *up.path)
         outcome = replace(up, path=path, escalations=up.escalations + escalations,
-                          fallbacks=(*fallbacks, *up.fallbacks), cost=up.cost + spent,
+                          fallbacks=(*fallbacks, *up.fallbacks), bill=up.bill + spent,
                           degraded=degraded or up.degraded)
         return StepResult(result.outputs, outcome)
 

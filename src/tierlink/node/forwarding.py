@@ -68,5 +68,5 @@ class Forwarder:
         outcome = protocol.parse_outcome(resp.parameters)
         up.estimator.observe(total_ms, outcome.timings_ms.get("server_ms", 0.0), req.input_bytes)
         up.last_seen = up.last_used = self._clock()
-        transfer = self._routing.cost.transfer(placement.tier, req.input_bytes)
-        return StepResult(resp.outputs, replace(outcome, cost=outcome.cost + transfer))
+        transfer = self._routing.cost.transfer_bill(placement.tier, req.input_bytes)
+        return StepResult(resp.outputs, replace(outcome, bill=outcome.bill + transfer))

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from tierlink.core.types import Fallback, Outcome, Priority, Privacy, Request, Tier
+from tierlink.core.types import Bill, Fallback, Outcome, Priority, Privacy, Request, Tier
 from tierlink.errors import InvalidRequest
 from tierlink.transport.oip import pack_param, unpack_param
 
@@ -34,6 +34,8 @@ LABEL = "tierlink.label"
 MODEL_VERSION = "tierlink.model_version"  # in answers: the version of the model that ran
 ROUTING_REVISION = "tierlink.routing_revision"  # in answers: the revision that placed it
 SERVER_MS = "tierlink.server_ms"  # in answers: what the answering node spent on the request
+COMPUTE_MS = "tierlink.compute_ms"  # in a model's answer: what the model itself computed
+COST = "tierlink.cost"  # in answers: the cost by part and tier
 TIMINGS = "tierlink.timings_ms"  # in answers: JSON of where the time went (split: head_ms...)
 TRACEPARENT = "traceparent"
 
@@ -97,6 +99,13 @@ RESPONSE_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("tierlink.fallbacks", "JSON list", "",
               "placements that failed and were replaced: ``{node, reason, detail}`` each"),
     Parameter("tierlink.cost_usd", "number", "", "what the answer cost (USD)"),
+    Parameter(COST, "JSON object", "",
+              "what it cost by part and tier: ``{\"compute\": {\"device\": usd, ...}, "
+              "\"transfer\": {\"cloud\": usd}}`` (compute done at a tier, bytes sent into "
+              "it; parts that cost nothing left out)"),
+    Parameter(COMPUTE_MS, "number (ms)", "",
+              "in a model's own answer (a model-addressed call, a split's tail): what the "
+              "model computed, without the queue"),
     Parameter(SERVER_MS, "number (ms)", "",
               "what the answering node spent on the request (queue + compute)"),
     Parameter(TIMINGS, "JSON object", "",
@@ -193,6 +202,7 @@ def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
         "tierlink.fallbacks": json.dumps([{"node": f.node_id, "reason": f.reason,
                                            "detail": f.detail} for f in outcome.fallbacks]),
         "tierlink.cost_usd": outcome.cost,
+        COST: json.dumps(outcome.bill.to_wire()),
         SERVER_MS: round(server_ms, 3),
         TIMINGS: json.dumps({k: round(v, 3) for k, v in outcome.timings_ms.items()}),
         "tierlink.degraded": outcome.degraded,
@@ -214,7 +224,8 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
             escalations=int(params.get("tierlink.escalations", 0)),
             fallbacks=tuple(Fallback(f["node"], f["reason"], f.get("detail", ""))
                             for f in json.loads(params.get("tierlink.fallbacks", "[]"))),
-            cost=float(params.get("tierlink.cost_usd", 0.0)),
+            bill=Bill.from_wire(json.loads(params.get(COST, "{}")),
+                                float(params.get("tierlink.cost_usd", 0.0))),
             degraded=str(params.get("tierlink.degraded", "")),
             split=str(params.get("tierlink.split_plan", "")),
             model_version=str(params.get(MODEL_VERSION, "")),

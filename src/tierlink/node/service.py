@@ -238,9 +238,9 @@ class NodeService:
     async def infer_model(
         self, name: str, version: str | None, inputs: dict[str, np.ndarray],
         params: dict[str, Any],
-    ) -> tuple[dict[str, np.ndarray], str]:
-        """Run this node's model ``name`` (``version``: pinned); raw outputs and the
-        version that ran."""
+    ) -> tuple[dict[str, np.ndarray], str, float]:
+        """Run this node's model ``name`` (``version``: pinned); raw outputs, the version
+        that ran and its compute ms."""
         # A split's tail runs the active version's segments (see _split_sessions).
         rt = self.runtime(name) if protocol.CUT in params else self._pick(name, version)
         priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
@@ -250,11 +250,11 @@ class NodeService:
                           params.get(protocol.TRACEPARENT),
                           {"tierlink.node": self.spec.node_id, "tierlink.model": name}):
             if protocol.CUT in params:
-                out = await self.split.run_tail(name, inputs, params, priority, deadline_s)
+                out, ms = await self.split.run_tail(name, inputs, params, priority, deadline_s)
             else:
-                out, _ = await self._submit(rt, inputs, priority, deadline_s)
+                out, ms = await self._submit(rt, inputs, priority, deadline_s)
         self._count_exits(name, out)
-        return out, rt.info.version
+        return out, rt.info.version, ms
 
     def _count_exits(self, model: str, out: dict[str, np.ndarray]) -> None:
         """A multi-exit model's answers, by the exit that gave them."""
@@ -310,6 +310,8 @@ class NodeService:
             LABELS.reset(token)
             self._inflight -= 1
         outcome = replace(result.outcome, routing_revision=router.revision)
+        if req.hops == 0:  # the request entered here: its whole bill is counted here, once
+            self.metrics.bill(task, outcome, self.spec.node_id, self.spec.labels.get("site", ""))
         return result.outputs, outcome, (self._clock() - t0) * 1000.0
 
     async def _route(self, req: Request, router: Router, policy: Policy,
@@ -371,14 +373,13 @@ class NodeService:
         if conf is not None:
             self.metrics.confidence.labels(self.spec.tier.label,
                                            rt.info.name).observe(confidence)
-        cost = self.routing.cost.compute(self.spec.tier, compute_ms)
-        self.metrics.cost.labels(self.spec.tier.label).inc(cost)
+        bill = self.routing.cost.compute_bill(self.spec.tier, compute_ms)
         timings = {"compute_ms": compute_ms}
         if "exit" in out:  # a multi-exit model: which exit answered (the last, for a batch)
             timings["exit"] = float(out["exit"].max())
             self._count_exits(rt.info.name, out)
         outcome = Outcome(self.spec.node_id, self.spec.tier, rt.info.name, (self.spec.node_id,),
-                          confidence, cost=cost, timings_ms=timings,
+                          confidence, bill=bill, timings_ms=timings,
                           model_version=rt.info.version)
         return StepResult(answer.outputs, outcome)
 

@@ -14,6 +14,7 @@ import logging
 import math
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -249,8 +250,10 @@ class SplitPlans:
             await asyncio.to_thread(sessions.prepare, cut, "tail")
 
     async def run_tail(self, name: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
-                        priority: Priority, deadline_s: float | None) -> dict[str, np.ndarray]:
-        """A split plan's second half: decode the features, run the tail of ``name``."""
+                        priority: Priority, deadline_s: float | None,
+                        ) -> tuple[dict[str, np.ndarray], float]:
+        """A split plan's second half: decode the features, run the tail of ``name``;
+        (its outputs, the tail's compute ms)."""
         from tierlink.split.codecs import decode_any
 
         sessions = self.sessions.get(name)
@@ -265,12 +268,18 @@ class SplitPlans:
         if not sessions.ready(cut, "tail"):  # first use: not learned as the tail's time
             await asyncio.to_thread(sessions.prepare, cut, "tail")
 
+        timing: list[float] = []
+
         def call() -> dict[str, np.ndarray]:
-            return sessions.tail(cut, features)
+            start = time.perf_counter()
+            try:
+                return sessions.tail(cut, features)
+            finally:
+                timing.append((time.perf_counter() - start) * 1000.0)
 
         out: dict[str, np.ndarray] = await self._scheduler.submit(
             call, priority=priority, deadline_s=deadline_s, key=f"{name}@tail:{cut}")
-        return out
+        return out, timing[0]
 
     async def run_split(self, placement: Placement, req: Request,
                          inputs: dict[str, np.ndarray], budget_ms: float) -> StepResult:
@@ -314,10 +323,10 @@ class SplitPlans:
         if exited is not None:
             probs = exited.merge(probs)
             conf = probs.max(axis=1)
-        cost = (self._routing.cost.compute(self._tier, head_ms)
-                + self._routing.cost.transfer(placement.tier, wire))
+        bill = self._routing.cost.split_bill(self._tier, head_ms, placement.tier, wire,
+                                             timings["tail_compute_ms"])
         outcome = Outcome(placement.node_id, placement.tier, model,
-                          (self._node_id, placement.node_id), float(conf.min()), cost=cost,
+                          (self._node_id, placement.node_id), float(conf.min()), bill=bill,
                           timings_ms={"head_ms": head_ms, **timings,
                                       "est_ms": placement.est_ms},
                           split=f"{placement.cut}/{placement.codec}")
@@ -356,11 +365,13 @@ class SplitPlans:
                                             timeout_s=left_ms / 1000.0, peer=placement.node_id)
         total_ms = (self._clock() - sent) * 1000.0
         tail_ms = float(resp.parameters.get(protocol.SERVER_MS, 0.0))
+        # What the tail computed (an older node reports only its time: queue + compute)
+        tail_compute_ms = float(resp.parameters.get(protocol.COMPUTE_MS, tail_ms))
         if learn:
             up.estimator.observe(total_ms, tail_ms, payload.nbytes)
         up.last_seen = up.last_used = self._clock()
         timings = {"encode_ms": encode_ms, "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
-                   "split_bytes": float(payload.nbytes)}
+                   "tail_compute_ms": tail_compute_ms, "split_bytes": float(payload.nbytes)}
         return next(iter(resp.outputs.values())), timings, int(payload.nbytes)
 
     def _exited_here(self, model: str, head: ExitHead, head_ms: float) -> StepResult:
@@ -369,7 +380,7 @@ class SplitPlans:
         probs = np.stack([a.probs for a in head.answers]).astype(np.float32)
         outcome = Outcome(self._node_id, self._tier, model, (self._node_id,),
                           float(probs.max(axis=1).min()),
-                          cost=self._routing.cost.compute(self._tier, head_ms),
+                          bill=self._routing.cost.compute_bill(self._tier, head_ms),
                           timings_ms={"head_ms": head_ms, "exit": float(max(head.exits))})
         return StepResult({"probabilities": probs,
                            "label": probs.argmax(axis=1).astype(np.int64)}, outcome)

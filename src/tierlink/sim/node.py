@@ -278,9 +278,9 @@ class SimNode:
         if self.power is not None:
             self.power.advance(self._clock(), busy_s=seconds)
         compute_ms = seconds * 1000.0
-        cost = self.routing.cost.compute(self.tier, compute_ms)
+        bill = self.routing.cost.compute_bill(self.tier, compute_ms)
         outcome = Outcome(self.node_id, self.tier, name, (self.node_id,), confidence,
-                          cost=cost, timings_ms={"compute_ms": compute_ms},
+                          bill=bill, timings_ms={"compute_ms": compute_ms},
                           model_version=model.version)
         return StepResult({"label": np.asarray(pred)}, outcome)
 
@@ -308,9 +308,9 @@ class SimNode:
             self.outstanding[up] -= 1
         total_ms = (self._clock() - start) * 1000.0
         self.estimators[up].observe(total_ms, server_ms, req.input_bytes)
-        transfer = self.routing.cost.transfer(placement.tier, req.input_bytes)
+        transfer = self.routing.cost.transfer_bill(placement.tier, req.input_bytes)
         out = result.outcome
-        return StepResult(result.outputs, replace(out, cost=out.cost + transfer))
+        return StepResult(result.outputs, replace(out, bill=out.bill + transfer))
 
     async def _run_split(self, placement: Placement, req: Request, inputs: Inputs,
                          budget_ms: float) -> StepResult:
@@ -339,7 +339,7 @@ class SimNode:
         sent = self._clock()
         try:
             async with asyncio.timeout(left_ms / 1000.0):
-                _, tail_ms = await self._exchange(
+                tail_compute_ms, tail_ms = await self._exchange(
                     up, wire, lambda t: t._run_tail(model, point, codec, req))
         except TimeoutError:
             raise UpstreamTimeout(f"{up} did not answer in {left_ms:.1f} ms") from None
@@ -347,10 +347,10 @@ class SimNode:
         self.estimators[up].observe(total_ms, tail_ms, wire)
         pred, confidence = self.outcomes[req.task].answer(model, int(inputs["sample"]))
         head_ms = head_s * 1000.0
-        cost = (self.routing.cost.compute(self.tier, head_ms)
-                + self.routing.cost.transfer(placement.tier, wire))
+        bill = self.routing.cost.split_bill(self.tier, head_ms, placement.tier, wire,
+                                            tail_compute_ms)
         outcome = Outcome(up, placement.tier, model, (self.node_id, up), confidence,
-                          cost=cost, timings_ms={
+                          bill=bill, timings_ms={
                               "head_ms": head_ms, "encode_ms": encode_s * 1000.0,
                               "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
                               "split_bytes": float(wire), "est_ms": placement.est_ms},
@@ -368,13 +368,15 @@ class SimNode:
                           found.encode_ms_per_kb * kb, found.decode_ms_per_kb * kb)
 
     async def _run_tail(self, model: str, point: SplitPoint, codec: CodecPoint,
-                        req: Request) -> None:
-        """A split plan's second half on this node: decode, then the tail, on its scheduler."""
+                        req: Request) -> float:
+        """A split plan's second half on this node: decode, then the tail, on its
+        scheduler; the ms it computed."""
         tail = next((p for p in self.models[model].splits if p.cut == point.cut), point)
         seconds = self.compute.seconds(tail.tail_ms + codec.decode_ms, self.rng)
         await self.scheduler.submit(Work(seconds), priority=req.priority,
                                     deadline_s=self._clock() + req.deadline_ms / 1000.0,
                                     key=f"{model}@tail:{point.cut}", inline=False)
+        return seconds * 1000.0
 
     async def _exchange(self, up: str, nbytes: int,
                         work: Callable[[SimNode], Awaitable[T]]) -> tuple[T, float]:

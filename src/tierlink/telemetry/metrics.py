@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tierlink.core.types import Priority
+from tierlink.core.types import Outcome, Priority
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+# The labels of the bill (``tierlink_cost_usd_total``), what ``tierlink cost`` groups by.
+COST_LABELS = ("task", "model", "version", "path", "site", "tier", "part")
+PATH_KINDS = ("local", "escalated", "split", "remote")
 
 # Latency buckets from 0.5 ms to 10 s: device answers are sub-millisecond, cloud ones ~100 ms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
@@ -101,8 +105,12 @@ class NodeMetrics:
                                     ["tier", "model"],
                                     buckets=(0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0),
                                     registry=r)
-        self.cost = Counter("tierlink_cost_usd_total", "Cost of the work this node did (USD)",
-                            ["tier"], registry=r)
+        self.cost = Counter(
+            "tierlink_cost_usd_total",
+            "What answers cost (USD), counted once, by the node each request entered: by "
+            "task, the model and version that answered, how (path: local, escalated, split, "
+            "remote), the entry node's site, and the tier and part (compute there, transfer "
+            "into it) each dollar went to", list(COST_LABELS), registry=r)
         self.control_stale = Gauge("tierlink_view_age_seconds",
                                    "Age of the cached cluster view", ["tier"], registry=r)
         self.hard_examples = Counter(
@@ -136,6 +144,14 @@ class NodeMetrics:
                                            "Hard examples waiting to be sent", ["tier"],
                                            registry=r)
 
+    def bill(self, task: str, outcome: Outcome, node_id: str, site: str) -> None:
+        """Count what an answer cost, once, at the node the request entered (``node_id``):
+        each part of its bill under the tier it went to."""
+        path = path_kind(outcome, node_id)
+        for tier, part, usd in outcome.bill.items():
+            self.cost.labels(task, outcome.model, outcome.model_version, path, site,
+                             tier.label, part).inc(usd)
+
     def count_hard_examples(self, outcome: str, n: int) -> None:
         """The hard-example uploader's ``count`` callback."""
         self.hard_examples.labels(self.tier, outcome).inc(n)
@@ -164,3 +180,13 @@ class NodeMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+def path_kind(outcome: Outcome, node_id: str) -> str:
+    """How a request entering ``node_id`` was answered: by a split plan, after escalating
+    for low confidence, here, or by an upstream it was sent to (:data:`PATH_KINDS`)."""
+    if outcome.split:
+        return "split"
+    if outcome.escalations:
+        return "escalated"
+    return "local" if outcome.served_by == node_id else "remote"
