@@ -111,6 +111,11 @@ class NodeMetrics:
             "task, the model and version that answered, how (path: local, escalated, split, "
             "remote), the entry node's site, and the tier and part (compute there, transfer "
             "into it) each dollar went to", list(COST_LABELS), registry=r)
+        self.billed = Counter(
+            "tierlink_billed_requests_total",
+            "Requests answered, counted once, by the node each entered: by task, path kind "
+            "and site (what cost per request divides by)", ["task", "path", "site"],
+            registry=r)
         self.control_stale = Gauge("tierlink_view_age_seconds",
                                    "Age of the cached cluster view", ["tier"], registry=r)
         self.hard_examples = Counter(
@@ -148,6 +153,7 @@ class NodeMetrics:
         """Count what an answer cost, once, at the node the request entered (``node_id``):
         each part of its bill under the tier it went to."""
         path = path_kind(outcome, node_id)
+        self.billed.labels(task, path, site).inc()
         for tier, part, usd in outcome.bill.items():
             self.cost.labels(task, outcome.model, outcome.model_version, path, site,
                              tier.label, part).inc(usd)
