@@ -106,6 +106,17 @@ def test_prometheus_scrapes_every_node_and_the_control_plane(
     # Every series carries the node's tier; Prometheus adds which node (instance) and job.
     series = _api(http, prometheus.url, "query", query="tierlink_requests_total")["result"]
     assert series and all({"tier", "instance", "job"} <= set(s["metric"]) for s in series)
+    # The bill of the last minutes, as `tierlink cost --prometheus` reads it.
+    from tierlink.telemetry import bill
+
+    def billed() -> bill.BillReport | None:  # more requests: a window sees counters grow
+        route(http, dev, fmnist_test.input[hard_samples[0]: hard_samples[0] + 1], privacy="any")
+        report = bill.from_prometheus(http, prometheus.url, "5m", ("task", "path"))
+        return report if report.usd > 0 else None
+
+    report = wait_for(billed, 30, "Prometheus to hold the bill", interval_s=1.0)
+    assert {line.group[0] for line in report.lines} == {"fmnist"}
+    assert all(line.requests and line.usd_per_1k for line in report.lines)
 
 
 def test_the_rules_load_and_record_sla_attainment_from_the_fleet(

@@ -17,6 +17,7 @@ from rich.table import Table
 from tierlink.cli.calibration import calibration
 from tierlink.cli.cascade import app as cascade_app
 from tierlink.cli.chat_router import chat_router_cmd
+from tierlink.cli.cost import cost
 from tierlink.cli.enroll import app as enroll_app
 from tierlink.cli.errors import ADMIN_TOKEN_HELP, admin_headers, fail, fleet_verify
 from tierlink.cli.hard_examples import app as hard_examples_app
@@ -49,6 +50,7 @@ model_app.command("catalog")(catalog_cmd)
 app.add_typer(rollout_app, name="rollout")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
+app.command()(cost)
 app.add_typer(split_app, name="split")
 app.add_typer(llm_app, name="llm")
 app.add_typer(policy_app, name="policy")

@@ -63,3 +63,30 @@ def test_each_answer_is_billed_by_part_once_where_it_entered(
     assert by_part == pytest.approx(parts, rel=1e-6)
     for node in ("edge-1", "edge-2", "cloud-1"):  # what they answered was dev-1's to count
         assert grew(before[node], after[node]) == {}, node
+
+
+def test_tierlink_cost_reads_the_bill_off_the_running_fleet(
+        shared_fleet: RunningFleet, http: httpx.Client, fmnist_test: Labelled,
+        hard_samples: np.ndarray) -> None:
+    from typer.testing import CliRunner
+
+    from tierlink.cli.main import app
+
+    dev = shared_fleet.node_urls["dev-2"]
+    for i in hard_samples[10:14]:
+        assert route(http, dev, fmnist_test.input[i: i + 1], privacy="any").status == 200
+    nodes = [a for url in shared_fleet.node_urls.values() for a in ("--node", url)]
+    done = CliRunner().invoke(app, ["cost", "--by", "task,path", "--json", *nodes])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    counted = sum(v for url in shared_fleet.node_urls.values()
+                  for s, v in metric_samples(http, url, COST))
+    assert report["usd"] == pytest.approx(counted) and report["usd"] > 0
+    escalated = next(line for line in report["lines"]
+                     if (line["task"], line["path"]) == ("fmnist", "escalated"))
+    assert escalated["requests"] >= 4 and escalated["usd_per_1k"] > 0
+    by_control = CliRunner().invoke(app, ["cost", "--control", shared_fleet.control_url,
+                                          "--admin-token", shared_fleet.admin_token,
+                                          "--json"])
+    assert by_control.exit_code == 0, by_control.output
+    assert json.loads(by_control.output)["usd"] == pytest.approx(counted)
