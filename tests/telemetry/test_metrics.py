@@ -52,3 +52,7 @@ def test_a_free_answer_adds_no_series() -> None:
     metrics = NodeMetrics("device")
     metrics.bill("fmnist", outcome(bill=Bill()), "dev-1", "")
     assert samples(metrics) == {}
+
+
+def test_the_counter_has_the_labels_the_report_groups_by() -> None:
+    assert NodeMetrics("device").cost._labelnames == COST_LABELS

@@ -110,7 +110,8 @@ class NodeMetrics:
             "What answers cost (USD), counted once, by the node each request entered: by "
             "task, the model and version that answered, how (path: local, escalated, split, "
             "remote), the entry node's site, and the tier and part (compute there, transfer "
-            "into it) each dollar went to", list(COST_LABELS), registry=r)
+            "into it) each dollar went to",
+            ["task", "model", "version", "path", "site", "tier", "part"], registry=r)
         self.billed = Counter(
             "tierlink_billed_requests_total",
             "Requests answered, counted once, by the node each entered: by task, path kind "
