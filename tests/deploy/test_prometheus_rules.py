@@ -32,7 +32,8 @@ def test_the_rules_are_valid_prometheus_rules() -> None:
 
 
 def test_the_rules_do_what_their_unit_tests_say() -> None:
-    done = subprocess.run([promtool(), "test", "rules", "tierlink.rules.test.yml"],
+    done = subprocess.run([promtool(), "test", "rules", "tierlink.rules.test.yml",
+                           "tierlink.bill.rules.test.yml"],
                           cwd=RULES, capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
