@@ -318,6 +318,8 @@ class ClusterView:
     declared links), precomputed so a decision over hundreds of nodes stays cheap.
     ``outstanding`` is this router's own count of requests in flight to each node: live
     knowledge that the registry's heartbeat (up to a second old) does not have yet.
+    ``day_s`` is when the snapshot was taken, in seconds after midnight UTC: prices that
+    change with the hour are read at it.
     """
 
     self_id: str
@@ -325,6 +327,7 @@ class ClusterView:
     links: Mapping[tuple[str, str], LinkView]
     upstream: Mapping[str, Mapping[Tier, tuple[str, ...]]]
     outstanding: Mapping[str, int] = field(default_factory=_empty_counts)
+    day_s: float = 0.0
 
     @classmethod
     def build(
@@ -333,6 +336,7 @@ class ClusterView:
         nodes: Iterable[NodeView],
         links: Iterable[LinkView],
         outstanding: Mapping[str, int] | None = None,
+        day_s: float = 0.0,
     ) -> ClusterView:
         """Index nodes and links; links to unknown (expired) nodes are dropped."""
         by_id = {n.node_id: n for n in nodes}
@@ -351,6 +355,7 @@ class ClusterView:
             upstream=MappingProxyType(upstream),
             # Wrapped, not copied: the router's live in-flight counts (read-only here).
             outstanding=MappingProxyType(outstanding if outstanding is not None else {}),
+            day_s=day_s,
         )
 
     @property

@@ -31,9 +31,11 @@ LABELS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
 
 class Forwarder:
     def __init__(self, upstreams: Mapping[str, Upstream], client: OipClient,
-                 routing: RoutingConfig, clock: Callable[[], float], split: SplitPlans) -> None:
+                 routing: RoutingConfig, clock: Callable[[], float], split: SplitPlans,
+                 day_s: Callable[[], float] = lambda: 0.0) -> None:
         self._upstreams, self._client, self._routing = upstreams, client, routing
         self._clock, self._split = clock, split
+        self._day_s = day_s  # when prices are read: the node's snapshot's time of day
         self.outstanding: dict[str, int] = {}  # node -> requests sent there, not answered
 
     async def run_remote(self, placement: Placement, req: Request,
@@ -68,5 +70,6 @@ class Forwarder:
         outcome = protocol.parse_outcome(resp.parameters)
         up.estimator.observe(total_ms, outcome.timings_ms.get("server_ms", 0.0), req.input_bytes)
         up.last_seen = up.last_used = self._clock()
-        transfer = self._routing.cost.transfer_bill(placement.tier, req.input_bytes)
+        transfer = self._routing.cost.at(self._day_s()).transfer_bill(placement.tier,
+                                                                      req.input_bytes)
         return StepResult(resp.outputs, replace(outcome, bill=outcome.bill + transfer))

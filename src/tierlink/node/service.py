@@ -53,6 +53,7 @@ from tierlink.errors import (
     RuntimeFailure,
     TierlinkError,
 )
+from tierlink.estimate.cost import DAY_S
 from tierlink.models.runtime import ModelRuntime, check_task_inputs, read_answer
 from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults
@@ -101,7 +102,8 @@ class NodeService:
 
     def __init__(
         self, spec: NodeSpec, runtimes: dict[str, ModelRuntime], *,
-        clock: Callable[[], float] = time.monotonic, client: OipClient | None = None,
+        clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+        client: OipClient | None = None,
         records: Callable[[], list[dict[str, Any]]] = list, metrics: NodeMetrics | None = None,
         hard_example_sink: ExampleSink | None = None, models: ModelManager | None = None,
         uplink: Uplink | None = None,
@@ -121,6 +123,7 @@ class NodeService:
         self.metrics = metrics or NodeMetrics(spec.tier.label)
         self.exports = NodeExports(self.metrics, spec.tier.label, self.models)
         self._clock = clock
+        self._wall = wall  # the time of day prices are read at (UTC epoch seconds)
         self._rng = random.Random(spec.seed)
         self._records = records  # the registry cache's last view (never raises)
         self._parsed_records = ParsedRecords()  # parsed once per fetched list
@@ -153,7 +156,8 @@ class NodeService:
                                 upstreams=self._upstreams, view=lambda: self.view,
                                 refresh_view=self.refresh_view, count_exits=self._count_exits,
                                 work_dir=Path(spec.state_dir) if spec.state_dir else None)
-        self.forward = Forwarder(self._upstreams, self._client, self.routing, clock, self.split)
+        self.forward = Forwarder(self._upstreams, self._client, self.routing, clock, self.split,
+                                 day_s=lambda: self.view.day_s)
         self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local,
                                      self.forward.run_remote,
                                      DispatchBreakers(self.breakers), RetryBudget(self.routing.retry_budget),
@@ -373,7 +377,7 @@ class NodeService:
         if conf is not None:
             self.metrics.confidence.labels(self.spec.tier.label,
                                            rt.info.name).observe(confidence)
-        bill = self.routing.cost.compute_bill(self.spec.tier, compute_ms)
+        bill = self.routing.cost.at(self.view.day_s).compute_bill(self.spec.tier, compute_ms)
         timings = {"compute_ms": compute_ms}
         if "exit" in out:  # a multi-exit model: which exit answered (the last, for a batch)
             timings["exit"] = float(out["exit"].max())
@@ -429,7 +433,8 @@ class NodeService:
         self.topology.sync(records)
         self.view = build_view(self.me(), records,
                           [u.estimator.view() for u in self._upstreams.values()],
-                          self.breakers.healthy, self.forward.outstanding, self._parsed_records)
+                          self.breakers.healthy, self.forward.outstanding, self._parsed_records,
+                          self._wall() % DAY_S)
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -323,8 +323,8 @@ class SplitPlans:
         if exited is not None:
             probs = exited.merge(probs)
             conf = probs.max(axis=1)
-        bill = self._routing.cost.split_bill(self._tier, head_ms, placement.tier, wire,
-                                             timings["tail_compute_ms"])
+        bill = self._routing.cost.at(self._view().day_s).split_bill(
+            self._tier, head_ms, placement.tier, wire, timings["tail_compute_ms"])
         outcome = Outcome(placement.node_id, placement.tier, model,
                           (self._node_id, placement.node_id), float(conf.min()), bill=bill,
                           timings_ms={"head_ms": head_ms, **timings,
@@ -380,7 +380,8 @@ class SplitPlans:
         probs = np.stack([a.probs for a in head.answers]).astype(np.float32)
         outcome = Outcome(self._node_id, self._tier, model, (self._node_id,),
                           float(probs.max(axis=1).min()),
-                          bill=self._routing.cost.compute_bill(self._tier, head_ms),
+                          bill=self._routing.cost.at(self._view().day_s).compute_bill(
+                              self._tier, head_ms),
                           timings_ms={"head_ms": head_ms, "exit": float(max(head.exits))})
         return StepResult({"probabilities": probs,
                            "label": probs.argmax(axis=1).astype(np.int64)}, outcome)

@@ -60,6 +60,7 @@ def build_view(
     healthy: Callable[[str], bool],
     outstanding: dict[str, int],
     parsed: ParsedRecords | None = None,
+    day_s: float = 0.0,
 ) -> ClusterView:
     """Registry records for everyone else, live state for ``me``; my own links come from my
     estimators (fresher than what the registry echoes back). ``parsed``: where the records'
@@ -71,7 +72,7 @@ def build_view(
             continue
         nodes.append(replace(node, healthy=healthy(node.node_id)))
         links.extend(node_links)
-    return ClusterView.build(me.node_id, nodes, links, outstanding)
+    return ClusterView.build(me.node_id, nodes, links, outstanding, day_s)
 
 
 def heartbeat(me: NodeView, address: str, models: ModelManager, stats: VersionStatsBook,

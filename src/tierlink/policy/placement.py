@@ -109,6 +109,7 @@ class TierlinkPolicy:
         self._memo: dict[tuple[object, ...], Estimate | None] = {}
         self._memo_plans: dict[tuple[object, ...], list[SplitEstimate]] = {}
         self._memo_ref: dict[tuple[str, int], float] = {}
+        self._priced = config.cost  # the prices at the current view's time of day
         self._path_shares: dict[tuple[str, ...], float] = {}  # config-derived, kept
         # A decision's request-independent half per snapshot (policy/plan_cache.py); the
         # plan itself too while the order is this class's ranking.
@@ -174,6 +175,7 @@ class TierlinkPolicy:
     def _options(self, request: Request, view: ClusterView, rng: random.Random,
                  draws: tuple[Draw, ...]) -> tuple[list[Choice], str]:
         """The options ``draws`` give that fit the deadline's worst case; when none, why."""
+        self._use_view(view)
         budget = request.deadline_ms - self._cfg.reserve_ms
         choices = self._choices(view.self_id, request, view, budget, request.hops, rng, (),
                                 draws)
@@ -241,8 +243,8 @@ class TierlinkPolicy:
         ref = self._memo_ref.get(key)
         if ref is None:
             sent = req.input_bytes + self._cfg.estimates.request_overhead_bytes
-            ref = max((self._cfg.cost.compute(n.tier, m.latency_ms)
-                       + self._cfg.cost.transfer(n.tier, sent)
+            ref = max((self._priced.compute(n.tier, m.latency_ms)
+                       + self._priced.transfer(n.tier, sent)
                        for n in view.nodes.values()
                        if (m := n.model_for(req.task)) is not None), default=0.0)
             self._memo_ref[key] = ref
@@ -325,9 +327,9 @@ class TierlinkPolicy:
             - self._cfg.estimates.hop_overhead_ms
         # Only the inputs no early exit answered cross the link and run the tail.
         share = best.continue_share
-        cost = (self._cfg.cost.compute(node.tier, best.head_ms)
-                + share * (self._cfg.cost.transfer(up.tier, best.wire_bytes)
-                           + self._cfg.cost.compute(up.tier, tail_ms)))
+        cost = (self._priced.compute(node.tier, best.head_ms)
+                + share * (self._priced.transfer(up.tier, best.wire_bytes)
+                           + self._priced.compute(up.tier, tail_ms)))
         est = Estimate(best.total_ms, best.total_ms, cost,
                        max(0.0, model.accuracy - best.accuracy_loss / 100.0))
         return Choice("split", est, node, None, up, None, None, best.total_ms - best.head_ms,
@@ -338,6 +340,7 @@ class TierlinkPolicy:
         if view is not self._memo_view:
             self._memo_view, self._memo, self._memo_plans = view, {}, {}
             self._memo_ref = {}
+            self._priced = self._cfg.cost.at(view.day_s)
 
     def _split_plans_memo(self, node: NodeView, up: NodeView, model: ModelView,
                           view: ClusterView) -> list[SplitEstimate]:
@@ -360,7 +363,7 @@ class TierlinkPolicy:
             return None
         outstanding = 0 if node.node_id == view.self_id else view.outstanding.get(node.node_id, 0)
         latency = queue_wait_ms(node, model, outstanding) + model.latency_ms
-        est = Estimate(latency, latency, self._cfg.cost.compute(node.tier, model.latency_ms),
+        est = Estimate(latency, latency, self._priced.compute(node.tier, model.latency_ms),
                        self._accuracy(model, path))
         return Choice("local", est, node, model)
 
@@ -395,7 +398,7 @@ class TierlinkPolicy:
         if sub is None:
             return None
         return Estimate(hop_ms + sub.latency_ms, hop_ms + sub.worst_ms,
-                        self._cfg.cost.transfer(up.tier, sent) + sub.cost, sub.accuracy)
+                        self._priced.transfer(up.tier, sent) + sub.cost, sub.accuracy)
 
     def _best_memo(
         self, node_id: str, req: Request, view: ClusterView, budget: float, hops: int,

@@ -366,7 +366,7 @@ def _overload(raw: Mapping[str, Any]) -> OverloadConfig:
 
 
 def parse_cost(raw: Mapping[str, Any]) -> CostModel:
-    known_keys(raw, ("compute_usd_per_s", "transfer_usd_per_gb"), "cost")
+    known_keys(raw, ("compute_usd_per_s", "transfer_usd_per_gb", "schedule"), "cost")
     try:
         return CostModel.from_mapping(raw) if raw else DEFAULT_COST_MODEL
     except (ValueError, TypeError, AttributeError) as exc:

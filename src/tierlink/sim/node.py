@@ -40,6 +40,7 @@ from tierlink.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from tierlink.estimate.cost import DAY_S
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
 from tierlink.node.dispatcher import (
@@ -220,8 +221,9 @@ class SimNode:
         healthy = self.breakers.healthy
         nodes = [self.me()] + [n if healthy(n.node_id) else replace(n, healthy=False)
                                for n in others if n.node_id != self.node_id]
+        # Simulated time starts at midnight UTC: prices that change with the hour follow it.
         self.view = ClusterView.build(self.node_id, nodes, [*self.link_views(), *their_links],
-                                      self.outstanding)
+                                      self.outstanding, self._clock() % DAY_S)
         self.view_at = self._clock()
 
     # -- a request arrives -----------------------------------------------------------------
@@ -278,7 +280,7 @@ class SimNode:
         if self.power is not None:
             self.power.advance(self._clock(), busy_s=seconds)
         compute_ms = seconds * 1000.0
-        bill = self.routing.cost.compute_bill(self.tier, compute_ms)
+        bill = self.routing.cost.at(self.view.day_s).compute_bill(self.tier, compute_ms)
         outcome = Outcome(self.node_id, self.tier, name, (self.node_id,), confidence,
                           bill=bill, timings_ms={"compute_ms": compute_ms},
                           model_version=model.version)
@@ -308,7 +310,8 @@ class SimNode:
             self.outstanding[up] -= 1
         total_ms = (self._clock() - start) * 1000.0
         self.estimators[up].observe(total_ms, server_ms, req.input_bytes)
-        transfer = self.routing.cost.transfer_bill(placement.tier, req.input_bytes)
+        transfer = self.routing.cost.at(self.view.day_s).transfer_bill(placement.tier,
+                                                                       req.input_bytes)
         out = result.outcome
         return StepResult(result.outputs, replace(out, bill=out.bill + transfer))
 
@@ -347,8 +350,8 @@ class SimNode:
         self.estimators[up].observe(total_ms, tail_ms, wire)
         pred, confidence = self.outcomes[req.task].answer(model, int(inputs["sample"]))
         head_ms = head_s * 1000.0
-        bill = self.routing.cost.split_bill(self.tier, head_ms, placement.tier, wire,
-                                            tail_compute_ms)
+        bill = self.routing.cost.at(self.view.day_s).split_bill(
+            self.tier, head_ms, placement.tier, wire, tail_compute_ms)
         outcome = Outcome(up, placement.tier, model, (self.node_id, up), confidence,
                           bill=bill, timings_ms={
                               "head_ms": head_ms, "encode_ms": encode_s * 1000.0,
