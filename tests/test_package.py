@@ -98,4 +98,7 @@ def test_a_runtime_is_loaded_only_when_its_format_is_asked_for():
             "names = runtimes.registry().names(); runtimes.registry().get('onnx'); "
             "print(names, 'torch' in sys.modules, 'tierlink.llm.runtime' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['llm', 'multi-exit', 'onnx', 'python'] False False"
+    names, torch_loaded, llm_loaded = out.stdout.strip().rsplit(" ", 2)
+    # (the example runtime package setup installs, examples/runtime/, adds its 'pt2')
+    assert set(eval(names)) >= {"llm", "multi-exit", "onnx", "python"}  # noqa: S307
+    assert (torch_loaded, llm_loaded) == ("False", "False")

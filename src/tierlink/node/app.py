@@ -33,6 +33,7 @@ from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, Tierlink
 from tierlink.models.runtime import ModelRuntime
 from tierlink.node import protocol
 from tierlink.node.async_requests import UPLINK, is_async
+from tierlink.node.deferred import no_state_dir
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
 from tierlink.node.overload import JUDGED, OverloadGate, ShedEarly
 from tierlink.node.peers import PeerGuard
@@ -217,8 +218,8 @@ def _health_routes(app: FastAPI, service: NodeService, guard: PeerGuard) -> None
             slowdown = float(body.get("slowdown", 1.0))
         except (ValueError, TypeError, AttributeError) as exc:
             raise InvalidRequest(f"faults: expected {{\"slowdown\": N}}: {exc}") from None
-        service.set_faults(slowdown)
-        return {"slowdown": service.slowdown}
+        service.local.set_faults(slowdown)
+        return {"slowdown": service.local.slowdown}
 
     @app.post("/tierlink/v1/probe", status_code=204, response_class=Response,
               openapi_extra=request_body(BYTES, media_type="application/octet-stream",
@@ -310,7 +311,7 @@ async def _infer_model(service: NodeService, name: str, version: str | None,
     if is_async(dict(data.parameters)):  # refused, not silently answered synchronously
         raise InvalidRequest(f"{name!r} is a model: a model runs here and answers at once; "
                              "only a task is answered asynchronously",
-                             hint=f"post to the task ({service.runtime(name, None).info.task!r})"
+                             hint=f"post to the task ({service.local.runtime(name, None).info.task!r})"
                                   " with tierlink.async, or drop tierlink.async")
     start = time.perf_counter()
     outputs, served, compute_ms = await service.infer_model(name, version, data.inputs,
@@ -331,8 +332,10 @@ async def _infer_task(service: NodeService, task: str, version: str | None,
     if version is not None:
         params.setdefault(protocol.VERSION, version)
     if is_async(params):  # answered 202 once the result is durably queued upstream
-        return JSONResponse(await service.infer_async(task, data.inputs, params, data.id),
-                            status_code=202)
+        if service.asynchronous is None:
+            raise no_state_dir(service.spec.node_id)
+        return JSONResponse(await service.asynchronous.accept(task, data.inputs, params,
+                                                              data.id), status_code=202)
     try:
         await _admit(gate, params, service.spec.node_id, judged)
         outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params,
@@ -399,7 +402,7 @@ def _header_length(request: Request) -> int | None:
 
 def _metadata(service: NodeService, name: str, version: str | None) -> dict[str, Any]:
     if name in service.runtimes:
-        rt: ModelRuntime = service.runtime(name, version)
+        rt: ModelRuntime = service.local.runtime(name, version)
         return {"name": name, "versions": list(service.models.versions(name)),
                 "platform": rt.platform,
                 "inputs": [s.to_dict() for s in rt.inputs],

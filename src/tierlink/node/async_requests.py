@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tierlink.core.types import Outcome
-from tierlink.errors import InvalidRequest
+from tierlink.errors import InvalidRequest, TierlinkError
 from tierlink.node.uplink import Uplink
 from tierlink.telemetry import tracing
 
@@ -134,6 +134,15 @@ class AsyncResults:
                                                      "tierlink.uplink": state}):
             await self.uplink.put(RESULT_KIND, key, payload, self.destination)
         return accepted_body(request_id, key, state)
+
+
+    async def refused(self, request_id: str, task: str, error: TierlinkError) -> None:
+        """Queue, as the request's result, why it could not be answered (a deferred
+        request that nothing could place when its time came: never dropped silently)."""
+        key = result_key(self.uplink.node_id, request_id)
+        payload = {"request_id": request_id, "task": task, "node": self.uplink.node_id,
+                   "error": error.to_dict(), "answered_at": self._clock()}
+        await self.uplink.put(RESULT_KIND, key, payload, self.destination)
 
 
 def accepted_body(request_id: str, key: str, uplink: str) -> dict[str, Any]:

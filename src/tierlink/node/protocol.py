@@ -41,6 +41,9 @@ TRACEPARENT = "traceparent"
 
 DEFAULT_DEADLINE_MS = 1000.0
 MAX_DEADLINE_MS = 3_600_000.0
+# An asynchronous request's (and what a node forwards of one): work that may wait for a
+# cheaper price window (routing/deferral.py) may be given a week.
+MAX_ASYNC_DEADLINE_MS = 7 * 86_400_000.0
 
 
 class Parameter(NamedTuple):
@@ -55,7 +58,9 @@ class Parameter(NamedTuple):
 REQUEST_PARAMETERS: tuple[Parameter, ...] = (
     Parameter(DEADLINE, "number (ms)", f"{DEFAULT_DEADLINE_MS:g}",
               "budget left, in ms, when the request was sent (at most "
-              f"{MAX_DEADLINE_MS:,.0f}); a forwarding node sends what is left of it"),
+              f"{MAX_DEADLINE_MS:,.0f}; an asynchronous request's at most "
+              f"{MAX_ASYNC_DEADLINE_MS:,.0f}: it may wait for cheaper prices); a forwarding "
+              "node sends what is left of it"),
     Parameter(PRIVACY, "local | site | any", "any, or the node's default_privacy",
               "how far the raw input may travel: ``local`` never leaves the origin device, "
               "``site`` the device or its site's edge, ``any`` anywhere; a node with "
@@ -125,15 +130,17 @@ RESPONSE_PARAMETERS: tuple[Parameter, ...] = (
 
 def parse_request(
     task: str, params: Mapping[str, Any], *, request_id: str, receiver: str, input_bytes: int,
-    default_privacy: str = "any",
+    default_privacy: str = "any", asynchronous: bool = False,
 ) -> Request:
     """Build a ``Request`` from OIP parameters; a bad value is an ``InvalidRequest``. A
-    request that names no privacy level takes ``default_privacy`` (the receiving node's)."""
+    request that names no privacy level takes ``default_privacy`` (the receiving node's);
+    an ``asynchronous`` one may have the longer deadline."""
     hops = _int(params.get(HOPS, 0), HOPS)
     return Request(
         request_id=request_id,
         task=task,
-        deadline_ms=_deadline(params.get(DEADLINE, DEFAULT_DEADLINE_MS), forwarded=hops > 0),
+        deadline_ms=_deadline(params.get(DEADLINE, DEFAULT_DEADLINE_MS), forwarded=hops > 0,
+                              asynchronous=asynchronous),
         origin=str(params.get(ORIGIN) or receiver),
         privacy=_enum(Privacy.parse, params.get(PRIVACY, default_privacy), PRIVACY),
         priority=_enum(Priority.parse, params.get(PRIORITY, "interactive"), PRIORITY),
@@ -236,17 +243,21 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
         raise InvalidRequest(f"upstream response lacks routing parameters: {exc}") from exc
 
 
-def _deadline(value: Any, *, forwarded: bool) -> float:
+def _deadline(value: Any, *, forwarded: bool, asynchronous: bool = False) -> float:
     """The budget in ms. From an application (no hops yet), a non-positive one is the
     caller's mistake; a forwarded request may arrive with its budget spent (the node then
-    answers ``504``, as for any request out of time)."""
+    answers ``504``, as for any request out of time). An asynchronous request (and what is
+    forwarded: its entry node judged it) may have up to a week."""
     try:
         out = float(value)
     except (TypeError, ValueError):
         raise InvalidRequest(f"{DEADLINE} must be a number of milliseconds, got {value!r}") from None
-    if math.isnan(out) or out > MAX_DEADLINE_MS or (out <= 0 and not forwarded):
-        raise InvalidRequest(f"{DEADLINE} = {value!r} is not a usable deadline",
-                             hint=f"a number of milliseconds in (0, {MAX_DEADLINE_MS:g}]")
+    limit = MAX_ASYNC_DEADLINE_MS if asynchronous or forwarded else MAX_DEADLINE_MS
+    if math.isnan(out) or out > limit or (out <= 0 and not forwarded):
+        hint = f"a number of milliseconds in (0, {limit:g}]" + (
+            "" if limit == MAX_ASYNC_DEADLINE_MS else
+            f"; up to {MAX_ASYNC_DEADLINE_MS:g} for a request sent with tierlink.async")
+        raise InvalidRequest(f"{DEADLINE} = {value!r} is not a usable deadline", hint=hint)
     return out
 
 

@@ -12,6 +12,10 @@ Two entry points:
   let the dispatcher execute the plan across tiers; answers with class probabilities and the
   outcome's routing parameters.
 
+Its own models run through :class:`~tierlink.node.local_models.LocalModels` (the plan's local
+step, a model named directly); asynchronous requests through
+:class:`~tierlink.node.deferred.AsyncDesk` (answered now, or held for a cheaper price window).
+
 The model versions it serves are a :class:`~tierlink.node.models.ModelManager`'s: each
 request for a model runs on its active version, or on its standby (canary) version for the
 standby's share of requests, or on exactly the version it is pinned to
@@ -47,18 +51,14 @@ from tierlink.core.types import (
     Request,
 )
 from tierlink.errors import (
-    InvalidRequest,
-    ModelNotFound,
     NoFeasiblePlacement,
-    RuntimeFailure,
-    TierlinkError,
 )
 from tierlink.estimate.cost import DAY_S
-from tierlink.models.runtime import ModelRuntime, check_task_inputs, read_answer
+from tierlink.models.runtime import ModelRuntime, check_task_inputs
 from tierlink.node import protocol
-from tierlink.node.async_requests import AsyncResults
+from tierlink.node.async_requests import AsyncResults, is_async
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
-from tierlink.node.compute import run_model
+from tierlink.node.deferred import AsyncDesk, DeferredStore
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult, execute_observed
 from tierlink.node.exporting import DispatchObserver, NodeExports
 from tierlink.node.forwarding import LABELS, Forwarder
@@ -66,6 +66,7 @@ from tierlink.node.hard_examples import ExampleSink, uploader_for
 from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.live_routing import NodeRouting
+from tierlink.node.local_models import LocalModels
 from tierlink.node.models import ModelManager
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec
@@ -76,6 +77,7 @@ from tierlink.node.version_stats import VersionStatsBook
 from tierlink.node.view import ParsedRecords, build_view, check_version_known, heartbeat
 from tierlink.policy import Policy
 from tierlink.policy.shadow import Decision
+from tierlink.routing.deferral import Deferral, deferral
 from tierlink.routing.router import Router
 from tierlink.telemetry import tracing
 from tierlink.telemetry.metrics import NodeMetrics
@@ -111,7 +113,6 @@ class NodeService:
         self.spec = spec
         # Store-and-forward toward the parent / control plane (None: no state_dir).
         self.uplink = uplink
-        self.async_results = AsyncResults(uplink) if uplink is not None else None
         self.models = models if models is not None else ModelManager(runtimes)
         if models is not None and runtimes is not models.active:
             raise ValueError("NodeService: pass models.active as runtimes")
@@ -135,6 +136,9 @@ class NodeService:
                                    clock=clock, observer=self.metrics)
         # The node's language models as chat placement sees them (set by its chat service).
         self.language_models: Callable[[], tuple[LanguageModelView, ...]] = tuple
+        self.local = LocalModels(spec, self.models, self.scheduler, self.metrics,
+                                 self.version_stats, self._rng, clock,
+                                 lambda: self.routing.cost.at(self.view.day_s), self.tasks)
         for name, rt in runtimes.items():
             self.scheduler.seed_service_ms(name, rt.info.latency_ms)
             self.exports.model_info(name, rt)
@@ -154,11 +158,11 @@ class NodeService:
                                 scheduler=self.scheduler, client=self._client,
                                 routing=self.routing, metrics=self.metrics, clock=clock,
                                 upstreams=self._upstreams, view=lambda: self.view,
-                                refresh_view=self.refresh_view, count_exits=self._count_exits,
+                                refresh_view=self.refresh_view, count_exits=self.local.count_exits,
                                 work_dir=Path(spec.state_dir) if spec.state_dir else None)
         self.forward = Forwarder(self._upstreams, self._client, self.routing, clock, self.split,
                                  day_s=lambda: self.view.day_s)
-        self.dispatcher = Dispatcher(spec.node_id, spec.tier, self._run_local,
+        self.dispatcher = Dispatcher(spec.node_id, spec.tier, self.local.run_local,
                                      self.forward.run_remote,
                                      DispatchBreakers(self.breakers), RetryBudget(self.routing.retry_budget),
                                      DispatchObserver(self.metrics), clock,
@@ -166,21 +170,15 @@ class NodeService:
                                      on_hard_example=self._hard_example,
                                      hedger=Hedger(self.routing.hedging))
         self.refresh_view()
+        # Asynchronous requests: routed now, or held for a cheaper price window.
+        self.asynchronous = AsyncDesk(
+            AsyncResults(uplink), DeferredStore(Path(spec.state_dir) / "deferred.sqlite"),
+            self.infer_task, self._deferral, wall) if uplink is not None and spec.state_dir \
+            else None
+        self._deferred: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._keepwarm: asyncio.Task[None] | None = None
         self.started_at = time.time()
-        self.slowdown = 1.0  # > 1: an injected fault (spec.fault_injection), see set_faults
-
-    def set_faults(self, slowdown: float) -> None:
-        """Fault injection for tests and benchmarks: every local inference takes
-        ``slowdown`` times as long (the worker stays busy, like a slow CPU)."""
-        if not self.spec.fault_injection:
-            raise InvalidRequest(f"fault injection is off on {self.spec.node_id}",
-                                 hint="set fault_injection: true in the fleet file (tests only)")
-        if not 1.0 <= slowdown <= 1000.0:
-            raise InvalidRequest(f"slowdown must be in [1, 1000], got {slowdown}")
-        self.slowdown = slowdown
-        log.warning("fault injected: local inference %.1fx slower", slowdown)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -196,6 +194,8 @@ class NodeService:
             self.hard_examples.start()
         if self.uplink is not None:
             self.uplink.start()
+        if self.asynchronous is not None:
+            self._deferred = asyncio.create_task(self.asynchronous.loop(), name="deferred")
 
     async def stop(self) -> None:
         await self.models.stop()
@@ -204,7 +204,7 @@ class NodeService:
         if self.uplink is not None:
             await self.uplink.stop()  # undelivered items stay on disk
         await self.split.stop()
-        for task in (self._refresher, self._keepwarm):
+        for task in (self._refresher, self._keepwarm, self._deferred):
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -214,31 +214,6 @@ class NodeService:
 
     # -- direct model inference (OIP, no routing) ------------------------------------------
 
-    def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
-        """The active runtime of ``name``, or the one serving ``version`` (active or
-        standby); :class:`ModelNotFound` naming what is served otherwise."""
-        rt = self.models.runtime(name, version)
-        if rt is None:
-            raise self._not_served(name, version)
-        return rt
-
-    def _pick(self, name: str, version: str | None) -> ModelRuntime:
-        """The runtime one request runs on: pinned, or the canary for its share."""
-        rt = self.models.pick(name, version, self._rng)
-        if rt is None:
-            raise self._not_served(name, version)
-        return rt
-
-    def _not_served(self, name: str, version: str | None) -> ModelNotFound:
-        if version is not None and name in self.runtimes:
-            return ModelNotFound(f"model {name!r} version {version!r} is not served by "
-                                 f"{self.spec.node_id}",
-                                 hint=f"it serves versions {list(self.models.versions(name))}")
-        want = f"{name!r}" + (f" version {version!r}" if version else "")
-        return ModelNotFound(f"model {want} is not served by {self.spec.node_id}",
-                             hint=f"served: {sorted(self.runtimes)}; routed tasks: "
-                                  f"{sorted(self.tasks())}")
-
     async def infer_model(
         self, name: str, version: str | None, inputs: dict[str, np.ndarray],
         params: dict[str, Any],
@@ -246,7 +221,8 @@ class NodeService:
         """Run this node's model ``name`` (``version``: pinned); raw outputs, the version
         that ran and its compute ms."""
         # A split's tail runs the active version's segments (see _split_sessions).
-        rt = self.runtime(name) if protocol.CUT in params else self._pick(name, version)
+        rt = self.local.runtime(name) if protocol.CUT in params \
+            else self.local.pick(name, version)
         priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
         deadline_ms = params.get(protocol.DEADLINE)
         deadline_s = None if deadline_ms is None else self._clock() + float(deadline_ms) / 1000
@@ -256,16 +232,9 @@ class NodeService:
             if protocol.CUT in params:
                 out, ms = await self.split.run_tail(name, inputs, params, priority, deadline_s)
             else:
-                out, ms = await self._submit(rt, inputs, priority, deadline_s)
-        self._count_exits(name, out)
+                out, ms = await self.local.submit(rt, inputs, priority, deadline_s)
+        self.local.count_exits(name, out)
         return out, rt.info.version, ms
-
-    def _count_exits(self, model: str, out: dict[str, np.ndarray]) -> None:
-        """A multi-exit model's answers, by the exit that gave them."""
-        for k in out["exit"].tolist() if "exit" in out else ():
-            self.metrics.early_exits.labels(self.spec.tier.label, model, str(k)).inc()
-
-    # -- split plans: tails served here, heads run here ------------------------------------
 
     # -- routed inference -----------------------------------------------------------------
 
@@ -273,17 +242,21 @@ class NodeService:
         local = {rt.info.task for rt in self.runtimes.values()}
         return local | {m.task for n in self.view.nodes.values() for m in n.models}
 
-    async def infer_async(self, task: str, inputs: dict[str, np.ndarray],
-                          params: dict[str, Any], request_id: str | None) -> dict[str, Any]:
-        """Route a ``tierlink.async`` request like any other, then queue its result durably
-        toward the control plane; ``{"request_id", "status": "accepted", "uplink",
-        "result_key"}``. While the uplink is down the result waits on this node's disk."""
-        if self.async_results is None:
-            raise InvalidRequest(f"{self.spec.node_id} keeps no state_dir: it cannot answer "
-                                 "asynchronously", hint="send the request without tierlink.async")
-        request_id = request_id or uuid.uuid4().hex
-        outputs, outcome, server_ms = await self.infer_task(task, inputs, params, request_id)
-        return await self.async_results.accept(request_id, task, outputs, outcome, server_ms)
+    def _deferral(self, task: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
+                  request_id: str) -> Deferral:
+        """When an asynchronous request should run (routing/deferral.py), judged as it
+        arrives: refused here, as at once, when it may not be placed."""
+        req = self._parse(task, inputs, params, request_id)
+        policy, req = self.live.router.arrive(req)
+        return deferral(policy, req, self.view, self.routing.cost)
+
+    def _parse(self, task: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
+               request_id: str) -> Request:
+        return protocol.parse_request(task, params, request_id=request_id,
+                                      receiver=self.spec.node_id,
+                                      input_bytes=sum(a.nbytes for a in inputs.values()),
+                                      default_privacy=self.spec.default_privacy,
+                                      asynchronous=is_async(params))
 
     async def infer_task(
         self, task: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
@@ -291,10 +264,7 @@ class NodeService:
     ) -> tuple[dict[str, np.ndarray], Outcome, float]:
         """Route one request. Returns outputs, the outcome and this node's time in ms."""
         t0 = self._clock()
-        req = protocol.parse_request(task, params, request_id=request_id or uuid.uuid4().hex,
-                                     receiver=self.spec.node_id,
-                                     input_bytes=sum(a.nbytes for a in inputs.values()),
-                                     default_privacy=self.spec.default_privacy)
+        req = self._parse(task, inputs, params, request_id or uuid.uuid4().hex)
         labels = protocol.parse_labels(params, _batch_size(inputs))
         check_task_inputs(self.runtimes.values(), task, inputs)
         check_version_known(self.view, task, req.version)
@@ -351,48 +321,6 @@ class NodeService:
             plan, decision = router.plan(policy, req, view)
             tracing.set_attributes(span, plan_attributes(plan))
         return plan, decision
-
-    # -- the dispatcher's steps ------------------------------------------------------------
-
-    async def _run_local(self, placement: Placement, req: Request,
-                         inputs: dict[str, np.ndarray], remaining_ms: float) -> StepResult:
-        rt = self._pick(placement.model or "", req.version)
-        try:
-            out, compute_ms = await self._submit(rt, inputs, req.priority,
-                                                 self._clock() + remaining_ms / 1000.0)
-        except Exception as exc:
-            # The version's failure -- not a refusal, a deadline or a malformed input.
-            if isinstance(exc, RuntimeFailure) or not isinstance(exc, TierlinkError):
-                self.version_stats.failed(rt.info.name, rt.info.version)
-            raise
-        answer = read_answer(rt, out)
-        conf = answer.confidence
-        label = answer.outputs.get("label")
-        self.version_stats.answered(rt.info.name, rt.info.version, compute_ms,
-                                    conf.tolist() if conf is not None else (),
-                                    label.tolist() if label is not None else (),
-                                    LABELS.get())
-        # No confidence (a regression without uncertainty, ...): never escalated for it.
-        confidence = float(conf.min()) if conf is not None else 1.0
-        if conf is not None:
-            self.metrics.confidence.labels(self.spec.tier.label,
-                                           rt.info.name).observe(confidence)
-        bill = self.routing.cost.at(self.view.day_s).compute_bill(self.spec.tier, compute_ms)
-        timings = {"compute_ms": compute_ms}
-        if "exit" in out:  # a multi-exit model: which exit answered (the last, for a batch)
-            timings["exit"] = float(out["exit"].max())
-            self._count_exits(rt.info.name, out)
-        outcome = Outcome(self.spec.node_id, self.spec.tier, rt.info.name, (self.spec.node_id,),
-                          confidence, bill=bill, timings_ms=timings,
-                          model_version=rt.info.version)
-        return StepResult(answer.outputs, outcome)
-
-    async def _submit(self, rt: ModelRuntime, inputs: dict[str, np.ndarray], priority: Priority,
-                      deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:
-        out, ms = await run_model(self.scheduler, rt, inputs, priority, deadline_s,
-                                  self.slowdown)
-        self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(ms / 1000)
-        return out, ms
 
     # -- the hard-example loop -------------------------------------------------------------
 
