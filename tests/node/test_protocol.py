@@ -59,3 +59,19 @@ def test_a_malformed_bill_from_an_upstream_is_named(bad):
     params = protocol.outcome_params(Outcome("c", Tier.CLOUD, "m", ("c",), 0.9), 1.0)
     with pytest.raises(InvalidRequest, match="lacks routing parameters"):
         protocol.parse_outcome({**params, protocol.COST: bad})
+
+
+def test_an_asynchronous_request_may_have_a_deadline_of_hours():
+    six_hours = {protocol.DEADLINE: 6 * 3_600_000.0}
+    req = protocol.parse_request("t", six_hours, request_id="r", receiver="n", input_bytes=0,
+                                 asynchronous=True)
+    assert req.deadline_ms == 6 * 3_600_000.0
+    with pytest.raises(InvalidRequest, match="not a usable deadline") as err:
+        protocol.parse_request("t", six_hours, request_id="r", receiver="n", input_bytes=0)
+    assert "tierlink.async" in err.value.hint
+    forwarded = {**six_hours, protocol.HOPS: 1}  # its entry node judged it
+    assert protocol.parse_request("t", forwarded, request_id="r", receiver="n",
+                                  input_bytes=0).deadline_ms == 6 * 3_600_000.0
+    with pytest.raises(InvalidRequest):
+        protocol.parse_request("t", {protocol.DEADLINE: 8 * 86_400_000.0}, request_id="r",
+                               receiver="n", input_bytes=0, asynchronous=True)

@@ -113,7 +113,8 @@ class AsyncDesk:
     async def accept(self, task: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
                      request_id: str | None) -> dict[str, Any]:
         request_id = request_id or uuid.uuid4().hex
-        when = self._decide(task, inputs, params, request_id) if self.store else None
+        when = (self._decide(task, inputs, params, request_id)
+                if self.store is not None else None)
         if when is None or not when.deferred:
             outputs, outcome, server_ms = await self._route(task, inputs, params, request_id)
             return await self.results.accept(request_id, task, outputs, outcome, server_ms)
