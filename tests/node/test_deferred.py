@@ -93,7 +93,7 @@ def test_held_work_survives_a_restart(tmp_path: Path) -> None:
     d, _, clock, _ = desk(tmp_path, 60.0)
     asyncio.run(d.accept("fmnist", X, dict(PARAMS), "c"))
     d.store.close()
-    again, results, clock2, routed = desk(tmp_path, 0.0)
+    again, results, clock2, _ = desk(tmp_path, 0.0)
     clock2.now = clock.now + 61.0
     assert asyncio.run(again.run_due()) == 1 and results.accepted == [("c", "fmnist")]
 
