@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tierlink.core.types import Priority, Privacy
+from tierlink.core.types import NO_BILL, Bill, Priority, Privacy
 from tierlink.errors import TierlinkError
 from tierlink.node import protocol
 
@@ -66,6 +66,7 @@ class WorkItem:
     priority: Priority
     privacy: Privacy
     at_s: float  # send time, from the start of the run
+    asynchronous: bool = False  # sent with tierlink.async: it may wait for cheaper prices
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ class Record:
     split: str = ""  # "CUT/CODEC" when a split plan served it
     timings: Mapping[str, float] = field(default_factory=dict)  # tierlink.timings_ms
     model_version: str = ""  # tierlink.model_version: the version that answered
+    bill: Bill = NO_BILL  # what it cost by tier and part (the simulator's answers)
 
     @property
     def kind(self) -> str:

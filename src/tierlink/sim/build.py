@@ -48,6 +48,9 @@ class Scenario:
     explore: float = 0.0
     heartbeat_s: float = 1.0
     view_refresh_s: float = 0.25
+    # Asynchronous requests wait for a cheaper price window when their deadline reaches one
+    # (routing/deferral.py), as a live node's do; False: they run at once.
+    defer: bool = True
     ttl_s: float = 5.0
 
 
@@ -81,7 +84,7 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
     if sc.shadow is not None:
         _shadow_devices(nodes, config, sc, seed)
     return SimFleet(nodes, registry, clock, sc.view_refresh_s, sc.http,
-                    seeded(seed, "http")), counters
+                    seeded(seed, "http"), defer=sc.defer), counters
 
 
 def _schedule_faults(nodes: Mapping[str, SimNode], sc: Scenario) -> None:

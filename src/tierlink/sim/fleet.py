@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -61,8 +61,10 @@ class Registry:
 class SimFleet:
     def __init__(self, nodes: Mapping[str, SimNode], registry: Registry,
                  clock: Callable[[], float], view_refresh_s: float = 0.25,
-                 http: HttpCosts | None = None, rng: random.Random | None = None) -> None:
+                 http: HttpCosts | None = None, rng: random.Random | None = None,
+                 defer: bool = True) -> None:
         self.nodes = dict(nodes)
+        self.defer = defer  # asynchronous requests wait for cheaper prices
         self.http = http or HttpCosts()  # the app's call into its node, drawn per request
         self.rng = rng or random.Random(0)
         self.registry = registry
@@ -92,6 +94,8 @@ class SimFleet:
         if half_s:
             await asyncio.sleep(half_s)
         try:
+            if item.asynchronous and self.defer:
+                req = await self._deferred(device, req)
             result = await device.handle(req, {"sample": np.asarray(item.sample)})
         except TierlinkError as exc:
             lost = not device.alive
@@ -105,7 +109,16 @@ class SimFleet:
                       tier=out.tier.label, served_by=out.served_by, cost=out.cost,
                       fallbacks=len(out.fallbacks), escalations=out.escalations,
                       degraded=out.degraded, model_version=out.model_version,
-                      split=out.split, timings=dict(out.timings_ms))
+                      split=out.split, timings=dict(out.timings_ms), bill=out.bill)
+
+    async def _deferred(self, device: SimNode, req: Request) -> Request:
+        """An asynchronous request held until the time its device's deferral gives (as a
+        live node's ``node/deferred.py``), with what is then left of its deadline."""
+        wait_s = device.deferral(req)
+        if wait_s <= 0:
+            return req
+        await asyncio.sleep(wait_s)
+        return replace(req, deadline_ms=req.deadline_ms - wait_s * 1000.0)
 
 
 def _reachable(start: SimNode) -> list[str]:

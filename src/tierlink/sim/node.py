@@ -54,6 +54,7 @@ from tierlink.node.heads import head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
 from tierlink.policy.ope import Logged
+from tierlink.routing.deferral import deferral
 from tierlink.routing.desk import PolicyDesk
 from tierlink.routing.router import Router
 from tierlink.sim.compute import ComputeModel, SimScheduler, Work
@@ -236,6 +237,12 @@ class SimNode:
     def _refused(self, _privacy: str, _policy: str) -> None:
         """A plan the router refused for privacy (``tierlink_privacy_refusals_total``)."""
         self.counters.refusals += 1
+
+    def deferral(self, req: Request) -> float:
+        """How long an asynchronous ``req`` arriving here waits for cheaper prices (s)."""
+        self.before_plan(self)
+        policy, req = self.router.arrive(req)
+        return deferral(policy, req, self.view, self.routing.cost).wait_s
 
     async def handle(self, req: Request, inputs: Inputs) -> StepResult:
         """What ``NodeService.infer_task`` does with a routed request."""
