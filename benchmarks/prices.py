@@ -74,7 +74,8 @@ def workload(config: Any, outcomes: Any, args: argparse.Namespace) -> list[Any]:
     import random
 
     from tierlink.core.types import Priority, Privacy
-    from tierlink.sim.workload import Arrivals, workload as sim_workload
+    from tierlink.sim.workload import Arrivals
+    from tierlink.sim.workload import workload as sim_workload
 
     devices = [n.node_id for n in config.nodes if n.tier.label == "device"]
     items = sim_workload(Arrivals("diurnal", args.rate, amplitude=0.6), args.hours * 3600,
