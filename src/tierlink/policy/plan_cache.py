@@ -21,7 +21,9 @@ back (a node whose requests are all forwarded with budgets of their own), fewer 
 decisions and then tries again.
 
 One thing a snapshot does not fix is a split's tail queue, read live from the node's own
-in-flight counts: the key carries that count for each split pick.
+in-flight counts: the key carries that count for each split pick. The prices are the
+snapshot's (``ClusterView.day_s``, the hour it was taken): a new price window comes with a
+new snapshot, so the cache never serves a plan priced at another hour.
 """
 
 from __future__ import annotations
