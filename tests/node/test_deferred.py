@@ -105,3 +105,24 @@ def test_held_work_that_cannot_be_placed_when_it_runs_queues_its_error(
     clock.now += 10.0
     asyncio.run(d.run_due())
     assert results.errors == [("d", "no_feasible_placement")] and len(d.store) == 0
+
+
+def test_held_work_due_together_runs_side_by_side(tmp_path: Path) -> None:
+    running, most = 0, 0
+    results, clock = Results(), Clock()
+
+    async def route(task: str, inputs: Any, params: Any, request_id: str) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return {"label": np.array([1])}, Outcome("dev-1", Tier.DEVICE, "m", ("dev-1",), 0.9), 1.0
+
+    d = AsyncDesk(results, DeferredStore(tmp_path / "d.sqlite"), route,  # type: ignore[arg-type]
+                  lambda *a: Deferral(5.0, 1.0, 2.0), clock)
+    for i in range(40):
+        asyncio.run(d.accept("fmnist", X, dict(PARAMS), f"r{i}"))
+    clock.now += 10.0
+    assert asyncio.run(d.run_due(parallel=8)) == 40
+    assert most == 8 and len(results.accepted) == 40 and len(d.store) == 0

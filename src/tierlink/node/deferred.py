@@ -40,6 +40,7 @@ Route = Callable[[str, dict[str, np.ndarray], dict[str, Any], str],
                  Awaitable[tuple[dict[str, np.ndarray], Outcome, float]]]
 Decide = Callable[[str, dict[str, np.ndarray], dict[str, Any], str], Deferral]
 POLL_S = 1.0
+PARALLEL = 16  # held requests run at once, at most (their work queues at batch priority)
 
 _SCHEMA = ("""CREATE TABLE IF NOT EXISTS deferred (
     request_id TEXT PRIMARY KEY, task TEXT NOT NULL, params TEXT NOT NULL,
@@ -129,13 +130,18 @@ class AsyncDesk:
                 "result_key": key, "est_cost_usd": when.est_cost,
                 "now_cost_usd": when.now_cost}
 
-    async def run_due(self) -> int:
-        """Run every held request whose time has come; how many ran."""
+    async def run_due(self, parallel: int = PARALLEL) -> int:
+        """Run every held request whose time has come, ``parallel`` at a time; how many."""
         if self.store is None:
             return 0
         held = await asyncio.to_thread(self.store.due, self._wall())
-        for item in held:
-            await self._run(item)
+        slots = asyncio.Semaphore(parallel)
+
+        async def one(item: Held) -> None:
+            async with slots:
+                await self._run(item)
+
+        await asyncio.gather(*(one(item) for item in held))
         return len(held)
 
     async def _run(self, item: Held) -> None:
