@@ -1,12 +1,20 @@
 """Cascade stages from real models the catalog resolved — the zoo's, users' imported ONNX
 graphs or Python models alike: calibrated confidence and per-sample correctness on a split
 (read by each task's output kind), and the cost of a request reaching each tier under the
-fleet's cost model."""
+fleet's cost model.
+
+A model's raw outputs on a split are kept under ``$TIERLINK_HOME/cache/outputs``, named by
+the sha256 of the model's file and of the split's inputs: tuning again for another target
+(``tierlink cascade tune --accuracy-drop ... --no-write``) reads them instead of running
+every model over the data again. A changed model or split has another name."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +26,7 @@ from tierlink.models import runtimes
 from tierlink.models.catalog import Resolved
 from tierlink.models.data import Labelled
 from tierlink.models.evaluate import feed, run
+from tierlink.models.home import tierlink_home
 from tierlink.models.kind_registry import kind_of
 from tierlink.models.runtimes import LoadSpec
 from tierlink.models.tensors import NP_TYPES, TensorDecl
@@ -56,7 +65,7 @@ def _stage(found: Resolved, tier: Tier, split: Labelled, cost: CostModel,
     rt = runtimes.load(LoadSpec(card=found.card, model_file=found.file, threads=threads))
     spec = rt.info.spec_for(rt.outputs)
     kind = kind_of(spec.kind)
-    answer = kind.answer(run(rt, feed(split.inputs, rt.inputs)), spec, rt.info.temperature)
+    answer = kind.answer(_outputs(found, rt, split), spec, rt.info.temperature)
     correct = kind.correct(answer, split.labels, spec)
     if answer.confidence is None or correct is None:
         raise ConfigError(f"{found.name} cannot be a cascade stage: its {spec.kind} task gives "
@@ -66,6 +75,31 @@ def _stage(found: Resolved, tier: Tier, split: Labelled, cost: CostModel,
     return Stage(model=found.name, tier=tier, confidence=answer.confidence,
                  correct=np.asarray(correct, dtype=bool),
                  cost=stage_cost(tier, rt.info.latency_ms, _input_bytes(rt.inputs), cost))
+
+
+def _outputs(found: Resolved, rt: Any, split: Labelled) -> dict[str, np.ndarray]:
+    """``rt``'s raw outputs on ``split``: kept on disk by the model's and the inputs' sha256
+    (see the module); a cache that cannot be read or written is run past."""
+    digest = hashlib.sha256(found.file.read_bytes())
+    for name in sorted(split.inputs):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(split.inputs[name]).tobytes())
+    path = tierlink_home() / "cache" / "outputs" / f"{digest.hexdigest()}.npz"
+    try:
+        with np.load(path) as kept:
+            return {k: kept[k] for k in kept.files}
+    except (OSError, ValueError):
+        pass
+    out = run(rt, feed(split.inputs, rt.inputs))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **out)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return dict(out)
 
 
 def _input_bytes(inputs: Sequence[TensorDecl]) -> int:
