@@ -57,9 +57,11 @@ def deferral(policy: Policy, req: Request, view: ClusterView, cost: CostModel,
     """When ``req`` (asynchronous) should run, by what its policy would plan at each window
     its deadline allows (see the module)."""
     latest_s = req.deadline_ms / 1000.0 - margin_s
+    if not cost.schedule or latest_s <= 0:  # nothing to wait for: no plan is priced
+        return Deferral(0.0, 0.0, 0.0)
     now = _cost_at(policy, req, view, 0.0)
-    if not cost.schedule or latest_s <= 0 or now is None:
-        return Deferral(0.0, now or 0.0, now or 0.0)
+    if now is None:
+        return Deferral(0.0, 0.0, 0.0)
     best_start, best_end, best = 0.0, 0.0, now
     for start, end in windows(cost, view.day_s, latest_s)[1:]:
         then = _cost_at(policy, req, view, start)
