@@ -488,6 +488,7 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
     from tierlink.settings.routing import (
         BreakerConfig,
         HedgeConfig,
+        MirrorConfig,
         OverloadConfig,
         RoutingConfig,
         ShadowConfig,
@@ -513,6 +514,7 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
         "routing.breaker": ((BreakerConfig,), {}),
         "routing.hedging": ((HedgeConfig,), {}),
         "routing.overload": ((OverloadConfig,), {}),
+        "routing.mirror": ((MirrorConfig,), {}),
         "routing.cascade": ((RoutingConfig,), {}),
         "routing.bandit": ((RoutingConfig,), {}),
         "routing.bandit.reward": ((RewardWeights,), {}),

@@ -140,3 +140,40 @@ def test_accuracy_noise_at_the_threshold_is_not_a_rollback():
     v = by_gate(evaluate(Gates(), 100, vs(fb=169, acc=0.888),
                          [Baseline(vs(fb=2000, acc=0.909))]))["feedback_accuracy"]
     assert v.outcome is Outcome.SUSPECT
+
+
+def mirrored(stats, n, agreement):
+    from dataclasses import replace
+    return replace(stats, mirrored=n, agreed=round(n * agreement))
+
+
+def test_agreement_tells_a_broken_version_from_a_smaller_models_normal_disagreement():
+    # A device model agrees with the cloud's on ~98% of what it answers; one confidently
+    # wrong on a class of ten on ~88%: a drop of 10 points fails; the previous version's
+    # own 2% of disagreement is the baseline, not a failure.
+    base = [Baseline(mirrored(vs(n=4000), 400, 0.98))]
+    broken = by_gate(evaluate(Gates(), 100, mirrored(vs(), 100, 0.88), base))["agreement"]
+    assert broken.outcome is Outcome.FAIL
+    assert broken.reason == ("agreement with the most capable model 88.0% vs 98.0% (-10.0 pt, "
+                             "drop > 3.0 pt) over 100 mirrored samples")
+    healthy = by_gate(evaluate(Gates(), 100, mirrored(vs(), 80, 0.975), base))["agreement"]
+    assert healthy.outcome is Outcome.PASS
+    # -3.8 pt over 80 samples is within noise: held for more data, not rolled back
+    noisy = by_gate(evaluate(Gates(), 100, mirrored(vs(), 80, 0.9375), base))["agreement"]
+    assert noisy.outcome is Outcome.SUSPECT
+
+
+def test_agreement_without_mirroring_is_insufficient_and_does_not_block():
+    v = by_gate(evaluate(Gates(), 100, mirrored(vs(), 20, 0.5),
+                         [Baseline(mirrored(vs(n=4000), 400, 0.98))]))["agreement"]
+    assert v.outcome is Outcome.INSUFFICIENT and "need 50" in v.reason
+    assert enough_data(100, vs(), [Baseline(vs(n=4000))])
+
+
+def test_agreed_beyond_mirrored_is_refused_by_name():
+    from tierlink.errors import InvalidRequest
+    with pytest.raises(InvalidRequest, match="agreed exceeds stats.mirrored"):
+        VersionStats.from_dict({"mirrored": 3, "agreed": 4})
+    assert VersionStats.from_dict({"mirrored": 4, "agreed": 3}).agreement() == 0.75
+    with pytest.raises(ConfigError, match="min_mirrored"):
+        Gates(min_mirrored=0)

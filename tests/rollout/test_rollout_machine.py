@@ -216,7 +216,8 @@ def test_healthy_rollout_goes_stage_by_stage_to_promoted():
     assert "stage 1/3 (10%) passed every gate" in run.reasons[2]
     passed = run.state.history[2]
     assert {v.gate for v in passed.verdicts} == {"error_rate", "p95_latency", "escalation_rate",
-                                                 "confidence_psi", "feedback_accuracy"}
+                                                 "confidence_psi", "feedback_accuracy",
+                                                     "agreement"}
     assert all(v.outcome in (Outcome.PASS, Outcome.INSUFFICIENT) for v in passed.verdicts)
     passing = next(d for d in run.decisions if d.transitions and d.transitions[0] is passed)
     assert passing.verdicts == passed.verdicts

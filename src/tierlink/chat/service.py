@@ -32,7 +32,7 @@ from tierlink.errors import (
 from tierlink.estimate.chat import ChatEstimate
 from tierlink.llm.results import Chunk, Generation
 from tierlink.policy.chat import ChatAsk, ChatOption, ChatPlan
-from tierlink.routing.desk import may_hold
+from tierlink.routing.privacy import may_hold
 from tierlink.security.names import expect_node
 from tierlink.telemetry.llm_metrics import LLMMetrics
 

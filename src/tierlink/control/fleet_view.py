@@ -1,7 +1,7 @@
 """The fleet as an operator looks at it (`GET /v1/fleet`, the `/ui` page): every node by tier
 and site with its health, load, versions and links; what the fleet did over the last
-minutes (requests, SLA attainment, tier shares, escalation rate, confidence drift per model
-version); rollouts; open breakers; hard examples.
+minutes (requests, SLA attainment, tier shares, escalation rate, confidence drift and
+agreement with the most capable model per model version); rollouts; open breakers; hard examples.
 
 Nodes report cumulative counts in their heartbeats; ``FleetView`` samples the registry
 (every ``sample_s``) and makes rates from the difference between now and the oldest sample
@@ -16,7 +16,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tierlink.control.schemas import NodeRecord
 
@@ -25,13 +25,23 @@ HEALTHY_AGE_S = 3.0  # a heartbeat within this: healthy; older but not expired: 
 _BINS = 10  # version stats' confidence histogram: ten equal bins over [0, 1]
 
 
+class _Version(NamedTuple):
+    """One model version's cumulative counters on one node (its heartbeat's stats)."""
+
+    requests: int = 0
+    escalations: int = 0
+    confidence: tuple[int, ...] = ()
+    mirrored: int = 0
+    agreed: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Counts:
     """One node's cumulative counters at one sample."""
 
     started_at: float
     traffic: Mapping[str, Any]
-    versions: Mapping[tuple[str, str], tuple[int, int, tuple[int, ...]]]  # requests, esc, conf
+    versions: Mapping[tuple[str, str], _Version]
 
 
 @dataclass(slots=True)
@@ -41,12 +51,13 @@ class _Sample:
 
 
 def _counts(record: NodeRecord) -> _Counts:
-    versions: dict[tuple[str, str], tuple[int, int, tuple[int, ...]]] = {}
+    versions: dict[tuple[str, str], _Version] = {}
     for m in record.models:
         stats = m.stats or {}
-        versions[(m.name, m.version)] = (int(stats.get("requests", 0)),
-                                         int(stats.get("escalations", 0)),
-                                         tuple(stats.get("confidence_buckets", ()) or ()))
+        versions[(m.name, m.version)] = _Version(
+            int(stats.get("requests", 0)), int(stats.get("escalations", 0)),
+            tuple(stats.get("confidence_buckets", ()) or ()), int(stats.get("mirrored", 0)),
+            int(stats.get("agreed", 0)))
     return _Counts(record.started_at, record.traffic.model_dump(), versions)
 
 
@@ -181,31 +192,37 @@ def _mean_confidence(buckets: Iterable[int]) -> float | None:
 
 def _models(first: _Sample, last: _Sample) -> list[dict[str, Any]]:
     """Per model version over every node: requests in the window, the mean confidence in
-    the window against its mean since the nodes started serving it (the drift)."""
+    the window against its mean since the nodes started serving it (the drift), and the
+    share of its mirrored samples the most capable model agreed with in the window."""
     window: dict[tuple[str, str], list[int]] = {}
     lifetime: dict[tuple[str, str], list[int]] = {}
-    requests: dict[tuple[str, str], list[int]] = {}
+    counts: dict[tuple[str, str], list[int]] = {}  # requests, escalations, mirrored, agreed
     for node_id, now in last.nodes.items():
         before = first.nodes.get(node_id)
         same = before is not None and before.started_at == now.started_at
-        for key, (n, esc, conf) in now.versions.items():
-            old = before.versions.get(key) if same and before is not None else None
-            o_n, o_esc, o_conf = old if old is not None else (0, 0, ())
-            add = requests.setdefault(key, [0, 0])
-            add[0] += max(n - o_n, 0)
-            add[1] += max(esc - o_esc, 0)
+        for key, v in now.versions.items():
+            old = (before.versions.get(key) if same and before is not None else None) \
+                or _Version()
+            add = counts.setdefault(key, [0, 0, 0, 0])
+            for i, (n, o) in enumerate(((v.requests, old.requests),
+                                        (v.escalations, old.escalations),
+                                        (v.mirrored, old.mirrored), (v.agreed, old.agreed))):
+                add[i] += max(n - o, 0)
             life = lifetime.setdefault(key, [0] * _BINS)
             win = window.setdefault(key, [0] * _BINS)
-            for i, c in enumerate(conf[:_BINS]):
+            for i, c in enumerate(v.confidence[:_BINS]):
                 life[i] += c
-                win[i] += max(c - (o_conf[i] if i < len(o_conf) else 0), 0)
+                win[i] += max(c - (old.confidence[i] if i < len(old.confidence) else 0), 0)
     out = []
-    for (name, version), (n, esc) in sorted(requests.items()):
+    for (name, version), (n, esc, mirrored, agreed) in sorted(counts.items()):
         now_c = _mean_confidence(window[(name, version)])
         base = _mean_confidence(lifetime[(name, version)])
         out.append({"name": name, "version": version, "requests": n,
                     "escalation_rate": round(esc / n, 4) if n else None,
                     "confidence": None if now_c is None else round(now_c, 4),
                     "confidence_baseline": None if base is None else round(base, 4),
-                    "drift": None if now_c is None or base is None else round(now_c - base, 4)})
+                    "drift": None if now_c is None or base is None else round(now_c - base, 4),
+                    "mirrored": mirrored,
+                    "agreement": round(min(agreed, mirrored) / mirrored, 4) if mirrored
+                    else None})
     return out

@@ -110,6 +110,8 @@ class Request:
     version: str | None = None  # pin to a model version; None = any
     hops: int = 0  # forwarding hops before reaching this node
     policy: str | None = None  # name of a policy override (benchmark baselines)
+    # A mirrored answer asked again of the most capable model (routing/mirror.py)
+    mirror: bool = False
 
 
 @dataclass(frozen=True, slots=True)

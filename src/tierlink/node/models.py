@@ -433,6 +433,14 @@ class ModelManager:
             return m.standby.runtime
         return m.active.runtime
 
+    def standby_share(self, name: str, version: str) -> tuple[float, bool]:
+        """(the weight of ``name``'s standby version, 0 without one; whether ``version`` is
+        that standby) — how a request's answer was drawn (mirroring samples by it)."""
+        m = self._models.get(name)
+        if m is None or m.standby is None:
+            return 0.0, False
+        return m.weight, m.standby.version == version
+
     def served(self) -> list[ServedVersion]:
         """Every version served now, per model the active one then the standby (for the
         heartbeat: active weight = 1 - standby weight)."""

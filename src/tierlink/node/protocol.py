@@ -27,6 +27,7 @@ ORIGIN = "tierlink.origin"
 HOPS = "tierlink.hops"
 VERSION = "tierlink.version"
 POLICY = "tierlink.policy"
+MIRROR = "tierlink.mirror"  # set by a node mirroring an answer (routing/mirror.py)
 CUT = "tierlink.cut"  # a split plan's tail request: the features' tensor in the model
 CODEC = "tierlink.codec"  # ...and how they are encoded (tierlink.split.codecs)
 SPLIT = "tierlink.split"  # ask for a split plan: "NODE/CUT/CODEC" (benchmarks, tests)
@@ -76,6 +77,9 @@ REQUEST_PARAMETERS: tuple[Parameter, ...] = (
     Parameter(POLICY, "string", "",
               "name a policy for this request (only if the fleet's "
               "``routing.allow_policy_override`` allows it)"),
+    Parameter(MIRROR, "boolean", "false",
+              "set by a node on a request it mirrors (``routing.mirror``): placed at the most "
+              "capable model the request's privacy allows; refused from a client"),
     Parameter(LABEL, "integer, or a JSON list of integers", "",
               "the true class index when the client knows it (an eval workload does): an int, "
               "or a list (as JSON text) per batch row; ``-1`` = unknown. Only the "
@@ -148,7 +152,18 @@ def parse_request(
         version=str(params[VERSION]) if params.get(VERSION) is not None else None,
         hops=hops,
         policy=str(params[POLICY]) if params.get(POLICY) else None,
+        mirror=_mirror(params.get(MIRROR, False), hops),
     )
+
+
+def _mirror(value: Any, hops: int) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{MIRROR} must be true or false, got {_short(value)}")
+    if value and hops == 0:
+        raise InvalidRequest(f"{MIRROR} is set by the node that mirrors an answer, not by a "
+                             "client", hint=f"leave {MIRROR} out; routing.mirror in the fleet "
+                             "file sets how much is mirrored")
+    return value
 
 
 def parse_labels(params: Mapping[str, Any], batch: int) -> tuple[int, ...] | None:
@@ -191,6 +206,8 @@ def forward_params(req: Request, deadline_ms: float, traceparent: str | None,
         params[VERSION] = req.version
     if req.policy:
         params[POLICY] = req.policy
+    if req.mirror:
+        params[MIRROR] = True
     if traceparent:
         params[TRACEPARENT] = traceparent
     if labels is not None:

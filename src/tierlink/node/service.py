@@ -67,6 +67,7 @@ from tierlink.node.hedging import Hedger
 from tierlink.node.keepwarm import KeepWarm
 from tierlink.node.live_routing import NodeRouting
 from tierlink.node.local_models import LocalModels
+from tierlink.node.mirroring import Mirrors
 from tierlink.node.models import ModelManager
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
 from tierlink.node.spec import NodeSpec
@@ -170,6 +171,10 @@ class NodeService:
                                      on_hard_example=self._hard_example,
                                      hedger=Hedger(self.routing.hedging))
         self.refresh_view()
+        # A share of this node's answers asked again of the most capable model (agreement)
+        self.mirrors = Mirrors(self.routing.mirror, spec.node_id, spec.labels.get("site", ""),
+                               random.Random(f"{spec.seed}/mirror"), self._run_mirror,
+                               self.models.standby_share, self.version_stats, self.metrics)
         # Asynchronous requests: routed now, or held for a cheaper price window.
         self.asynchronous = AsyncDesk(
             AsyncResults(uplink), DeferredStore(Path(spec.state_dir) / "deferred.sqlite"),
@@ -198,6 +203,7 @@ class NodeService:
             self._deferred = asyncio.create_task(self.asynchronous.loop(), name="deferred")
 
     async def stop(self) -> None:
+        await self.mirrors.stop()
         await self.models.stop()
         if self.hard_examples is not None:  # first: its last flush may write to the outbox
             await self.hard_examples.stop()
@@ -283,6 +289,7 @@ class NodeService:
         finally:
             LABELS.reset(token)
             self._inflight -= 1
+        self.mirrors.offer(task, req, inputs, result)
         outcome = replace(result.outcome, routing_revision=router.revision)
         if req.hops == 0:  # the request entered here: its whole bill is counted here, once
             self.metrics.bill(task, outcome, self.spec.node_id, self.spec.labels.get("site", ""))
@@ -311,6 +318,22 @@ class NodeService:
 
         return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
                                       observe)
+
+    async def _run_mirror(self, req: Request, inputs: dict[str, np.ndarray],
+                          answered: Outcome) -> StepResult | None:
+        """A mirrored request (node/mirroring.py) run where the most capable model is; None
+        when that is the model that answered (nothing to compare). Its plan passes the
+        router's privacy check like any other."""
+        router = self.live.router
+        plan = router.admit(req, router.desk.most_capable.plan(req, self.view, self._rng))
+        if plan.empty:
+            raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
+                                      request_id=req.request_id)
+        first = plan.placements[0]
+        if first.kind == "local" and first.model == answered.model:
+            return None
+        return await self.dispatcher.execute(plan, req, inputs,
+                                             self._clock() + req.deadline_ms / 1000.0)
 
     @staticmethod
     def _plan(router: Router, policy: Policy, req: Request, view: ClusterView

@@ -3,7 +3,8 @@
 Per ``(model name, version)``: requests answered, errors, escalations (answers passed on for
 low confidence), a latency histogram, a confidence histogram (10 bins), and — where the
 client sent labels (``tierlink.label``) — how many answers were checked and how many were
-right. Counters are cumulative for the life of the process; the rollout controller works on
+right; where the fleet mirrors (``routing.mirror``), how many answered samples were mirrored
+to the most capable model the request's privacy allows and how many of those it agreed with. Counters are cumulative for the life of the process; the rollout controller works on
 differences between heartbeats (and treats a counter that went down as a restart). The dict
 form is what heartbeats carry (``ModelSpec.stats``) and what
 ``tierlink.rollout.stats.VersionStats.from_dict`` reads.
@@ -34,12 +35,15 @@ class _Counts:
     confidence: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
     feedback: int = 0
     feedback_correct: int = 0
+    mirrored: int = 0
+    agreed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "errors": self.errors,
                 "escalations": self.escalations, "latency_ms_buckets": list(self.latency),
                 "confidence_buckets": list(self.confidence), "feedback": self.feedback,
-                "feedback_correct": self.feedback_correct, "since": self.since}
+                "feedback_correct": self.feedback_correct, "mirrored": self.mirrored,
+                "agreed": self.agreed, "since": self.since}
 
 
 class VersionStatsBook:
@@ -80,6 +84,14 @@ class VersionStatsBook:
     def escalated(self, name: str, version: str) -> None:
         with self._lock:
             self._get(name, version).escalations += 1
+
+    def mirrored(self, name: str, version: str, samples: int, agreed: int) -> None:
+        """``samples`` of one of this version's answers were answered again by the most
+        capable model (node/mirroring.py); ``agreed`` of them the same way."""
+        with self._lock:
+            c = self._get(name, version)
+            c.mirrored += samples
+            c.agreed += agreed
 
     def get(self, name: str, version: str) -> dict[str, Any] | None:
         with self._lock:

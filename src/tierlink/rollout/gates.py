@@ -19,7 +19,15 @@ Defaults (``Gates()``), and why:
 * ``max_accuracy_drop_pt=2.0`` with ``min_feedback=100``: fail when accuracy on labelled
   feedback drops by more than 2 points, judged only with >= 100 labelled answers on each side
   (fewer: insufficient data, which does not block promotion — feedback is optional);
-* ``min_z=2.58``: the proportion gates (error rate, escalation rate, feedback accuracy) fail
+* ``max_agreement_drop_pt=3.0`` with ``min_mirrored=50``: fail when the share of mirrored
+  samples the most capable model answers the same way (``routing.mirror``: no labels
+  needed) drops by more than 3 points against the previous version's, judged with >= 50
+  mirrored samples on each side. Against the previous version, not against 100%: a device
+  model disagrees with the cloud's on a few percent of the inputs it answers when healthy
+  (the demo's: 1-2%), and a version confidently wrong on one class of ten loses about ten
+  points. Without mirroring the gate has no data and, like feedback, does not block;
+* ``min_z=2.58``: the proportion gates (error rate, escalation rate, feedback accuracy,
+  agreement) fail
   only when the regression is also *significant* — a one-sided two-proportion z-test
   (unpooled) with z >= 2.58, about 0.5% false alarms per look. With 150 labelled answers
   at 91%, sampling noise alone is +-2.3 pt: a point estimate past 2 pt proves nothing.
@@ -44,7 +52,8 @@ from tierlink.errors import ConfigError
 from tierlink.rollout.stats import VersionStats, psi
 
 _GATES_HINT = ("gates: max_error_rate_delta, max_p95_ratio, min_p95_increase_ms, "
-               "max_escalation_delta, max_psi, max_accuracy_drop_pt, min_feedback, min_z")
+               "max_escalation_delta, max_psi, max_accuracy_drop_pt, min_feedback, "
+               "max_agreement_drop_pt, min_mirrored, min_z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,8 @@ class Gates:
     max_psi: float = 0.25
     max_accuracy_drop_pt: float = 2.0
     min_feedback: int = 100
+    max_agreement_drop_pt: float = 3.0
+    min_mirrored: int = 50
     min_z: float = 2.58
 
     def __post_init__(self) -> None:
@@ -69,9 +80,11 @@ class Gates:
         if self.max_p95_ratio < 1.0:
             raise ConfigError(f"gates.max_p95_ratio must be >= 1, got {self.max_p95_ratio}",
                               hint=_GATES_HINT)
-        if not isinstance(self.min_feedback, int) or self.min_feedback < 1:
-            raise ConfigError(f"gates.min_feedback must be an integer >= 1, got "
-                              f"{self.min_feedback!r}", hint=_GATES_HINT)
+        for name in ("min_feedback", "min_mirrored"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"gates.{name} must be an integer >= 1, got {value!r}",
+                                  hint=_GATES_HINT)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +162,7 @@ def evaluate(gates: Gates, min_requests: int, new: VersionStats,
                          gates.max_escalation_delta), gates, min_requests, new, by_requests),
         _psi_gate(gates, min_requests, new, base.first(lambda s: s.answers, min_requests)),
         _accuracy_gate(gates, new, base.first(lambda s: s.feedback, gates.min_feedback)),
+        _agreement_gate(gates, new, base.first(lambda s: s.mirrored, gates.min_mirrored)),
     )
 
 
@@ -270,6 +284,24 @@ def _accuracy_gate(gates: Gates, new: VersionStats, base: Baseline) -> Verdict:
     reason = (f"accuracy on labelled feedback {value:.1%} vs {ref:.1%} ({-drop:+.1f} pt, "
               f"drop {op} {threshold:.1f} pt) over {n} answers{_suffix(base)}")
     return Verdict("feedback_accuracy", outcome, value, ref, threshold, n, reason)
+
+
+def _agreement_gate(gates: Gates, new: VersionStats, base: Baseline) -> Verdict:
+    n, nb = new.mirrored, base.stats.mirrored
+    threshold = gates.max_agreement_drop_pt
+    if n < gates.min_mirrored or nb < gates.min_mirrored:
+        return Verdict("agreement", Outcome.INSUFFICIENT, new.agreement(),
+                       base.stats.agreement(), threshold, n,
+                       _short("agreement with the most capable model", n, nb,
+                              gates.min_mirrored, "mirrored samples"))
+    value, ref = new.agreed / n, base.stats.agreed / nb
+    drop = 100 * (ref - value)
+    outcome, op = _judge(drop > threshold,
+                         z_score(n - new.agreed, n, nb - base.stats.agreed, nb), gates)
+    reason = (f"agreement with the most capable model {value:.1%} vs {ref:.1%} "
+              f"({-drop:+.1f} pt, drop {op} {threshold:.1f} pt) over {n} mirrored samples"
+              f"{_suffix(base)}")
+    return Verdict("agreement", outcome, value, ref, threshold, n, reason)
 
 
 def _opt_float(value: Any) -> float | None:

@@ -33,9 +33,10 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 100
 CONFIDENCE_BINS = 10
 
 _HINT = ("per-version stats are {requests, errors, escalations, latency_ms_buckets[13], "
-         "confidence_buckets[10], feedback, feedback_correct, since}; counts are "
-         "non-negative integers, cumulative since the version became active")
-_COUNTS = ("requests", "errors", "escalations", "feedback", "feedback_correct")
+         "confidence_buckets[10], feedback, feedback_correct, mirrored, agreed, since}; counts "
+         "are non-negative integers, cumulative since the version became active")
+_COUNTS = ("requests", "errors", "escalations", "feedback", "feedback_correct", "mirrored",
+           "agreed")
 _HISTOGRAMS = {"latency_ms_buckets": len(LATENCY_BUCKETS_MS),
                "confidence_buckets": CONFIDENCE_BINS}
 
@@ -60,6 +61,8 @@ class VersionStats:
     confidence_buckets: tuple[int, ...] = _zeros(CONFIDENCE_BINS)
     feedback: int = 0
     feedback_correct: int = 0
+    mirrored: int = 0
+    agreed: int = 0
     since: float = 0.0
 
     def __post_init__(self) -> None:
@@ -84,10 +87,14 @@ class VersionStats:
         lat, conf = (_histogram(data, name, size) for name, size in _HISTOGRAMS.items())
         if _count(data, "feedback_correct") > _count(data, "feedback"):
             raise InvalidRequest("stats.feedback_correct exceeds stats.feedback", hint=_HINT)
+        if _count(data, "agreed") > _count(data, "mirrored"):
+            raise InvalidRequest("stats.agreed exceeds stats.mirrored", hint=_HINT)
         return cls(requests=_count(data, "requests"), errors=_count(data, "errors"),
                    escalations=_count(data, "escalations"), latency_ms_buckets=lat,
                    confidence_buckets=conf, feedback=_count(data, "feedback"),
-                   feedback_correct=_count(data, "feedback_correct"), since=_since(data))
+                   feedback_correct=_count(data, "feedback_correct"),
+                   mirrored=_count(data, "mirrored"), agreed=_count(data, "agreed"),
+                   since=_since(data))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -153,6 +160,11 @@ class VersionStats:
         """Share of labelled feedback that found the answer right; None without feedback."""
         return self.feedback_correct / self.feedback if self.feedback else None
 
+    def agreement(self) -> float | None:
+        """Share of mirrored samples the most capable model answered the same way; None
+        without mirrored samples."""
+        return self.agreed / self.mirrored if self.mirrored else None
+
     def p95_ms(self) -> float | None:
         """p95 latency as the upper bound of the bucket holding it (``inf`` if that is the
         overflow bucket); None without timed requests. Coarse: bounds step 2-2.5x."""
@@ -186,12 +198,15 @@ def _combine(a: VersionStats, b: VersionStats, op: Callable[[int, int], int],
     # A heartbeat may catch feedback and feedback_correct between their two increments,
     # so a window can show one more correct than labelled: clamp, never raise.
     correct = min(feedback, op(a.feedback_correct, b.feedback_correct))
+    mirrored = op(a.mirrored, b.mirrored)  # the same race, the same clamp
+    agreed = min(mirrored, op(a.agreed, b.agreed))
     return VersionStats(
         requests=op(a.requests, b.requests), errors=op(a.errors, b.errors),
         escalations=op(a.escalations, b.escalations),
         latency_ms_buckets=hist(a.latency_ms_buckets, b.latency_ms_buckets),
         confidence_buckets=hist(a.confidence_buckets, b.confidence_buckets),
-        feedback=feedback, feedback_correct=correct, since=since)
+        feedback=feedback, feedback_correct=correct, mirrored=mirrored, agreed=agreed,
+        since=since)
 
 
 def _in_bucket(i: int, position: float, interpolate: bool) -> float:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tierlink.core.types import Privacy, Request, Tier
+from tierlink.core.types import Request, Tier
 from tierlink.errors import DeadlineExceeded, InvalidRequest, PrivacyViolation
 from tierlink.policy import REGISTRY, Policy, PolicyConfig
+from tierlink.routing.mirror import MostCapable
+from tierlink.routing.privacy import may_hold
 from tierlink.settings.routing import RoutingConfig
 
 __all__ = ["PolicyDesk"]
@@ -20,12 +22,6 @@ Count = Callable[[str, str], None]  # (privacy level, verdict) of an input recei
 
 def _uncounted(_privacy: str, _verdict: str) -> None:
     pass
-
-
-def may_hold(privacy: Privacy, tier: Tier, node_id: str, origin: str | None) -> bool:
-    """Whether ``node_id`` (of ``tier``) may hold an input of ``privacy`` from ``origin``
-    (None: its own) — the receipt check of every request, tensor or chat."""
-    return privacy.allows(tier, at_origin=origin is None or origin == node_id)
 
 
 class PolicyDesk:
@@ -45,6 +41,8 @@ class PolicyDesk:
         self.name = routing.policy
         self.default = REGISTRY.create(routing.policy, self._config, routing.policy_options)
         self._policies: dict[str, Policy] = {routing.policy: self.default}
+        # A mirrored answer's request, whatever the fleet's policy (routing/mirror.py)
+        self.most_capable = MostCapable(routing.max_hops)
 
     def made(self) -> tuple[Policy, ...]:
         """Every policy this desk has made so far."""
@@ -60,6 +58,8 @@ class PolicyDesk:
         return found
 
     def for_request(self, req: Request) -> Policy:
+        if req.mirror:
+            return self.most_capable
         if req.policy is None or req.policy == self.name:
             return self.default
         if not self.allow_override:

@@ -20,7 +20,8 @@ from tierlink.policy.base import give_feedback
 from tierlink.policy.ope import Logged
 from tierlink.policy.placement import TierlinkPolicy
 from tierlink.policy.shadow import Decision, Shadow
-from tierlink.routing.desk import PolicyDesk, may_hold
+from tierlink.routing.desk import PolicyDesk
+from tierlink.routing.privacy import may_hold
 
 __all__ = ["Router", "ShadowRun", "shadow_run"]
 

@@ -16,8 +16,8 @@ from tierlink.estimate.split import DEFAULT_CODECS
 from tierlink.policy.base import PolicyConfig, RewardWeights, Weights
 from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, known, known_keys
 
-__all__ = ["LIVE_KEYS", "BreakerConfig", "HedgeConfig", "OverloadConfig", "RoutingConfig",
-           "ShadowConfig", "parse_cost", "parse_routing", "with_live"]
+__all__ = ["LIVE_KEYS", "BreakerConfig", "HedgeConfig", "MirrorConfig", "OverloadConfig",
+           "RoutingConfig", "ShadowConfig", "parse_cost", "parse_routing", "with_live"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,23 @@ class ShadowConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MirrorConfig:
+    """Fleet YAML ``routing.mirror``: answers asked again of the most capable model their
+    privacy allows, in the background, for agreement per model version (node/mirroring.py)."""
+
+    # Share (0..0.05) of the answers each node's own models give that are mirrored; 0: off
+    share: float = 0.0
+    # Mirrors in flight per node at most; an answer sampled while they are all busy is
+    # skipped (counted), never queued
+    max_in_flight: int = 4
+    # Deadline (ms) of a mirrored request: batch priority, it waits behind interactive work
+    deadline_ms: float = 10_000.0
+
+
+MAX_MIRROR_SHARE = 0.05  # of a node's answers: mirroring is a sample, not a second fleet
+
+
+@dataclass(frozen=True, slots=True)
 class RoutingConfig:
     """How every node of the fleet routes (one policy, one set of weights)."""
 
@@ -137,6 +154,9 @@ class RoutingConfig:
     # Shadow mode (policy/shadow.py): a candidate decides beside the acting policy on each
     # node's own requests, logged for `tierlink policy evaluate`.
     shadow: ShadowConfig | None = None
+    # Mirroring (routing/mirror.py): a share of the answers asked again of the most capable
+    # model, for agreement per model version (a rollout gate, an alert)
+    mirror: MirrorConfig = field(default_factory=MirrorConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``routing:`` section as ``parse_routing`` reads it — every setting, so that
@@ -154,7 +174,7 @@ class RoutingConfig:
             "probe_idle_s": self.probe_idle_s, "hedging": asdict(self.hedging),
             "overload": asdict(self.overload), "split_codec_loss": dict(self.split_codec_loss),
             "accuracy_tolerance": self.accuracy_tolerance,
-            "bandit": {"reward": asdict(self.reward)}}
+            "bandit": {"reward": asdict(self.reward)}, "mirror": asdict(self.mirror)}
         cascade = {"tuned_on": dict(self.cascade_tuned_on),
                    "records": {path_key(k): record_to_dict(r, None)
                                for k, r in self.cascade_records.items()},
@@ -200,7 +220,8 @@ def parse_routing(raw: Mapping[str, Any], cost: Mapping[str, Any] | None = None)
 ROUTING_KEYS = ("policy", "weights", "thresholds", "default_threshold", "max_hops",
                 "reserve_ms", "allow_policy_override", "retry_budget", "breaker",
                 "local_features_may_leave", "probe_idle_s", "hedging", "overload",
-                "split_codec_loss", "cascade", "accuracy_tolerance", "bandit", "shadow")
+                "split_codec_loss", "cascade", "accuracy_tolerance", "bandit", "shadow",
+                "mirror")
 
 
 def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
@@ -244,6 +265,21 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
                                   "routing.accuracy_tolerance", 0.0, 100.0),
         reward=_reward(as_mapping(raw.get("bandit") or {}, "routing.bandit")),
         shadow=_shadow(raw.get("shadow")),
+        mirror=_mirror(as_mapping(raw.get("mirror") or {}, "routing.mirror")),
+    )
+
+
+def _mirror(raw: Mapping[str, Any]) -> MirrorConfig:
+    for key in raw:
+        known(key, tuple(MirrorConfig.__dataclass_fields__), "routing.mirror")
+    d = MirrorConfig()
+    return MirrorConfig(
+        share=as_float(raw.get("share", d.share), "routing.mirror.share", 0.0,
+                       MAX_MIRROR_SHARE),
+        max_in_flight=as_int(raw.get("max_in_flight", d.max_in_flight),
+                             "routing.mirror.max_in_flight", 1),
+        deadline_ms=as_float(raw.get("deadline_ms", d.deadline_ms), "routing.mirror.deadline_ms",
+                             1.0, 3_600_000.0),
     )
 
 

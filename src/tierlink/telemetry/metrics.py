@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 # The labels of the bill (``tierlink_cost_usd_total``), what ``tierlink cost`` groups by.
 COST_LABELS = ("task", "model", "version", "path", "site", "tier", "part")
-PATH_KINDS = ("local", "escalated", "split", "remote")
+PATH_KINDS = ("local", "escalated", "split", "remote", "mirror")
 
 # Latency buckets from 0.5 ms to 10 s: device answers are sub-millisecond, cloud ones ~100 ms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
@@ -109,13 +109,30 @@ class NodeMetrics:
             "tierlink_cost_usd_total",
             "What answers cost (USD), counted once, by the node each request entered: by "
             "task, the model and version that answered, how (path: local, escalated, split, "
-            "remote), the entry node's site, and the tier and part (compute there, transfer "
+            "remote; mirror: an answer asked again of the most capable model), the entry node's site, and the tier and part (compute there, transfer "
             "into it) each dollar went to",
             ["task", "model", "version", "path", "site", "tier", "part"], registry=r)
         self.billed = Counter(
             "tierlink_billed_requests_total",
             "Requests answered, counted once, by the node each entered: by task, path kind "
             "and site (what cost per request divides by)", ["task", "path", "site"],
+            registry=r)
+        self.mirrors = Counter(
+            "tierlink_mirrors_total",
+            "Answers of this node's models sampled for mirroring (routing.mirror), by what "
+            "became of them: compared, busy (every mirror slot taken: skipped), failed, "
+            "most_capable_here (nothing more capable may see the input), no_label, "
+            "incomparable", ["outcome"], registry=r)
+        self.mirrored = Counter(
+            "tierlink_mirrored_samples_total",
+            "Answered samples the most capable model their privacy allows answered again, "
+            "by the task, model and version that answered them first", ["task", "model",
+                                                                         "version"],
+            registry=r)
+        self.mirror_agreed = Counter(
+            "tierlink_mirror_agreed_samples_total",
+            "Mirrored samples the most capable model answered with the same label (agreement "
+            "= this / tierlink_mirrored_samples_total)", ["task", "model", "version"],
             registry=r)
         self.control_stale = Gauge("tierlink_view_age_seconds",
                                    "Age of the cached cluster view", ["tier"], registry=r)
@@ -150,14 +167,24 @@ class NodeMetrics:
                                            "Hard examples waiting to be sent", ["tier"],
                                            registry=r)
 
-    def bill(self, task: str, outcome: Outcome, node_id: str, site: str) -> None:
+    def bill(self, task: str, outcome: Outcome, node_id: str, site: str,
+             path: str | None = None) -> None:
         """Count what an answer cost, once, at the node the request entered (``node_id``):
-        each part of its bill under the tier it went to."""
-        path = path_kind(outcome, node_id)
-        self.billed.labels(task, path, site).inc()
+        each part of its bill under the tier it went to. ``path``: the path kind when the
+        outcome does not say it: a mirror's, whose cost is on the bill but which is no
+        request of anyone's and so is not in ``tierlink_billed_requests_total``)."""
+        path = path or path_kind(outcome, node_id)
+        if path != "mirror":
+            self.billed.labels(task, path, site).inc()
         for tier, part, usd in outcome.bill.items():
             self.cost.labels(task, outcome.model, outcome.model_version, path, site,
                              tier.label, part).inc(usd)
+
+    def count_mirrored(self, task: str, model: str, version: str, samples: int,
+                       agreed: int) -> None:
+        """What a mirror found for one answer of ``model`` ``version``."""
+        self.mirrored.labels(task, model, version).inc(samples)
+        self.mirror_agreed.labels(task, model, version).inc(agreed)
 
     def count_hard_examples(self, outcome: str, n: int) -> None:
         """The hard-example uploader's ``count`` callback."""

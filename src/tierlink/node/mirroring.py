@@ -1,0 +1,127 @@
+"""Mirroring on a node (``routing.mirror``; the policy is ``routing/mirror.py``).
+
+After an answer of one of this node's own models went out, a sample of them is asked again
+of the most capable model the request's privacy allows, in a background task of its own —
+never on the answer's path, never more than ``max_in_flight`` at once (a sampled answer is
+skipped while they are busy: a sample may be thinned, an answer never waits). The two
+answers' labels are compared sample by sample; what agreed is counted per answering model
+version (:class:`~tierlink.node.version_stats.VersionStatsBook`: heartbeats, the rollout's
+``agreement`` gate, the fleet view) and exported (``tierlink_mirrored_samples_total``,
+``tierlink_mirror_agreed_samples_total``). A mirror is billed at this node under path kind
+``mirror``: what watching quality costs is on the bill, apart from serving.
+
+Only answers with a ``label`` tensor (classification kinds) are mirrored; an answer this
+node's model gave after an escalation or as a split is not (it was not this model's alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import numpy as np
+
+from tierlink.core.types import Outcome, Priority, Request
+from tierlink.errors import TierlinkError
+from tierlink.node.dispatcher import StepResult
+from tierlink.node.version_stats import VersionStatsBook
+from tierlink.routing.mirror import mirror_odds
+from tierlink.settings.routing import MirrorConfig
+from tierlink.telemetry.metrics import NodeMetrics
+
+__all__ = ["Mirrors", "agreement"]
+
+log = logging.getLogger("tierlink.node")
+
+Inputs = dict[str, np.ndarray]
+# Runs a mirrored request where the most capable model is; None when that is the answering
+# model itself (nothing to compare). Raises what a routed request raises.
+Route = Callable[[Request, Inputs, Outcome], Awaitable[StepResult | None]]
+# (model, version) -> (the standby version's weight, whether this version is the standby)
+Share = Callable[[str, str], tuple[float, bool]]
+
+
+def agreement(ours: np.ndarray, theirs: np.ndarray) -> tuple[int, int]:
+    """(samples compared, samples with the same label) of two answers' ``label`` tensors;
+    (0, 0) when their shapes differ (nothing comparable)."""
+    a, b = np.asarray(ours), np.asarray(theirs)
+    if a.shape != b.shape or a.ndim == 0:
+        return 0, 0
+    same = (a == b).reshape(a.shape[0], -1).all(axis=1)
+    return int(same.size), int(same.sum())
+
+
+class Mirrors:
+    """The node's mirrors in flight and what they found (see the module doc)."""
+
+    def __init__(self, config: MirrorConfig, node_id: str, site: str, rng: random.Random,
+                 route: Route, share: Share, stats: VersionStatsBook,
+                 metrics: NodeMetrics) -> None:
+        self.config, self.node_id, self.site = config, node_id, site
+        self._rng, self._route, self._share = rng, route, share
+        self._stats, self._metrics = stats, metrics
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def offer(self, task: str, req: Request, inputs: Inputs, result: StepResult) -> None:
+        """One answer that went out: mirrored in the background if it is sampled."""
+        outcome = result.outcome
+        if (self.config.share <= 0.0 or req.mirror or outcome.served_by != self.node_id
+                or outcome.escalations or outcome.split):
+            return
+        weight, on_standby = self._share(outcome.model, outcome.model_version)
+        if self._rng.random() >= mirror_odds(self.config.share, weight, on_standby):
+            return
+        ours = result.outputs.get("label")
+        if ours is None:
+            self._count("no_label")
+            return
+        if len(self._tasks) >= self.config.max_in_flight:
+            self._count("busy")
+            return
+        mirrored = replace(req, request_id=f"{req.request_id}.mirror", mirror=True,
+                           priority=Priority.BATCH, deadline_ms=self.config.deadline_ms,
+                           version=None, policy=None)
+        job = asyncio.create_task(self._mirror(task, mirrored, inputs, ours, outcome),
+                                  name="mirror")
+        self._tasks.add(job)
+        job.add_done_callback(self._tasks.discard)
+
+    async def _mirror(self, task: str, req: Request, inputs: Inputs, ours: np.ndarray,
+                      answered: Outcome) -> None:
+        try:
+            result = await self._route(req, inputs, answered)
+        except TierlinkError as exc:
+            self._count("failed")
+            log.info("mirror of %s failed: %s", req.request_id, exc.message)
+            return
+        except Exception:  # a background task: logged, never raised
+            self._count("failed")
+            log.exception("mirror of %s failed", req.request_id)
+            return
+        if result is None:
+            self._count("most_capable_here")
+            return
+        n, agreed = agreement(ours, result.outputs.get("label", np.empty(0)))
+        if n == 0:
+            self._count("incomparable")
+            return
+        self._count("compared")
+        self._stats.mirrored(answered.model, answered.model_version, n, agreed)
+        self._metrics.count_mirrored(task, answered.model, answered.model_version, n, agreed)
+        self._metrics.bill(task, result.outcome, self.node_id, self.site, path="mirror")
+
+    def _count(self, outcome: str) -> None:
+        self._metrics.mirrors.labels(outcome).inc()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def stop(self) -> None:
+        """Cancel the mirrors in flight (a sample: nothing is owed to anyone)."""
+        for job in list(self._tasks):
+            job.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
