@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from tierlink.core.types import Bill, Fallback, Outcome, Priority, Privacy, Tier
@@ -29,6 +31,20 @@ def test_forwarded_parameters_round_trip_with_one_more_hop():
     assert again.origin == "dev-1" and again.hops == 1 and again.deadline_ms == 42.0
     assert again.privacy is Privacy.SITE and again.priority is Priority.REALTIME
     assert fwd["traceparent"] == "00-abc-def-01"
+
+
+def test_only_a_node_mirrors_a_request_and_the_flag_travels_up():
+    with pytest.raises(InvalidRequest, match="set by the node that mirrors an answer"):
+        protocol.parse_request("t", {"tierlink.mirror": True}, request_id="r", receiver="n",
+                               input_bytes=0)
+    with pytest.raises(InvalidRequest, match="tierlink.mirror must be true or false"):
+        protocol.parse_request("t", {"tierlink.mirror": "yes", "tierlink.hops": 1},
+                               request_id="r", receiver="n", input_bytes=0)
+    req = protocol.parse_request("t", {}, request_id="r", receiver="dev-1", input_bytes=0)
+    fwd = protocol.forward_params(replace(req, mirror=True), 500.0, None)
+    again = protocol.parse_request("t", fwd, request_id="r", receiver="edge-1", input_bytes=0)
+    assert again.mirror and again.hops == 1
+    assert "tierlink.mirror" not in protocol.forward_params(req, 500.0, None)
 
 
 @pytest.mark.parametrize("params, name", [

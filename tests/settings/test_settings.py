@@ -30,6 +30,17 @@ def test_a_routing_section_parses_alone() -> None:
         parse_routing({"weights": {"speed": 1}})
 
 
+def test_mirroring_is_a_sample_of_at_most_five_percent() -> None:
+    r = parse_routing({"mirror": {"share": 0.02, "max_in_flight": 2}})
+    assert r.mirror.share == 0.02 and r.mirror.max_in_flight == 2
+    assert parse_routing(r.to_dict()) == r
+    assert parse_routing({}).mirror.share == 0.0  # off unless asked for
+    with pytest.raises(ConfigError, match=r"routing.mirror.share = 0.1 is out of range"):
+        parse_routing({"mirror": {"share": 0.1}})
+    with pytest.raises(ConfigError, match=r"routing.mirror.shar: unknown key"):
+        parse_routing({"mirror": {"shar": 0.01}})
+
+
 def test_hard_example_settings_parse_alone() -> None:
     h = parse_hard_examples({"sample_rate": 0.5}, "edge")
     assert h.sample_rate == 0.5 and h.store_tier is Tier.EDGE
