@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tierlink.core.types import Outcome, Privacy, Request, Tier
+from tierlink.core.types import Outcome, Placement, Plan, Privacy, Request, Tier
 from tierlink.errors import UpstreamUnavailable
 from tierlink.estimate.cost import DEFAULT_COST_MODEL
 from tierlink.node.dispatcher import StepResult
@@ -34,7 +34,12 @@ class Upstream:
         self.gate = asyncio.Event()
         self.asked: list[Request] = []
 
-    async def __call__(self, req: Request, inputs: dict, answered: Outcome) -> StepResult:
+    def plan(self, req: Request, answered: Outcome) -> Plan | None:
+        if req.privacy is Privacy.LOCAL:
+            return None  # the device's own model is the most capable it may reach
+        return Plan((Placement("remote", "cloud-1", Tier.CLOUD),), "most_capable")
+
+    async def __call__(self, plan: Plan, req: Request, inputs: dict) -> StepResult:
         self.asked.append(req)
         await self.gate.wait()
         if self.fail:
@@ -47,7 +52,7 @@ def mirrors(route, share: float = 0.05, in_flight: int = 4, standby=(0.0, False)
     metrics = NodeMetrics("device", CollectorRegistry())
     stats = VersionStatsBook(clock=lambda: 1.0)
     made = Mirrors(MirrorConfig(share=share, max_in_flight=in_flight), "dev-1", "s1",
-                   random.Random(0), route, lambda m, v: standby, stats, metrics)
+                   random.Random(0), route.plan, route, lambda m, v: standby, stats, metrics)
     return made, stats, metrics
 
 
@@ -134,6 +139,22 @@ def test_what_is_never_mirrored(why: str) -> None:
         assert made.in_flight == 0 and not up.asked
         if why == "no label":
             assert sample(metrics, "tierlink_mirrors_total", outcome="no_label") > 0
+
+    asyncio.run(main())
+
+
+def test_an_answer_nothing_more_capable_may_see_passes_its_turn_on():
+    async def main() -> None:
+        up = Upstream([1])
+        made, _, _ = mirrors(up, share=0.05, in_flight=10_000)
+        local = Request("r2", "toy", 500.0, "dev-1", Privacy.LOCAL)
+        for i in range(4000):  # every other answer a local input
+            made.offer("toy", local if i % 2 else REQ, {}, answer("dev-1", "small", [1]))
+        # 5% of all 4000 answers, every one of them on an input that may go up
+        assert 0.04 <= made.in_flight / 4000 <= 0.06
+        await asyncio.sleep(0)
+        assert {r.privacy for r in up.asked} == {Privacy.ANY}
+        await made.stop()
 
     asyncio.run(main())
 

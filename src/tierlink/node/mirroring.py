@@ -12,6 +12,9 @@ version (:class:`~tierlink.node.version_stats.VersionStatsBook`: heartbeats, the
 
 Only answers with a ``label`` tensor (classification kinds) are mirrored; an answer this
 node's model gave after an escalation or as a split is not (it was not this model's alone).
+A sampled answer whose request may reach nothing more capable (a ``local`` input on its
+device) passes its turn to the next answer that may: the share holds over all answers, and
+the mirrors go where a comparison exists.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tierlink.core.types import Outcome, Priority, Request
+from tierlink.core.types import Outcome, Plan, Priority, Request
 from tierlink.errors import TierlinkError
 from tierlink.node.dispatcher import StepResult
 from tierlink.node.version_stats import VersionStatsBook
@@ -37,9 +40,11 @@ __all__ = ["Mirrors", "agreement"]
 log = logging.getLogger("tierlink.node")
 
 Inputs = dict[str, np.ndarray]
-# Runs a mirrored request where the most capable model is; None when that is the answering
-# model itself (nothing to compare). Raises what a routed request raises.
-Route = Callable[[Request, Inputs, Outcome], Awaitable[StepResult | None]]
+# The plan of a mirrored request (the router admitted it); None when the most capable model
+# it may reach is the one that answered (nothing to compare). Raises what planning raises.
+Planner = Callable[[Request, Outcome], Plan | None]
+# Runs that plan. Raises what a routed request raises.
+Run = Callable[[Plan, Request, Inputs], Awaitable[StepResult]]
 # (model, version) -> (the standby version's weight, whether this version is the standby)
 Share = Callable[[str, str], tuple[float, bool]]
 
@@ -54,16 +59,22 @@ def agreement(ours: np.ndarray, theirs: np.ndarray) -> tuple[int, int]:
     return int(same.size), int(same.sum())
 
 
+MAX_OWED = 100  # turns passed on by answers that could not be compared, at most
+
+
 class Mirrors:
     """The node's mirrors in flight and what they found (see the module doc)."""
 
     def __init__(self, config: MirrorConfig, node_id: str, site: str, rng: random.Random,
-                 route: Route, share: Share, stats: VersionStatsBook,
+                 plan: Planner, run: Run, share: Share, stats: VersionStatsBook,
                  metrics: NodeMetrics) -> None:
         self.config, self.node_id, self.site = config, node_id, site
-        self._rng, self._route, self._share = rng, route, share
+        self._rng, self._plan, self._run, self._share = rng, plan, run, share
         self._stats, self._metrics = stats, metrics
         self._tasks: set[asyncio.Task[None]] = set()
+        # per (model, version): sampled answers that could not be compared (the next ones
+        # of the same version go instead)
+        self._owed: dict[tuple[str, str], int] = {}
 
     def offer(self, task: str, req: Request, inputs: Inputs, result: StepResult) -> None:
         """One answer that went out: mirrored in the background if it is sampled."""
@@ -71,28 +82,43 @@ class Mirrors:
         if (self.config.share <= 0.0 or req.mirror or outcome.served_by != self.node_id
                 or outcome.escalations or outcome.split):
             return
-        weight, on_standby = self._share(outcome.model, outcome.model_version)
-        if self._rng.random() >= mirror_odds(self.config.share, weight, on_standby):
+        key = (outcome.model, outcome.model_version)
+        weight, on_standby = self._share(*key)
+        owed = self._owed.get(key, 0)
+        if self._rng.random() < mirror_odds(self.config.share, weight, on_standby):
+            owed = self._owed[key] = min(MAX_OWED, owed + 1)
+        if owed == 0:
             return
         ours = result.outputs.get("label")
         if ours is None:
             self._count("no_label")
-            return
-        if len(self._tasks) >= self.config.max_in_flight:
-            self._count("busy")
+            self._owed[key] = 0  # this model never has a label: nothing is owed
             return
         mirrored = replace(req, request_id=f"{req.request_id}.mirror", mirror=True,
                            priority=Priority.BATCH, deadline_ms=self.config.deadline_ms,
                            version=None, policy=None)
-        job = asyncio.create_task(self._mirror(task, mirrored, inputs, ours, outcome),
+        try:
+            plan = self._plan(mirrored, outcome)
+        except TierlinkError as exc:
+            self._owed[key] = owed - 1
+            self._count("refused")
+            log.info("mirror of %s not planned: %s", req.request_id, exc.message)
+            return
+        if plan is None:
+            return  # nothing more capable may see this input: the turn passes on
+        self._owed[key] = owed - 1
+        if len(self._tasks) >= self.config.max_in_flight:
+            self._count("busy")
+            return
+        job = asyncio.create_task(self._mirror(task, plan, mirrored, inputs, ours, outcome),
                                   name="mirror")
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
 
-    async def _mirror(self, task: str, req: Request, inputs: Inputs, ours: np.ndarray,
-                      answered: Outcome) -> None:
+    async def _mirror(self, task: str, plan: Plan, req: Request, inputs: Inputs,
+                      ours: np.ndarray, answered: Outcome) -> None:
         try:
-            result = await self._route(req, inputs, answered)
+            result = await self._run(plan, req, inputs)
         except TierlinkError as exc:
             self._count("failed")
             log.info("mirror of %s failed: %s", req.request_id, exc.message)
@@ -100,9 +126,6 @@ class Mirrors:
         except Exception:  # a background task: logged, never raised
             self._count("failed")
             log.exception("mirror of %s failed", req.request_id)
-            return
-        if result is None:
-            self._count("most_capable_here")
             return
         n, agreed = agreement(ours, result.outputs.get("label", np.empty(0)))
         if n == 0:

@@ -173,8 +173,8 @@ class NodeService:
         self.refresh_view()
         # A share of this node's answers asked again of the most capable model (agreement)
         self.mirrors = Mirrors(self.routing.mirror, spec.node_id, spec.labels.get("site", ""),
-                               random.Random(f"{spec.seed}/mirror"), self._run_mirror,
-                               self.models.standby_share, self.version_stats, self.metrics)
+                               random.Random(f"{spec.seed}/mirror"), self._mirror_plan,
+                               self._run_mirror, self.models.standby_share, self.version_stats, self.metrics)
         # Asynchronous requests: routed now, or held for a cheaper price window.
         self.asynchronous = AsyncDesk(
             AsyncResults(uplink), DeferredStore(Path(spec.state_dir) / "deferred.sqlite"),
@@ -319,19 +319,20 @@ class NodeService:
         return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
                                       observe)
 
-    async def _run_mirror(self, req: Request, inputs: dict[str, np.ndarray],
-                          answered: Outcome) -> StepResult | None:
-        """A mirrored request (node/mirroring.py) run where the most capable model is; None
-        when that is the model that answered (nothing to compare). Its plan passes the
-        router's privacy check like any other."""
+    def _mirror_plan(self, req: Request, answered: Outcome) -> Plan | None:
+        """Where a mirrored request (node/mirroring.py) goes: its plan, admitted by the
+        router's privacy check like any other; None when the most capable model it may
+        reach is the one that answered (nothing to compare)."""
         router = self.live.router
         plan = router.admit(req, router.desk.most_capable.plan(req, self.view, self._rng))
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
         first = plan.placements[0]
-        if first.kind == "local" and first.model == answered.model:
-            return None
+        return None if first.kind == "local" and first.model == answered.model else plan
+
+    async def _run_mirror(self, plan: Plan, req: Request,
+                          inputs: dict[str, np.ndarray]) -> StepResult:
         return await self.dispatcher.execute(plan, req, inputs,
                                              self._clock() + req.deadline_ms / 1000.0)
 

@@ -121,8 +121,8 @@ class NodeMetrics:
             "tierlink_mirrors_total",
             "Answers of this node's models sampled for mirroring (routing.mirror), by what "
             "became of them: compared, busy (every mirror slot taken: skipped), failed, "
-            "most_capable_here (nothing more capable may see the input), no_label, "
-            "incomparable", ["outcome"], registry=r)
+            "refused (no plan), no_label, incomparable (answers of different shapes)",
+            ["outcome"], registry=r)
         self.mirrored = Counter(
             "tierlink_mirrored_samples_total",
             "Answered samples the most capable model their privacy allows answered again, "
