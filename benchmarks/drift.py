@@ -275,13 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--share", type=float, default=0.05, help="routing.mirror.share")
     parser.add_argument("--wrong-class", type=int, default=1, help="answered wrongly")
     parser.add_argument("--as-class", type=int, default=3, help="...as this class")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="keep each run's fleet directory (logs) here")
     args = parser.parse_args(argv)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if not set(runs) <= {"broken", "healthy"}:
         parser.error("--runs: broken, healthy")
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tierlink-drift-") as tmp:
-        bench = load_bench(Path(tmp), args.seconds, args.share, args.wrong_class,
+        bench = load_bench(args.work or Path(tmp), args.seconds, args.share, args.wrong_class,
                            args.as_class)
         for kind in runs:
             print(f"[{kind}] ...", flush=True)

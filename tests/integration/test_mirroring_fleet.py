@@ -17,15 +17,14 @@ from .integration_support import infer, metric_sum, route, wait_for
 
 pytestmark = pytest.mark.integration
 
-# The device answers everything itself (threshold 0): every answer is its model's to mirror.
+# The device answers everything itself: every answer is its model's to mirror.
 FLEET = """
 name: itest-mirror
 seed: 4
 zoo: {profile: test}
 control: {ttl_s: 3}
 routing:
-  policy: tierlink
-  thresholds: {fmnist-small: 0.0}
+  policy: device_only
   mirror: {share: 0.05, max_in_flight: 8}
 nodes:
   - {id: cloud-1, tier: cloud,  models: [fmnist-large]}
@@ -36,7 +35,7 @@ links:
   - {from: edge-1, to: cloud-1, delay_ms: 5}
 """
 
-RECEIVED = "tierlink_privacy_requests_total"
+RECEIVED = "tierlink_inputs_received_total"
 
 
 def received(http: httpx.Client, fleet: RunningFleet, node: str, privacy: str) -> float:

@@ -177,3 +177,18 @@ def test_agreed_beyond_mirrored_is_refused_by_name():
     assert VersionStats.from_dict({"mirrored": 4, "agreed": 3}).agreement() == 0.75
     with pytest.raises(ConfigError, match="min_mirrored"):
         Gates(min_mirrored=0)
+
+
+def test_a_confidence_shift_small_samples_can_show_by_chance_holds_instead_of_failing():
+    from tierlink.rollout.gates import psi_critical
+    # 115 answers a side: a PSI of 0.27 is noise often enough (critical ~0.41): suspect
+    assert psi_critical(2.58, 9, 115, 115) == pytest.approx(0.41, abs=0.01)
+    assert psi_critical(2.58, 9, 400, 400) == pytest.approx(0.118, abs=0.005)
+    shifted = (0, 0, 0, 0, 1, 2, 3, 6, 35, 53)
+    small = by_gate(evaluate(Gates(), 100, vs(n=115, conf=shifted),
+                             [Baseline(vs(n=115))]))["confidence_psi"]
+    assert 0.25 < small.value < 0.41 and small.outcome is Outcome.SUSPECT
+    assert "not yet significant" in small.reason
+    big = by_gate(evaluate(Gates(), 100, vs(n=4000, conf=shifted),
+                           [Baseline(vs(n=4000))]))["confidence_psi"]
+    assert big.outcome is Outcome.FAIL

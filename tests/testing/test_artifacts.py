@@ -1,4 +1,5 @@
-"""The deliberately bad model versions: one answers worse, one cannot be loaded."""
+"""The deliberately bad model versions: one answers worse, one confidently wrong on one
+class, one cannot be loaded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tierlink.testing.artifacts import degraded_copy, unloadable_copy
+from tierlink.testing.artifacts import degraded_copy, relabeled_copy, unloadable_copy
 
 
 def tiny_classifier(path: Path) -> Path:
@@ -46,3 +47,16 @@ def test_unloadable_copy_parses_but_no_session_can_be_made(tmp_path: Path) -> No
     onnx.load(str(dst))  # a well-formed file
     with pytest.raises(Exception, match="NoSuchOperator"):
         ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+
+
+def test_relabeled_copy_is_wrong_on_one_class_and_just_as_confident(tmp_path: Path) -> None:
+    # y's dim must be known for the swap: the tiny classifier declares (N, 3)
+    src = tiny_classifier(tmp_path / "good.onnx")
+    dst = relabeled_copy(src, tmp_path / "relabeled.onnx", from_class=2, to_class=0)
+    x = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
+    good, bad = run(src, x), run(dst, x)
+    was = good.argmax(axis=1)
+    assert set(was) == {0, 2}  # what this classifier answers on such inputs
+    assert (bad.argmax(axis=1)[was == 2] == 0).all()  # class 2 answered as class 0
+    np.testing.assert_array_equal(bad[was != 2], good[was != 2])  # nothing else moves
+    np.testing.assert_allclose(np.sort(bad, axis=1), np.sort(good, axis=1))  # as confident

@@ -1,0 +1,177 @@
+"""The zoo's trainer for ``tierlink retrain`` (``tierlink.trainers``: ``zoo``): fine-tune a
+zoo model's weights — read back from its ONNX file — on its training data mixed with the
+hard examples the fleet collected. Imports torch.
+
+The zoo's nets are sequential (input normalisation, convolutions with their BatchNorm folded
+in, ReLU, max-pooling, a dense head), so :func:`sequential_from_onnx` rebuilds one as a torch
+``nn.Sequential`` from the graph and checks that it answers as the file does before anything
+is trained; a graph of other operators is refused (register a trainer for such a model).
+Fine-tuning is the zoo's loop (:func:`tierlink.zoo.build.train_net`) from those weights,
+at a tenth of the zoo's learning rate, on batches that hold the hard examples at
+``hard_share`` (repeated as needed) and the training data for the rest — enough to learn
+the hard inputs without forgetting the rest (the caller validates that on held-out data).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from tierlink.core.progress import Reporter
+from tierlink.errors import ZooError
+from tierlink.models.data import Labelled
+from tierlink.zoo.build import export_onnx, train_net
+from tierlink.zoo.nets import Normalize
+from tierlink.zoo.profiles import TrainRecipe
+
+__all__ = ["FineTune", "fine_tune", "sequential_from_onnx"]
+
+MATCH_ATOL = 1e-4  # the rebuilt net against the file, on probe inputs
+
+
+@dataclass(frozen=True, slots=True)
+class FineTune:
+    """How a zoo model is fine-tuned (the defaults: ``tierlink retrain``'s)."""
+
+    epochs: int = 3
+    max_lr: float = 0.01  # a tenth of the zoo's recipes'
+    batch_size: int = 128
+    hard_share: float = 0.3  # of each epoch's samples: the hard examples, repeated
+    train_samples: int = 12_000  # of the training data per epoch (a seeded subset)
+    flips: bool = True  # clothes are left-right symmetric
+    seed: int = 0
+
+
+def sequential_from_onnx(path: Path) -> nn.Sequential:
+    """The zoo net in ``path`` as a torch ``nn.Sequential`` (float32), checked to answer as
+    the file does; ``ZooError`` for a graph that is not such a net."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    weights = {t.name: numpy_helper.to_array(t).astype(np.float32)
+               for t in model.graph.initializer}
+    constants: dict[str, np.ndarray] = {}
+    layers: list[nn.Module] = []
+    mean = std = None
+    for node in model.graph.node:
+        op = node.op_type
+        if op == "Constant":
+            constants[node.output[0]] = numpy_helper.to_array(
+                node.attribute[0].t).astype(np.float32)
+        elif op in ("Sub", "Div") and node.input[1] in constants:
+            value = float(constants[node.input[1]].reshape(-1)[0])
+            mean, std = (value, std) if op == "Sub" else (mean, value)
+            if mean is not None and std is not None:
+                layers.append(Normalize(mean, std))
+        elif op == "Conv":
+            layers.append(_conv(node, weights))
+        elif op == "Relu":
+            layers.append(nn.ReLU())
+        elif op == "MaxPool":
+            kernel = _pair(_ints(node, "kernel_shape"), 1)
+            layers.append(nn.MaxPool2d(kernel, _pair(_ints(node, "strides"), kernel[0])))
+        elif op == "Flatten":
+            layers.append(nn.Flatten())
+        elif op == "Gemm":
+            layers.append(_dense(node, weights))
+        elif op != "Cast":
+            raise ZooError(f"{path.name}: operator {op} is not one of a zoo net's",
+                           hint="register a trainer for this model (tierlink.trainers)")
+    net = nn.Sequential(*layers).eval()
+    _check(net, path)
+    return net
+
+
+def _attr(node: object, name: str, default: object = None) -> object:
+    from onnx import helper
+
+    for attr in node.attribute:  # type: ignore[attr-defined]
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+def _ints(node: object, name: str) -> tuple[int, ...]:
+    value = _attr(node, name, ())
+    return tuple(int(v) for v in value) if isinstance(value, list | tuple) else ()
+
+
+def _pair(values: tuple[int, ...], default: int) -> tuple[int, int]:
+    return (values[0], values[1]) if len(values) >= 2 else (default, default)
+
+
+def _conv(node: object, weights: dict[str, np.ndarray]) -> nn.Conv2d:
+    inputs = node.input  # type: ignore[attr-defined]
+    w = torch.from_numpy(weights[inputs[1]])
+    conv = nn.Conv2d(w.shape[1], w.shape[0], (w.shape[2], w.shape[3]),
+                     stride=_pair(_ints(node, "strides"), 1),
+                     padding=_pair(_ints(node, "pads"), 0), bias=len(inputs) > 2)
+    with torch.no_grad():
+        conv.weight.copy_(w)
+        if conv.bias is not None:
+            conv.bias.copy_(torch.from_numpy(weights[inputs[2]]))
+    return conv
+
+
+def _dense(node: object, weights: dict[str, np.ndarray]) -> nn.Linear:
+    inputs = node.input  # type: ignore[attr-defined]
+    w = weights[inputs[1]]
+    if not _attr(node, "transB", 0):
+        w = w.T
+    linear = nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+        linear.bias.copy_(torch.from_numpy(weights[inputs[2]]))
+    return linear
+
+
+def _check(net: nn.Module, path: Path) -> None:
+    from tierlink.models.evaluate import onnx_logits
+
+    probe = np.random.default_rng(0).random((8, 1, 28, 28), dtype=np.float32)
+    with torch.no_grad():
+        ours = net(torch.from_numpy(probe)).numpy()
+    theirs = onnx_logits(path, probe, threads=1).astype(np.float32)
+    if ours.shape != theirs.shape or float(np.abs(ours - theirs).max()) > MATCH_ATOL * 100:
+        raise ZooError(f"{path.name}: the net rebuilt from its graph does not answer as the "
+                       "file does", hint="register a trainer for this model (tierlink.trainers)")
+
+
+def mixture(train: Labelled, hard: Labelled, settings: FineTune) -> Labelled:
+    """One epoch's samples: a seeded subset of ``train`` and ``hard`` repeated to make
+    ``hard_share`` of the whole."""
+    rng = np.random.default_rng(settings.seed)
+    n_train = min(len(train), settings.train_samples)
+    base = rng.choice(len(train), n_train, replace=False)
+    n_hard = round(settings.hard_share / (1 - settings.hard_share) * n_train)
+    extra = rng.choice(len(hard), n_hard, replace=n_hard > len(hard))
+    return Labelled.of(np.concatenate([train.input[base], hard.input[extra]]),
+                       np.concatenate([train.labels[base], hard.labels[extra]]).astype(np.int64))
+
+
+def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
+              settings: FineTune = FineTune(),
+              reporter: Reporter | None = None,
+              clock: Callable[[], float] | None = None) -> Path:
+    """``parent`` fine-tuned on ``train`` and the ``hard`` examples (labels >= 0), written
+    to ``out`` (ONNX, checked against the torch net)."""
+    if len(hard) == 0:
+        raise ZooError("no labelled hard examples to learn from",
+                       hint="collect some (hard_examples in the fleet file) or label them")
+    net = sequential_from_onnx(parent)
+    recipe = TrainRecipe(epochs=settings.epochs, max_lr=settings.max_lr,
+                         batch_size=settings.batch_size, flips=settings.flips)
+    data = mixture(train, hard, settings)
+    reporter = reporter or Reporter.quiet()
+    with reporter.phase(f"fine-tune {parent.parent.name}") as phase:
+        trained = train_net(out.stem, "", recipe, data, settings.seed, phase,
+                            clock or time.perf_counter, make_net=lambda: net)
+    export_onnx(trained.net, out, hard.input[:16])
+    return out
