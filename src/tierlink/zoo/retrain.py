@@ -26,7 +26,7 @@ from torch import nn
 from tierlink.core.progress import Reporter
 from tierlink.errors import ZooError
 from tierlink.models.data import Labelled
-from tierlink.zoo.build import export_onnx, train_net
+from tierlink.zoo.build import export_onnx, teacher_logits, train_net
 from tierlink.zoo.nets import Normalize
 from tierlink.zoo.profiles import TrainRecipe
 
@@ -45,6 +45,9 @@ class FineTune:
     hard_share: float = 0.3  # of each epoch's samples: the hard examples, repeated
     train_samples: int = 12_000  # of the training data per epoch (a seeded subset)
     flips: bool = True  # clothes are left-right symmetric
+    # Distilled from a teacher (the task's most capable model) where one is given, as the
+    # zoo's device models were trained: (1 - distill) x cross-entropy + distill x KL
+    distill: float = 0.7
     seed: int = 0
 
 
@@ -157,21 +160,26 @@ def mixture(train: Labelled, hard: Labelled, settings: FineTune) -> Labelled:
 
 
 def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
-              settings: FineTune = FineTune(),
+              settings: FineTune = FineTune(), *, teacher: Path | None = None,
               reporter: Reporter | None = None,
               clock: Callable[[], float] | None = None) -> Path:
     """``parent`` fine-tuned on ``train`` and the ``hard`` examples (labels >= 0), written
-    to ``out`` (ONNX, checked against the torch net)."""
+    to ``out`` (ONNX, checked against the torch net); distilled from ``teacher`` (a model
+    file of the same task) where one is given."""
     if len(hard) == 0:
         raise ZooError("no labelled hard examples to learn from",
                        hint="collect some (hard_examples in the fleet file) or label them")
     net = sequential_from_onnx(parent)
+    distill = settings.distill if teacher is not None else 0.0
     recipe = TrainRecipe(epochs=settings.epochs, max_lr=settings.max_lr,
-                         batch_size=settings.batch_size, flips=settings.flips)
+                         batch_size=settings.batch_size, flips=settings.flips,
+                         distill=distill)
     data = mixture(train, hard, settings)
+    soft = teacher_logits(teacher, data, torch.get_num_threads()) \
+        if teacher is not None and distill > 0 else None
     reporter = reporter or Reporter.quiet()
     with reporter.phase(f"fine-tune {parent.parent.name}") as phase:
         trained = train_net(out.stem, "", recipe, data, settings.seed, phase,
-                            clock or time.perf_counter, make_net=lambda: net)
+                            clock or time.perf_counter, make_net=lambda: net, teacher=soft)
     export_onnx(trained.net, out, hard.input[:16])
     return out
