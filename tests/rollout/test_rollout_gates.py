@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from tierlink.errors import ConfigError
@@ -181,14 +183,28 @@ def test_agreed_beyond_mirrored_is_refused_by_name():
 
 def test_a_confidence_shift_small_samples_can_show_by_chance_holds_instead_of_failing():
     from tierlink.rollout.gates import psi_critical
-    # 115 answers a side: a PSI of 0.27 is noise often enough (critical ~0.41): suspect
     assert psi_critical(2.58, 9, 115, 115) == pytest.approx(0.41, abs=0.01)
     assert psi_critical(2.58, 9, 400, 400) == pytest.approx(0.118, abs=0.005)
-    shifted = (0, 0, 0, 0, 1, 2, 3, 6, 35, 53)
-    small = by_gate(evaluate(Gates(), 100, vs(n=115, conf=shifted),
-                             [Baseline(vs(n=115))]))["confidence_psi"]
-    assert 0.25 < small.value < 0.41 and small.outcome is Outcome.SUSPECT
+    shifted = (0, 0, 0, 0, 1, 2, 3, 6, 40, 48)
+    small = by_gate(evaluate(Gates(), 30, vs(n=40, conf=shifted),
+                             [Baseline(vs(n=40))]))["confidence_psi"]
+    assert small.value > 0.25 and small.outcome is Outcome.SUSPECT
     assert "not yet significant" in small.reason
     big = by_gate(evaluate(Gates(), 100, vs(n=4000, conf=shifted),
                            [Baseline(vs(n=4000))]))["confidence_psi"]
     assert big.outcome is Outcome.FAIL
+
+
+def test_psi_is_not_made_of_the_sparse_bins_of_a_confident_model():
+    """80% of a device model's answers in the top bin: over ~115 answers the low bins hold
+    0-2 each, and how those few fall would be most of a PSI over the raw bins."""
+    from tierlink.rollout.stats import merge_sparse, psi
+    base = (0, 0, 1, 0, 2, 3, 5, 8, 15, 81)
+    new = (0, 1, 0, 2, 0, 4, 4, 9, 14, 81)
+    assert psi(base, new) > 0.25  # the raw bins' reading
+    merged = merge_sparse(base, new)
+    assert merged == ([6, 13, 15, 81], [7, 13, 14, 81])
+    verdicts = evaluate(Gates(), 100, replace(vs(n=115), confidence_buckets=new),
+                        [Baseline(replace(vs(n=115), confidence_buckets=base))])
+    v = by_gate(verdicts)["confidence_psi"]
+    assert v.outcome is Outcome.PASS and v.value < 0.1

@@ -28,6 +28,7 @@ from tierlink.cli.models import fleet_models
 from tierlink.cli.pki import app as pki_app
 from tierlink.cli.policy import policy_app
 from tierlink.cli.quantize import quantize
+from tierlink.cli.retrain import retrain_cmd
 from tierlink.cli.rollout import app as rollout_app
 from tierlink.cli.split import app as split_app
 from tierlink.cli.split_profile import profile_cmd
@@ -51,6 +52,7 @@ app.add_typer(rollout_app, name="rollout")
 zoo_app.command("calibration")(calibration)
 app.command()(quantize)
 app.command()(cost)
+app.command("retrain")(retrain_cmd)
 app.add_typer(split_app, name="split")
 app.add_typer(llm_app, name="llm")
 app.add_typer(policy_app, name="policy")

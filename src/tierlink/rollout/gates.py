@@ -18,7 +18,9 @@ Defaults (``Gates()``), and why:
   < 0.1 stable, 0.1-0.25 moderate, > 0.25 significant) that sampling noise does not
   explain: PSI scaled by ``n * nb / (n + nb)`` is about chi-square over the bins under no
   shift, so a PSI past the threshold but under that chi-square's ``min_z`` quantile is
-  ``suspect`` (over 115 answers a side noise alone reads 0.16 on average, and often 0.25);
+  ``suspect``. PSI is taken over the confidence bins merged until each holds >= 10 answers
+  of the two windows (``merge_sparse``): a device model puts ~80% of its answers in the
+  top bin, and over a hundred answers the low bins' 0-2 answers would be most of PSI;
 * ``max_accuracy_drop_pt=2.0`` with ``min_feedback=100``: fail when accuracy on labelled
   feedback drops by more than 2 points, judged only with >= 100 labelled answers on each side
   (fewer: insufficient data, which does not block promotion — feedback is optional);
@@ -52,7 +54,7 @@ from enum import Enum
 from typing import Any
 
 from tierlink.errors import ConfigError
-from tierlink.rollout.stats import CONFIDENCE_BINS, VersionStats, psi
+from tierlink.rollout.stats import VersionStats, merge_sparse, psi
 
 _GATES_HINT = ("gates: max_error_rate_delta, max_p95_ratio, min_p95_increase_ms, "
                "max_escalation_delta, max_psi, max_accuracy_drop_pt, min_feedback, "
@@ -262,10 +264,15 @@ def _psi_gate(gates: Gates, minimum: int, new: VersionStats, base: Baseline) -> 
     if n < minimum or nb < minimum:
         return Verdict("confidence_psi", Outcome.INSUFFICIENT, None, None, gates.max_psi, n,
                        _short("confidence drift", n, nb, minimum, "answers"))
-    value = psi(base.stats.confidence_buckets, new.confidence_buckets)
+    expected, actual = merge_sparse(base.stats.confidence_buckets, new.confidence_buckets)
+    if len(expected) < 2:
+        return Verdict("confidence_psi", Outcome.PASS, 0.0, None, gates.max_psi, n,
+                       f"confidence drift: every answer in one bin over {n} vs {nb} answers"
+                       f"{_suffix(base)}")
+    value = psi(expected, actual)
     reading = "significant shift" if value > 0.25 else "moderate" if value >= 0.1 \
         else "stable"
-    critical = psi_critical(gates.min_z, CONFIDENCE_BINS - 1, n, nb)
+    critical = psi_critical(gates.min_z, len(expected) - 1, n, nb)
     outcome, op = _judge(value > gates.max_psi, math.inf if value > critical else 0.0, gates)
     if outcome is Outcome.SUSPECT:
         op = f"> (not yet significant: {critical:.3f} needed over this many answers)"

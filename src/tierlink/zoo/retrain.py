@@ -26,11 +26,12 @@ from torch import nn
 from tierlink.core.progress import Reporter
 from tierlink.errors import ZooError
 from tierlink.models.data import Labelled
+from tierlink.retrain.job import TrainJob
 from tierlink.zoo.build import export_onnx, teacher_logits, train_net
 from tierlink.zoo.nets import Normalize
 from tierlink.zoo.profiles import TrainRecipe
 
-__all__ = ["FineTune", "fine_tune", "sequential_from_onnx"]
+__all__ = ["FineTune", "fine_tune", "sequential_from_onnx", "train"]
 
 MATCH_ATOL = 1e-4  # the rebuilt net against the file, on probe inputs
 
@@ -183,3 +184,10 @@ def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
                             clock or time.perf_counter, make_net=lambda: net, teacher=soft)
     export_onnx(trained.net, out, hard.input[:16])
     return out
+
+
+def train(job: TrainJob) -> Path:
+    """The zoo's trainer (``tierlink.trainers``: ``zoo``): :func:`fine_tune` with the
+    defaults, distilled from the job's teacher."""
+    return fine_tune(job.parent, job.train, job.hard, job.out, teacher=job.teacher,
+                     reporter=job.reporter)
