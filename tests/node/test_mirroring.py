@@ -105,7 +105,7 @@ def test_a_sampled_answer_is_mirrored_in_the_background_and_counted_per_version(
 def test_share_of_answers_mirrored_holds_and_busy_slots_skip():
     async def main() -> None:
         up = Upstream([1])
-        made, _, metrics = mirrors(up, share=0.05, in_flight=1000)
+        made, _, _ = mirrors(up, share=0.05, in_flight=1000)
         for _ in range(4000):
             made.offer("toy", REQ, {}, answer("dev-1", "small", [1]))
         assert 0.04 <= len(made._tasks) / 4000 <= 0.06

@@ -56,11 +56,13 @@ class MostCapable:
         if here is None:
             return Plan((), self.name, reason="this node is not in its own view")
         own = here.model_for(request.task)
-        best_up = self.best_upstream(request, view)
-        if best_up is not None and (own is None or best_up[0] > own.accuracy):
-            accuracy, node = best_up
-            return Plan((Placement("remote", node.node_id, node.tier, est_accuracy=accuracy),),
-                        self.name, reason=f"most capable: via {node.node_id}")
+        accuracy, ups = self.best_upstreams(request, view)
+        if ups and (own is None or accuracy > own.accuracy):
+            # every upstream that reaches the best model, the least busy first: the others
+            # are the dispatcher's fallbacks (a breaker open on one, a refusal)
+            return Plan(tuple(Placement("remote", n.node_id, n.tier, est_accuracy=accuracy)
+                              for n in ups),
+                        self.name, reason=f"most capable: via {ups[0].node_id}")
         if own is None:
             return Plan((), self.name, reason=f"no model of task {request.task!r} that a "
                         f"{request.privacy.value!r} request may reach")
@@ -68,21 +70,21 @@ class MostCapable:
                                est_accuracy=own.accuracy),),
                     self.name, reason="most capable: here")
 
-    def best_upstream(self, request: Request, view: ClusterView
-                      ) -> tuple[float, NodeView] | None:
-        """The best accuracy reachable through an upstream of this node, and the upstream
-        to send to (the least busy of equals); None when no upstream may take the input."""
-        best: tuple[float, NodeView] | None = None
+    def best_upstreams(self, request: Request, view: ClusterView
+                       ) -> tuple[float, list[NodeView]]:
+        """The best accuracy reachable through an upstream of this node, and the upstreams
+        that reach it, the least busy first (none when no upstream may take the input)."""
+        best, ups = -1.0, list[NodeView]()
         hops_left = self.max_hops - request.hops
         for node in _upstreams(view, view.self_id, request, hops_left):
             accuracy = _reachable(view, node, request, hops_left - 1, {view.self_id})
-            if accuracy is None:
+            if accuracy is None or accuracy < best:
                 continue
-            busy = view.outstanding.get(node.node_id, 0)
-            if best is None or accuracy > best[0] or (
-                    accuracy == best[0] and busy < view.outstanding.get(best[1].node_id, 0)):
-                best = (accuracy, node)
-        return best
+            if accuracy > best:
+                best, ups = accuracy, []
+            ups.append(node)
+        ups.sort(key=lambda n: (view.outstanding.get(n.node_id, 0), n.node_id))
+        return best, ups
 
 
 def _upstreams(view: ClusterView, node_id: str, request: Request,

@@ -162,7 +162,7 @@ def mixture(train: Labelled, hard: Labelled, settings: FineTune) -> Labelled:
 
 def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
               settings: FineTune = FineTune(), *, teacher: Path | None = None,
-              reporter: Reporter | None = None,
+              name: str = "", reporter: Reporter | None = None,
               clock: Callable[[], float] | None = None) -> Path:
     """``parent`` fine-tuned on ``train`` and the ``hard`` examples (labels >= 0), written
     to ``out`` (ONNX, checked against the torch net); distilled from ``teacher`` (a model
@@ -179,7 +179,7 @@ def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
     soft = teacher_logits(teacher, data, torch.get_num_threads()) \
         if teacher is not None and distill > 0 else None
     reporter = reporter or Reporter.quiet()
-    with reporter.phase(f"fine-tune {parent.parent.name}") as phase:
+    with reporter.phase(f"fine-tune {name or parent.stem}") as phase:
         trained = train_net(out.stem, "", recipe, data, settings.seed, phase,
                             clock or time.perf_counter, make_net=lambda: net, teacher=soft)
     export_onnx(trained.net, out, hard.input[:16])
@@ -190,4 +190,4 @@ def train(job: TrainJob) -> Path:
     """The zoo's trainer (``tierlink.trainers``: ``zoo``): :func:`fine_tune` with the
     defaults, distilled from the job's teacher."""
     return fine_tune(job.parent, job.train, job.hard, job.out, teacher=job.teacher,
-                     reporter=job.reporter)
+                     name=job.name, reporter=job.reporter)
