@@ -72,3 +72,14 @@ def test_a_graph_that_is_not_a_zoo_net_is_refused(tmp_path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     with pytest.raises(ZooError, match="operator Softmax is not one of a zoo net's"):
         sequential_from_onnx(path)
+
+
+def test_the_zoo_trainers_options_are_its_settings_and_a_typo_is_named() -> None:
+    from tierlink.errors import ConfigError
+    from tierlink.zoo.retrain import settings
+
+    assert settings({"epochs": "2", "flips": "false"}) == FineTune(epochs=2, flips=False)
+    with pytest.raises(ConfigError, match="no option 'epoch'"):
+        settings({"epoch": "2"})
+    with pytest.raises(ConfigError, match="max_lr='fast' is not a float"):
+        settings({"max_lr": "fast"})

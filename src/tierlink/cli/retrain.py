@@ -45,6 +45,9 @@ def retrain_cmd(
                                     "is its hard slice"),
     trainer: str = typer.Option("zoo", "--trainer", help="a registered trainer "
                                 "(tierlink.trainers)"),
+    option: list[str] = typer.Option([], "--option", help="KEY=VALUE for the trainer "
+                                     "(repeatable; the zoo's: epochs, max_lr, hard_share, "
+                                     "...)"),
     profile: str = typer.Option("full", "--zoo-profile", help="the zoo profile the models "
                                 "come from"),
     max_drop: float = typer.Option(0.3, "--max-drop", min=0.0, help="points of held-out "
@@ -61,7 +64,8 @@ def retrain_cmd(
     """Retrain MODEL on the fleet's hard examples; publish and canary it if it is better."""
     try:
         result = run_retrain(model, examples=examples, control=control, teacher=teacher,
-                             threshold=threshold, trainer=trainer, profile=profile,
+                             threshold=threshold, trainer=trainer,
+                             options=_options(option), profile=profile,
                              max_drop=max_drop, version=version, key=key, tier=tier,
                              canary=canary, out=out, admin_token=admin_token)
     except TierlinkError as exc:
@@ -78,6 +82,7 @@ def retrain_cmd(
 
 def run_retrain(model: str, *, examples: Path | None, control: str | None,
                 teacher: str | None, threshold: float, trainer: str, profile: str,
+                options: dict[str, str] | None = None,
                 max_drop: float, version: str | None, key: Path | None, tier: str | None,
                 canary: str, out: Path | None, admin_token: str | None,
                 progress: bool = True) -> dict[str, Any]:
@@ -102,7 +107,7 @@ def run_retrain(model: str, *, examples: Path | None, control: str | None,
     work = out or _home() / "retrain" / f"{model}-{time.strftime('%Y%m%d-%H%M%S')}"
     work.mkdir(parents=True, exist_ok=True)
     job = TrainJob(model, files[model][0], files[model][1], splits.train, hard,
-                   work / "model.onnx", files[teacher][0], reporter)
+                   work / "model.onnx", files[teacher][0], reporter, dict(options or {}))
     trained = train_with(job)
     parent_p = _probs(files[model][0], splits.test.input, card.temperature)
     new_card = _card(card, trained, splits)
@@ -128,6 +133,16 @@ def run_retrain(model: str, *, examples: Path | None, control: str | None,
                            "stages": _stages(canary)})
             result["rollout"] = record["id"]
     return result
+
+
+def _options(given: list[str]) -> dict[str, str]:
+    out = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--option {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _home() -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +21,9 @@ class TrainJob:
     """What a trainer gets: the parent model's file and card, its training data, the hard
     examples with their labels, where to write the new model file, and the task's most
     capable model (``teacher``, a file of the same task; None when there is none to learn
-    from). A trainer returns the file it wrote (``out``, or beside it)."""
+    from), and the trainer's own ``options`` (``tierlink retrain --option KEY=VALUE``: the
+    trainer validates them; an unknown one is a ``ConfigError``). A trainer returns the
+    file it wrote (``out``, or beside it)."""
 
     name: str
     parent: Path
@@ -31,6 +33,7 @@ class TrainJob:
     out: Path
     teacher: Path | None = None
     reporter: Reporter = field(default_factory=Reporter.quiet)
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
 Trainer = Callable[[TrainJob], Path]

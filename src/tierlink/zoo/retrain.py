@@ -7,7 +7,7 @@ in, ReLU, max-pooling, a dense head), so :func:`sequential_from_onnx` rebuilds o
 ``nn.Sequential`` from the graph and checks that it answers as the file does before anything
 is trained; a graph of other operators is refused (register a trainer for such a model).
 Fine-tuning is the zoo's loop (:func:`tierlink.zoo.build.train_net`) from those weights,
-at a tenth of the zoo's learning rate, on batches that hold the hard examples at
+at a hundredth of the zoo's learning rate, on batches that hold the hard examples at
 ``hard_share`` (repeated as needed) and the training data for the rest — enough to learn
 the hard inputs without forgetting the rest (the caller validates that on held-out data).
 """
@@ -15,16 +15,17 @@ the hard inputs without forgetting the rest (the caller validates that on held-o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from tierlink.core.progress import Reporter
-from tierlink.errors import ZooError
+from tierlink.errors import ConfigError, ZooError
 from tierlink.models.data import Labelled
 from tierlink.retrain.job import TrainJob
 from tierlink.zoo.build import export_onnx, teacher_logits, train_net
@@ -40,8 +41,8 @@ MATCH_ATOL = 1e-4  # the rebuilt net against the file, on probe inputs
 class FineTune:
     """How a zoo model is fine-tuned (the defaults: ``tierlink retrain``'s)."""
 
-    epochs: int = 3
-    max_lr: float = 0.01  # a tenth of the zoo's recipes'
+    epochs: int = 8
+    max_lr: float = 0.001  # a hundredth of the zoo's recipes': the weights are good already
     batch_size: int = 128
     hard_share: float = 0.3  # of each epoch's samples: the hard examples, repeated
     train_samples: int = 12_000  # of the training data per epoch (a seeded subset)
@@ -187,7 +188,26 @@ def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
 
 
 def train(job: TrainJob) -> Path:
-    """The zoo's trainer (``tierlink.trainers``: ``zoo``): :func:`fine_tune` with the
-    defaults, distilled from the job's teacher."""
-    return fine_tune(job.parent, job.train, job.hard, job.out, teacher=job.teacher,
-                     name=job.name, reporter=job.reporter)
+    """The zoo's trainer (``tierlink.trainers``: ``zoo``): :func:`fine_tune` with the job's
+    options over the defaults (:class:`FineTune`'s fields), distilled from its teacher."""
+    return fine_tune(job.parent, job.train, job.hard, job.out, settings(job.options),
+                     teacher=job.teacher, name=job.name, reporter=job.reporter)
+
+
+def settings(options: Mapping[str, str]) -> FineTune:
+    """:class:`FineTune` with ``options`` (text, as the command line gives them) over its
+    defaults; ``ConfigError`` naming an unknown or malformed one."""
+    known = {f.name: f for f in fields(FineTune)}
+    values: dict[str, Any] = {}
+    for key, text in options.items():
+        if key not in known:
+            raise ConfigError(f"the zoo trainer has no option {key!r}",
+                              hint=f"options: {', '.join(known)}")
+        kind = type(getattr(FineTune(), key))
+        try:
+            values[key] = (text.lower() in ("1", "true", "yes")) if kind is bool \
+                else kind(text)
+        except ValueError:
+            raise ConfigError(f"the zoo trainer's option {key}={text!r} is not a "
+                              f"{kind.__name__}") from None
+    return replace(FineTune(), **values)
