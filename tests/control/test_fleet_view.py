@@ -125,3 +125,18 @@ def test_the_stream_sends_a_snapshot_then_ends_when_the_server_stops(
             app.state.fleet_view.close()
             rest = list(lines)  # the stream ends instead of hanging
             assert all(not line.startswith("data: ") for line in rest)
+
+
+def test_agreement_with_the_most_capable_model_per_version_over_the_window(
+        http: TestClient, make_body: Any, clock: Any) -> None:
+    def mirrored(body: dict[str, Any], n: int, agreed: int) -> dict[str, Any]:
+        body = with_stats(body, 100 + n, 0, [0] * 9 + [100 + n])
+        body["models"][0]["stats"].update(mirrored=n, agreed=agreed)
+        return body
+
+    beat(http, mirrored(make_body(), 40, 40))
+    http.get("/v1/fleet")  # the first sample
+    clock.advance(10)
+    beat(http, mirrored(make_body(), 140, 130))  # 100 more mirrored, 90 of them agreed
+    (model,) = http.get("/v1/fleet").json()["models"]
+    assert (model["mirrored"], model["agreement"]) == (100, 0.9)
