@@ -27,10 +27,10 @@ Defaults (``Gates()``), and why:
 * ``max_agreement_drop_pt=3.0`` with ``min_mirrored=50``: fail when the share of mirrored
   samples the most capable model answers the same way (``routing.mirror``: no labels
   needed) drops by more than 3 points against the previous version's, judged with >= 50
-  mirrored samples on each side. Against the previous version, not against 100%: a device
-  model disagrees with the cloud's on a few percent of the inputs it answers when healthy
-  (the demo's: 1-2%), and a version confidently wrong on one class of ten loses about ten
-  points. Without mirroring the gate has no data and, like feedback, does not block;
+  mirrored samples on each side. Against the previous version, not against 100%: a smaller
+  model disagrees with a larger one on a few percent of all inputs when healthy (less on
+  those it answers itself: the demo's device and edge models on 0.05% of those), and a
+  version confidently wrong on one class of ten loses about ten points. Without mirroring the gate has no data and, like feedback, does not block;
 * ``min_z=2.58``: the proportion gates (error rate, escalation rate, feedback accuracy,
   agreement) fail
   only when the regression is also *significant* — a one-sided two-proportion z-test
