@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -83,11 +84,7 @@ class Mirrors:
                 or outcome.escalations or outcome.split):
             return
         key = (outcome.model, outcome.model_version)
-        weight, on_standby = self._share(*key)
-        owed = self._owed.get(key, 0)
-        if self._rng.random() < mirror_odds(self.config.share, weight, on_standby):
-            owed = self._owed[key] = min(MAX_OWED, owed + 1)
-        if owed == 0:
+        if not self._turn(key):
             return
         ours = result.outputs.get("label")
         if ours is None:
@@ -100,18 +97,29 @@ class Mirrors:
         try:
             plan = self._plan(mirrored, outcome)
         except TierlinkError as exc:
-            self._owed[key] = owed - 1
+            self._owed[key] -= 1
             self._count("refused")
             log.info("mirror of %s not planned: %s", req.request_id, exc.message)
             return
         if plan is None:
             return  # nothing more capable may see this input: the turn passes on
-        self._owed[key] = owed - 1
+        self._owed[key] -= 1
+        self._start(self._mirror(task, plan, mirrored, inputs, ours, outcome))
+
+    def _turn(self, key: tuple[str, str]) -> bool:
+        """Whether an answer of ``key`` (model, version) is to be mirrored: drawn at the
+        version's odds, or owed a turn an earlier draw could not use."""
+        weight, on_standby = self._share(*key)
+        if self._rng.random() < mirror_odds(self.config.share, weight, on_standby):
+            self._owed[key] = min(MAX_OWED, self._owed.get(key, 0) + 1)
+        return self._owed.get(key, 0) > 0
+
+    def _start(self, mirror: Coroutine[Any, Any, None]) -> None:
         if len(self._tasks) >= self.config.max_in_flight:
+            mirror.close()
             self._count("busy")
             return
-        job = asyncio.create_task(self._mirror(task, plan, mirrored, inputs, ours, outcome),
-                                  name="mirror")
+        job = asyncio.create_task(mirror, name="mirror")
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
 
