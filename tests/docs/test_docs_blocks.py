@@ -25,7 +25,8 @@ RUNNABLE = ["docs/tutorials/first-fleet.md",
             "docs/tutorials/chat.md", "docs/tutorials/demo.md", "docs/how-to/tracing.md",
             "docs/how-to/monitoring.md", "docs/how-to/control-plane-etcd.md",
             "docs/how-to/many-machines.md", "docs/how-to/fleet-operations.md",
-            "docs/how-to/shadow-and-promote.md", "docs/how-to/add-a-runtime.md",
+            "docs/how-to/retrain.md", "docs/how-to/shadow-and-promote.md",
+            "docs/how-to/add-a-runtime.md",
             "docs/how-to/add-an-output-kind.md", "docs/tutorials/own-model.md",
             "docs/how-to/python-model.md"]
 PAGES = sorted(p for d in ("tutorials", "how-to") for p in (ROOT / "docs" / d).glob("*.md"))
