@@ -51,6 +51,10 @@ class FineTune:
     # zoo's device models were trained: (1 - distill) x cross-entropy + distill x KL
     distill: float = 0.7
     seed: int = 0
+    # Train anew with the zoo's own recipe for the model's variant, on all the training data
+    # and the hard examples at ``hard_share`` (epochs, max_lr and train_samples are then
+    # the recipe's): minutes instead of seconds, and not bound to the parent's optimum
+    from_scratch: bool = False
 
 
 def sequential_from_onnx(path: Path) -> nn.Sequential:
@@ -171,6 +175,8 @@ def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
     if len(hard) == 0:
         raise ZooError("no labelled hard examples to learn from",
                        hint="collect some (hard_examples in the fleet file) or label them")
+    if settings.from_scratch:
+        return _anew(parent, train, hard, out, settings, teacher, name, reporter, clock)
     net = sequential_from_onnx(parent)
     distill = settings.distill if teacher is not None else 0.0
     recipe = TrainRecipe(epochs=settings.epochs, max_lr=settings.max_lr,
@@ -183,6 +189,28 @@ def fine_tune(parent: Path, train: Labelled, hard: Labelled, out: Path,
     with reporter.phase(f"fine-tune {name or parent.stem}") as phase:
         trained = train_net(out.stem, "", recipe, data, settings.seed, phase,
                             clock or time.perf_counter, make_net=lambda: net, teacher=soft)
+    export_onnx(trained.net, out, hard.input[:16])
+    return out
+
+
+def _anew(parent: Path, train: Labelled, hard: Labelled, out: Path, settings: FineTune,
+          teacher: Path | None, name: str, reporter: Reporter | None,
+          clock: Callable[[], float] | None) -> Path:
+    """The parent's variant trained anew with the zoo's recipe for it (``from_scratch``)."""
+    from tierlink.models.card import load_card
+    from tierlink.zoo.profiles import get_profile
+
+    card = load_card(parent.parent / "card.json")
+    profile = get_profile(card.training.profile if card.training else "full")
+    recipe = profile.recipe(card.task, card.variant)
+    data = mixture(train, hard, replace(settings, train_samples=len(train)))
+    soft = teacher_logits(teacher, data, torch.get_num_threads()) \
+        if teacher is not None and recipe.distill > 0 else None
+    if recipe.distill > 0 and soft is None:
+        recipe = replace(recipe, distill=0.0)
+    with (reporter or Reporter.quiet()).phase(f"train {name or parent.stem} anew") as phase:
+        trained = train_net(out.stem, card.variant, recipe, data, profile.seed, phase,
+                            clock or time.perf_counter, task=card.task, teacher=soft)
     export_onnx(trained.net, out, hard.input[:16])
     return out
 
