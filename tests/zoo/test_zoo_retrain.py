@@ -79,6 +79,7 @@ def test_the_zoo_trainers_options_are_its_settings_and_a_typo_is_named() -> None
     from tierlink.zoo.retrain import settings
 
     assert settings({"epochs": "2", "flips": "false"}) == FineTune(epochs=2, flips=False)
+    assert settings({"from_scratch": "true"}).from_scratch
     with pytest.raises(ConfigError, match="no option 'epoch'"):
         settings({"epoch": "2"})
     with pytest.raises(ConfigError, match="max_lr='fast' is not a float"):
