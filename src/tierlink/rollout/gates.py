@@ -292,39 +292,50 @@ def psi_critical(z: float, dof: int, n: int, nb: int) -> float:
     return quantile * (n + nb) / (n * nb)
 
 
-def _accuracy_gate(gates: Gates, new: VersionStats, base: Baseline) -> Verdict:
-    n, nb = new.feedback, base.stats.feedback
-    threshold = gates.max_accuracy_drop_pt
-    if n < gates.min_feedback or nb < gates.min_feedback:
-        return Verdict("feedback_accuracy", Outcome.INSUFFICIENT, new.feedback_accuracy(),
-                       base.stats.feedback_accuracy(), threshold, n,
-                       _short("accuracy on labelled feedback", n, nb, gates.min_feedback,
-                              "labelled answers"))
-    value, ref = new.feedback_correct / n, base.stats.feedback_correct / nb
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """A gate on the share of ``total`` samples that were ``hits`` (answers found right,
+    mirrored samples agreed with): fails on a drop of more than ``max_drop_pt`` points."""
+
+    gate: str
+    what: str
+    unit: str  # of the samples, in the reason
+    short_unit: str  # ...and when there are too few
+    total: Callable[[VersionStats], int]
+    hits: Callable[[VersionStats], int]
+    max_drop_pt: float
+    minimum: int
+
+
+def _drop_gate(share: _Share, gates: Gates, new: VersionStats, base: Baseline) -> Verdict:
+    n, nb = share.total(new), share.total(base.stats)
+    threshold = share.max_drop_pt
+    if n < share.minimum or nb < share.minimum:
+        return Verdict(share.gate, Outcome.INSUFFICIENT,
+                       share.hits(new) / n if n else None,
+                       share.hits(base.stats) / nb if nb else None, threshold, n,
+                       _short(share.what, n, nb, share.minimum, share.short_unit))
+    hits, hits_b = share.hits(new), share.hits(base.stats)
+    value, ref = hits / n, hits_b / nb
     drop = 100 * (ref - value)
-    wrong, wrong_b = n - new.feedback_correct, nb - base.stats.feedback_correct
-    outcome, op = _judge(drop > threshold, z_score(wrong, n, wrong_b, nb), gates)
-    reason = (f"accuracy on labelled feedback {value:.1%} vs {ref:.1%} ({-drop:+.1f} pt, "
-              f"drop {op} {threshold:.1f} pt) over {n} answers{_suffix(base)}")
-    return Verdict("feedback_accuracy", outcome, value, ref, threshold, n, reason)
+    outcome, op = _judge(drop > threshold, z_score(n - hits, n, nb - hits_b, nb), gates)
+    reason = (f"{share.what} {value:.1%} vs {ref:.1%} ({-drop:+.1f} pt, drop {op} "
+              f"{threshold:.1f} pt) over {n} {share.unit}{_suffix(base)}")
+    return Verdict(share.gate, outcome, value, ref, threshold, n, reason)
+
+
+def _accuracy_gate(gates: Gates, new: VersionStats, base: Baseline) -> Verdict:
+    return _drop_gate(_Share("feedback_accuracy", "accuracy on labelled feedback", "answers",
+                             "labelled answers", lambda s: s.feedback,
+                             lambda s: s.feedback_correct, gates.max_accuracy_drop_pt,
+                             gates.min_feedback), gates, new, base)
 
 
 def _agreement_gate(gates: Gates, new: VersionStats, base: Baseline) -> Verdict:
-    n, nb = new.mirrored, base.stats.mirrored
-    threshold = gates.max_agreement_drop_pt
-    if n < gates.min_mirrored or nb < gates.min_mirrored:
-        return Verdict("agreement", Outcome.INSUFFICIENT, new.agreement(),
-                       base.stats.agreement(), threshold, n,
-                       _short("agreement with the most capable model", n, nb,
-                              gates.min_mirrored, "mirrored samples"))
-    value, ref = new.agreed / n, base.stats.agreed / nb
-    drop = 100 * (ref - value)
-    outcome, op = _judge(drop > threshold,
-                         z_score(n - new.agreed, n, nb - base.stats.agreed, nb), gates)
-    reason = (f"agreement with the most capable model {value:.1%} vs {ref:.1%} "
-              f"({-drop:+.1f} pt, drop {op} {threshold:.1f} pt) over {n} mirrored samples"
-              f"{_suffix(base)}")
-    return Verdict("agreement", outcome, value, ref, threshold, n, reason)
+    return _drop_gate(_Share("agreement", "agreement with the most capable model",
+                             "mirrored samples", "mirrored samples", lambda s: s.mirrored,
+                             lambda s: s.agreed, gates.max_agreement_drop_pt,
+                             gates.min_mirrored), gates, new, base)
 
 
 def _opt_float(value: Any) -> float | None:
