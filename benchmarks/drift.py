@@ -29,11 +29,9 @@ Every process it starts is stopped at the end of its run (the fleet's context ma
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +40,11 @@ from typing import Any
 import httpx
 import numpy as np
 import yaml
+from faults import Load  # the fault suite's load thread (benchmarks/ is on sys.path)
 
 from tierlink.fleet.config import parse_fleet
 from tierlink.fleet.launcher import RunningFleet, launch
-from tierlink.fleet.workload import Record, WorkItem, drive, make_workload
+from tierlink.fleet.workload import make_workload
 
 DEMO_FLEET = Path(__file__).resolve().parents[1] / "src/tierlink/demo/fleets/fleet.yaml"
 MODEL = "fmnist-small-fp16"  # what the demo's devices serve
@@ -80,31 +79,6 @@ def fleet_yaml(bench: Bench, name: str, public_key: str) -> dict[str, Any]:
     return raw
 
 
-class Load(threading.Thread):
-    """The demo's load on its own event loop, without labels."""
-
-    def __init__(self, items: list[WorkItem], bench: Bench, urls: dict[str, str]) -> None:
-        super().__init__(name="drift-load", daemon=True)
-        self.items, self.bench, self.urls = items, bench, urls
-        self.records: list[Record] = []
-        self.error: BaseException | None = None
-        self.started = 0.0
-
-    def run(self) -> None:
-        self.started = time.monotonic()
-        try:
-            self.records = asyncio.run(drive(self.items, self.bench.images, self.bench.labels,
-                                             self.urls, "fmnist", None, send_labels=False))
-        except BaseException as exc:  # noqa: BLE001 (reported by finish())
-            self.error = exc
-
-    def finish(self) -> list[Record]:
-        self.join(self.bench.seconds + 120.0)
-        if self.is_alive() or self.error is not None:
-            raise RuntimeError(f"the load did not finish: {self.error!r}")
-        return self.records
-
-
 def make_version(bench: Bench, kind: str) -> Path:
     from tierlink.testing.artifacts import relabeled_copy
 
@@ -130,14 +104,14 @@ def run_once(bench: Bench, kind: str) -> dict[str, Any]:
         run_publish(MODEL, make_version(bench, kind), bench.models[MODEL][1], version,
                     f"drift benchmark: {kind}", key_file, fleet.control_url, eval_limit=1000,
                     admin_token=fleet.admin_token)
-        load = Load(items, bench, fleet.node_urls)
+        load = Load(bench, items, fleet.node_urls, send_labels=False)
         load.start()
         while time.monotonic() < load.started + ROLLOUT_AT_S:
             time.sleep(0.05)
         started = time.monotonic()
         rollout = post_rollout(bench, fleet, version)
         record, ended = watch(bench, fleet, rollout["id"], load.started + bench.seconds)
-        records = load.finish()
+        records = load.finish(timeout_s=bench.seconds + 120.0)
         mirrors = mirror_counts(bench, fleet)
     finally:
         fleet.stop()

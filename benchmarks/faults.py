@@ -101,11 +101,14 @@ def steady(bench: Bench, seconds: float, deadline_ms: float,
 
 class Load(threading.Thread):
     """``drive`` on its own event loop; ``done`` fills in completion order, ``started`` is
-    the monotonic time the first item was due."""
+    the monotonic time the first item was due. ``bench``: anything with the test images
+    and their ``labels`` (``benchmarks/drift.py`` drives its load, without labels, too)."""
 
-    def __init__(self, bench: Bench, items: list[WorkItem], urls: dict[str, str]) -> None:
+    def __init__(self, bench: Bench, items: list[WorkItem], urls: dict[str, str],
+                 send_labels: bool = True) -> None:
         super().__init__(name="fault-load", daemon=True)
         self.bench, self.items, self.urls = bench, items, urls
+        self.send_labels = send_labels
         self.done: list[Record] = []
         self.records: list[Record] = []
         self.error: BaseException | None = None
@@ -116,7 +119,8 @@ class Load(threading.Thread):
         try:
             self.records = asyncio.run(drive(self.items, self.bench.images, self.bench.labels,
                                              self.urls, "fmnist", None,
-                                             on_done=self.done.append))
+                                             on_done=self.done.append,
+                                             send_labels=self.send_labels))
         except BaseException as exc:  # noqa: BLE001 (reported by finish())
             self.error = exc
 
