@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="pool requests per second")
     parser.add_argument("--from-scratch", action="store_true",
                         help="the zoo trainer trains anew with its recipe (hard examples "
-                             "10% of the data) instead of fine-tuning: ~3 min more")
+                             "10%% of the data) instead of fine-tuning: ~3 min more")
     args = parser.parse_args(argv)
     options = {"from_scratch": "true", "hard_share": "0.1"} if args.from_scratch else {}
     with tempfile.TemporaryDirectory(prefix="tierlink-retrain-") as tmp:
