@@ -259,12 +259,13 @@ BOGUS = "__bogus__"
 _PROBE_BASE: dict[str, Any] = {
     "nodes": [
         {"id": "dev-1", "tier": "device", "models": []},
-        {"id": "cloud-1", "tier": "cloud", "models": [], "engine": "ray", "ray": {},
+        {"id": "cloud-1", "tier": "cloud", "models": ["<model>"], "engine": "ray", "ray": {},
          "chat": {"models": [{"name": "lm", "model": "lm"}]}},
     ],
     "links": [{"from": "dev-1", "to": "cloud-1"}],
     "tasks": {"<task>": {"input": {"name": "x", "shape": [-1, 4]}}},
     "routing": {"shadow": {"policy": "bandit"}},
+    "batching": {"<model>": {}},
 }
 _SOURCE = "<file name>.yaml"  # the name a fleet takes when it names none: the file's stem
 Loc = tuple[str | int, ...]
@@ -483,6 +484,7 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
     from tierlink.llm.source import LMSource
     from tierlink.models.task import TaskSpec
     from tierlink.policy.base import RewardWeights, Weights
+    from tierlink.settings.batching import BatchSettings
     from tierlink.settings.engine import EngineConfig
     from tierlink.settings.hard_examples import HardExampleConfig
     from tierlink.settings.routing import (
@@ -524,6 +526,7 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
         "cost": ((CostModel,), {}),
         "hard_examples": ((HardExampleConfig,), {}),
         "tasks.<task>": ((TaskSpec,), {}),
+        "batching.<model>": ((BatchSettings,), {}),
         "tracing": ((TraceSettings, TracingConfig), {}),
         "security": ((SecurityConfig,), {}),
     }
@@ -765,7 +768,7 @@ def fleet_file_page() -> str:
          "come from the dataclass field each key fills (and the comment beside it), *Default* "
          "from what the parser puts in the configuration when the key is left out, *Allowed* "
          "from the parser's own error for a wrong value. `nodes[]` is an entry of the `nodes` "
-         "list; `tasks.<task>` a task declared by name. A mapping not listed as a section "
+         "list; `tasks.<task>` a task declared by name, `batching.<model>` a served model by name. A mapping not listed as a section "
          "(`routing.thresholds`, `nodes[].labels`, ...) takes names of the user's."),
         (f"## Example\n\nThe demo's fleet (`{_relative(example)}`):\n\n"
          f"```yaml\n{example.read_text().rstrip()}\n```")])

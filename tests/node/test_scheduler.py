@@ -345,7 +345,7 @@ def test_many_cancellations_compact_the_heap() -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         assert sched.snapshot().queue_depth == 0 and sched.snapshot().cancelled == 100
-        assert len(sched._heap) < 100  # tombstones were swept, not left to pile up
+        assert len(sched._queue._heap) < 100  # tombstones were swept, not left to pile up
         gate.release.set()
         await blocker
         assert await sched.submit(lambda: 1, priority=IA, deadline_s=None) == 1

@@ -21,6 +21,7 @@ from tierlink.fleet.chat_config import ChatConfig, check_verifiers, parse_chat
 from tierlink.models.onnx import parse_providers
 from tierlink.models.task import TaskSpec, task_from_dict
 from tierlink.security.names import node_host
+from tierlink.settings.batching import BatchSettings, parse_batching
 from tierlink.settings.engine import EngineConfig, parse_engine
 from tierlink.settings.fields import (
     as_bool,
@@ -147,8 +148,16 @@ class FleetConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     # TLS on every hop, a fleet CA, claims bound to senders (settings/security.py)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # Dynamic batching by model: requests for one model version that wait together run as
+    # one batch, on every node serving it (settings/batching.py)
+    batching: Mapping[str, BatchSettings] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        served = self.model_names()
+        for name in self.batching:
+            if name not in served:
+                raise ConfigError(f"batching.{name}: no node serves a model {name!r}",
+                                  hint=f"served: {', '.join(served)}")
         if self.security.tls:  # each node's identity is a name in its certificate
             for n in self.nodes:
                 try:
@@ -173,7 +182,8 @@ class FleetConfig:
             "trusted_keys": list(self.trusted_keys), "fault_injection": self.fault_injection,
             "tasks": {name: _task_dict(t) for name, t in self.tasks.items()},
             "topology": self.topology, "tracing": self.tracing.to_dict(),
-            "security": self.security.to_dict()}
+            "security": self.security.to_dict(),
+            "batching": {name: b.to_dict() for name, b in self.batching.items()}}
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its fleet file (the sections are typed and round-trip; their
@@ -233,7 +243,7 @@ def load_fleet(path: str | Path) -> FleetConfig:
 
 FLEET_KEYS = ("name", "seed", "nodes", "links", "routing", "cost", "zoo", "control",
               "hard_examples", "trusted_keys", "fault_injection", "tasks", "topology",
-              "tracing", "security")
+              "tracing", "security", "batching")
 NODE_KEYS = ("id", "tier", "models", "heads", "workers", "max_queue", "cpu_quota",
              "providers", "chat", "advertise_url", "labels", "default_privacy", "engine", "ray")
 LINK_KEYS = ("from", "to", "delay_ms", "jitter_ms", "bandwidth_mbit", "loss")
@@ -276,6 +286,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         topology=_topology(data.get("topology", "registry")),
         tracing=parse_tracing(data.get("tracing") or {}),
         security=parse_security(data.get("security") or {}),
+        batching=parse_batching(data.get("batching") or {}),
     )
 
 

@@ -438,7 +438,8 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     tls_ca=str(fleet.pki.ca_file) if fleet.pki else None,
                     tls_client_auth=fleet.pki.client_auth if fleet.pki else "optional",
                     llms=node.chat.models if node.chat else (),
-                    chat_tasks=node.chat.tasks() if node.chat else {})
+                    chat_tasks=node.chat.tasks() if node.chat else {},
+                    batching={m: b for m, b in cfg.batching.items() if m in node.models})
 
 
 def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[str, int],

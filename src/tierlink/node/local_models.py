@@ -124,6 +124,6 @@ class LocalModels:
     async def submit(self, rt: ModelRuntime, inputs: dict[str, np.ndarray], priority: Priority,
                       deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:
         out, ms = await run_model(self.scheduler, rt, inputs, priority, deadline_s,
-                                  self.slowdown)
+                                  self.slowdown, self.spec.batching.get(rt.info.name))
         self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(ms / 1000)
         return out, ms

@@ -33,7 +33,6 @@ from one event loop.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import math
 import time
@@ -45,9 +44,11 @@ from typing import Any, Protocol, Self, TypeVar
 
 from tierlink.core.types import Priority
 from tierlink.errors import AdmissionRefused, ConfigError, DeadlineExceeded
+from tierlink.node.job_queue import ABANDONED, DONE, QUEUED, RUNNING, Batchable, Job, JobQueue
 from tierlink.telemetry import tracing
 
 __all__ = [
+    "Batchable",
     "NullObserver",
     "Scheduler",
     "SchedulerConfig",
@@ -60,13 +61,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _PRIORITIES = tuple(Priority)
-
-# Job states. A job moves QUEUED -> RUNNING -> DONE, QUEUED -> DONE (expired / shed at close),
-# or QUEUED -> ABANDONED (its submitter was cancelled; it stays in the heap as a tombstone).
-_QUEUED, _RUNNING, _DONE, _ABANDONED = range(4)
-
-# Rebuild the heap once tombstones outnumber live jobs (and there are enough to matter).
-_COMPACT_MIN_TOMBSTONES = 64
 
 
 class SchedulerObserver(Protocol):
@@ -85,6 +79,8 @@ class SchedulerObserver(Protocol):
 
     def on_expire(self, priority: Priority) -> None: ...
 
+    def on_batch(self, key: str, size: int, held_s: float) -> None: ...
+
 
 class NullObserver:
     """The default observer: records nothing."""
@@ -102,6 +98,9 @@ class NullObserver:
         pass
 
     def on_expire(self, priority: Priority) -> None:
+        pass
+
+    def on_batch(self, key: str, size: int, held_s: float) -> None:
         pass
 
 
@@ -165,19 +164,6 @@ class SchedulerStats:
     shed: int = 0
 
 
-@dataclass(slots=True, eq=False)
-class _Job:
-    fn: Callable[[], Any]
-    priority: Priority
-    deadline: float  # absolute, on the scheduler's clock; math.inf when none
-    key: str
-    future: asyncio.Future[Any]
-    enqueued_at: float
-    state: int = _QUEUED
-    began: float = 0.0  # when it started running (the end of its queue wait)
-    trace: Any = None  # the submitter's trace context (tracing on): queue and compute spans
-
-
 class Scheduler:
     """Bounded-concurrency priority scheduler with admission control. See the module docstring.
 
@@ -200,13 +186,9 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._idle: asyncio.Event | None = None  # set by the last finishing job during close()
-        # Heap of (priority, deadline, seq, job); seq is unique, so jobs are never compared.
-        self._heap: list[tuple[int, float, int, _Job]] = []
-        self._seq = 0
-        self._queued_by_priority = [0] * len(_PRIORITIES)  # live jobs only, no tombstones
-        self._queued = 0
-        self._tombstones = 0
-        self._inflight = 0
+        self._queue = JobQueue()
+        self._inflight = 0  # jobs running
+        self._busy = 0  # workers running them (a batch is many jobs on one worker)
         self._ewma_ms = self._config.initial_service_ms
         self._ewma_by_key: dict[str, float] = {}
         self.learned = 0  # grows at each service time learned or seeded (views follow it)
@@ -258,6 +240,7 @@ class Scheduler:
         cost_hint_ms: float | None = None,
         key: str = "",
         inline: bool = True,
+        batch: Batchable | None = None,
     ) -> T:
         """Run blocking ``fn`` on a worker thread and return its result (on the loop itself
         when it is short, see ``SchedulerConfig.inline_below_ms``; ``inline=False`` never).
@@ -265,24 +248,36 @@ class Scheduler:
         ``deadline_s``: ABSOLUTE time on this scheduler's clock by which the job must finish;
         None = no deadline. ``cost_hint_ms``: this job's expected run time if the caller knows
         it better than the EWMA of ``key`` (e.g. a batch of 8). ``key``: what to learn the
-        service time under, usually the model variant. Raises as the module docstring says.
+        service time under, usually the model variant. ``batch``: the job may run together
+        with waiting jobs of the same batch key (one call of ``batch.run`` instead of ``fn``:
+        see :meth:`_gather`). Raises as the module docstring says.
         """
         loop = self._bind_loop()
         priority = Priority(priority)  # a plain int would break labels deep in a callback
         now = self._clock()
         self._admit(priority, deadline_s, cost_hint_ms, key, now)
-        job = _Job(fn, priority, math.inf if deadline_s is None else deadline_s, key,
-                   loop.create_future(), now, trace=tracing.capture())
+        job = Job(fn, priority, math.inf if deadline_s is None else deadline_s, key,
+                  loop.create_future(), now, trace=tracing.capture(), batch=batch)
         self._counts["admitted"] += 1
         self._emit(self._observer.on_admit, priority)
-        # Invariant between callbacks: a worker is free only when nothing live is queued.
-        if self._inflight < self._workers and self._queued == 0:
-            if inline and self._short(key):
+        # Invariant between callbacks: a worker is free only when nothing live is queued,
+        # or the first job waiting is held for a batch to fill (``hold_until``).
+        if self._busy < self._workers and not self._queue:
+            hold_s = self._hold_s(job, now)
+            if hold_s > 0:
+                job.hold_until = now + hold_s
+                self._queue.push(job)
+                loop.call_later(hold_s, self._release, job)
+            elif batch is not None:  # on a worker: the loop stays free for others to queue
+                self._emit(self._observer.on_batch, key, 1, 0.0)
+                self._start(job, now)
+            elif inline and self._short(key):
                 self._run_inline(job, now)
             else:
                 self._start(job, now)
         else:
-            self._enqueue(job)
+            self._queue.push(job)
+            self._dispatch()  # a held batch this job fills, or one it overtakes
         try:
             return await job.future  # type: ignore[no-any-return]
         except asyncio.CancelledError:
@@ -300,37 +295,68 @@ class Scheduler:
         self._loop = loop
         return loop
 
-    def _start(self, job: _Job, now: float) -> None:
-        self._begin(job, now)
+    def _start(self, job: Job, now: float) -> None:
+        self._begin_alone(job, now)
         assert self._executor is not None  # invariant: jobs are only admitted while open
         self._executor.submit(self._run, job)
 
-    def _begin(self, job: _Job, now: float) -> None:
-        job.state = _RUNNING
+    def _start_batch(self, jobs: list[Job], now: float) -> None:
+        """``jobs`` (two or more of one batch key) as one call on one worker."""
+        for job in jobs:
+            self._begin(job, now)
+        self._busy += 1
+        assert self._executor is not None
+        self._executor.submit(self._run_batch, jobs)
+
+    def _begin(self, job: Job, now: float) -> None:
+        job.state = RUNNING
         self._inflight += 1
         self._emit(self._observer.on_start, job.priority, now - job.enqueued_at)
+
+    def _begin_alone(self, job: Job, now: float) -> None:
+        """``job`` takes a worker of its own."""
+        self._begin(job, now)
+        self._busy += 1
 
     def _short(self, key: str) -> bool:
         limit = self._config.inline_below_ms
         return limit > 0 and self._ewma_by_key.get(key, self._ewma_ms) < limit
 
-    def _run_inline(self, job: _Job, now: float) -> None:
+    def _run_inline(self, job: Job, now: float) -> None:
         """Run a short job right here on the loop thread, accounted as a running job
         (only ``Exception``s are the job's: anything else belongs to the loop)."""
-        self._begin(job, now)
+        self._begin_alone(job, now)
         self._finish(job, *self._call(job, Exception))
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: Job) -> None:
         """Worker thread: run ``fn``, measure it, hand the outcome to the loop thread."""
-        outcome = self._call(job, BaseException)
+        self._hand_back(self._finish, job, *self._call(job, BaseException))
+
+    def _run_batch(self, jobs: list[Job]) -> None:
+        """Worker thread: run a batch's items together, hand the outcomes to the loop."""
+        batch = jobs[0].batch
+        assert batch is not None
+        began = self._clock()
+        results: list[Any] = []
+        error: BaseException | None = None
+        try:
+            results = batch.run([job.batch.item for job in jobs if job.batch is not None])
+        except BaseException as exc:  # noqa: BLE001 -- every job of the batch gets it, unchanged
+            error = exc
+        run_s = self._clock() - began
+        for job in jobs:
+            job.began = began
+        self._hand_back(self._finish_batch, jobs, results, error, run_s)
+
+    def _hand_back(self, fn: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
         try:
-            self._loop.call_soon_threadsafe(self._finish, job, *outcome)
+            self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:
             # The loop was closed without close(): nobody can be waiting for this answer.
-            log.warning("job %r finished after its event loop closed; answer dropped", job.key)
+            log.warning("a job finished after its event loop closed; answer dropped")
 
-    def _call(self, job: _Job, catch: type[BaseException]
+    def _call(self, job: Job, catch: type[BaseException]
               ) -> tuple[Any, BaseException | None, float]:
         """Run ``fn``: (its result, what it raised of ``catch``, its run time in seconds)."""
         began = job.began = self._clock()
@@ -342,14 +368,31 @@ class Scheduler:
             error = exc
         return result, error, self._clock() - began
 
-    def _finish(self, job: _Job, result: Any, error: BaseException | None, run_s: float) -> None:
+    def _finish(self, job: Job, result: Any, error: BaseException | None, run_s: float) -> None:
         """Loop thread: answer the submitter, learn the run time, start the next job."""
-        self._inflight -= 1
-        job.state = _DONE
-        ok = error is None
-        if ok:
+        self._busy -= 1
+        if error is None:
             # Only successes teach the EWMA: a failure may be a fast reject of bad input.
             self._learn(job.key, run_s * 1000.0)
+        self._answer(job, result, error, run_s)
+        self._next()
+
+    def _finish_batch(self, jobs: list[Job], results: list[Any], error: BaseException | None,
+                      run_s: float) -> None:
+        """Loop thread: answer every job of a batch; learn the run time per job."""
+        self._busy -= 1
+        if error is None and len(results) != len(jobs):
+            error = RuntimeError(f"a batch of {len(jobs)} returned {len(results)} results")
+        if error is None:
+            self._learn(jobs[0].key, run_s * 1000.0 / len(jobs))
+        for i, job in enumerate(jobs):
+            self._answer(job, results[i] if error is None else None, error, run_s)
+        self._next()
+
+    def _answer(self, job: Job, result: Any, error: BaseException | None, run_s: float) -> None:
+        self._inflight -= 1
+        job.state = DONE
+        ok = error is None
         self._counts["completed" if ok else "failed"] += 1
         if not job.future.done():  # done = cancelled: the client went away mid-run
             if error is None:
@@ -359,11 +402,13 @@ class Scheduler:
         self._emit(self._observer.on_finish, job.priority, run_s, ok)
         if job.trace is not None:
             self._trace(job, run_s, error)
+
+    def _next(self) -> None:
         self._dispatch()
         if self._inflight == 0 and self._idle is not None:
             self._idle.set()
 
-    def _trace(self, job: _Job, run_s: float, error: BaseException | None) -> None:
+    def _trace(self, job: Job, run_s: float, error: BaseException | None) -> None:
         now, attrs = self._clock(), {"tierlink.job": job.key,
                                      "tierlink.priority": job.priority.label}
         tracing.record("tierlink.queue", job.trace, job.enqueued_at, job.began, now, attrs)
@@ -371,53 +416,89 @@ class Scheduler:
                        {**attrs, "tierlink.error": None if error is None else repr(error)[:200]})
 
     def _dispatch(self) -> None:
-        """Fill free workers from the heap; expire jobs whose deadline passed while waiting."""
-        while self._inflight < self._workers and self._queued:
-            job = self._pop()
+        """Fill free workers from the heap; expire jobs whose deadline passed while waiting;
+        run waiting jobs of one batch key together; leave a held batch to fill."""
+        while self._busy < self._workers and self._queue:
             now = self._clock()
+            head = self._queue.peek()
+            if head.hold_until > now and not self._full(head):
+                return  # its timer dispatches again
+            job = self._queue.pop()
             if now >= job.deadline:
                 self._expire(job, now)
+                continue
+            jobs = self._gather(job, now) if job.batch is not None else [job]
+            if job.batch is not None:
+                held_s = now - job.enqueued_at if job.hold_until else job.held_s
+                self._emit(self._observer.on_batch, job.key, len(jobs), held_s)
+            if len(jobs) > 1:
+                self._start_batch(jobs, now)
             else:
                 self._start(job, now)
 
+    # -- batches ---------------------------------------------------------------------------
+
+    def _hold_s(self, job: Job, now: float) -> float:
+        """How long ``job`` may wait on a free worker for others of its batch key: at most
+        its batch's ``max_delay_s``, never a realtime job's, never past the time its
+        deadline needs a full batch to start."""
+        batch = job.batch
+        if batch is None or batch.max_delay_s <= 0 or job.priority == Priority.REALTIME:
+            return 0.0
+        full_s = self.service_estimate_ms(job.key) * batch.limit / 1000.0
+        return max(0.0, min(batch.max_delay_s, job.deadline - now - full_s))
+
+    def _release(self, job: Job) -> None:
+        """``job``'s hold is over: it runs with whoever joined it (its timer; the clocks of
+        the loop and of the scheduler need not agree to the nanosecond)."""
+        if job.hold_until:
+            job.held_s = min(self._clock(), job.hold_until) - job.enqueued_at
+            job.hold_until = 0.0
+        self._dispatch()
+
+    def _full(self, job: Job) -> bool:
+        assert job.batch is not None
+        return len(self._queue.same_batch(job.batch.key)) >= job.batch.limit
+
+    def _gather(self, first: Job, now: float) -> list[Job]:
+        """``first`` and the waiting jobs of its batch key that join it, in queue order: up
+        to its limit, and only while the batch's estimated run time keeps every member's
+        deadline (a job it would make late runs later, on its own turn)."""
+        batch = first.batch
+        assert batch is not None
+        per_job_ms = self.service_estimate_ms(first.key)
+        jobs, due = [first], first.deadline
+        for job in self._queue.same_batch(batch.key):
+            if len(jobs) >= batch.limit:
+                break
+            if now >= job.deadline:
+                self._queue.take(job, DONE)
+                self._expire(job, now)
+                continue
+            if now + per_job_ms * (len(jobs) + 1) / 1000.0 > min(due, job.deadline):
+                continue
+            self._queue.take(job, RUNNING)
+            jobs.append(job)
+            due = min(due, job.deadline)
+        return jobs
+
     # -- the queue -------------------------------------------------------------------------
 
-    def _enqueue(self, job: _Job) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (job.priority, job.deadline, self._seq, job))
-        self._queued_by_priority[job.priority] += 1
-        self._queued += 1
-
-    def _pop(self) -> _Job:
-        """The next live job. Only called while ``self._queued > 0``."""
-        while True:
-            job = heapq.heappop(self._heap)[3]
-            if job.state == _QUEUED:
-                self._queued_by_priority[job.priority] -= 1
-                self._queued -= 1
-                return job
-            self._tombstones -= 1
-
-    def _abandon(self, job: _Job) -> None:
+    def _abandon(self, job: Job) -> None:
         """The submitter was cancelled. A queued job is removed (lazily); a running one is
         left to finish and its answer discarded."""
-        if job.state != _QUEUED:
+        if job.state != QUEUED:
             return
-        job.state = _ABANDONED
-        self._queued_by_priority[job.priority] -= 1
-        self._queued -= 1
-        self._tombstones += 1
+        self._queue.take(job, ABANDONED)
         self._counts["cancelled"] += 1
-        if self._tombstones >= _COMPACT_MIN_TOMBSTONES and self._tombstones > self._queued:
-            self._heap = [entry for entry in self._heap if entry[3].state == _QUEUED]
-            heapq.heapify(self._heap)
-            self._tombstones = 0
 
-    def _expire(self, job: _Job, now: float) -> None:
-        job.state = _DONE
+    def _expire(self, job: Job, now: float) -> None:
+        job.state = DONE
         self._counts["expired"] += 1
         waited_ms = (now - job.enqueued_at) * 1000.0
         late_ms = (now - job.deadline) * 1000.0
+        if job.future.done():  # cancelled, its submitter not yet told (_abandon)
+            return
         job.future.set_exception(DeadlineExceeded(
             f"deadline passed while queued: waited {waited_ms:.1f} ms, the deadline was "
             f"{late_ms:.1f} ms ago; the job was not run",
@@ -427,14 +508,11 @@ class Scheduler:
         self._emit(self._observer.on_expire, job.priority)
 
     def _shed_queue(self) -> None:
-        heap, self._heap = self._heap, []
-        self._queued_by_priority = [0] * len(_PRIORITIES)
-        self._queued = self._tombstones = 0
-        for _, _, _, job in heap:
-            if job.state != _QUEUED:
-                continue
-            job.state = _DONE
+        for job in self._queue.drain():
+            job.state = DONE
             self._counts["shed"] += 1
+            if job.future.done():  # cancelled, its submitter not yet told (_abandon)
+                continue
             job.future.set_exception(AdmissionRefused(
                 "the node is shutting down: this queued job was not run",
                 reason="shutting_down", priority=job.priority.label,
@@ -451,9 +529,7 @@ class Scheduler:
         finishing in parallel that takes ``EWMA x that / workers``. 0 when a worker is free.
         Jobs of a higher class arriving later can still overtake (that is what expiry is for).
         """
-        ahead = self._inflight
-        for p in range(priority + 1):
-            ahead += self._queued_by_priority[p]
+        ahead = self._inflight + self._queue.ahead(priority)
         must_finish = ahead - self._workers + 1
         if must_finish <= 0:
             return 0.0
@@ -462,7 +538,7 @@ class Scheduler:
     def load(self) -> tuple[int, int, int]:
         """``(queued, in flight, workers)`` now: a node's view of itself, without the
         copies :meth:`snapshot` makes."""
-        return self._queued, self._inflight, self._workers
+        return len(self._queue), self._inflight, self._workers
 
     def service_estimate_ms(self, key: str = "") -> float:
         """Expected run time of one job of ``key`` (its EWMA, else the global one)."""
@@ -496,8 +572,9 @@ class Scheduler:
         """Raise AdmissionRefused if the job cannot be taken; otherwise return."""
         if self._closing:
             raise self._refuse("shutting_down", priority, deadline_s, cost_hint_ms, key, now)
-        must_queue = self._inflight >= self._workers or self._queued > 0
-        if must_queue and self._queued >= self._config.max_queue:
+        queued = len(self._queue)
+        must_queue = self._busy >= self._workers or queued > 0
+        if must_queue and queued >= self._config.max_queue:
             raise self._refuse("queue_full", priority, deadline_s, cost_hint_ms, key, now)
         if deadline_s is None:
             return
@@ -522,7 +599,7 @@ class Scheduler:
         remaining_ms = None if deadline_s is None else (deadline_s - now) * 1000.0
         budget = "no deadline" if remaining_ms is None else f"{remaining_ms:.1f} ms left"
         state = (
-            f"queue {self._queued}/{self._config.max_queue}, {self._inflight} in flight on "
+            f"queue {len(self._queue)}/{self._config.max_queue}, {self._inflight} in flight on "
             f"{self._workers} workers, estimated wait {wait_ms:.1f} ms + service "
             f"{service_ms:.1f} ms, {budget}"
         )
@@ -533,7 +610,7 @@ class Scheduler:
         }[reason]
         return AdmissionRefused(
             f"admission refused ({reason}): {headline}: {state}",
-            reason=reason, priority=priority.label, queue_depth=self._queued,
+            reason=reason, priority=priority.label, queue_depth=len(self._queue),
             max_queue=self._config.max_queue, inflight=self._inflight,
             workers=self._workers, estimated_wait_ms=round(wait_ms, 3),
             estimated_service_ms=round(service_ms, 3),
@@ -546,9 +623,9 @@ class Scheduler:
         """A consistent copy of the counters (call it on the loop thread)."""
         counts = self._counts
         return SchedulerStats(
-            queue_depth=self._queued,
+            queue_depth=len(self._queue),
             queue_depth_by_priority=MappingProxyType(
-                {p: self._queued_by_priority[p] for p in _PRIORITIES}
+                {p: self._queue.by_priority[p] for p in _PRIORITIES}
             ),
             inflight=self._inflight,
             workers=self._workers,

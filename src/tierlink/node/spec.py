@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tierlink.core.types import Tier
 from tierlink.errors import ConfigError
 from tierlink.llm.source import LMSource
+from tierlink.settings.batching import BatchSettings, parse_batching
 from tierlink.settings.engine import EngineConfig, engine_from_dict
 from tierlink.settings.fields import as_url
 from tierlink.settings.hard_examples import HardExampleConfig, parse_hard_examples
@@ -97,6 +99,9 @@ class NodeSpec:
     # Ray Serve deployments on the cluster at ray_address
     engine: EngineConfig = field(default_factory=EngineConfig)
     ray_address: str | None = None
+    # The fleet's `batching:` for this node's models (settings/batching.py): requests for
+    # the same model version that wait together run as one batch
+    batching: Mapping[str, BatchSettings] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.default_privacy not in ("local", "site", "any"):
@@ -139,7 +144,8 @@ class NodeSpec:
                              "cost": self.routing.cost.to_mapping()},
                  "hard_examples": {**self.hard_examples.to_dict(),
                                    "store_tier": self.hard_examples.store_tier.label},
-                 "engine": self.engine.to_dict()}
+                 "engine": self.engine.to_dict(),
+                 "batching": {name: b.to_dict() for name, b in self.batching.items()}}
         for name in ("models", "upstreams", "heads", "llms"):
             data[name] = [asdict(x) for x in data[name]]
         return json.dumps(data, indent=2)
@@ -162,6 +168,7 @@ class NodeSpec:
             store_tier = hard.pop("store_tier", "cloud")
             data["hard_examples"] = parse_hard_examples(hard, store_tier)
             data["engine"] = engine_from_dict(data.get("engine"))
+            data["batching"] = parse_batching(data.get("batching") or {})
             return cls(**data)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid node spec: {exc}") from exc

@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from tierlink.node.scheduler import Scheduler, _Job
+from tierlink.node.job_queue import Job
+from tierlink.node.scheduler import Scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +43,14 @@ class SimScheduler(Scheduler):
         if self._executor is None:
             self._executor = _NoThreads()  # type: ignore[assignment]
 
-    def _start(self, job: _Job, now: float) -> None:
-        self._begin(job, now)
+    def _start(self, job: Job, now: float) -> None:
+        self._begin_alone(job, now)
         work = job.fn
         seconds = work.seconds if isinstance(work, Work) else 0.0
         loop = asyncio.get_running_loop()
         loop.call_later(seconds, self._done, job, seconds)
 
-    def _done(self, job: _Job, seconds: float) -> None:
+    def _done(self, job: Job, seconds: float) -> None:
         self._finish(job, job.fn(), None, seconds)
 
 

@@ -19,6 +19,7 @@ COST_LABELS = ("task", "model", "version", "path", "site", "tier", "part")
 PATH_KINDS = ("local", "escalated", "split", "remote", "mirror")
 
 # Latency buckets from 0.5 ms to 10 s: device answers are sub-millisecond, cloud ones ~100 ms.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -49,6 +50,13 @@ class NodeMetrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("tierlink_queue_wait_seconds", "Time waiting for a worker",
                                     ["tier", "priority"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("tierlink_batch_size",
+                                    "Requests run together in one batched model run",
+                                    ["tier", "model"], buckets=BATCH_BUCKETS, registry=r)
+        self.batch_hold = Histogram("tierlink_batch_hold_seconds",
+                                    "How long a batch's first request was held for others "
+                                    "to join (batching.max_delay_ms)", ["tier", "model"],
+                                    buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("tierlink_queue_depth", "Jobs waiting for a worker",
                                  ["tier", "priority"], registry=r)
         self.inflight = Gauge("tierlink_inflight_requests", "Requests being handled now",
@@ -209,6 +217,10 @@ class NodeMetrics:
 
     def on_expire(self, priority: Priority) -> None:
         self.admission_refused.labels(self.tier, "expired").inc()
+
+    def on_batch(self, key: str, size: int, held_s: float) -> None:
+        self.batch_size.labels(self.tier, key).observe(size)
+        self.batch_hold.labels(self.tier, key).observe(held_s)
 
     def exposition(self) -> bytes:
         from prometheus_client import generate_latest

@@ -1,0 +1,121 @@
+"""The scheduler's waiting jobs: a heap ordered by ``(priority, deadline, seq)`` with lazy
+removal, and what a job that may run in a batch carries (:class:`Batchable`).
+
+Touched only on the event-loop thread (see ``node/scheduler.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tierlink.core.types import Priority
+
+__all__ = ["ABANDONED", "DONE", "QUEUED", "RUNNING", "Batchable", "Job", "JobQueue"]
+
+# Job states. A job moves QUEUED -> RUNNING -> DONE, QUEUED -> DONE (expired / shed at close),
+# or QUEUED -> ABANDONED (its submitter was cancelled; it stays in the heap as a tombstone).
+QUEUED, RUNNING, DONE, ABANDONED = range(4)
+
+_PRIORITIES = tuple(Priority)
+
+# Rebuild the heap once tombstones outnumber live jobs (and there are enough to matter).
+_COMPACT_MIN_TOMBSTONES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Batchable:
+    """What lets a job run together with others: jobs of the same ``key`` (a model version
+    and its inputs' shapes) run as one call of ``run`` on their ``item`` s, which returns
+    each one's result in order. ``limit``: the most jobs in one run; ``max_delay_s``: how
+    long a job may be held for others while a worker is free."""
+
+    key: str
+    item: Any
+    run: Callable[[Sequence[Any]], list[Any]]
+    limit: int
+    max_delay_s: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    fn: Callable[[], Any]
+    priority: Priority
+    deadline: float  # absolute, on the scheduler's clock; math.inf when none
+    key: str
+    future: asyncio.Future[Any]
+    enqueued_at: float
+    state: int = QUEUED
+    began: float = 0.0  # when it started running (the end of its queue wait)
+    trace: Any = None  # the submitter's trace context (tracing on): queue and compute spans
+    batch: Batchable | None = None  # set: it may run with others of its key
+    hold_until: float = 0.0  # held for others to join until then (a free worker waits)
+    held_s: float = 0.0  # how long it was held, once its hold ended
+
+
+class JobQueue:
+    """Live jobs in run order; a job taken out of the middle (abandoned, or gathered into a
+    batch) stays in the heap as a tombstone until popped or compacted away."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Job]] = []
+        self._seq = 0
+        self.by_priority = [0] * len(_PRIORITIES)  # live jobs only, no tombstones
+        self._live = 0
+        self._tombstones = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def push(self, job: Job) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (job.priority, job.deadline, self._seq, job))
+        self.by_priority[job.priority] += 1
+        self._live += 1
+
+    def peek(self) -> Job:
+        """The next live job, left in place. Only called while the queue is not empty."""
+        while self._heap[0][3].state != QUEUED:
+            heapq.heappop(self._heap)
+            self._tombstones -= 1
+        return self._heap[0][3]
+
+    def pop(self) -> Job:
+        """The next live job. Only called while the queue is not empty."""
+        job = self.peek()
+        heapq.heappop(self._heap)
+        self._count_out(job)
+        return job
+
+    def take(self, job: Job, state: int) -> None:
+        """``job`` (queued) leaves the queue from where it stands, now in ``state``."""
+        job.state = state
+        self._count_out(job)
+        self._tombstones += 1
+        if self._tombstones >= _COMPACT_MIN_TOMBSTONES and self._tombstones > self._live:
+            self._heap = [entry for entry in self._heap if entry[3].state == QUEUED]
+            heapq.heapify(self._heap)
+            self._tombstones = 0
+
+    def ahead(self, priority: Priority) -> int:
+        """Live jobs that run before a new one of ``priority`` (same class included)."""
+        return sum(self.by_priority[: priority + 1])
+
+    def same_batch(self, key: str) -> list[Job]:
+        """Live jobs that may run in a batch of ``key``, in run order."""
+        return [entry[3] for entry in sorted(self._heap) if entry[3].state == QUEUED
+                and entry[3].batch is not None and entry[3].batch.key == key]
+
+    def drain(self) -> Iterator[Job]:
+        """Every live job, the queue emptied."""
+        heap, self._heap = self._heap, []
+        self.by_priority = [0] * len(_PRIORITIES)
+        self._live = self._tombstones = 0
+        return (entry[3] for entry in heap if entry[3].state == QUEUED)
+
+    def _count_out(self, job: Job) -> None:
+        self.by_priority[job.priority] -= 1
+        self._live -= 1
