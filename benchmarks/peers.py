@@ -31,9 +31,19 @@ each round's figures and the spread.
 Bound (the verdict): at each concurrency, tierlink's throughput >= 0.9x the best peer's on
 the same wire format and its p99 <= 1.1x the best (lowest) peer p99.
 
-    .venv/bin/python benchmarks/peers.py [--json PATH] [--model-name NAME --onnx PATH
-        --card PATH] [--rounds 4] [--duration 6] [--warmup 1] [--concurrency 1,8,32]
-        [--shape INPUT=1,3,224,224]
+Batching (``--part batching``, the JSON's ``batching``): MobileNetV2 at 224x224, where compute
+dominates, on three more servers with the same thread budget (one intra-op thread, one
+model run at a time): a tierlink node without batching, one with ``batching: {max_batch:
+8}``, and MLServer with its adaptive batching (``max_batch_size`` 8) driven over gRPC
+(``tritonclient.grpc``, binary tensors). ONNX Runtime's own gain from batching is measured
+first, in this process with the same session options (``ort_batch_gain``: images/s at batch
+8 over batch 1). Bound: at 8 and 32 clients tierlink's batched/unbatched throughput >= 0.9x
+``ort_batch_gain``, and against MLServer's adaptive batching throughput >= 0.95x and p99 <=
+1.1x its p99.
+
+    .venv/bin/python benchmarks/peers.py [--json PATH] [--part all|peers|batching]
+        [--model-name NAME --onnx PATH --card PATH] [--rounds 4] [--duration 6]
+        [--warmup 1] [--concurrency 1,8,32] [--shape INPUT=1,3,224,224]
 
 Every process this script starts is stopped by pid at the end, also on error or Ctrl-C.
 """
@@ -85,6 +95,7 @@ class Lane:
     name: str
     server: str
     binary: bool
+    grpc: bool = False  # the Open Inference Protocol's gRPC API, not REST
 
 
 LANES = (Lane("tierlink", "tierlink", True), Lane("kserve", "kserve", True),
@@ -92,6 +103,17 @@ LANES = (Lane("tierlink", "tierlink", True), Lane("kserve", "kserve", True),
 # Each tierlink lane against the peers driven the same way.
 COMPARISONS: dict[str, tuple[str, ...]] = {"tierlink": ("kserve",),
                                            "tierlink-json": ("mlserver",)}
+
+# The batching part: one model where compute dominates, batched up to MAX_BATCH.
+BATCH_MODEL, BATCH_SHAPE = "imagenet-mobilenetv2", ("input", (1, 3, 224, 224))
+MAX_BATCH = 8
+MLSERVER_BATCH_TIME_S = 0.001  # MLServer's adaptive batching: how long a batch may fill
+BATCH_LANES = (Lane("tierlink", "tierlink", True),
+               Lane("tierlink-batched", "tierlink-batched", True),
+               Lane("mlserver-grpc", "mlserver-batched", True, grpc=True))
+BATCH_GAIN_FLOOR = 0.9  # batched / unbatched >= 0.9 x ort_batch_gain
+BATCH_RPS_FLOOR = 0.95  # against MLServer's adaptive batching
+BATCH_CONCURRENCIES = ("8", "32")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +140,7 @@ class ModelChoice:
     onnx: Path
     card: Path
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # --shape overrides
+    threads: int = 1  # every server's intra-op threads (the thread budget), and the reference's
 
 
 @dataclass
@@ -127,6 +150,7 @@ class Server:
     port: int
     log: Path
     config: dict[str, Any]
+    grpc_port: int | None = None
 
 
 # -- pure parts: percentiles, /proc accounting, summaries, the verdict ------------------------
@@ -247,6 +271,33 @@ def verdict(servers: Mapping[str, Mapping[str, Mapping[str, Any]]],
             "holds": holds, "checks": checks}
 
 
+def batching_verdict(servers: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                     ort_batch_gain: float,
+                     concurrencies: Sequence[str] = BATCH_CONCURRENCIES) -> dict[str, Any]:
+    """Does batching win what ONNX Runtime allows, and keep up with MLServer's adaptive
+    batching, at each of ``concurrencies``?"""
+    checks: dict[str, Any] = {}
+    for conc in (c for c in concurrencies if c in servers["tierlink"]):
+        batched, alone = servers["tierlink-batched"][conc], servers["tierlink"][conc]
+        peer = servers["mlserver-grpc"][conc]
+        gain = batched["rps"] / alone["rps"]
+        rps_ratio, p99_ratio = batched["rps"] / peer["rps"], batched["p99_ms"] / peer["p99_ms"]
+        checks[conc] = {
+            "batched_over_unbatched": round(gain, 3),
+            "of_ort_batch_gain": round(gain / ort_batch_gain, 3),
+            "gain_ok": gain >= BATCH_GAIN_FLOOR * ort_batch_gain,
+            "rps_ratio_vs_mlserver": round(rps_ratio, 3),
+            "p99_ratio_vs_mlserver": round(p99_ratio, 3),
+            "rps_ok": rps_ratio >= BATCH_RPS_FLOOR, "p99_ok": p99_ratio <= P99_CEILING}
+        checks[conc]["holds"] = all(checks[conc][k] for k in ("gain_ok", "rps_ok", "p99_ok"))
+    return {"bound": f"at {' and '.join(concurrencies)} clients: batched/unbatched rps >= "
+                     f"{BATCH_GAIN_FLOOR}x ort_batch_gain; against MLServer's adaptive "
+                     f"batching over gRPC rps >= {BATCH_RPS_FLOOR}x and p99 <= "
+                     f"{P99_CEILING}x its p99",
+            "holds": bool(checks) and all(c["holds"] for c in checks.values()),
+            "checks": checks}
+
+
 def schedule(lanes: Sequence[str], concurrencies: Sequence[int],
              rounds: int) -> Iterator[tuple[int, int, str]]:
     """(round, concurrency, lane) in run order: every lane at every concurrency each round,
@@ -271,7 +322,33 @@ def open_reference(model: ModelChoice) -> Any:
     sys.path.insert(0, str(PEERS_DIR))
     from ort_session import open_session
 
-    return open_session(str(model.onnx))
+    return open_session(str(model.onnx), model.threads)
+
+
+def ort_batch_gain(session: Any, inputs: Mapping[str, np.ndarray], batch: int = MAX_BATCH,
+                   rounds: int = 5, images: int = 96) -> dict[str, Any]:
+    """ONNX Runtime's own gain from batching, in this process with the servers' session
+    options: images/s at ``batch`` over batch 1, alternating, the median of ``rounds``."""
+    many = {name: np.repeat(arr, batch, axis=0) for name, arr in inputs.items()}
+    for feed in (dict(inputs), many):
+        session.run(None, feed)  # warm
+    ratios, alone, together = [], [], []
+    for _ in range(rounds):
+        alone.append(_images_per_s(session, dict(inputs), 1, images))
+        together.append(_images_per_s(session, many, batch, images))
+        ratios.append(together[-1] / alone[-1])
+    return {"gain": round(statistics.median(ratios), 4), "batch": batch,
+            "images_per_s_batch1": round(statistics.median(alone), 1),
+            f"images_per_s_batch{batch}": round(statistics.median(together), 1),
+            "rounds": [round(r, 4) for r in ratios]}
+
+
+def _images_per_s(session: Any, feed: dict[str, np.ndarray], batch: int, images: int) -> float:
+    runs = max(1, images // batch)
+    start = time.perf_counter()
+    for _ in range(runs):
+        session.run(None, feed)
+    return runs * batch / (time.perf_counter() - start)
 
 
 def make_inputs(session: Any, shapes: Mapping[str, tuple[int, ...]],
@@ -342,47 +419,62 @@ def _spawn(name: str, argv: list[str], workdir: Path, env: Mapping[str, str] | N
     return Server(name, proc, port, log, config)
 
 
-def start_tierlink(model: ModelChoice, workdir: Path, port: int) -> Server:
+def start_tierlink(model: ModelChoice, workdir: Path, port: int, name: str = "tierlink",
+                   max_batch: int = 1) -> Server:
     from tierlink.core.types import Tier
     from tierlink.node.spec import ModelSource, NodeSpec
+    from tierlink.settings.batching import BatchSettings
 
+    batching = {model.name: BatchSettings(max_batch)} if max_batch > 1 else {}
     spec = NodeSpec(node_id="peers-bench", tier=Tier.parse("cloud"),
                     models=(ModelSource(model.name, str(model.onnx), str(model.card)),),
-                    port=port, ready_file=str(workdir / "tierlink.ready"))
-    path = workdir / "tierlink-spec.json"
+                    port=port, ready_file=str(workdir / f"{name}.ready"), batching=batching,
+                    threads=model.threads)
+    path = workdir / f"{name}-spec.json"
     path.write_text(spec.to_json())
     config = {"command": "tierlink node --spec SPEC.json", "processes": 1,
-              "scheduler_workers": spec.workers, "intra_op_threads": 1,
+              "scheduler_workers": spec.workers, "intra_op_threads": model.threads,
+              "batching": {m: b.to_dict() for m, b in batching.items()} or None,
               "http": "uvicorn (httptools, uvloop), no access log", "control_plane": None}
-    return _spawn("tierlink", [str(ROOT / ".venv" / "bin" / "tierlink"), "node", "--spec",
-                               str(path)], workdir, None, port, config)
+    return _spawn(name, [str(ROOT / ".venv" / "bin" / "tierlink"), "node", "--spec",
+                         str(path)], workdir, None, port, config)
 
 
-def start_mlserver(model: ModelChoice, workdir: Path, venv: Path, ports: Sequence[int]) -> Server:
-    root = workdir / "mlserver"
+def start_mlserver(model: ModelChoice, workdir: Path, venv: Path, ports: Sequence[int],
+                   name: str = "mlserver", max_batch: int = 1) -> Server:
+    root = workdir / name
     (root / model.name).mkdir(parents=True)
     settings = {"debug": False, "parallel_workers": 0, "host": "127.0.0.1",
                 "http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2]}
     (root / "settings.json").write_text(json.dumps(settings, indent=2))
-    (root / model.name / "model-settings.json").write_text(json.dumps({
+    model_settings: dict[str, Any] = {
         "name": model.name, "implementation": "mlserver_onnx.OnnxRuntime",
-        "parameters": {"uri": str(model.onnx), "extra": {"threads": 1}}}, indent=2))
+        "parameters": {"uri": str(model.onnx), "extra": {"threads": model.threads}}}
+    if max_batch > 1:  # MLServer's adaptive batching
+        model_settings |= {"max_batch_size": max_batch,
+                           "max_batch_time": MLSERVER_BATCH_TIME_S}
+    (root / model.name / "model-settings.json").write_text(json.dumps(model_settings,
+                                                                      indent=2))
     config = {"command": "mlserver start DIR", "processes": 1, "settings": settings,
-              "intra_op_threads": 1, "wire": "JSON tensors (no binary tensors over REST)",
+              "model_settings": model_settings, "intra_op_threads": model.threads,
+              "wire": ("gRPC, binary tensors (raw_input_contents)" if max_batch > 1 else
+                       "JSON tensors (no binary tensors over REST)"),
               "http": "uvicorn (httptools, uvloop), access log off (debug: false); "
                       "gRPC and metrics servers on (cannot be turned off, idle)"}
     env = {**os.environ, "PYTHONPATH": str(PEERS_DIR)}
-    return _spawn("mlserver", [str(venv / "bin" / "mlserver"), "start", str(root)], workdir,
-                  env, ports[0], config)
+    server = _spawn(name, [str(venv / "bin" / "mlserver"), "start", str(root)], workdir,
+                    env, ports[0], config)
+    server.grpc_port = ports[1]
+    return server
 
 
 def start_kserve(model: ModelChoice, workdir: Path, venv: Path, port: int) -> Server:
     argv = [str(venv / "bin" / "python"), str(PEERS_DIR / "kserve_onnx.py"),
-            "--model_name", model.name, "--onnx", str(model.onnx), "--threads", "1",
+            "--model_name", model.name, "--onnx", str(model.onnx), "--threads", str(model.threads),
             "--http_port", str(port), "--workers", "1", "--enable_grpc", "false",
             "--enable_latency_logging", "false"]
     config = {"command": "python peers/kserve_onnx.py " + shlex.join(argv[2:]), "processes": 1,
-              "workers": 1, "grpc": False, "intra_op_threads": 1,
+              "workers": 1, "grpc": False, "intra_op_threads": model.threads,
               "http": "uvicorn (httptools, uvloop) bound to 0.0.0.0 by KServe, driven on "
                       "127.0.0.1; access and timing logs lowered to WARNING"}
     env = {**os.environ, "PYTHONPATH": str(PEERS_DIR)}
@@ -471,8 +563,33 @@ def check_answers(port: int, model: str, inputs: Mapping[str, np.ndarray],
         result = client.infer(model, parts[0], outputs=parts[1])
     finally:
         client.close()
+    _same(port, reference, result.as_numpy)
+
+
+def check_answers_grpc(port: int, model: str, inputs: Mapping[str, np.ndarray],
+                       reference: Mapping[str, np.ndarray]) -> None:
+    """As :func:`check_answers`, over gRPC."""
+    import tritonclient.grpc as tg
+    from tritonclient.utils import np_to_triton_dtype
+
+    client = tg.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        parts = []
+        for name, arr in inputs.items():
+            item = tg.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+            item.set_data_from_numpy(arr)
+            parts.append(item)
+        result = client.infer(model, parts,
+                              outputs=[tg.InferRequestedOutput(n) for n in reference])
+    finally:
+        client.close()
+    _same(port, reference, result.as_numpy)
+
+
+def _same(port: int, reference: Mapping[str, np.ndarray],
+          got_of: Callable[[str], np.ndarray | None]) -> None:
     for name, want in reference.items():
-        got = result.as_numpy(name)
+        got = got_of(name)
         if got is None or not np.allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5):
             raise SystemExit(f"port {port}: output {name!r} differs from the reference run")
 
@@ -485,17 +602,72 @@ def drive(port: int, model: str, parts: tuple[list[Any], list[Any]], concurrency
     client = th.InferenceServerClient(f"127.0.0.1:{port}", concurrency=concurrency,
                                       connection_timeout=30.0, network_timeout=30.0)
     try:
-        _run_clients(client, model, parts, concurrency, warmup_s, [], [0])
-        latencies: list[float] = []
-        errors = [0]
-        cpu0, own0, all0 = tree_cpu_s(server_pid), _own_cpu_s(), _machine_busy_s()
-        t0 = time.perf_counter()
-        _run_clients(client, model, parts, concurrency, duration_s, latencies, errors)
-        wall = time.perf_counter() - t0
-        busy = _machine_busy_s() - all0
-        cpu, own = tree_cpu_s(server_pid) - cpu0, _own_cpu_s() - own0
+        return _cell(port, server_pid, warmup_s, duration_s, lambda seconds, lat, err:
+                     _run_clients(client, model, parts, concurrency, seconds, lat, err))
     finally:
         client.close()
+
+
+def drive_grpc(port: int, model: str, inputs: Mapping[str, np.ndarray],
+               outputs: Sequence[str], concurrency: int, warmup_s: float, duration_s: float,
+               server_pid: int) -> Cell:
+    """As :func:`drive`, over the Open Inference Protocol's gRPC API (``tritonclient.grpc``'s
+    asyncio client, binary tensors): ``concurrency`` closed-loop coroutines."""
+    import asyncio
+
+    def run_for(seconds: float, latencies: list[float], errors: list[int]) -> None:
+        asyncio.run(_grpc_clients(port, model, inputs, outputs, concurrency, seconds,
+                                  latencies, errors))
+
+    return _cell(port, server_pid, warmup_s, duration_s, run_for)
+
+
+async def _grpc_clients(port: int, model: str, inputs: Mapping[str, np.ndarray],
+                        outputs: Sequence[str], concurrency: int, seconds: float,
+                        latencies: list[float], errors: list[int]) -> None:
+    import asyncio
+
+    import tritonclient.grpc.aio as ga
+    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+    client = ga.InferenceServerClient(f"127.0.0.1:{port}")
+    parts = []
+    for name, arr in inputs.items():
+        item = ga.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        item.set_data_from_numpy(arr)
+        parts.append(item)
+    wanted = [ga.InferRequestedOutput(n) for n in outputs]
+    end = time.perf_counter() + seconds
+
+    async def one_client() -> None:
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            try:
+                await client.infer(model, parts, outputs=wanted, client_timeout=30.0)
+            except InferenceServerException:  # counted, not fatal
+                errors[0] += 1
+                await asyncio.sleep(0.01)
+                continue
+            latencies.append((time.perf_counter() - start) * 1000.0)
+
+    try:
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    finally:
+        await client.close()
+
+
+def _cell(port: int, server_pid: int, warmup_s: float, duration_s: float,
+          run_for: Callable[[float, list[float], list[int]], None]) -> Cell:
+    """A warm-up, then ``duration_s`` measured: latencies, throughput and who spent CPU."""
+    run_for(warmup_s, [], [0])
+    latencies: list[float] = []
+    errors = [0]
+    cpu0, own0, all0 = tree_cpu_s(server_pid), _own_cpu_s(), _machine_busy_s()
+    t0 = time.perf_counter()
+    run_for(duration_s, latencies, errors)
+    wall = time.perf_counter() - t0
+    busy = _machine_busy_s() - all0
+    cpu, own = tree_cpu_s(server_pid) - cpu0, _own_cpu_s() - own0
     if not latencies:
         raise SystemExit(f"port {port}: no request succeeded ({errors[0]} errors)")
     n = len(latencies)
@@ -543,12 +715,30 @@ def start_servers(stack: ExitStack, model: ModelChoice, workdir: Path,
                   venvs: Mapping[str, Path]) -> dict[str, Server]:
     from tierlink.netports import pick_port
 
-    servers = {
+    return _ready(stack, model, {
         "tierlink": start_tierlink(model, workdir, pick_port()),
         "mlserver": start_mlserver(model, workdir, venvs["mlserver"],
                                    [pick_port(), pick_port(), pick_port()]),
         "kserve": start_kserve(model, workdir, venvs["kserve"], pick_port()),
-    }
+    })
+
+
+def start_batching_servers(stack: ExitStack, model: ModelChoice, workdir: Path,
+                           venvs: Mapping[str, Path]) -> dict[str, Server]:
+    from tierlink.netports import pick_port
+
+    return _ready(stack, model, {
+        "tierlink": start_tierlink(model, workdir, pick_port()),
+        "tierlink-batched": start_tierlink(model, workdir, pick_port(), "tierlink-batched",
+                                           MAX_BATCH),
+        "mlserver-batched": start_mlserver(model, workdir, venvs["mlserver"],
+                                           [pick_port(), pick_port(), pick_port()],
+                                           "mlserver-batched", MAX_BATCH),
+    })
+
+
+def _ready(stack: ExitStack, model: ModelChoice,
+           servers: dict[str, Server]) -> dict[str, Server]:
     for server in servers.values():
         stack.callback(stop, server)
     for server in servers.values():
@@ -559,20 +749,31 @@ def start_servers(stack: ExitStack, model: ModelChoice, workdir: Path,
 
 def measure(args: argparse.Namespace, model: ModelChoice,
             servers: Mapping[str, Server], inputs: dict[str, np.ndarray],
-            reference: dict[str, np.ndarray]) -> dict[str, dict[str, list[Cell]]]:
-    lanes = {lane.name: lane for lane in LANES}
+            reference: dict[str, np.ndarray],
+            lanes_run: Sequence[Lane] = LANES) -> dict[str, dict[str, list[Cell]]]:
+    lanes = {lane.name: lane for lane in lanes_run}
     parts = {name: request_parts(inputs, list(reference), lane.binary)
-             for name, lane in lanes.items()}
-    for lane in LANES:
-        check_answers(servers[lane.server].port, model.name, inputs, reference, lane.binary)
+             for name, lane in lanes.items() if not lane.grpc}
+    for lane in lanes_run:
+        server = servers[lane.server]
+        if lane.grpc:
+            assert server.grpc_port is not None
+            check_answers_grpc(server.grpc_port, model.name, inputs, reference)
+        else:
+            check_answers(server.port, model.name, inputs, reference, lane.binary)
     cells: dict[str, dict[str, list[Cell]]] = {n: {} for n in lanes}
     plan = list(schedule(list(lanes), args.concurrency, args.rounds))
     for i, (r, conc, name) in enumerate(plan):
-        server = servers[lanes[name].server]
-        cell = drive(server.port, model.name, parts[name], conc, args.warmup, args.duration,
-                     server.proc.pid)
+        lane, server = lanes[name], servers[lanes[name].server]
+        if lane.grpc:
+            assert server.grpc_port is not None
+            cell = drive_grpc(server.grpc_port, model.name, inputs, list(reference), conc,
+                              args.warmup, args.duration, server.proc.pid)
+        else:
+            cell = drive(server.port, model.name, parts[name], conc, args.warmup,
+                         args.duration, server.proc.pid)
         cells[name].setdefault(str(conc), []).append(cell)
-        print(f"[{i + 1}/{len(plan)}] round {r + 1} c={conc:<3} {name:14} p50 "
+        print(f"[{i + 1}/{len(plan)}] round {r + 1} c={conc:<3} {name:16} p50 "
               f"{cell.p50_ms:7.2f} ms  p99 {cell.p99_ms:7.2f} ms  {cell.rps:8.1f} rps  "
               f"cpu {cell.cpu_ms_per_request:6.3f} ms/req  other {cell.other_cores:4.2f} cores  "
               f"errors {cell.errors}",
@@ -613,37 +814,83 @@ def _cpu_model() -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    onnx, card = args.onnx, args.card
+    venvs = {name: ensure_venv(name) for name in PEER_PINS}
+    env = environment(venvs)
+    result: dict[str, Any] = {}
+    if args.part in ("all", "peers"):
+        model = _model(args.model_name, args.onnx, args.card, dict(args.shape), args.threads)
+        result |= run_peers(args, model, venvs)
+    if args.part in ("all", "batching"):
+        model = _model(BATCH_MODEL, None, None, dict([BATCH_SHAPE]), args.threads)
+        result["batching"] = run_batching(args, model, venvs)
+    env["loadavg_at_end"] = os.getloadavg()
+    return result | {"environment": env,
+                     "command": shlex.join([os.path.relpath(sys.executable, ROOT), *sys.argv])}
+
+
+def _model(name: str, onnx: Path | None, card: Path | None,
+           shapes: dict[str, tuple[int, ...]], threads: int) -> ModelChoice:
     if onnx is None or card is None:  # the model named, as the catalog finds it
         from tierlink.models.catalog import Catalog, SourceOptions
 
-        found = Catalog.default(SourceOptions(progress=False)).resolve(
-            [args.model_name])[args.model_name]
+        found = Catalog.default(SourceOptions(progress=False)).resolve([name])[name]
         onnx, card = onnx or found.file, card or found.card
-    model = ModelChoice(args.model_name, onnx, card, dict(args.shape))
+    model = ModelChoice(name, onnx, card, shapes, threads)
     for path in (model.onnx, model.card):
         if not path.exists():
             raise SystemExit(f"{path} does not exist (the zoo's models: tierlink zoo build)")
-    venvs = {name: ensure_venv(name) for name in PEER_PINS}
+    return model
+
+
+def run_peers(args: argparse.Namespace, model: ModelChoice,
+              venvs: Mapping[str, Path]) -> dict[str, Any]:
+    """tierlink against MLServer and KServe on ``model``, each on its own wire format."""
     session = open_reference(model)
     inputs = make_inputs(session, model.shapes)
     reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
-    env = environment(venvs)
-    cells_per_run = len(LANES) * len(args.concurrency) * args.rounds
-    print(f"{cells_per_run} cells of {args.warmup + args.duration:.0f} s: about "
-          f"{cells_per_run * (args.warmup + args.duration) / 60:.1f} min", file=sys.stderr)
+    _announce(len(LANES), args)
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierlink-peers-")))
         servers = start_servers(stack, model, workdir, venvs)
         cells = measure(args, model, servers, inputs, reference)
         configs = {name: s.config for name, s in servers.items()}
-    env["loadavg_at_end"] = os.getloadavg()
     summary = {lane: {conc: summarize(c) for conc, c in per.items()}
                for lane, per in cells.items()}
     return {"servers": summary, "verdict": verdict(summary), "server_configs": configs,
             "lanes": [asdict(lane) for lane in LANES], "comparisons": COMPARISONS,
-            "environment": env, "settings": _settings(args, model, inputs),
-            "command": shlex.join([os.path.relpath(sys.executable, ROOT), *sys.argv])}
+            "settings": _settings(args, model, inputs)}
+
+
+def run_batching(args: argparse.Namespace, model: ModelChoice,
+                 venvs: Mapping[str, Path]) -> dict[str, Any]:
+    """Batching on and off on one node each, and MLServer's adaptive batching, judged
+    against what ONNX Runtime itself gains from a batch (measured first, on a quiet
+    machine)."""
+    session = open_reference(model)
+    inputs = make_inputs(session, model.shapes)
+    reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
+    gain = ort_batch_gain(session, inputs)
+    print(f"ONNX Runtime: batch {MAX_BATCH} / batch 1 = {gain['gain']:.3f}x images/s",
+          file=sys.stderr, flush=True)
+    del session
+    _announce(len(BATCH_LANES), args)
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierlink-peers-")))
+        servers = start_batching_servers(stack, model, workdir, venvs)
+        cells = measure(args, model, servers, inputs, reference, BATCH_LANES)
+        configs = {name: s.config for name, s in servers.items()}
+    summary = {lane: {conc: summarize(c) for conc, c in per.items()}
+               for lane, per in cells.items()}
+    return {"servers": summary, "ort_batch_gain": gain["gain"], "ort": gain,
+            "verdict": batching_verdict(summary, gain["gain"]), "server_configs": configs,
+            "lanes": [asdict(lane) for lane in BATCH_LANES], "max_batch": MAX_BATCH,
+            "settings": _settings(args, model, inputs)}
+
+
+def _announce(lanes: int, args: argparse.Namespace) -> None:
+    cells = lanes * len(args.concurrency) * args.rounds
+    print(f"{cells} cells of {args.warmup + args.duration:.0f} s: about "
+          f"{cells * (args.warmup + args.duration) / 60:.1f} min", file=sys.stderr)
 
 
 def _settings(args: argparse.Namespace, model: ModelChoice,
@@ -655,7 +902,8 @@ def _settings(args: argparse.Namespace, model: ModelChoice,
             "warmup_s": args.warmup, "duration_s": args.duration,
             "client": "tritonclient.http (geventhttpclient), one client per cell, "
                       "closed-loop greenlets, this process",
-            "session_options": "intra_op 1, inter_op 1, no spinning, CPUExecutionProvider",
+            "session_options": f"intra_op {model.threads}, inter_op 1, no spinning, "
+                               "CPUExecutionProvider",
             "order": "each round: concurrencies in turn, every lane at each, lane order "
                      "rotated by one per round"}
 
@@ -664,20 +912,38 @@ def _settings(args: argparse.Namespace, model: ModelChoice,
 
 
 def print_table(result: Mapping[str, Any], out: Callable[[str], None] = print) -> None:
-    out(f"{'lane':14}{'c':>4}{'p50 ms':>9}{'p99 ms':>9}{'rps':>9}{'cpu ms/req':>12}"
+    if "servers" in result:
+        _lanes_table(result["servers"], out)
+        v = result["verdict"]
+        out(f"verdict ({v['bound']}): {'HOLDS' if v['holds'] else 'MISSED'}")
+        for ours, per in v["checks"].items():
+            for conc, c in per.items():
+                out(f"  {ours:14} c={conc:<3} vs {'/'.join(c['peers'])}: rps "
+                    f"x{c['rps_ratio']:.2f} {'ok' if c['rps_ok'] else 'MISS'}, p99 "
+                    f"x{c['p99_ratio']:.2f} {'ok' if c['p99_ok'] else 'MISS'}")
+    if "batching" in result:
+        part = result["batching"]
+        out(f"batching, {part['settings']['model']}: ONNX Runtime's batch "
+            f"{part['max_batch']} / batch 1 = {part['ort_batch_gain']:.3f}x")
+        _lanes_table(part["servers"], out)
+        v = part["verdict"]
+        out(f"verdict ({v['bound']}): {'HOLDS' if v['holds'] else 'MISSED'}")
+        for conc, c in v["checks"].items():
+            out(f"  c={conc:<3} batched/unbatched x{c['batched_over_unbatched']:.3f} "
+                f"({c['of_ort_batch_gain']:.2f} of ONNX Runtime's) "
+                f"{'ok' if c['gain_ok'] else 'MISS'}; vs MLServer rps "
+                f"x{c['rps_ratio_vs_mlserver']:.2f} {'ok' if c['rps_ok'] else 'MISS'}, p99 "
+                f"x{c['p99_ratio_vs_mlserver']:.2f} {'ok' if c['p99_ok'] else 'MISS'}")
+
+
+def _lanes_table(servers: Mapping[str, Any], out: Callable[[str], None]) -> None:
+    out(f"{'lane':17}{'c':>4}{'p50 ms':>9}{'p99 ms':>9}{'rps':>9}{'cpu ms/req':>12}"
         f"{'rps spread':>12}{'p99 spread':>12}{'other cores':>13}")
-    for lane, per in result["servers"].items():
+    for lane, per in servers.items():
         for conc, s in per.items():
-            out(f"{lane:14}{conc:>4}{s['p50_ms']:9.2f}{s['p99_ms']:9.2f}{s['rps']:9.1f}"
+            out(f"{lane:17}{conc:>4}{s['p50_ms']:9.2f}{s['p99_ms']:9.2f}{s['rps']:9.1f}"
                 f"{s['cpu_ms_per_request']:12.3f}{spread(s, 'rps'):11.0%} "
                 f"{spread(s, 'p99_ms'):11.0%} {s['other_cores']:12.2f}")
-    v = result["verdict"]
-    out(f"verdict ({v['bound']}): {'HOLDS' if v['holds'] else 'MISSED'}")
-    for ours, per in v["checks"].items():
-        for conc, c in per.items():
-            out(f"  {ours:14} c={conc:<3} vs {'/'.join(c['peers'])}: rps x{c['rps_ratio']:.2f}"
-                f" {'ok' if c['rps_ok'] else 'MISS'}, p99 x{c['p99_ratio']:.2f} "
-                f"{'ok' if c['p99_ok'] else 'MISS'}")
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -691,6 +957,9 @@ def _shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--part", choices=("all", "peers", "batching"), default="all",
+                        help="peers: tierlink against MLServer and KServe on --model-name; "
+                             f"batching: batching on and off on {BATCH_MODEL}")
     parser.add_argument("--model-name", default="fmnist-large")
     parser.add_argument("--onnx", type=Path, default=None,
                         help="the model's file (default: --model-name's, from the catalog)")
@@ -701,6 +970,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(default: each dynamic dimension 1)")
     parser.add_argument("--concurrency", default=[1, 8, 32],
                         type=lambda s: [int(c) for c in s.split(",")])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads of every server's session (the thread budget)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--duration", type=float, default=6.0, help="measured s per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up s per cell")

@@ -171,3 +171,39 @@ def test_peer_sessions_are_opened_like_the_nodes(tmp_path: Path) -> None:
     for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
         assert a.get_session_config_entry(key) == b.get_session_config_entry(key) == "0"
     assert theirs.get_providers() == ours.get_providers() == ["CPUExecutionProvider"]
+
+
+def _lane(rps: float, p99: float) -> dict[str, float]:
+    return {"rps": rps, "p99_ms": p99}
+
+
+def test_batching_verdict_judges_the_gain_against_onnx_runtimes_own() -> None:
+    servers = {"tierlink": {"8": _lane(100, 90), "32": _lane(100, 300)},
+               "tierlink-batched": {"8": _lane(130, 80), "32": _lane(120, 290)},
+               "mlserver-grpc": {"8": _lane(120, 75), "32": _lane(130, 300)}}
+    v = peers.batching_verdict(servers, ort_batch_gain=1.4)
+    at8, at32 = v["checks"]["8"], v["checks"]["32"]
+    assert at8["gain_ok"] and at8["rps_ok"] and at8["p99_ok"] and at8["holds"]
+    assert at8["batched_over_unbatched"] == 1.3
+    assert not at32["gain_ok"]  # 1.2 < 0.9 x 1.4
+    assert not at32["rps_ok"]  # 120 / 130 < 0.95
+    assert not v["holds"]
+    only8 = {lane: {"8": per["8"]} for lane, per in servers.items()}
+    assert list(peers.batching_verdict(only8, 1.4)["checks"]) == ["8"]
+    assert not peers.batching_verdict({k: {} for k in servers}, 1.4)["holds"]
+
+
+def test_ort_batch_gain_compares_images_per_second_of_one_session() -> None:
+    class Session:
+        def __init__(self) -> None:
+            self.batches: list[int] = []
+
+        def run(self, _outputs: object, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+            self.batches.append(len(feed["x"]))
+            return [feed["x"]]
+
+    session = Session()
+    gain = peers.ort_batch_gain(session, {"x": np.zeros((1, 3), np.float32)}, batch=4,
+                                rounds=2, images=8)
+    assert session.batches == [1, 4] + [1] * 8 + [4] * 2 + [1] * 8 + [4] * 2
+    assert gain["batch"] == 4 and len(gain["rounds"]) == 2 and gain["gain"] > 0

@@ -26,6 +26,7 @@ CHAT = {"name": "lm", "model": "smollm2-135m"}
                  "chat": {"models": [{**CHAT, "max_sequences": "many"}]}}]}, "max_sequences"),
     ({"nodes": [{"id": "c", "tier": "cloud", "models": [],
                  "chat": {"models": [{**CHAT, "max_sequences": 0}]}}]}, "max_sequences"),
+    ({"nodes": [{"id": "c", "tier": "cloud", "models": [], "threads": 0}]}, "nodes[0].threads"),
 ])
 def test_a_wrong_value_is_a_config_error_naming_its_field(change: dict[str, Any],
                                                           named: str) -> None:

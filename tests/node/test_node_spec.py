@@ -37,3 +37,22 @@ def test_a_fleet_file_names_the_address_a_node_advertises() -> None:
     raw["nodes"][1]["advertise_url"] = "dev-1"
     with pytest.raises(ConfigError, match=r"nodes\[1\].advertise_url"):
         parse_fleet(raw)
+
+
+def test_a_nodes_thread_budget_reaches_every_model_it_loads(monkeypatch) -> None:
+    """``threads`` opens each model's session with that many intra-op threads: at start
+    (``load_runtimes``) and for every version installed later (``model_host``)."""
+    from pathlib import Path
+
+    from tierlink.core.types import Tier
+    from tierlink.models.runtimes import LoadSpec
+    from tierlink.node import main
+    from tierlink.node.spec import ModelSource, NodeSpec
+
+    loaded: list[LoadSpec] = []
+    monkeypatch.setattr(main.model_runtimes, "load", lambda spec: loaded.append(spec) or spec)
+    spec = NodeSpec("c", Tier.CLOUD, (ModelSource("m", "m.onnx", "card.json"),), threads=2)
+    main.load_runtimes(spec, main.model_runtimes.load)
+    main.model_host(spec)(LoadSpec(card=Path("v2/card.json")))
+    assert [s.threads for s in loaded] == [2, 2]
+    assert NodeSpec.from_json(spec.to_json()).threads == 2

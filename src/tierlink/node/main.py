@@ -15,6 +15,7 @@ import json
 import logging
 import ssl
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,14 +45,16 @@ def model_host(spec: NodeSpec) -> Host:
         from tierlink.node.ray_serve import RayHost
 
         return RayHost(spec.node_id, spec.ray_address or "", engine)
-    return model_runtimes.load
+    if spec.threads == 1:
+        return model_runtimes.load
+    return lambda load: model_runtimes.load(replace(load, threads=spec.threads))
 
 
 def load_runtimes(spec: NodeSpec, host: Host = model_runtimes.load) -> dict[str, ModelRuntime]:
     """The runtime of each model in the spec, chosen by its card's format."""
     return {src.name: host(LoadSpec(card=Path(src.card),
                                     model_file=Path(src.onnx) if src.onnx else None,
-                                    providers=spec.providers))
+                                    providers=spec.providers, threads=spec.threads))
             for src in spec.models}
 
 

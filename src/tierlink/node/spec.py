@@ -57,6 +57,7 @@ class NodeSpec:
     routing_revision: int = 0  # the control plane's revision of ``routing`` (0: none)
     workers: int = 1
     max_queue: int = 256
+    threads: int = 1  # intra-op threads of each model's ONNX Runtime session
     seed: int = 0
     heartbeat_s: float = 1.0
     view_refresh_s: float = 0.25
