@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +27,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from tierlink import __version__
-from tierlink.core.types import Priority, Tier
-from tierlink.errors import InvalidRequest, ModelNotFound, TensorError, TierlinkError
-from tierlink.models.runtime import ModelRuntime
-from tierlink.node import protocol
-from tierlink.node.async_requests import UPLINK, is_async
-from tierlink.node.deferred import no_state_dir
+from tierlink.core.types import Tier
+from tierlink.errors import InvalidRequest, TensorError, TierlinkError
+from tierlink.node.answers import answer, metadata, observed
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
 from tierlink.node.overload import JUDGED, OverloadGate, ShedEarly
 from tierlink.node.peers import PeerGuard
@@ -52,10 +48,6 @@ if TYPE_CHECKING:
     from tierlink.chat.service import ChatService
 
 log = logging.getLogger("tierlink.node")
-
-_ROUTED_OUTPUTS = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, -1]},
-                   {"name": "label", "datatype": "INT64", "shape": [-1]}]
-
 
 FAULTS_BODY = {"type": "object", "properties": {"slowdown": {
     "type": "number", "exclusiveMinimum": 0, "description": "multiply compute time by this"}}}
@@ -151,20 +143,6 @@ def _overload_gate(service: NodeService, config: OverloadConfig) -> OverloadGate
     return gate
 
 
-async def _admit(gate: OverloadGate, params: dict[str, Any], node_id: str,
-                 judged: Priority | None) -> None:
-    """The overload gate by the request's parameters, before anything is planned or run —
-    unless ``ShedEarly`` already let this priority through by its hint header (a malformed
-    priority or deadline is left to the request's own checks: a 400)."""
-    try:
-        priority = Priority.parse(params.get(protocol.PRIORITY, "interactive"))
-        deadline_ms = float(params.get(protocol.DEADLINE, protocol.DEFAULT_DEADLINE_MS))
-    except (ValueError, TypeError, AttributeError):
-        return
-    if priority != judged:
-        await gate.admit(priority, deadline_ms, node_id)
-
-
 def peer_guard(service: NodeService) -> PeerGuard:
     """Claims bound to TLS senders on a node with TLS (node/peers.py); a node's tier is
     read from the current view."""
@@ -251,12 +229,12 @@ def _model_routes(app: FastAPI, service: NodeService) -> None:
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
-        return _metadata(service, name, version)
+        return metadata(service, name, version)
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
-        _metadata(service, name, version)  # raises ModelNotFound (404) when unknown
+        metadata(service, name, version)  # raises ModelNotFound (404) when unknown
         return JSONResponse({"name": name, "ready": bool(app.state.ready)},
                             200 if app.state.ready else 503)
 
@@ -265,24 +243,7 @@ def _model_routes(app: FastAPI, service: NodeService) -> None:
     @app.post("/v2/models/{name}/versions/{version}/infer",
               openapi_extra=request_body(OIP_INFER_REQUEST, binary=True))
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        start = time.perf_counter()
-        kind = "model" if name in service.runtimes else "task"
-        outcome = "ok"
-        try:
-            return await _infer(service, name, version, request)
-        except TierlinkError as exc:
-            outcome = exc.code
-            raise
-        except ClientDisconnect:
-            outcome = "client_disconnect"
-            raise
-        except Exception:
-            outcome = "internal"
-            raise
-        finally:
-            known = name in service.runtimes or name in service.tasks()
-            service.exports.request(kind, name if known else "unknown", outcome,
-                                   time.perf_counter() - start)
+        return await observed(service, name, lambda: _infer(service, name, version, request))
 
 
 async def _infer(service: NodeService, name: str, version: str | None,
@@ -290,103 +251,21 @@ async def _infer(service: NodeService, name: str, version: str | None,
     body = await request.body()
     data = oip.decode_infer_request(body, _header_length(request),
                                     request.headers.get("content-encoding"))
-    if name in service.runtimes:
-        return await _infer_model(service, name, version, data)
-    if name in service.tasks():
-        params = request.app.state.peers.bind(request.scope, data.parameters)
-        return await _infer_task(service, name, version, data, params,
-                                 request.app.state.overload,
-                                 getattr(request.state, JUDGED, None))
-    raise ModelNotFound(f"{name!r} is neither a model served by {service.spec.node_id} "
-                        f"nor a task of the fleet",
-                        hint=f"models: {sorted(service.runtimes)}; tasks: "
-                             f"{sorted(service.tasks())}")
-
-
-async def _infer_model(service: NodeService, name: str, version: str | None,
-                       data: oip.InferRequestData) -> Response:
-    # A version in the URL, else the ``tierlink.version`` parameter, pins it.
-    pinned = data.parameters.get(protocol.VERSION)
-    version = version or (str(pinned) if pinned is not None else None)
-    if is_async(dict(data.parameters)):  # refused, not silently answered synchronously
-        raise InvalidRequest(f"{name!r} is a model: a model runs here and answers at once; "
-                             "only a task is answered asynchronously",
-                             hint=f"post to the task ({service.local.runtime(name, None).info.task!r})"
-                                  " with tierlink.async, or drop tierlink.async")
-    start = time.perf_counter()
-    outputs, served, compute_ms = await service.infer_model(name, version, data.inputs,
-                                                            data.parameters)
-    selected = _select(outputs, data)
-    # What this node spent (queue + compute): a caller's link estimate subtracts it; what
-    # the model computed: a split's head bills the tail's compute at it.
-    params = {protocol.SERVER_MS: round((time.perf_counter() - start) * 1000.0, 3),
-              protocol.COMPUTE_MS: round(compute_ms, 3), protocol.MODEL_VERSION: served}
-    body, headers = oip.encode_infer_response(name, served, data.id, selected,
-                                              params, data.binary_outputs(selected))
+    done = await answer(service, name, version, data,
+                        lambda params: request.app.state.peers.bind(request.scope, params),
+                        request.app.state.overload, getattr(request.state, JUDGED, None))
+    if done.accepted is not None:
+        return JSONResponse(done.accepted, status_code=202)
+    body, headers = oip.encode_infer_response(done.name, done.version, done.id, done.outputs,
+                                              done.parameters,
+                                              data.binary_outputs(done.outputs))
     return Response(body, headers=headers, media_type=headers.get("Content-Type"))
-
-
-async def _infer_task(service: NodeService, task: str, version: str | None,
-                      data: oip.InferRequestData, params: dict[str, Any],
-                      gate: OverloadGate, judged: Priority | None) -> Response:
-    if version is not None:
-        params.setdefault(protocol.VERSION, version)
-    if is_async(params):  # answered 202 once the result is durably queued upstream
-        if service.asynchronous is None:
-            raise no_state_dir(service.spec.node_id)
-        return JSONResponse(await service.asynchronous.accept(task, data.inputs, params,
-                                                              data.id), status_code=202)
-    try:
-        await _admit(gate, params, service.spec.node_id, judged)
-        outputs, outcome, server_ms = await service.infer_task(task, data.inputs, params,
-                                                               data.id)
-    except TierlinkError as exc:
-        service.exports.sla(task, params, None, exc.http_status)
-        raise
-    service.exports.sla(task, params, server_ms, 200, outcome)
-    selected = _select(outputs, data)
-    answer = protocol.outcome_params(outcome, server_ms)
-    if service.uplink is not None:  # "up" / "down" toward the parent (store-and-forward)
-        answer[UPLINK] = "down" if service.uplink.is_down() else "up"
-    body, headers = oip.encode_infer_response(task, None, data.id, selected, answer,
-                                              data.binary_outputs(selected))
-    return Response(body, headers=headers, media_type=headers.get("Content-Type"))
-
-
-def _routed_outputs(rt: ModelRuntime | None) -> list[dict[str, Any]]:
-    """What a routed answer carries: the answer tensors of the task's output kind."""
-    if rt is None:
-        return _ROUTED_OUTPUTS
-    from tierlink.models.kind_registry import kind_of
-
-    spec = rt.info.spec_for(rt.outputs)
-    ranks = {o.name: len(o.shape) for o in rt.outputs}
-    out = []
-    for name, datatype, rank, role in kind_of(spec.kind).answers:
-        source = spec.output(role) if role else None
-        if role and source is None:
-            if len(rt.outputs) != 1 or rank >= 0:
-                continue  # an optional role the task does not declare: never answered
-            source = rt.outputs[0].name  # the model's only output plays it
-        if rank < 0:
-            rank = ranks.get(source or "", 1)
-        out.append({"name": name, "datatype": datatype, "shape": [-1] * rank})
-    return out
 
 
 def _inbox_receiver(service: NodeService) -> InboxReceiver | None:
     if service.uplink is None or service.spec.state_dir is None:
         return None
     return InboxReceiver.open(service.spec.state_dir, service.uplink)
-
-
-def _select(outputs: dict[str, Any], data: oip.InferRequestData) -> dict[str, Any]:
-    if not data.outputs:
-        return outputs
-    unknown = [o.name for o in data.outputs if o.name not in outputs]
-    if unknown:
-        raise TensorError(f"unknown output(s) {unknown}; this model has {sorted(outputs)}")
-    return {o.name: outputs[o.name] for o in data.outputs}
 
 
 def _header_length(request: Request) -> int | None:
@@ -400,21 +279,3 @@ def _header_length(request: Request) -> int | None:
             from None
 
 
-def _metadata(service: NodeService, name: str, version: str | None) -> dict[str, Any]:
-    if name in service.runtimes:
-        rt: ModelRuntime = service.local.runtime(name, version)
-        return {"name": name, "versions": list(service.models.versions(name)),
-                "platform": rt.platform,
-                "inputs": [s.to_dict() for s in rt.inputs],
-                "outputs": [s.to_dict() for s in rt.outputs],
-                "parameters": {"task": rt.info.task, "tier": service.spec.tier.label,
-                               "kind": rt.info.spec_for(rt.outputs).kind,
-                               "provider": getattr(rt, "provider", "")}}
-    if name in service.tasks():
-        local = next((rt for rt in service.runtimes.values() if rt.info.task == name), None)
-        inputs = [s.to_dict() for s in local.inputs] if local else []
-        return {"name": name, "versions": [], "platform": "tierlink_router",
-                "inputs": inputs, "outputs": _routed_outputs(local),
-                "parameters": {"routed": True}}
-    raise ModelNotFound(f"no model or task {name!r} on {service.spec.node_id}",
-                        hint=f"models: {sorted(service.runtimes)}; tasks: {sorted(service.tasks())}")

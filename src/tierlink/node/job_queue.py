@@ -1,5 +1,6 @@
 """The scheduler's waiting jobs: a heap ordered by ``(priority, deadline, seq)`` with lazy
-removal, and what a job that may run in a batch carries (:class:`Batchable`).
+removal; what a job that may run in a batch carries (:class:`Batchable`), and the rules that
+form a batch from the queue (:func:`hold_for`, :func:`batch_full`, :func:`gather`).
 
 Touched only on the event-loop thread (see ``node/scheduler.py``).
 """
@@ -14,7 +15,8 @@ from typing import Any
 
 from tierlink.core.types import Priority
 
-__all__ = ["ABANDONED", "DONE", "QUEUED", "RUNNING", "Batchable", "Job", "JobQueue"]
+__all__ = ["ABANDONED", "DONE", "QUEUED", "RUNNING", "Batchable", "Job", "JobQueue",
+           "batch_full", "gather", "hold_for"]
 
 # Job states. A job moves QUEUED -> RUNNING -> DONE, QUEUED -> DONE (expired / shed at close),
 # or QUEUED -> ABANDONED (its submitter was cancelled; it stays in the heap as a tombstone).
@@ -119,3 +121,47 @@ class JobQueue:
     def _count_out(self, job: Job) -> None:
         self.by_priority[job.priority] -= 1
         self._live -= 1
+
+
+# -- batches -----------------------------------------------------------------------------
+
+
+def hold_for(job: Job, now: float, per_job_ms: float) -> float:
+    """How long ``job`` may wait on a free worker for others of its batch key: at most its
+    batch's ``max_delay_s``, never a realtime job's, never past the time its deadline needs
+    a full batch (``per_job_ms`` each) to start."""
+    batch = job.batch
+    if batch is None or batch.max_delay_s <= 0 or job.priority == Priority.REALTIME:
+        return 0.0
+    full_s = per_job_ms * batch.limit / 1000.0
+    return max(0.0, min(batch.max_delay_s, job.deadline - now - full_s))
+
+
+def batch_full(queue: JobQueue, job: Job) -> bool:
+    """``job``'s batch could run full now."""
+    assert job.batch is not None
+    return len(queue.same_batch(job.batch.key)) >= job.batch.limit
+
+
+def gather(queue: JobQueue, first: Job, now: float, per_job_ms: float
+           ) -> tuple[list[Job], list[Job]]:
+    """``first`` and the waiting jobs of its batch key that join it, in queue order — up to
+    its limit, and only while the batch's estimated run time (``per_job_ms`` each) keeps
+    every member's deadline (a job it would make late runs later, on its own turn); and
+    the jobs found past their deadline, taken out to be expired."""
+    batch = first.batch
+    assert batch is not None
+    jobs, expired, due = [first], [], first.deadline
+    for job in queue.same_batch(batch.key):
+        if len(jobs) >= batch.limit:
+            break
+        if now >= job.deadline:
+            queue.take(job, DONE)
+            expired.append(job)
+            continue
+        if now + per_job_ms * (len(jobs) + 1) / 1000.0 > min(due, job.deadline):
+            continue
+        queue.take(job, RUNNING)
+        jobs.append(job)
+        due = min(due, job.deadline)
+    return jobs, expired

@@ -44,7 +44,20 @@ from typing import Any, Protocol, Self, TypeVar
 
 from tierlink.core.types import Priority
 from tierlink.errors import AdmissionRefused, ConfigError, DeadlineExceeded
-from tierlink.node.job_queue import ABANDONED, DONE, QUEUED, RUNNING, Batchable, Job, JobQueue
+from tierlink.node.admission import Admission, Ask
+from tierlink.node.job_queue import (
+    ABANDONED,
+    DONE,
+    QUEUED,
+    RUNNING,
+    Batchable,
+    Job,
+    JobQueue,
+    batch_full,
+    gather,
+    hold_for,
+)
+from tierlink.node.service_times import ServiceTimes
 from tierlink.telemetry import tracing
 
 __all__ = [
@@ -189,12 +202,12 @@ class Scheduler:
         self._queue = JobQueue()
         self._inflight = 0  # jobs running
         self._busy = 0  # workers running them (a batch is many jobs on one worker)
-        self._ewma_ms = self._config.initial_service_ms
-        self._ewma_by_key: dict[str, float] = {}
-        self.learned = 0  # grows at each service time learned or seeded (views follow it)
+        self._times = ServiceTimes(self._config.initial_service_ms, self._config.ewma_alpha)
+        self._admission = Admission(self._config.max_queue, self._workers, self._times,
+                                    lambda p, reason: self._emit(self._observer.on_refuse, p,
+                                                                 reason))
         self._counts = {"admitted": 0, "expired": 0, "completed": 0, "failed": 0,
                         "cancelled": 0, "shed": 0}
-        self._refused_by_reason: dict[str, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -255,7 +268,8 @@ class Scheduler:
         loop = self._bind_loop()
         priority = Priority(priority)  # a plain int would break labels deep in a callback
         now = self._clock()
-        self._admit(priority, deadline_s, cost_hint_ms, key, now)
+        self._admission.check(Ask(priority, deadline_s, cost_hint_ms, key, now), self._queue,
+                              self._inflight, self._busy, self._closing)
         job = Job(fn, priority, math.inf if deadline_s is None else deadline_s, key,
                   loop.create_future(), now, trace=tracing.capture(), batch=batch)
         self._counts["admitted"] += 1
@@ -263,7 +277,7 @@ class Scheduler:
         # Invariant between callbacks: a worker is free only when nothing live is queued,
         # or the first job waiting is held for a batch to fill (``hold_until``).
         if self._busy < self._workers and not self._queue:
-            hold_s = self._hold_s(job, now)
+            hold_s = hold_for(job, now, self._times.estimate_ms(key))
             if hold_s > 0:
                 job.hold_until = now + hold_s
                 self._queue.push(job)
@@ -320,7 +334,7 @@ class Scheduler:
 
     def _short(self, key: str) -> bool:
         limit = self._config.inline_below_ms
-        return limit > 0 and self._ewma_by_key.get(key, self._ewma_ms) < limit
+        return limit > 0 and self._times.estimate_ms(key) < limit
 
     def _run_inline(self, job: Job, now: float) -> None:
         """Run a short job right here on the loop thread, accounted as a running job
@@ -373,7 +387,7 @@ class Scheduler:
         self._busy -= 1
         if error is None:
             # Only successes teach the EWMA: a failure may be a fast reject of bad input.
-            self._learn(job.key, run_s * 1000.0)
+            self._times.learn(job.key, run_s * 1000.0)
         self._answer(job, result, error, run_s)
         self._next()
 
@@ -384,7 +398,7 @@ class Scheduler:
         if error is None and len(results) != len(jobs):
             error = RuntimeError(f"a batch of {len(jobs)} returned {len(results)} results")
         if error is None:
-            self._learn(jobs[0].key, run_s * 1000.0 / len(jobs))
+            self._times.learn(jobs[0].key, run_s * 1000.0 / len(jobs))
         for i, job in enumerate(jobs):
             self._answer(job, results[i] if error is None else None, error, run_s)
         self._next()
@@ -421,13 +435,17 @@ class Scheduler:
         while self._busy < self._workers and self._queue:
             now = self._clock()
             head = self._queue.peek()
-            if head.hold_until > now and not self._full(head):
+            if head.hold_until > now and not batch_full(self._queue, head):
                 return  # its timer dispatches again
             job = self._queue.pop()
             if now >= job.deadline:
                 self._expire(job, now)
                 continue
-            jobs = self._gather(job, now) if job.batch is not None else [job]
+            jobs = [job]
+            if job.batch is not None:
+                jobs, expired = gather(self._queue, job, now, self._times.estimate_ms(job.key))
+                for late in expired:
+                    self._expire(late, now)
             if job.batch is not None:
                 held_s = now - job.enqueued_at if job.hold_until else job.held_s
                 self._emit(self._observer.on_batch, job.key, len(jobs), held_s)
@@ -438,16 +456,6 @@ class Scheduler:
 
     # -- batches ---------------------------------------------------------------------------
 
-    def _hold_s(self, job: Job, now: float) -> float:
-        """How long ``job`` may wait on a free worker for others of its batch key: at most
-        its batch's ``max_delay_s``, never a realtime job's, never past the time its
-        deadline needs a full batch to start."""
-        batch = job.batch
-        if batch is None or batch.max_delay_s <= 0 or job.priority == Priority.REALTIME:
-            return 0.0
-        full_s = self.service_estimate_ms(job.key) * batch.limit / 1000.0
-        return max(0.0, min(batch.max_delay_s, job.deadline - now - full_s))
-
     def _release(self, job: Job) -> None:
         """``job``'s hold is over: it runs with whoever joined it (its timer; the clocks of
         the loop and of the scheduler need not agree to the nanosecond)."""
@@ -455,32 +463,6 @@ class Scheduler:
             job.held_s = min(self._clock(), job.hold_until) - job.enqueued_at
             job.hold_until = 0.0
         self._dispatch()
-
-    def _full(self, job: Job) -> bool:
-        assert job.batch is not None
-        return len(self._queue.same_batch(job.batch.key)) >= job.batch.limit
-
-    def _gather(self, first: Job, now: float) -> list[Job]:
-        """``first`` and the waiting jobs of its batch key that join it, in queue order: up
-        to its limit, and only while the batch's estimated run time keeps every member's
-        deadline (a job it would make late runs later, on its own turn)."""
-        batch = first.batch
-        assert batch is not None
-        per_job_ms = self.service_estimate_ms(first.key)
-        jobs, due = [first], first.deadline
-        for job in self._queue.same_batch(batch.key):
-            if len(jobs) >= batch.limit:
-                break
-            if now >= job.deadline:
-                self._queue.take(job, DONE)
-                self._expire(job, now)
-                continue
-            if now + per_job_ms * (len(jobs) + 1) / 1000.0 > min(due, job.deadline):
-                continue
-            self._queue.take(job, RUNNING)
-            jobs.append(job)
-            due = min(due, job.deadline)
-        return jobs
 
     # -- the queue -------------------------------------------------------------------------
 
@@ -522,100 +504,28 @@ class Scheduler:
     # -- admission and estimates -----------------------------------------------------------
 
     def estimate_wait_ms(self, priority: Priority) -> float:
-        """Expected wait before a job of ``priority`` submitted now would start.
-
-        Jobs ahead = queued jobs with priority <= ``priority`` + jobs in flight. A worker frees
-        for the new job once ``ahead - workers + 1`` of them finished; with ``workers``
-        finishing in parallel that takes ``EWMA x that / workers``. 0 when a worker is free.
-        Jobs of a higher class arriving later can still overtake (that is what expiry is for).
-        """
-        ahead = self._inflight + self._queue.ahead(priority)
-        must_finish = ahead - self._workers + 1
-        if must_finish <= 0:
-            return 0.0
-        return self._ewma_ms * must_finish / self._workers
+        """Expected wait before a job of ``priority`` submitted now would start
+        (:meth:`Admission.wait_ms`)."""
+        return self._admission.wait_ms(self._queue, self._inflight, priority)
 
     def load(self) -> tuple[int, int, int]:
         """``(queued, in flight, workers)`` now: a node's view of itself, without the
         copies :meth:`snapshot` makes."""
         return len(self._queue), self._inflight, self._workers
 
+    @property
+    def learned(self) -> int:
+        """Grows at each service time learned or seeded (views that follow it rebuild)."""
+        return self._times.learned
+
     def service_estimate_ms(self, key: str = "") -> float:
         """Expected run time of one job of ``key`` (its EWMA, else the global one)."""
-        return self._ewma_by_key.get(key, self._ewma_ms)
+        return self._times.estimate_ms(key)
 
     def seed_service_ms(self, key: str, service_ms: float) -> None:
         """Set the prior run time of ``key`` (e.g. a model card's latency) before it is
         measured; later measurements are blended into it."""
-        if not (service_ms >= 0 and math.isfinite(service_ms)):
-            raise ConfigError(f"service time of {key!r} must be finite and >= 0, got {service_ms}")
-        self._ewma_by_key[key] = service_ms
-        self.learned += 1
-
-    def _learn(self, key: str, run_ms: float) -> None:
-        alpha = self._config.ewma_alpha
-        self.learned += 1
-        self._ewma_ms += alpha * (run_ms - self._ewma_ms)
-        if key:
-            prev = self._ewma_by_key.get(key)
-            # The first measurement of an unseeded key replaces the global fallback outright.
-            self._ewma_by_key[key] = run_ms if prev is None else prev + alpha * (run_ms - prev)
-
-    def _admit(
-        self,
-        priority: Priority,
-        deadline_s: float | None,
-        cost_hint_ms: float | None,
-        key: str,
-        now: float,
-    ) -> None:
-        """Raise AdmissionRefused if the job cannot be taken; otherwise return."""
-        if self._closing:
-            raise self._refuse("shutting_down", priority, deadline_s, cost_hint_ms, key, now)
-        queued = len(self._queue)
-        must_queue = self._busy >= self._workers or queued > 0
-        if must_queue and queued >= self._config.max_queue:
-            raise self._refuse("queue_full", priority, deadline_s, cost_hint_ms, key, now)
-        if deadline_s is None:
-            return
-        service_ms = cost_hint_ms if cost_hint_ms is not None else self.service_estimate_ms(key)
-        if self.estimate_wait_ms(priority) + service_ms > (deadline_s - now) * 1000.0:
-            raise self._refuse("deadline", priority, deadline_s, cost_hint_ms, key, now)
-
-    def _refuse(
-        self,
-        reason: str,
-        priority: Priority,
-        deadline_s: float | None,
-        cost_hint_ms: float | None,
-        key: str,
-        now: float,
-    ) -> AdmissionRefused:
-        """Count a refusal and build the error, with the numbers that decided it."""
-        self._refused_by_reason[reason] = self._refused_by_reason.get(reason, 0) + 1
-        self._emit(self._observer.on_refuse, priority, reason)
-        wait_ms = self.estimate_wait_ms(priority)
-        service_ms = cost_hint_ms if cost_hint_ms is not None else self.service_estimate_ms(key)
-        remaining_ms = None if deadline_s is None else (deadline_s - now) * 1000.0
-        budget = "no deadline" if remaining_ms is None else f"{remaining_ms:.1f} ms left"
-        state = (
-            f"queue {len(self._queue)}/{self._config.max_queue}, {self._inflight} in flight on "
-            f"{self._workers} workers, estimated wait {wait_ms:.1f} ms + service "
-            f"{service_ms:.1f} ms, {budget}"
-        )
-        headline = {
-            "queue_full": "the queue is full",
-            "deadline": "the deadline cannot be met here",
-            "shutting_down": "the node is shutting down",
-        }[reason]
-        return AdmissionRefused(
-            f"admission refused ({reason}): {headline}: {state}",
-            reason=reason, priority=priority.label, queue_depth=len(self._queue),
-            max_queue=self._config.max_queue, inflight=self._inflight,
-            workers=self._workers, estimated_wait_ms=round(wait_ms, 3),
-            estimated_service_ms=round(service_ms, 3),
-            remaining_ms=None if remaining_ms is None else round(remaining_ms, 3),
-        )
+        self._times.seed(key, service_ms)
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -630,11 +540,11 @@ class Scheduler:
             inflight=self._inflight,
             workers=self._workers,
             max_queue=self._config.max_queue,
-            service_ms_ewma=self._ewma_ms,
-            service_ms_by_key=MappingProxyType(dict(self._ewma_by_key)),
+            service_ms_ewma=self._times.overall_ms,
+            service_ms_by_key=MappingProxyType(dict(self._times.by_key)),
             admitted=counts["admitted"],
-            refused=sum(self._refused_by_reason.values()),
-            refused_by_reason=MappingProxyType(dict(self._refused_by_reason)),
+            refused=sum(self._admission.refused_by_reason.values()),
+            refused_by_reason=MappingProxyType(dict(self._admission.refused_by_reason)),
             expired=counts["expired"],
             completed=counts["completed"],
             failed=counts["failed"],

@@ -430,6 +430,28 @@ def _encode_tensor(name: str, arr: np.ndarray, binary: bool) -> tuple[dict[str, 
     return entry, chunk
 
 
+def tensor_raw(name: str, arr: np.ndarray) -> tuple[str, bytes | memoryview]:
+    """A tensor's datatype and its binary data as the protocol lays it out (row-major,
+    little-endian; BYTES elements each a uint32 length then the bytes): the binary data
+    extension's chunk, and a gRPC message's raw contents."""
+    entry, chunk = _encode_tensor(name, arr, True)
+    assert chunk is not None  # binary: always a chunk
+    return entry["datatype"], chunk
+
+
+def tensor_from(role: str, index: int, name: str, datatype: str, shape: list[int],
+                raw: bytes | None = None, data: list[Any] | None = None) -> np.ndarray:
+    """A tensor from its declaration and either its binary data (``raw``) or its values
+    (``data``), checked as a REST body's tensors are: the same ``TensorError`` naming it."""
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+    if raw is not None:
+        entry["parameters"] = {"binary_data_size": len(raw)}
+    else:
+        entry["data"] = data
+    head = _tensor_head(entry, index, role)
+    return _from_binary(head, memoryview(raw)) if raw is not None else _from_json(head)
+
+
 def _as_bytes(item: Any) -> bytes:
     if isinstance(item, bytes):
         return item

@@ -1,0 +1,93 @@
+"""The scheduler's admission control: whether a job can be taken now, refused AT ONCE when
+not (``AdmissionRefused`` with the numbers that decided it), and the wait a new job would
+have — the node's own estimate of its queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tierlink.core.types import Priority
+from tierlink.errors import AdmissionRefused
+from tierlink.node.job_queue import JobQueue
+from tierlink.node.service_times import ServiceTimes
+
+__all__ = ["Admission", "Ask"]
+
+_HEADLINES = {"queue_full": "the queue is full",
+              "deadline": "the deadline cannot be met here",
+              "shutting_down": "the node is shutting down"}
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What a job asks for: its class, its absolute deadline (None: none), its run time if
+    the caller knows it better than the estimate of ``key``, and when it asks."""
+
+    priority: Priority
+    deadline_s: float | None
+    cost_hint_ms: float | None
+    key: str
+    now: float
+
+
+class Admission:
+    """``max_queue`` jobs may wait beyond the ``workers`` running; a job with a deadline is
+    taken only when its estimated wait and run fit in it. ``on_refuse`` hears each refusal
+    (priority, reason); ``refused_by_reason`` counts them."""
+
+    def __init__(self, max_queue: int, workers: int, times: ServiceTimes,
+                 on_refuse: Callable[[Priority, str], None]) -> None:
+        self._max_queue, self._workers, self._times = max_queue, workers, times
+        self._on_refuse = on_refuse
+        self.refused_by_reason: dict[str, int] = {}
+
+    def wait_ms(self, queue: JobQueue, inflight: int, priority: Priority) -> float:
+        """Expected wait before a job of ``priority`` submitted now would start.
+
+        Jobs ahead = queued jobs with priority <= ``priority`` + jobs in flight. A worker frees
+        for the new job once ``ahead - workers + 1`` of them finished; with ``workers``
+        finishing in parallel that takes ``EWMA x that / workers``. 0 when a worker is free.
+        Jobs of a higher class arriving later can still overtake (that is what expiry is for).
+        """
+        must_finish = inflight + queue.ahead(priority) - self._workers + 1
+        if must_finish <= 0:
+            return 0.0
+        return self._times.overall_ms * must_finish / self._workers
+
+    def check(self, ask: Ask, queue: JobQueue, inflight: int, busy: int,
+              closing: bool) -> None:
+        """Raise ``AdmissionRefused`` if the job cannot be taken; otherwise return."""
+        if closing:
+            raise self._refuse("shutting_down", ask, queue, inflight)
+        must_queue = busy >= self._workers or len(queue) > 0
+        if must_queue and len(queue) >= self._max_queue:
+            raise self._refuse("queue_full", ask, queue, inflight)
+        if ask.deadline_s is None:
+            return
+        if (self.wait_ms(queue, inflight, ask.priority) + self._service_ms(ask)
+                > (ask.deadline_s - ask.now) * 1000.0):
+            raise self._refuse("deadline", ask, queue, inflight)
+
+    def _service_ms(self, ask: Ask) -> float:
+        return ask.cost_hint_ms if ask.cost_hint_ms is not None else self._times.estimate_ms(
+            ask.key)
+
+    def _refuse(self, reason: str, ask: Ask, queue: JobQueue,
+                inflight: int) -> AdmissionRefused:
+        """Count a refusal and build the error, with the numbers that decided it."""
+        self.refused_by_reason[reason] = self.refused_by_reason.get(reason, 0) + 1
+        self._on_refuse(ask.priority, reason)
+        wait_ms = self.wait_ms(queue, inflight, ask.priority)
+        service_ms = self._service_ms(ask)
+        remaining_ms = None if ask.deadline_s is None else (ask.deadline_s - ask.now) * 1000.0
+        budget = "no deadline" if remaining_ms is None else f"{remaining_ms:.1f} ms left"
+        state = (f"queue {len(queue)}/{self._max_queue}, {inflight} in flight on "
+                 f"{self._workers} workers, estimated wait {wait_ms:.1f} ms + service "
+                 f"{service_ms:.1f} ms, {budget}")
+        return AdmissionRefused(
+            f"admission refused ({reason}): {_HEADLINES[reason]}: {state}",
+            reason=reason, priority=ask.priority.label, queue_depth=len(queue),
+            max_queue=self._max_queue, inflight=inflight, workers=self._workers,
+            estimated_wait_ms=round(wait_ms, 3), estimated_service_ms=round(service_ms, 3),
+            remaining_ms=None if remaining_ms is None else round(remaining_ms, 3))
