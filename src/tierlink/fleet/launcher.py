@@ -59,6 +59,7 @@ class RunningFleet:
     control_urls: list[str] = field(default_factory=list)  # every replica, for the nodes
     links_url: str = ""
     node_urls: dict[str, str] = field(default_factory=dict)
+    node_grpc: dict[str, str] = field(default_factory=dict)  # host:port of each gRPC API
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     throttles: list[Any] = field(default_factory=list)
     cpu_mode: str = "none"
@@ -145,7 +146,7 @@ class RunningFleet:
                                           node.cpu_quota)
             throttle.add(proc.pid)
             self.throttles.append(throttle)
-        _wait_file(ready, proc, f"node {node_id}", timeout_s)
+        self.note_ready(node_id, _wait_file(ready, proc, f"node {node_id}", timeout_s))
 
     def restart_control(self, down_s: float = 0.0, timeout_s: float = 30.0,
                         replica: int = 0) -> None:
@@ -176,14 +177,21 @@ class RunningFleet:
         self.config = replace(self.config, nodes=(*self.config.nodes, node))
         port = pick_port(HOST)
         _start_nodes(self, {node.node_id: port}, {}, self.models, only=(node,))
-        _wait_file(self.run_dir / f"{node.node_id}.ready", self.procs[node.node_id],
-                   f"node {node.node_id}", timeout_s)
+        self.note_ready(node.node_id, _wait_file(self.run_dir / f"{node.node_id}.ready",
+                                                 self.procs[node.node_id],
+                                                 f"node {node.node_id}", timeout_s))
         if self.prometheus_url:  # Prometheus picks the new target up from the file
             from tierlink.fleet import prometheus
 
             prometheus.write_targets(self.run_dir / "prometheus" / "targets.json",
                                      self.node_urls, self.control_urls)
         return self.node_urls[node.node_id]
+
+    def note_ready(self, node_id: str, ready: dict[str, Any]) -> None:
+        """What a node's ready file says of it: where its gRPC API listens."""
+        if ready.get("grpc_port"):
+            host = self.node_urls[node_id].rsplit("//", 1)[-1].rsplit(":", 1)[0]
+            self.node_grpc[node_id] = f"{host}:{ready['grpc_port']}"
 
     def kill_control(self, replica: int = 0) -> None:
         """kill -9 one control-plane replica (fault injection)."""
@@ -439,6 +447,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     tls_client_auth=fleet.pki.client_auth if fleet.pki else "optional",
                     llms=node.chat.models if node.chat else (),
                     chat_tasks=node.chat.tasks() if node.chat else {},
+                    grpc_port=None if fleet.pki else 0,
                     batching={m: b for m, b in cfg.batching.items() if m in node.models})
 
 
@@ -464,8 +473,9 @@ def _start_nodes(fleet: RunningFleet, ports: dict[str, int], link_ports: dict[st
 
 def _wait_nodes(fleet: RunningFleet, ports: dict[str, int], timeout_s: float) -> None:
     for node in fleet.config.nodes:
-        _wait_file(fleet.run_dir / f"{node.node_id}.ready", fleet.procs[node.node_id],
-                   f"node {node.node_id}", timeout_s)
+        fleet.note_ready(node.node_id, _wait_file(
+            fleet.run_dir / f"{node.node_id}.ready", fleet.procs[node.node_id],
+            f"node {node.node_id}", timeout_s))
 
 
 def _wait_views(fleet: RunningFleet, timeout_s: float) -> None:

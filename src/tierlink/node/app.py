@@ -73,6 +73,8 @@ def create_app(service: NodeService, ready: bool = False,
         try:
             yield
         finally:
+            for close in app.state.closing:  # other faces of the node first (gRPC)
+                await close()
             probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
@@ -85,6 +87,7 @@ def create_app(service: NodeService, ready: bool = False,
     app = FastAPI(title=f"tierlink node {service.spec.node_id}", version=__version__,
                   lifespan=lifespan)
     app.state.ready = ready
+    app.state.closing = []  # coroutines to await before the service stops
     app.state.overload = gate
     app.state.peers = guard
     app.add_middleware(ShedEarly, gate=gate, node_id=service.spec.node_id,

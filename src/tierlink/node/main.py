@@ -138,8 +138,9 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
             service.refresh_view()
             beat.start(lambda: service.heartbeat_body(address), spec.heartbeat_s)
             watching = asyncio.create_task(cache.watch(spec.heartbeat_s), name="view-watch")
+        grpc_port = await _start_grpc(spec, service, app)
         app.state.ready = True
-        _write_ready(spec, port)
+        _write_ready(spec, port, grpc_port)
         log.info("node %s (%s) serving on %s://%s:%s, registered as %s", spec.node_id,
                  spec.tier.label, spec.scheme, spec.host, port, address)
         await serving
@@ -275,10 +276,31 @@ async def _wait_started(server: Any, serving: asyncio.Task[None]) -> int:
     return int(server.servers[0].sockets[0].getsockname()[1])
 
 
-def _write_ready(spec: NodeSpec, port: int) -> None:
+async def _start_grpc(spec: NodeSpec, service: NodeService, app: Any) -> int | None:
+    """The gRPC API beside REST (node/grpc_api.py), stopped before the service; its port."""
+    if spec.grpc_port is None:
+        return None
+    if spec.tls_ca:
+        log.warning("node %s: no gRPC API on a node with TLS yet (REST only)", spec.node_id)
+        return None
+    from tierlink.node.grpc_api import GrpcApi, serve_grpc
+
+    api = GrpcApi(service, app.state.overload, app.state.peers, lambda: bool(app.state.ready))
+    server, port = await serve_grpc(api, spec.host, spec.grpc_port)
+
+    async def close() -> None:
+        await server.stop(grace=2.0)
+
+    app.state.closing.append(close)
+    log.info("node %s: OIP gRPC on %s:%s", spec.node_id, spec.host, port)
+    return port
+
+
+def _write_ready(spec: NodeSpec, port: int, grpc_port: int | None = None) -> None:
     if spec.ready_file:
         tmp = Path(spec.ready_file + ".tmp")
-        tmp.write_text(json.dumps({"node_id": spec.node_id, "port": port}))
+        tmp.write_text(json.dumps({"node_id": spec.node_id, "port": port,
+                                   "grpc_port": grpc_port}))
         tmp.replace(spec.ready_file)
 
 

@@ -48,6 +48,9 @@ class NodeSpec:
     models: tuple[ModelSource, ...]
     host: str = "127.0.0.1"
     port: int = 0
+    # The Open Inference Protocol's gRPC API on this port beside REST (0: any free one;
+    # None: none). Not yet on a node with TLS.
+    grpc_port: int | None = None
     # What the node registers as its address (peers and the control plane use it), when it
     # is not the bind address: a NAT, a proxy, a DNS name.
     advertise_url: str | None = None

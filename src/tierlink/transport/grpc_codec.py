@@ -18,21 +18,21 @@ import numpy as np
 
 from tierlink.errors import InvalidRequest, TensorError
 from tierlink.transport import oip
-from tierlink.transport.proto import oip_v2_pb2 as pb
+from tierlink.transport.proto import messages
 
 __all__ = ["METHODS", "SERVICE", "decode_request", "decode_response", "encode_request",
-           "encode_response", "params_from", "params_into"]
+           "encode_response", "method_types", "params_from", "params_into"]
 
 SERVICE = "inference.GRPCInferenceService"
-# method -> (request type, response type)
-METHODS: dict[str, tuple[Any, Any]] = {
-    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
-    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
-    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
-    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-    "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
-}
+METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+           "ModelInfer")
+
+
+def method_types(method: str) -> tuple[Any, Any]:
+    """A method's request and response message classes (``ModelInfer``: ``ModelInferRequest``,
+    ``ModelInferResponse``)."""
+    pb = messages()
+    return getattr(pb, f"{method}Request"), getattr(pb, f"{method}Response")
 
 # Typed contents by datatype: the field that carries it.
 _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
@@ -105,7 +105,7 @@ def _tensor(index: int, tensor: Any, raw: bytes | None) -> np.ndarray:
 def encode_response(model: str, version: str | None, request_id: str | None,
                     outputs: Mapping[str, np.ndarray], params: Mapping[str, Any]) -> Any:
     """An answer as a ``ModelInferResponse``, every tensor in ``raw_output_contents``."""
-    msg = pb.ModelInferResponse(model_name=model, model_version=version or "",
+    msg = messages().ModelInferResponse(model_name=model, model_version=version or "",
                                 id=request_id or "")
     params_into(msg.parameters, params)
     for name, value in outputs.items():
@@ -120,7 +120,7 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray],
                    params: Mapping[str, Any] | None = None, version: str | None = None,
                    request_id: str | None = None) -> Any:
     """A ``ModelInferRequest`` with binary inputs (what a node sends another over gRPC)."""
-    msg = pb.ModelInferRequest(model_name=model, model_version=version or "",
+    msg = messages().ModelInferRequest(model_name=model, model_version=version or "",
                                id=request_id or "")
     params_into(msg.parameters, params or {})
     for name, value in inputs.items():
