@@ -32,10 +32,10 @@ Bound (the verdict): at each concurrency, tierlink's throughput >= 0.9x the best
 the same wire format and its p99 <= 1.1x the best (lowest) peer p99.
 
 Batching (``--part batching``, the JSON's ``batching``): MobileNetV2 at 224x224, where compute
-dominates, on three more servers with the same thread budget (one intra-op thread, one
-model run at a time): a tierlink node without batching, one with ``batching: {max_batch:
-8}``, and MLServer with its adaptive batching (``max_batch_size`` 8) driven over gRPC
-(``tritonclient.grpc``, binary tensors). ONNX Runtime's own gain from batching is measured
+dominates, on three more servers with the same thread budget (``--threads`` intra-op threads,
+one model run at a time): a tierlink node without batching, one with ``batching: {max_batch:
+8}``, and MLServer with its adaptive batching (``max_batch_size`` 8), all three driven over
+the protocol's gRPC API (``tritonclient.grpc``'s asyncio client, binary tensors). ONNX Runtime's own gain from batching is measured
 first, in this process with the same session options (``ort_batch_gain``: images/s at batch
 8 over batch 1). Bound: at 8 and 32 clients tierlink's batched/unbatched throughput >= 0.9x
 ``ort_batch_gain``, and against MLServer's adaptive batching throughput >= 0.95x and p99 <=
@@ -108,8 +108,8 @@ COMPARISONS: dict[str, tuple[str, ...]] = {"tierlink": ("kserve",),
 BATCH_MODEL, BATCH_SHAPE = "imagenet-mobilenetv2", ("input", (1, 3, 224, 224))
 MAX_BATCH = 8
 MLSERVER_BATCH_TIME_S = 0.001  # MLServer's adaptive batching: how long a batch may fill
-BATCH_LANES = (Lane("tierlink", "tierlink", True),
-               Lane("tierlink-batched", "tierlink-batched", True),
+BATCH_LANES = (Lane("tierlink-grpc", "tierlink", True, grpc=True),
+               Lane("tierlink-batched-grpc", "tierlink-batched", True, grpc=True),
                Lane("mlserver-grpc", "mlserver-batched", True, grpc=True))
 BATCH_GAIN_FLOOR = 0.9  # batched / unbatched >= 0.9 x ort_batch_gain
 BATCH_RPS_FLOOR = 0.95  # against MLServer's adaptive batching
@@ -277,8 +277,9 @@ def batching_verdict(servers: Mapping[str, Mapping[str, Mapping[str, Any]]],
     """Does batching win what ONNX Runtime allows, and keep up with MLServer's adaptive
     batching, at each of ``concurrencies``?"""
     checks: dict[str, Any] = {}
-    for conc in (c for c in concurrencies if c in servers["tierlink"]):
-        batched, alone = servers["tierlink-batched"][conc], servers["tierlink"][conc]
+    for conc in (c for c in concurrencies if c in servers["tierlink-grpc"]):
+        batched = servers["tierlink-batched-grpc"][conc]
+        alone = servers["tierlink-grpc"][conc]
         peer = servers["mlserver-grpc"][conc]
         gain = batched["rps"] / alone["rps"]
         rps_ratio, p99_ratio = batched["rps"] / peer["rps"], batched["p99_ms"] / peer["p99_ms"]
@@ -420,7 +421,7 @@ def _spawn(name: str, argv: list[str], workdir: Path, env: Mapping[str, str] | N
 
 
 def start_tierlink(model: ModelChoice, workdir: Path, port: int, name: str = "tierlink",
-                   max_batch: int = 1) -> Server:
+                   max_batch: int = 1, grpc_port: int | None = None) -> Server:
     from tierlink.core.types import Tier
     from tierlink.node.spec import ModelSource, NodeSpec
     from tierlink.settings.batching import BatchSettings
@@ -429,15 +430,18 @@ def start_tierlink(model: ModelChoice, workdir: Path, port: int, name: str = "ti
     spec = NodeSpec(node_id="peers-bench", tier=Tier.parse("cloud"),
                     models=(ModelSource(model.name, str(model.onnx), str(model.card)),),
                     port=port, ready_file=str(workdir / f"{name}.ready"), batching=batching,
-                    threads=model.threads)
+                    threads=model.threads, grpc_port=grpc_port)
     path = workdir / f"{name}-spec.json"
     path.write_text(spec.to_json())
     config = {"command": "tierlink node --spec SPEC.json", "processes": 1,
               "scheduler_workers": spec.workers, "intra_op_threads": model.threads,
               "batching": {m: b.to_dict() for m, b in batching.items()} or None,
+              "grpc": grpc_port is not None,
               "http": "uvicorn (httptools, uvloop), no access log", "control_plane": None}
-    return _spawn(name, [str(ROOT / ".venv" / "bin" / "tierlink"), "node", "--spec",
-                         str(path)], workdir, None, port, config)
+    server = _spawn(name, [str(ROOT / ".venv" / "bin" / "tierlink"), "node", "--spec",
+                           str(path)], workdir, None, port, config)
+    server.grpc_port = grpc_port
+    return server
 
 
 def start_mlserver(model: ModelChoice, workdir: Path, venv: Path, ports: Sequence[int],
@@ -728,9 +732,9 @@ def start_batching_servers(stack: ExitStack, model: ModelChoice, workdir: Path,
     from tierlink.netports import pick_port
 
     return _ready(stack, model, {
-        "tierlink": start_tierlink(model, workdir, pick_port()),
+        "tierlink": start_tierlink(model, workdir, pick_port(), grpc_port=pick_port()),
         "tierlink-batched": start_tierlink(model, workdir, pick_port(), "tierlink-batched",
-                                           MAX_BATCH),
+                                           MAX_BATCH, grpc_port=pick_port()),
         "mlserver-batched": start_mlserver(model, workdir, venvs["mlserver"],
                                            [pick_port(), pick_port(), pick_port()],
                                            "mlserver-batched", MAX_BATCH),

@@ -23,8 +23,9 @@ requests on loopback, every process real (control plane + three nodes, no link e
     (e) edge_routed    POST edge-1 /v2/models/fmnist/infer directly (d minus the device's hop)
     (f) http_floor     GET dev-1 /v2/health/ready: the HTTP floor of this client and machine
 
-Each case runs with ``OipClient`` (what nodes use between themselves) and with a plain sync
-``httpx.Client``; ratios are p50/p50 and p99/p99 against (a) and (b). Beside wall time the
+Each case runs with ``OipClient`` (what nodes use between themselves), with a plain sync
+``httpx.Client``, and over the protocol's gRPC API (``GrpcClient``: the JSON's ``grpc_ms``,
+the floor there is ``ServerLive``); ratios are p50/p50 and p99/p99 against (a) and (b). Beside wall time the
 script reads every process's CPU time and run-queue wait from ``/proc/PID/task/*/schedstat``
 (less what each burns idle: heartbeats, view refreshes), so the work a hop adds can be told
 apart from waiting for a CPU on a busy machine. Rounds interleave the cases so drift hits
@@ -312,6 +313,7 @@ class Fleet:
     control_url: str
     urls: dict[str, str]  # node id -> base URL
     pids: dict[str, int]  # process name -> pid ("client" is this script)
+    grpc: dict[str, str] = field(default_factory=dict)  # node id -> host:port of its gRPC API
 
 
 def start_fleet(procs: Processes, onnx: Path, card: Path) -> Fleet:
@@ -327,27 +329,30 @@ def start_fleet(procs: Processes, onnx: Path, card: Path) -> Fleet:
     control_url = f"http://{HOST}:{procs.wait_ready('control', ready)['port']}"
     model = (ModelSource(MODEL, str(onnx), str(card)),)
     urls: dict[str, str] = {}
+    grpc: dict[str, str] = {}
     edge = NodeSpec("edge-1", Tier.EDGE, model, control_url=control_url)
-    urls["edge-1"] = start_node(procs, edge)
+    urls["edge-1"], grpc["edge-1"] = start_node(procs, edge)
     up = (UpstreamSpec("edge-1", urls["edge-1"], rtt_ms=0.2, bandwidth_mbit=10_000.0),)
-    urls["dev-1"] = start_node(procs, NodeSpec("dev-1", Tier.DEVICE, model,
-                                               control_url=control_url, upstreams=up))
-    urls["dev-2"] = start_node(procs, NodeSpec("dev-2", Tier.DEVICE, (),
-                                               control_url=control_url, upstreams=up))
+    urls["dev-1"], grpc["dev-1"] = start_node(procs, NodeSpec(
+        "dev-1", Tier.DEVICE, model, control_url=control_url, upstreams=up))
+    urls["dev-2"], grpc["dev-2"] = start_node(procs, NodeSpec(
+        "dev-2", Tier.DEVICE, (), control_url=control_url, upstreams=up))
     wait_learned(urls["dev-2"], "edge-1")
     pids = {"client": os.getpid(), **{name: p.pid for name, p in procs.procs.items()}}
-    return Fleet(control_url, urls, pids)
+    return Fleet(control_url, urls, pids, grpc)
 
 
-def start_node(procs: Processes, spec: NodeSpec) -> str:
+def start_node(procs: Processes, spec: NodeSpec) -> tuple[str, str]:
+    """The node's REST base URL and its gRPC API's ``host:port``."""
     from dataclasses import replace
 
     ready = procs.run_dir / f"{spec.node_id}.ready"
-    spec = replace(spec, host=HOST, port=0, ready_file=str(ready))
+    spec = replace(spec, host=HOST, port=0, grpc_port=0, ready_file=str(ready))
     spec_file = procs.run_dir / f"{spec.node_id}.json"
     spec_file.write_text(spec.to_json())
     procs.spawn(spec.node_id, ["-m", "tierlink.node.main", "--spec", str(spec_file)])
-    return f"http://{HOST}:{procs.wait_ready(spec.node_id, ready)['port']}"
+    info = procs.wait_ready(spec.node_id, ready)
+    return f"http://{HOST}:{info['port']}", f"{HOST}:{info['grpc_port']}"
 
 
 def wait_learned(url: str, upstream: str) -> None:
@@ -523,6 +528,20 @@ def async_call(client: Any, url: str, case: HopCase, x: np.ndarray
     return call
 
 
+def grpc_call(client: Any, case: HopCase, x: np.ndarray
+              ) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """One request over the gRPC API (``GrpcClient``); the floor is ``ServerLive``."""
+    async def call() -> dict[str, Any]:
+        if case.model is None:
+            if not await client.live():
+                raise RuntimeError(f"{client.target} is not live")
+            return {}
+        resp = await client.infer(case.model, {"input": x}, case.params or None)
+        return dict(resp.parameters)
+
+    return call
+
+
 def sync_call(client: Any, url: str, case: HopCase, x: np.ndarray) -> Callable[[], dict[str, Any]]:
     """One request with a plain ``httpx.Client``: the same encode / POST / decode as
     ``OipClient`` does, without asyncio and the error mapping."""
@@ -583,13 +602,18 @@ def run_sync_block(key: str, call: Callable[[], dict[str, Any]], block: Block) -
 
 
 async def run_round(fleet: Fleet, x: np.ndarray, block: Block, sync_client: Any) -> None:
-    """One round: every case with ``OipClient``, then every case with the sync client."""
+    """One round: every case with ``OipClient``, then over gRPC, then with the sync
+    client."""
     from tierlink.transport.client import OipClient
+    from tierlink.transport.grpc_client import GrpcClient
 
     async with OipClient(timeout_s=10.0) as client:
         for case in hop_cases():
             await run_async_block(case.key, async_call(client, fleet.urls[case.node], case, x),
                                   block)
+    for case in hop_cases():
+        async with GrpcClient(fleet.grpc[case.node]) as grpc_client:
+            await run_async_block(f"{case.key}_grpc", grpc_call(grpc_client, case, x), block)
     for case in hop_cases():
         run_sync_block(f"{case.key}_sync", sync_call(sync_client, fleet.urls[case.node],
                                                      case, x), block)
@@ -641,17 +665,40 @@ def hop_result(samples: Samples, requests: int) -> dict[str, Any]:
     out.update({f"{k}_ms": pq(samples.ms[k]) for k in keys})
     out["node_http_sync_ms"] = pq(samples.ms["node_http_sync"])
     out["sync_client_ms"] = {c.key: pq(samples.ms[f"{c.key}_sync"]) for c in hop_cases()}
+    out["grpc_ms"] = {c.key: pq(samples.ms[f"{c.key}_grpc"]) for c in hop_cases()}
     out["server_ms"] = {k: pq(v) for k, v in samples.server_ms.items()
-                        if not k.endswith("_sync")}
+                        if not k.endswith(("_sync", "_grpc"))}
     out["served_by"] = {k: sorted(v) for k, v in samples.answered_by.items()
                         if not k.endswith("_sync")}
-    cpu = {k: samples.cpu_per_request(k) for k in [*keys, "node_http_sync"]}
+    grpc_keys = [f"{c.key}_grpc" for c in hop_cases()]
+    cpu = {k: samples.cpu_per_request(k) for k in [*keys, "node_http_sync", *grpc_keys]}
     out["cpu_per_request"] = {k: v for k, v in cpu.items() if v is not None}
     idle, idle_wall = samples.cpu_ns.get("idle", {}), samples.cpu_wall_ns.get("idle", 0)
     out["idle_cpu_ms_per_s"] = {name: run / idle_wall * 1e3 for name, (run, _) in idle.items()
                                 if idle_wall}
     out["ratios"] = ratios(out)
+    out["lean_hop"] = lean_hop(out)
     return out
+
+
+LEAN_LOCAL, LEAN_FORWARDED = 2.5, 6.0  # p50 over the HTTP floor's, OIP-client lane
+
+
+def lean_hop(out: dict[str, Any]) -> dict[str, Any]:
+    """The hop's bound: a routed answer and a forwarded one against the HTTP floor of the
+    same client (``OipClient``), p50 over p50; the same over gRPC beside it."""
+    floor = out["http_floor_ms"]["p50"]
+    local, forwarded = out["routed_local_ms"]["p50"] / floor, out["forwarded_ms"]["p50"] / floor
+    grpc = out["grpc_ms"]
+    return {"routed_local_over_floor": round(local, 3),
+            "forwarded_over_floor": round(forwarded, 3),
+            "bound": f"routed_local <= {LEAN_LOCAL}x and forwarded <= {LEAN_FORWARDED}x the "
+                     "HTTP floor (p50, OipClient)",
+            "met": local <= LEAN_LOCAL and forwarded <= LEAN_FORWARDED,
+            "grpc": {"routed_local_over_floor": round(grpc["routed_local"]["p50"]
+                                                      / grpc["http_floor"]["p50"], 3),
+                     "forwarded_over_floor": round(grpc["forwarded"]["p50"]
+                                                   / grpc["http_floor"]["p50"], 3)}}
 
 
 def ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -785,6 +832,14 @@ def print_hops(console: Any, hop: dict[str, Any]) -> None:
     sync = ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in
                      hop["sync_client_ms"].items())
     console.print(f"sync httpx client, p50/p99 ms: {sync}")
+    grpc = ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in hop["grpc_ms"].items())
+    console.print(f"gRPC (GrpcClient), p50/p99 ms: {grpc}")
+    lean = hop["lean_hop"]
+    console.print(f"lean hop ({lean['bound']}): routed local x{lean['routed_local_over_floor']}"
+                  f", forwarded x{lean['forwarded_over_floor']}: "
+                  f"{'MET' if lean['met'] else 'NOT MET'}; over gRPC x"
+                  f"{lean['grpc']['routed_local_over_floor']}, x"
+                  f"{lean['grpc']['forwarded_over_floor']}")
     console.print(f"served by: {hop['served_by']}")
     idle = ", ".join(f"{n} {v:.1f}" for n, v in hop["idle_cpu_ms_per_s"].items())
     console.print(f"idle CPU, ms per s (taken off the per-request CPU): {idle}")

@@ -178,8 +178,8 @@ def _lane(rps: float, p99: float) -> dict[str, float]:
 
 
 def test_batching_verdict_judges_the_gain_against_onnx_runtimes_own() -> None:
-    servers = {"tierlink": {"8": _lane(100, 90), "32": _lane(100, 300)},
-               "tierlink-batched": {"8": _lane(130, 80), "32": _lane(120, 290)},
+    servers = {"tierlink-grpc": {"8": _lane(100, 90), "32": _lane(100, 300)},
+               "tierlink-batched-grpc": {"8": _lane(130, 80), "32": _lane(120, 290)},
                "mlserver-grpc": {"8": _lane(120, 75), "32": _lane(130, 300)}}
     v = peers.batching_verdict(servers, ort_batch_gain=1.4)
     at8, at32 = v["checks"]["8"], v["checks"]["32"]

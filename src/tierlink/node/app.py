@@ -28,10 +28,11 @@ from starlette.requests import ClientDisconnect
 
 from tierlink import __version__
 from tierlink.core.types import Tier
-from tierlink.errors import InvalidRequest, TensorError, TierlinkError
-from tierlink.node.answers import answer, metadata, observed
+from tierlink.errors import InvalidRequest, TierlinkError
+from tierlink.node.answers import metadata, observed
 from tierlink.node.inbox_routes import InboxReceiver, install_inbox_routes
-from tierlink.node.overload import JUDGED, OverloadGate, ShedEarly
+from tierlink.node.infer_route import InferRoute, Reply, respond
+from tierlink.node.overload import OverloadGate, ShedEarly
 from tierlink.node.peers import PeerGuard
 from tierlink.node.service import NodeService
 from tierlink.settings.routing import OverloadConfig
@@ -90,6 +91,8 @@ def create_app(service: NodeService, ready: bool = False,
     app.state.closing = []  # coroutines to await before the service stops
     app.state.overload = gate
     app.state.peers = guard
+    # The inference route as plain ASGI, inside the early shedding (added first: inner).
+    app.add_middleware(InferRoute, service=service, gate=gate, guard=guard, error=error_reply)
     app.add_middleware(ShedEarly, gate=gate, node_id=service.spec.node_id,
                        error_body=oip.error_body)
     if receiver is not None:  # what downstream nodes deliver (store-and-forward)
@@ -110,7 +113,7 @@ def create_app(service: NodeService, ready: bool = False,
         return JSONResponse({"error": f"internal error: {exc}", "code": "internal"}, 500)
 
     _health_routes(app, service, guard)
-    _model_routes(app, service)
+    _model_routes(app, service, gate, guard)
     if chat is not None:
         from tierlink.chat.routes import install_chat_routes
 
@@ -118,11 +121,19 @@ def create_app(service: NodeService, ready: bool = False,
     return app
 
 
-def _error(exc: TierlinkError) -> Response:
+def error_reply(exc: TierlinkError) -> Reply:
+    """A ``TierlinkError`` as the protocol's error answer: its status, its JSON body (the
+    message, code and hint), ``Retry-After`` when it says when to come back."""
     retry = exc.details.get("retry_after_s")
-    headers = {"Retry-After": str(max(1, math.ceil(float(retry))))} if retry else None
-    return Response(oip.error_body(exc), exc.http_status, headers=headers,
-                    media_type="application/json")
+    headers = {"content-type": "application/json"}
+    if retry:
+        headers["retry-after"] = str(max(1, math.ceil(float(retry))))
+    return exc.http_status, headers, oip.error_body(exc)
+
+
+def _error(exc: TierlinkError) -> Response:
+    status, headers, body = error_reply(exc)
+    return Response(body, status, headers=dict(headers))
 
 
 async def _engine_status(service: NodeService) -> dict[str, Any]:
@@ -228,7 +239,8 @@ def _health_routes(app: FastAPI, service: NodeService, guard: PeerGuard) -> None
                          for t in sorted(service.tasks())]
 
 
-def _model_routes(app: FastAPI, service: NodeService) -> None:
+def _model_routes(app: FastAPI, service: NodeService, gate: OverloadGate,
+                  guard: PeerGuard) -> None:
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
@@ -246,39 +258,14 @@ def _model_routes(app: FastAPI, service: NodeService) -> None:
     @app.post("/v2/models/{name}/versions/{version}/infer",
               openapi_extra=request_body(OIP_INFER_REQUEST, binary=True))
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        return await observed(service, name, lambda: _infer(service, name, version, request))
-
-
-async def _infer(service: NodeService, name: str, version: str | None,
-                 request: Request) -> Response:
-    body = await request.body()
-    data = oip.decode_infer_request(body, _header_length(request),
-                                    request.headers.get("content-encoding"))
-    done = await answer(service, name, version, data,
-                        lambda params: request.app.state.peers.bind(request.scope, params),
-                        request.app.state.overload, getattr(request.state, JUDGED, None))
-    if done.accepted is not None:
-        return JSONResponse(done.accepted, status_code=202)
-    body, headers = oip.encode_infer_response(done.name, done.version, done.id, done.outputs,
-                                              done.parameters,
-                                              data.binary_outputs(done.outputs))
-    return Response(body, headers=headers, media_type=headers.get("Content-Type"))
+        # Answered by InferRoute before it gets here; declared for the OpenAPI document.
+        body = await request.body()
+        status, headers, out = await observed(service, name, lambda: respond(
+            service, gate, guard, name, version, body, dict(request.headers), request.scope))
+        return Response(out, status, headers=dict(headers))
 
 
 def _inbox_receiver(service: NodeService) -> InboxReceiver | None:
     if service.uplink is None or service.spec.state_dir is None:
         return None
     return InboxReceiver.open(service.spec.state_dir, service.uplink)
-
-
-def _header_length(request: Request) -> int | None:
-    raw = request.headers.get("inference-header-content-length")
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise TensorError(f"Inference-Header-Content-Length must be an integer, got {raw!r}") \
-            from None
-
-

@@ -58,8 +58,8 @@ class NodeExports:
         self._m.model_info.labels(*labels).set(1)
 
     def request(self, kind: str, name: str, outcome: str, seconds: float) -> None:
-        self._m.requests.labels(self._tier, kind, name, outcome).inc()
-        self._m.latency.labels(self._tier, kind, name, outcome).observe(seconds)
+        self._m.of(self._m.requests, self._tier, kind, name, outcome).inc()
+        self._m.of(self._m.latency, self._tier, kind, name, outcome).observe(seconds)
 
     def sla(self, task: str, params: Mapping[str, Any], server_ms: float | None,
             status: int, outcome: Outcome | None = None) -> None:
@@ -78,7 +78,7 @@ class NodeExports:
         else:
             result = "refused" if status in (429, 503) else \
                 "failed" if status >= 500 else "invalid"
-        self._m.sla.labels(self._tier, task, priority, result).inc()
+        self._m.of(self._m.sla, self._tier, task, priority, result).inc()
         self.traffic.count(result, outcome)
 
     def gauges(self, scheduler: Scheduler, inflight: Callable[[], int],

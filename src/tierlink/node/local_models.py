@@ -109,7 +109,7 @@ class LocalModels:
         # No confidence (a regression without uncertainty, ...): never escalated for it.
         confidence = float(conf.min()) if conf is not None else 1.0
         if conf is not None:
-            self.metrics.confidence.labels(self.spec.tier.label,
+            self.metrics.of(self.metrics.confidence, self.spec.tier.label,
                                            rt.info.name).observe(confidence)
         bill = self._prices().compute_bill(self.spec.tier, compute_ms)
         timings = {"compute_ms": compute_ms}
@@ -125,5 +125,6 @@ class LocalModels:
                       deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:
         out, ms = await run_model(self.scheduler, rt, inputs, priority, deadline_s,
                                   self.slowdown, self.spec.batching.get(rt.info.name))
-        self.metrics.compute.labels(self.spec.tier.label, rt.info.name).observe(ms / 1000)
+        self.metrics.of(self.metrics.compute, self.spec.tier.label,
+                        rt.info.name).observe(ms / 1000)
         return out, ms

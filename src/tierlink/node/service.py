@@ -30,7 +30,6 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -152,6 +151,7 @@ class NodeService:
                             max_cooldown_s=self.routing.breaker.max_cooldown_s),
             clock=clock, on_transition=self._on_breaker)
         self._inflight = 0
+        self._ids = random.Random()  # request ids (seeded from the OS: unique across nodes)
         self.hard_examples = uploader_for(spec.hard_examples, spec.node_id, spec.seed,
                                           uplink, hard_example_sink,
                                           self.metrics.count_hard_examples)
@@ -256,6 +256,11 @@ class NodeService:
         policy, req = self.live.router.arrive(req)
         return deferral(policy, req, self.view, self.routing.cost)
 
+    def _new_id(self) -> str:
+        """A request id for a request that brings none: 128 random bits from the node's own
+        generator (seeded from the OS once; ``uuid4`` asks the OS on every request)."""
+        return f"{self._ids.getrandbits(128):032x}"
+
     def _parse(self, task: str, inputs: dict[str, np.ndarray], params: dict[str, Any],
                request_id: str) -> Request:
         return protocol.parse_request(task, params, request_id=request_id,
@@ -270,7 +275,7 @@ class NodeService:
     ) -> tuple[dict[str, np.ndarray], Outcome, float]:
         """Route one request. Returns outputs, the outcome and this node's time in ms."""
         t0 = self._clock()
-        req = self._parse(task, inputs, params, request_id or uuid.uuid4().hex)
+        req = self._parse(task, inputs, params, request_id or self._new_id())
         labels = protocol.parse_labels(params, _batch_size(inputs))
         check_task_inputs(self.runtimes.values(), task, inputs)
         check_version_known(self.view, task, req.version)

@@ -7,7 +7,7 @@ The node's components report through :class:`NodeMetrics`; nothing in the core i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tierlink.core.types import Outcome, Priority
 
@@ -32,6 +32,7 @@ class NodeMetrics:
 
         self.registry = registry or CollectorRegistry()
         self.tier = tier
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter("tierlink_requests_total",
                                 "Requests handled, by entry point, model or task, and outcome",
@@ -183,10 +184,10 @@ class NodeMetrics:
         request of anyone's and so is not in ``tierlink_billed_requests_total``)."""
         path = path or path_kind(outcome, node_id)
         if path != "mirror":
-            self.billed.labels(task, path, site).inc()
+            self.of(self.billed, task, path, site).inc()
         for tier, part, usd in outcome.bill.items():
-            self.cost.labels(task, outcome.model, outcome.model_version, path, site,
-                             tier.label, part).inc(usd)
+            self.of(self.cost, task, outcome.model, outcome.model_version, path, site,
+                    tier.label, part).inc(usd)
 
     def count_mirrored(self, task: str, model: str, version: str, samples: int,
                        agreed: int) -> None:
@@ -203,6 +204,16 @@ class NodeMetrics:
     # Queue depth and in-flight are read from the scheduler at scrape time (set_function),
     # so they cannot drift when a waiting job is cancelled.
 
+    def of(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept at hand: a series a request counts is looked up
+        once, not validated and locked on every request (never for a series that is removed:
+        ``model_info``)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def on_admit(self, priority: Priority) -> None:
         return None
 
@@ -210,7 +221,7 @@ class NodeMetrics:
         self.admission_refused.labels(self.tier, reason).inc()
 
     def on_start(self, priority: Priority, waited_s: float) -> None:
-        self.queue_wait.labels(self.tier, Priority(priority).label).observe(waited_s)
+        self.of(self.queue_wait, self.tier, Priority(priority).label).observe(waited_s)
 
     def on_finish(self, priority: Priority, run_s: float, ok: bool) -> None:
         return None
@@ -219,8 +230,8 @@ class NodeMetrics:
         self.admission_refused.labels(self.tier, "expired").inc()
 
     def on_batch(self, key: str, size: int, held_s: float) -> None:
-        self.batch_size.labels(self.tier, key).observe(size)
-        self.batch_hold.labels(self.tier, key).observe(held_s)
+        self.of(self.batch_size, self.tier, key).observe(size)
+        self.of(self.batch_hold, self.tier, key).observe(held_s)
 
     def exposition(self) -> bytes:
         from prometheus_client import generate_latest

@@ -193,6 +193,9 @@ def _json_lines_exporter(path: Path) -> Any:
 def span(name: str, traceparent: str | None, attributes: Mapping[str, Any]) -> Iterator[Any]:
     """A span that continues the caller's trace (if ``traceparent`` is given); yields the
     span (None while tracing is off) so the caller can add what it learns."""
+    if not _enabled and not traceparent:  # nothing to record and no trace to carry on
+        yield None
+        return
     from opentelemetry import context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
