@@ -86,7 +86,7 @@ def create_app(service: NodeService, ready: bool = False,
                 receiver.close()
 
     app = FastAPI(title=f"tierlink node {service.spec.node_id}", version=__version__,
-                  lifespan=lifespan)
+                  lifespan=lifespan, **framework_telemetry_off())
     app.state.ready = ready
     app.state.closing = []  # coroutines to await before the service stops
     app.state.overload = gate
@@ -119,6 +119,17 @@ def create_app(service: NodeService, ready: bool = False,
 
         install_chat_routes(app, chat)
     return app
+
+
+def framework_telemetry_off() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry (its releases from 0.165 on) turned off: the node records
+    its own spans (telemetry/tracing.py), and the framework's checks of the global providers
+    cost every request (an environment read each) even with nothing to record."""
+    import inspect
+
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 def error_reply(exc: TierlinkError) -> Reply:

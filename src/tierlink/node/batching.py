@@ -65,7 +65,7 @@ def run_together(rt: ModelRuntime, slowdown: float = 1.0
             log.warning("%s: an output has no batch axis; its requests run one by one",
                         rt.info.name)
             return [_alone(rt, item) for item in items]
-        edges = np.cumsum([0, *rows])
+        edges = list(itertools.accumulate(rows, initial=0))
         return [({name: arr[a:b] for name, arr in out.items()}, total_ms * (b - a) / edges[-1])
                 for a, b in itertools.pairwise(edges)]
 

