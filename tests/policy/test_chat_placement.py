@@ -139,3 +139,15 @@ def test_a_chosen_mode_filters_and_skips_the_time_limits() -> None:
 def test_the_hop_limit_stops_relays() -> None:
     assert {o.kind for o in plan_chat(_ask(hops=3), _view()).options} == {
         "local", "speculative"}
+
+
+def test_a_pinned_conversation_leaves_a_node_too_loaded_to_answer_in_time() -> None:
+    """A hot spot: one session's affinity would pin all of its turns to one node; once that
+    node cannot give the first token in time, the turn goes where it can (the cache is
+    then prefilled there), and it comes back when the node is free again."""
+    jammed = NodeView("cloud-1", Tier.CLOUD, (), language_models=(
+        replace(LARGE, running=16, queued=400),))
+    ask = _ask(sticky="cloud-1", ttft_ms=3000.0)
+    assert plan_chat(ask, _view()).options[0].node_id == "cloud-1"
+    moved = plan_chat(ask, _view(cloud=jammed))
+    assert moved.options and all(o.node_id != "cloud-1" for o in moved.options)
