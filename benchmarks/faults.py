@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -393,19 +394,26 @@ def wait_delivered(bench: Bench, fleet: RunningFleet, accepted: list[dict[str, A
 
 
 def stored_keys(bench: Bench, fleet: RunningFleet) -> set[str]:
+    counts = stored_key_counts(bench.http, fleet)
+    twice = sum(n - 1 for n in counts.values())
+    if twice:
+        raise RuntimeError(f"the control plane stored {twice} keys twice")
+    return set(counts)
+
+
+def stored_key_counts(http: httpx.Client, fleet: RunningFleet) -> Counter[str]:
+    """How many times the control plane stored each asynchronous result's key."""
     keys: list[str] = []
     after = 0
     while True:
-        page = bench.http.get(f"{fleet.control_url}/v1/results",
-                              params={"after": after, "limit": 1000},
-                              headers=fleet.admin_headers).json()
+        page = http.get(f"{fleet.control_url}/v1/results",
+                        params={"after": after, "limit": 1000},
+                        headers=fleet.admin_headers).json()
         keys += [r["key"] for r in page["results"]]
         if page.get("next_after") is None:
             break
         after = page["next_after"]
-    if len(keys) != len(set(keys)):
-        raise RuntimeError(f"the control plane stored {len(keys) - len(set(keys))} keys twice")
-    return set(keys)
+    return Counter(keys)
 
 
 # -- (c) a bad version to a 10% canary, (d) a tampered artifact -----------------------------

@@ -91,13 +91,16 @@ class EtcdCluster:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
 
-    def wait_ready(self, timeout_s: float = 20.0) -> None:
+    def wait_ready(self, timeout_s: float = 20.0, crashed_ok: bool = False) -> None:
         """Return once a member answers a write; :class:`ControlPlaneError` after
-        ``timeout_s`` or when a member exits."""
+        ``timeout_s`` or when a member exits (unless ``crashed_ok``: members killed on
+        purpose)."""
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=1.0, trust_env=False) as http:
             while time.monotonic() < deadline:
                 for member in self.members:
+                    if crashed_ok:
+                        break
                     if member.process is not None and member.process.poll() is not None:
                         raise ControlPlaneError(
                             f"etcd member {member.name} exited with {member.process.returncode}",
@@ -127,6 +130,19 @@ class EtcdCluster:
         if member.process is not None and member.process.poll() is None:
             member.process.kill()
             member.process.wait(timeout=10)
+        return member
+
+    def restart(self, index: int, timeout_s: float = 20.0) -> Member:
+        """Start a killed member again on its ports and data directory (it rejoins the
+        cluster it left); returns once the cluster takes writes."""
+        member = self.members[index]
+        if member.running:
+            return member
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise ConfigError("etcd is not installed", hint=INSTALL_HINT)
+        self._launch(binary, member, ",".join(f"{m.name}={m.peer_url}" for m in self.members))
+        self.wait_ready(timeout_s, crashed_ok=True)
         return member
 
     def stop(self) -> None:
