@@ -68,6 +68,7 @@ class JobQueue:
         self.by_priority = [0] * len(_PRIORITIES)  # live jobs only, no tombstones
         self._live = 0
         self._tombstones = 0
+        self.peak = 0  # the most live jobs that ever waited at once
 
     def __len__(self) -> int:
         return self._live
@@ -77,6 +78,7 @@ class JobQueue:
         heapq.heappush(self._heap, (job.priority, job.deadline, self._seq, job))
         self.by_priority[job.priority] += 1
         self._live += 1
+        self.peak = max(self.peak, self._live)
 
     def peek(self) -> Job:
         """The next live job, left in place. Only called while the queue is not empty."""

@@ -514,6 +514,11 @@ class Scheduler:
         return len(self._queue), self._inflight, self._workers
 
     @property
+    def peak_queue(self) -> int:
+        """The most jobs that ever waited at once (a hot spot's mark)."""
+        return self._queue.peak
+
+    @property
     def learned(self) -> int:
         """Grows at each service time learned or seeded (views that follow it rebuild)."""
         return self._times.learned

@@ -4,7 +4,7 @@
 keyword-only parameters, from ``routing.policy: {name, options}``); a policy that learns
 implements ``feedback`` (:class:`Learner`) and hears how each of its plans turned out; built-ins are ``tierlink`` (constraints, then a
 weighted score, power-of-two choices inside a tier, cascades), and the benchmark baselines
-``cloud_only``, ``device_only`` and ``static_rules``, and ``bandit`` (learned: linear Thompson
+``cloud_only``, ``device_only``, ``static_rules`` and ``power_of_two``, and ``bandit`` (learned: linear Thompson
 sampling among the options ``tierlink``'s constraints leave, taught by each request's
 reward). Built-ins and third-party policies alike come in through the ``tierlink.policies``
 entry-point group (tierlink's own are declared in its ``pyproject.toml``).
@@ -20,7 +20,12 @@ from tierlink.policy.base import (
     RewardWeights,
     Weights,
 )
-from tierlink.policy.baselines import CloudOnlyPolicy, DeviceOnlyPolicy, StaticRulesPolicy
+from tierlink.policy.baselines import (
+    CloudOnlyPolicy,
+    DeviceOnlyPolicy,
+    PowerOfTwoPolicy,
+    StaticRulesPolicy,
+)
 from tierlink.policy.placement import TierlinkPolicy
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "Policy",
     "PolicyConfig",
     "PolicyRegistry",
+    "PowerOfTwoPolicy",
     "RewardWeights",
     "StaticRulesPolicy",
     "TierlinkPolicy",

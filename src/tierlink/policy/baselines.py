@@ -6,7 +6,8 @@ refuses each of its plans that would move an input further than its privacy allo
 is the router's to enforce, whatever the policy: a report counts those refusals). ``static_rules``
 is what a team without a router would deploy: each request to the most capable tier its
 privacy level allows (``local`` on the device, ``site`` on the edge, ``any`` in the cloud),
-whatever its deadline or difficulty."""
+whatever its deadline or difficulty. ``power_of_two`` is a plain load balancer over the
+feasible set ``tierlink`` computes (benchmarks/hot_spots.py measures against it)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 from tierlink.core.types import ClusterView, Placement, Plan, Request, Tier
 from tierlink.policy.base import PolicyConfig
-from tierlink.policy.placement import toward_version, two_choices
+from tierlink.policy.placement import Choice, TierlinkPolicy, toward_version, two_choices
 
 
 class CloudOnlyPolicy:
@@ -65,6 +66,25 @@ class DeviceOnlyPolicy:
 
     def plan(self, request: Request, view: ClusterView, rng: random.Random) -> Plan:
         return _local_or_refuse(self.name, request, view)
+
+
+class PowerOfTwoPolicy(TierlinkPolicy):
+    """The plain load balancer a request router is measured against: over the same
+    feasible set as ``tierlink`` (privacy, models, health, the deadline's worst case), two
+    options drawn at random, the one expected to answer sooner first, the rest as
+    fallbacks — no accuracy, cost or cascade in the choice."""
+
+    name = "power_of_two"
+
+    def order(self, request: Request, view: ClusterView, feasible: list[Choice],
+              rng: random.Random) -> list[Choice]:
+        if len(feasible) < 2:
+            return list(feasible)
+        i = int(rng.random() * len(feasible))
+        j = int(rng.random() * (len(feasible) - 1))
+        j += j >= i
+        pair = sorted((feasible[i], feasible[j]), key=lambda c: c.est.latency_ms)
+        return pair + [c for k, c in enumerate(feasible) if k not in (i, j)]
 
 
 def _forward(name: str, tiers: list[Tier], request: Request, view: ClusterView,

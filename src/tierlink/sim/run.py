@@ -57,7 +57,9 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
                               outcomes.input_bytes, policy, on_done)
         return records, counters, clock(), {
             **({"power": p} if (p := power_summary(fleet.nodes.values(), clock())) else {}),
-            "plan_cache": plan_cache_summary(fleet.nodes.values())}
+            "plan_cache": plan_cache_summary(fleet.nodes.values()),
+            "peak_queue": {n.node_id: n.scheduler.peak_queue for n in fleet.nodes.values()
+                           if n.scheduler.peak_queue}}
 
     records, counters, simulated, extra = loop.run(main)
     return RunResult(records, summarize(records, PrivacyTally(counters.violations, counters.refusals)),
