@@ -32,7 +32,7 @@ import numpy as np
 from tierlink.core.types import CascadePoint, ModelView
 from tierlink.fleet.config import FleetConfig, parse_fleet
 from tierlink.sim.build import Scenario
-from tierlink.sim.outcomes import Answers, Outcomes
+from tierlink.sim.outcomes import Outcomes, synthetic_outcomes
 from tierlink.sim.run import run_once
 from tierlink.sim.workload import Arrivals, Burst, workload
 
@@ -43,16 +43,7 @@ N = 5000  # inputs of the synthetic task
 
 def outcomes(seed: int) -> Outcomes:
     """A task whose models share a difficulty (a cascade meets a real joint behaviour)."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 10, N).astype(np.int16)
-    hard = rng.random(N)
-    models = {}
-    for name, skill in (("small", 0.80), ("medium", 0.88), ("large", 0.95)):
-        right = hard < skill + 0.05 * rng.standard_normal(N)
-        pred = np.where(right, labels, (labels + 1) % 10).astype(np.int16)
-        conf = np.clip(np.where(right, 0.97, 0.6) - 0.3 * hard * rng.random(N), 0.1, 1.0)
-        models[name] = Answers(pred, conf.astype(np.float32))
-    return Outcomes("t", labels, models, input_bytes=3136)
+    return synthetic_outcomes("t", {"small": 0.80, "medium": 0.88, "large": 0.95}, N, seed)
 
 
 def views() -> dict[str, ModelView]:

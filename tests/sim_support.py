@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
-
 from tierlink.core.types import CascadePoint, ClusterView, ModelView, Privacy, Request
 from tierlink.fleet.config import FleetConfig, parse_fleet
 from tierlink.sim import loop
 from tierlink.sim.build import build
-from tierlink.sim.outcomes import Answers, Outcomes
+from tierlink.sim.outcomes import Outcomes, synthetic_outcomes
 
 N = 2000
 
@@ -19,16 +17,8 @@ N = 2000
 def outcomes(seed: int = 1) -> Outcomes:
     """Harder inputs are harder for every model: a shared difficulty drives each model's
     correctness and confidence (so cascades meet a real joint behaviour)."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 10, N).astype(np.int16)
-    hard = rng.random(N)
-    models = {}
-    for name, skill in (("toy-small", 0.80), ("toy-medium", 0.88), ("toy-large", 0.95)):
-        right = hard < skill + 0.05 * rng.standard_normal(N)
-        pred = np.where(right, labels, (labels + 1) % 10).astype(np.int16)
-        conf = np.clip(np.where(right, 0.97, 0.6) - 0.3 * hard * rng.random(N), 0.1, 1.0)
-        models[name] = Answers(pred, conf.astype(np.float32))
-    return Outcomes("toy", labels, models, input_bytes=3136)
+    return synthetic_outcomes("toy", {"toy-small": 0.80, "toy-medium": 0.88,
+                                      "toy-large": 0.95}, N, seed)
 
 
 def views() -> dict[str, ModelView]:

@@ -117,3 +117,20 @@ def photo_outcomes(task: str, model: str, reference: np.ndarray, confidence: np.
     codecs that lose at most ``split_max_accuracy_loss``)."""
     answers = Answers(reference.astype(np.int16), confidence.astype(np.float32))
     return Outcomes(task, reference.astype(np.int16), {model: answers}, input_bytes)
+
+
+def synthetic_outcomes(task: str, skills: Mapping[str, float], n: int, seed: int,
+                       input_bytes: int = 3136) -> Outcomes:
+    """Answers of models of ``task`` without a zoo: a shared difficulty per input drives
+    each model's correctness (``skills``: its accuracy, about) and confidence, so cascades
+    meet a real joint behaviour (harder inputs are harder for every model)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, n).astype(np.int16)
+    hard = rng.random(n)
+    models = {}
+    for name, skill in skills.items():
+        right = hard < skill + 0.05 * rng.standard_normal(n)
+        pred = np.where(right, labels, (labels + 1) % 10).astype(np.int16)
+        conf = np.clip(np.where(right, 0.97, 0.6) - 0.3 * hard * rng.random(n), 0.1, 1.0)
+        models[name] = Answers(pred, conf.astype(np.float32))
+    return Outcomes(task, labels, models, input_bytes=input_bytes)

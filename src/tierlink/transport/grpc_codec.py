@@ -108,11 +108,7 @@ def encode_response(model: str, version: str | None, request_id: str | None,
     msg = messages().ModelInferResponse(model_name=model, model_version=version or "",
                                 id=request_id or "")
     params_into(msg.parameters, params)
-    for name, value in outputs.items():
-        arr = np.asarray(value)
-        datatype, raw = oip.tensor_raw(name, arr)
-        msg.outputs.add(name=name, datatype=datatype, shape=list(arr.shape))
-        msg.raw_output_contents.append(bytes(raw))
+    _add_tensors(msg.outputs, msg.raw_output_contents, outputs)
     return msg
 
 
@@ -123,12 +119,17 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray],
     msg = messages().ModelInferRequest(model_name=model, model_version=version or "",
                                id=request_id or "")
     params_into(msg.parameters, params or {})
-    for name, value in inputs.items():
-        arr = np.asarray(value)
-        datatype, raw = oip.tensor_raw(name, arr)
-        msg.inputs.add(name=name, datatype=datatype, shape=list(arr.shape))
-        msg.raw_input_contents.append(bytes(raw))
+    _add_tensors(msg.inputs, msg.raw_input_contents, inputs)
     return msg
+
+
+def _add_tensors(declared: Any, raw: Any, tensors: Mapping[str, np.ndarray]) -> None:
+    """Each tensor declared (name, datatype, shape) with its binary data beside, in order."""
+    for name, value in tensors.items():
+        arr = np.asarray(value)
+        datatype, data = oip.tensor_raw(name, arr)
+        declared.add(name=name, datatype=datatype, shape=list(arr.shape))
+        raw.append(bytes(data))
 
 
 def decode_response(msg: Any) -> oip.InferResponseData:
