@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tierlink.cli.main import app
@@ -35,3 +36,18 @@ def test_zoo_list_json():
     assert result.exit_code == 0, result.output
     cards = json.loads(result.stdout)
     assert set(cards) == {"fmnist-small", "fmnist-medium", "fmnist-large"}
+
+
+def test_node_batch_flags_are_the_fleet_files_batching() -> None:
+    import typer
+
+    from tierlink.cli.main import _batch
+    from tierlink.errors import ConfigError
+    from tierlink.settings.batching import BatchSettings
+
+    assert _batch("fmnist-large=8:2") == ("fmnist-large", BatchSettings(8, 2.0))
+    assert _batch("m=4") == ("m", BatchSettings(4, 0.0))
+    with pytest.raises(typer.BadParameter, match="MODEL=N"):
+        _batch("m=eight")
+    with pytest.raises(ConfigError, match="max_batch"):
+        _batch("m=0")

@@ -303,6 +303,12 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
          providers: str = typer.Option("cpu", help="ONNX Runtime execution providers in "
                                                    "order, e.g. cuda,cpu (CPU is the fallback)"),
          port: int = typer.Option(8000),
+         grpc_port: int | None = typer.Option(None, help="serve the Open Inference "
+                                                         "Protocol's gRPC API on this port "
+                                                         "too (0: any free port)"),
+         threads: int = typer.Option(1, min=1, help="intra-op threads of each model"),
+         batch: list[str] = typer.Option([], help="MODEL=N[:DELAY_MS] batch up to N waiting "
+                                                  "requests for MODEL (repeatable)"),
          host: str = typer.Option("127.0.0.1"),
          control: str | None = typer.Option(None, help="control plane URL"),
          upstream: list[str] = typer.Option([], help="ID=URL[@RTT_MS] (repeatable)"),
@@ -348,9 +354,27 @@ def node(spec: Path | None = typer.Option(None, help="a node spec JSON (as `up` 
                           trace_file=str(trace_file) if trace_file else None,
                           otlp_endpoint=otlp_endpoint,
                           default_privacy=default_privacy,
-                          providers=parse_providers(providers, "--providers")))
+                          providers=parse_providers(providers, "--providers"),
+                          grpc_port=grpc_port, threads=threads,
+                          batching=dict(_batch(b) for b in batch)))
     except TierlinkError as exc:
         fail(exc)
+
+
+def _batch(text: str) -> tuple[str, Any]:
+    """``MODEL=N[:DELAY_MS]`` as a model's batching settings (checked as the fleet file's)."""
+    from tierlink.settings.batching import parse_batching
+
+    name, _, value = text.partition("=")
+    size, _, delay = value.partition(":")
+    try:
+        raw = {"max_batch": int(size), "max_delay_ms": float(delay or 0)}
+    except ValueError:
+        raise typer.BadParameter(f"--batch {text!r}: expected MODEL=N[:DELAY_MS], e.g. "
+                                 "fmnist-large=8:2") from None
+    if not name:
+        raise typer.BadParameter(f"--batch {text!r}: name the model (MODEL=N)")
+    return name, parse_batching({name: raw})[name]
 
 
 def _llm_source(text: str, int8: bool, verifier: str | None) -> Any:
