@@ -278,9 +278,10 @@ def report(args: argparse.Namespace, records: list[Record], sender: AsyncSender,
     unexplained = sum(n for code, n in errors.items() if code not in known or code == "internal")
     incarnations = {f"{name}:{pid}": growth(samples, args.warmup)
                     for (name, pid), samples in sampler.samples.items() if samples}
-    judged = [v for v in incarnations.values() if v.get("judged")]
-    worst = {k: max((v[f"{k}_growth"] for v in judged if v.get(f"{k}_growth")), default=None)
-             for k in ("rss", "open_files")}
+    worst = worst_growth(incarnations)
+    by_kind = {kind: worst_growth({k: v for k, v in incarnations.items()
+                                   if k.startswith("etcd") == (kind == "etcd")})
+               for kind in ("tierlink", "etcd")}
     sla = sla_by_priority(records)
     out = {"lost": sum(r.lost for r in records) + len(set(keys) - delivered),
            "lost_sync": sum(r.lost for r in records),
@@ -291,7 +292,8 @@ def report(args: argparse.Namespace, records: list[Record], sender: AsyncSender,
                      "not_accepted": sender.refused},
            "requests": len(records), "sla_by_priority": sla, "errors": errors,
            "unexplained_errors": unexplained, "rss_growth": worst["rss"],
-           "open_files_growth": worst["open_files"], "incarnations": incarnations,
+           "open_files_growth": worst["open_files"], "growth_by_kind": by_kind,
+           "incarnations": incarnations,
            "events": events}
     out["met"] = {"lost": out["lost"] == BOUNDS["lost"],
                   "duplicated": out["duplicated"] == BOUNDS["duplicated"],
@@ -302,6 +304,15 @@ def report(args: argparse.Namespace, records: list[Record], sender: AsyncSender,
     out["bounds"] = BOUNDS
     out["settings"] = {k: v for k, v in vars(args).items() if k != "json"}
     return out
+
+
+def worst_growth(incarnations: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """The largest growth of resident memory and of open files over the judged
+    incarnations (tierlink's processes and etcd's members are also reported apart: etcd's
+    memory follows its keyspace and raft log until it snapshots)."""
+    judged = [v for v in incarnations.values() if v.get("judged")]
+    return {k: max((v[f"{k}_growth"] for v in judged if v.get(f"{k}_growth")), default=None)
+            for k in ("rss", "open_files")}
 
 
 def sla_by_priority(records: list[Record]) -> dict[str, float]:
@@ -331,7 +342,7 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"errors: {result['errors']} (unexplained {result['unexplained_errors']})")
     print(f"async: {result['async']}")
     print(f"growth (worst incarnation judged): rss x{result['rss_growth']}, open files "
-          f"x{result['open_files_growth']}")
+          f"x{result['open_files_growth']}; by kind {result['growth_by_kind']}")
     print(f"events: {len(result['events'])}: "
           + ", ".join(f"{e['at_s']:.0f}s {e['event']}" for e in result["events"]))
     print("met: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["met"].items()))
