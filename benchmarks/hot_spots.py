@@ -14,8 +14,8 @@ the requests sent during the burst, the largest queue any node held
 Bound: tierlink's burst p99 and its largest queue ≤ 1.1× power_of_two's. Prints a table,
 writes JSON::
 
-    .venv/bin/python benchmarks/hot_spots.py [--json PATH] [--seeds 3] [--rate 200]
-        [--factor 10] [--burst-s 5]
+    .venv/bin/python benchmarks/hot_spots.py [--json PATH] [--seeds 3] [--devices 20]
+        [--edges 4] [--rate 300] [--factor 10] [--burst-s 5] [--seconds 30]
 """
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--devices", type=int, default=40)
+    parser.add_argument("--devices", type=int, default=20)
     parser.add_argument("--edges", type=int, default=4)
-    parser.add_argument("--rate", type=float, default=100.0, help="requests/s before the burst")
+    parser.add_argument("--rate", type=float, default=300.0, help="requests/s before the burst")
     parser.add_argument("--factor", type=float, default=10.0, help="the burst's rate multiple")
     parser.add_argument("--burst-s", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=30.0)
