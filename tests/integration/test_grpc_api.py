@@ -110,3 +110,26 @@ def test_requests_are_counted_in_the_nodes_metrics(shared_fleet: RunningFleet, t
     before = answered()
     infer(triton, MODEL, batch[:1])
     assert answered() == before + 1
+
+
+def test_tierlinks_own_grpc_client_gets_answers_and_errors_back(
+        shared_fleet: RunningFleet, zoo_models: Models, batch: np.ndarray) -> None:
+    import asyncio
+
+    from tierlink.errors import InvalidRequest, ModelNotFound
+    from tierlink.transport.grpc_client import GrpcClient
+
+    async def main() -> None:
+        async with GrpcClient(shared_fleet.node_grpc[NODE]) as client:
+            assert await client.live()
+            answer = await client.infer(MODEL, {"input": batch})
+            np.testing.assert_allclose(answer.outputs["logits"],
+                                       onnxruntime_logits(zoo_models, batch),
+                                       rtol=1e-5, atol=1e-6)
+            with pytest.raises(ModelNotFound):
+                await client.infer("no-such-model", {"input": batch})
+            with pytest.raises(InvalidRequest, match="tierlink.privacy"):
+                await client.infer("fmnist", {"input": batch},
+                                   {"tierlink.privacy": "secret"})
+
+    asyncio.run(main())

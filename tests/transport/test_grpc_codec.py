@@ -138,3 +138,27 @@ def test_a_response_round_trips() -> None:
     for name, arr in outputs.items():
         np.testing.assert_array_equal(back.outputs[name], arr)
     assert back.parameters == {"tierlink.served_by": "edge-1", "tierlink.latency_ms": 3.5}
+
+
+def test_a_failed_call_is_rebuilt_as_the_error_the_server_answered() -> None:
+    from tierlink.errors import (
+        AdmissionRefused,
+        InvalidRequest,
+        ModelNotFound,
+        UpstreamTimeout,
+        UpstreamUnavailable,
+    )
+    from tierlink.transport.grpc_client import _error
+
+    err = _error("n:1", "ModelInfer", "INVALID_ARGUMENT",
+                 "invalid_request: tierlink.privacy must be one of local, site, any "
+                 "(hint: fix it)")
+    assert type(err) is InvalidRequest and err.hint == "fix it"
+    assert "tierlink.privacy" in err.message and err.details["grpc_status"] == "INVALID_ARGUMENT"
+    assert type(_error("n:1", "ModelInfer", "RESOURCE_EXHAUSTED",
+                       "admission_refused: the queue is full")) is AdmissionRefused
+    assert type(_error("n:1", "ModelInfer", "NOT_FOUND", "no model 'x'")) is ModelNotFound
+    assert type(_error("n:1", "ModelInfer", "UNAVAILABLE", "connect failed")) \
+        is UpstreamUnavailable
+    assert type(_error("n:1", "ModelInfer", "DEADLINE_EXCEEDED", "Deadline Exceeded")) \
+        is UpstreamTimeout

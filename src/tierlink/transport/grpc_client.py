@@ -1,24 +1,32 @@
 """A client of the Open Inference Protocol's gRPC API (a tierlink node's, or any KServe v2 /
 Triton server's), on ``grpc.aio``: one channel per target, binary tensors, the answers
 decoded as the REST client decodes them (:class:`oip.InferResponseData`). A call that
-fails ends in the error tree's ``UpstreamUnavailable`` (the server could not be reached or
-timed out) or ``InvalidRequest`` (the server refused the request), with its status and
-message."""
+fails ends in the error the server answered with, rebuilt from the error tree's code at
+the head of a tierlink node's status message (``invalid_request: ...``); from another
+server, or when the server could not be reached or did not answer in time, in the class
+its gRPC status says (``UpstreamUnavailable``, ``UpstreamTimeout``, ``InvalidRequest``,
+``ModelNotFound``, ``AdmissionRefused``, ``UpstreamError``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Self
 
 import numpy as np
 
-from tierlink.errors import InvalidRequest, UpstreamUnavailable
+from tierlink.errors import TierlinkError, error_from_dict
 from tierlink.transport import grpc_codec as codec
 from tierlink.transport import oip
 
 __all__ = ["GrpcClient"]
 
-_UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+# A gRPC status as the HTTP status the error tree maps (when the message names no code).
+_HTTP_OF = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "PERMISSION_DENIED": 403,
+            "UNAUTHENTICATED": 401, "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429,
+            "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "CANCELLED": 499}
+_CODED = re.compile(r"^(?P<code>[a-z_]+): (?P<message>.*?)(?: \(hint: (?P<hint>.*)\))?$",
+                    re.DOTALL)
 
 
 class GrpcClient:
@@ -52,11 +60,7 @@ class GrpcClient:
         try:
             return await self._calls[method](request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
-            status = exc.code().name
-            message = f"{self.target} {method}: {status}: {exc.details()}"
-            if status in _UNREACHABLE:
-                raise UpstreamUnavailable(message, status=status) from None
-            raise InvalidRequest(message, status=status) from None
+            raise _error(self.target, method, exc.code().name, exc.details() or "") from None
 
     async def close(self) -> None:
         await self._channel.close()
@@ -66,3 +70,19 @@ class GrpcClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _error(target: str, method: str, status: str, details: str) -> TierlinkError:
+    """The error a failed call stands for (see the module docstring)."""
+    found = _CODED.match(details)
+    body: dict[str, object] = ({"code": found["code"], "error": found["message"],
+                                "hint": found["hint"]} if found and found["hint"]
+                               else {"code": found["code"], "error": found["message"]}
+                               if found else {"error": details})
+    if status == "DEADLINE_EXCEEDED" and not found:  # the call's own deadline: no answer
+        body = {"code": "upstream_timeout", "error": details}
+    elif status == "UNAVAILABLE" and not found:  # nothing answered at that address
+        body = {"code": "upstream_unavailable", "error": details}
+    err = error_from_dict(body, _HTTP_OF.get(status, 502))
+    err.details.update(target=target, method=method, grpc_status=status)
+    return err
