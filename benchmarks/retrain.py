@@ -199,10 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--rate", type=float, default=50.0, help="pool requests per second")
     parser.add_argument("--from-scratch", action="store_true",
-                        help="the zoo trainer trains anew with its recipe (hard examples "
-                             "10%% of the data) instead of fine-tuning: ~3 min more")
+                        help="the zoo trainer trains anew with its recipe instead of "
+                             "fine-tuning: minutes more")
+    parser.add_argument("--hard-share", type=float, default=0.2,
+                        help="with --from-scratch: the hard examples' share of the data")
     args = parser.parse_args(argv)
-    options = {"from_scratch": "true", "hard_share": "0.1"} if args.from_scratch else {}
+    options = ({"from_scratch": "true", "hard_share": str(args.hard_share)}
+               if args.from_scratch else {})
     with tempfile.TemporaryDirectory(prefix="tierlink-retrain-") as tmp:
         result = run(Path(tmp), args.rate, options)
     result["trainer_options"] = options
