@@ -7,8 +7,10 @@ cloud; hard examples kept by the control plane) answers a pool of traffic: the 5
 Fashion-MNIST training images the zoo holds out of training (``training_holdout``) — half
 of the requests carry their label (``tierlink.label``), half do not, whose hard examples
 ``tierlink retrain`` labels with the cloud model's answer. Then ``run_retrain`` (what the
-command runs) fetches the hard examples from the control plane, fine-tunes the device model
-(the zoo's trainer, distilled from the cloud model), judges it against its parent on the
+command runs) fetches the hard examples from the control plane, trains the device model anew
+with the zoo's recipe and the hard examples at ``--hard-share`` of the data (the zoo's
+trainer, distilled from the cloud model; ``--fine-tune``: fine-tunes the parent instead,
+``tierlink retrain``'s default), judges it against its parent on the
 test split — disjoint from the pool, from the training data and from the calibration split —
 publishes it signed when better and starts a 10% canary on the device tier.
 
@@ -19,7 +21,8 @@ the cloud model's - 0.10 pt with 95% confidence", as the demo's fleet file is). 
 ``after.hard_slice_accuracy >= before + 2``, ``after.test_accuracy >= before - 0.3``,
 ``after.device_share > before``, ``published`` and ``canaried``. Prints a table, writes JSON::
 
-    .venv/bin/python benchmarks/retrain.py [--json PATH] [--rate 50] [--from-scratch]
+    .venv/bin/python benchmarks/retrain.py [--json PATH] [--rate 50] [--hard-share 0.2]
+        [--fine-tune]
 """
 
 from __future__ import annotations
@@ -198,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--rate", type=float, default=50.0, help="pool requests per second")
-    parser.add_argument("--from-scratch", action="store_true",
-                        help="the zoo trainer trains anew with its recipe instead of "
-                             "fine-tuning: minutes more")
+    parser.add_argument("--fine-tune", action="store_true",
+                        help="fine-tune the parent (tierlink retrain's default, seconds) "
+                             "instead of training anew with the zoo's recipe (minutes)")
     parser.add_argument("--hard-share", type=float, default=0.2,
-                        help="with --from-scratch: the hard examples' share of the data")
+                        help="trained anew: the hard examples' share of the data")
     args = parser.parse_args(argv)
-    options = ({"from_scratch": "true", "hard_share": str(args.hard_share)}
-               if args.from_scratch else {})
+    options = ({} if args.fine_tune
+               else {"from_scratch": "true", "hard_share": str(args.hard_share)})
     with tempfile.TemporaryDirectory(prefix="tierlink-retrain-") as tmp:
         result = run(Path(tmp), args.rate, options)
     result["trainer_options"] = options
