@@ -190,8 +190,7 @@ class RunningFleet:
     def note_ready(self, node_id: str, ready: dict[str, Any]) -> None:
         """What a node's ready file says of it: where its gRPC API listens."""
         if ready.get("grpc_port"):
-            host = self.node_urls[node_id].rsplit("//", 1)[-1].rsplit(":", 1)[0]
-            self.node_grpc[node_id] = f"{host}:{ready['grpc_port']}"
+            self.node_grpc[node_id] = f"{node_host(self, node_id)}:{ready['grpc_port']}"
 
     def kill_control(self, replica: int = 0) -> None:
         """kill -9 one control-plane replica (fault injection)."""

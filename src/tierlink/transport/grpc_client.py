@@ -25,6 +25,7 @@ __all__ = ["GrpcClient"]
 _HTTP_OF = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "PERMISSION_DENIED": 403,
             "UNAUTHENTICATED": 401, "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429,
             "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "CANCELLED": 499}
+_UNANSWERED = {"DEADLINE_EXCEEDED": "upstream_timeout", "UNAVAILABLE": "upstream_unavailable"}
 _CODED = re.compile(r"^(?P<code>[a-z_]+): (?P<message>.*?)(?: \(hint: (?P<hint>.*)\))?$",
                     re.DOTALL)
 
@@ -75,14 +76,10 @@ class GrpcClient:
 def _error(target: str, method: str, status: str, details: str) -> TierlinkError:
     """The error a failed call stands for (see the module docstring)."""
     found = _CODED.match(details)
-    body: dict[str, object] = ({"code": found["code"], "error": found["message"],
-                                "hint": found["hint"]} if found and found["hint"]
-                               else {"code": found["code"], "error": found["message"]}
-                               if found else {"error": details})
-    if status == "DEADLINE_EXCEEDED" and not found:  # the call's own deadline: no answer
-        body = {"code": "upstream_timeout", "error": details}
-    elif status == "UNAVAILABLE" and not found:  # nothing answered at that address
-        body = {"code": "upstream_unavailable", "error": details}
+    if found:  # a tierlink node's error: its code, message and hint
+        body = {"code": found["code"], "error": found["message"], "hint": found["hint"]}
+    else:  # the call's own deadline, nothing at that address, or another server's words
+        body = {"code": _UNANSWERED.get(status), "error": details}
     err = error_from_dict(body, _HTTP_OF.get(status, 502))
     err.details.update(target=target, method=method, grpc_status=status)
     return err
