@@ -102,6 +102,7 @@ class Sampler(threading.Thread):
         self.samples: dict[tuple[str, int], list[tuple[float, int, int]]] = {}
         self.stop = threading.Event()
         self.started = time.monotonic()
+        self.raft: list[tuple[float, int, int]] = []  # (when, raft index, db bytes)
 
     def processes(self) -> dict[str, int]:
         procs = {name: p.pid for name, p in self.fleet.procs.items() if p.poll() is None}
@@ -110,6 +111,29 @@ class Sampler(threading.Thread):
                       if m.process is not None and m.running}
         return procs
 
+    def etcd_summary(self) -> dict[str, Any]:
+        """etcd's committed raft entries per second and its last database size (what its
+        memory follows)."""
+        if len(self.raft) < 2:
+            return {}
+        (t0, i0, _), (t1, i1, size) = self.raft[0], self.raft[-1]
+        return {"raft_entries_per_s": round((i1 - i0) / (t1 - t0), 1),
+                "db_size_mib": round(size / 2**20, 1)}
+
+    def sample_etcd(self, now: float) -> None:
+        if self.fleet.etcd is None:
+            return
+        for member in self.fleet.etcd.members:
+            if not member.running:
+                continue
+            try:
+                status = httpx.post(f"{member.client_url}/v3/maintenance/status", json={},
+                                    timeout=1.0, trust_env=False).json()
+                self.raft.append((now, int(status["raftIndex"]), int(status["dbSize"])))
+                return
+            except (httpx.HTTPError, KeyError, ValueError):
+                continue
+
     def run(self) -> None:
         while not self.stop.wait(SAMPLE_EVERY_S):
             now = time.monotonic() - self.started
@@ -117,6 +141,7 @@ class Sampler(threading.Thread):
                 found = read_usage(pid)
                 if found is not None:
                     self.samples.setdefault((name, pid), []).append((now, *found))
+            self.sample_etcd(now)
 
 
 def read_usage(pid: int) -> tuple[int, int] | None:
@@ -293,6 +318,8 @@ def report(args: argparse.Namespace, records: list[Record], sender: AsyncSender,
            "requests": len(records), "sla_by_priority": sla, "errors": errors,
            "unexplained_errors": unexplained, "rss_growth": worst["rss"],
            "open_files_growth": worst["open_files"], "growth_by_kind": by_kind,
+           "realtime_misses": misses_by_cause(records, events),
+           "etcd": sampler.etcd_summary(),
            "incarnations": incarnations,
            "events": events}
     out["met"] = {"lost": out["lost"] == BOUNDS["lost"],
@@ -304,6 +331,44 @@ def report(args: argparse.Namespace, records: list[Record], sender: AsyncSender,
     out["bounds"] = BOUNDS
     out["settings"] = {k: v for k, v in vars(args).items() if k != "json"}
     return out
+
+
+def misses_by_cause(records: list[Record], events: list[dict[str, Any]],
+                    within_s: float = 30.0) -> dict[str, Any]:
+    """The realtime requests that missed their deadline, by the last event before them
+    (``kind target``, or ``none`` after ``within_s`` quiet seconds), by where they were
+    answered and by whether a fallback carried them."""
+    marks = sorted((e["at_s"], f"{e['event']} {_target(e)}")
+                   for e in events if e["event"] != "restore_link")
+    by_event: dict[str, int] = {}
+    by_place: dict[str, int] = {}
+    fallbacks = refused = 0
+    examples: list[dict[str, Any]] = []
+    for r in records:
+        if r.item.priority != Priority.REALTIME or (r.answered
+                                                    and r.latency_ms <= r.item.deadline_ms):
+            continue
+        before = [name for at, name in marks if at <= r.item.at_s < at + within_s]
+        key = before[-1] if before else "none"
+        by_event[key] = by_event.get(key, 0) + 1
+        place = f"{r.item.origin}->{r.served_by or r.error or 'nothing'}"
+        by_place[place] = by_place.get(place, 0) + 1
+        fallbacks += r.fallbacks > 0
+        refused += not r.answered
+        if len(examples) < 20:
+            examples.append({"at_s": round(r.item.at_s, 2), "origin": r.item.origin,
+                             "served_by": r.served_by, "error": r.error,
+                             "latency_ms": round(r.latency_ms, 1), "fallbacks": r.fallbacks,
+                             "escalations": r.escalations, "event": key,
+                             "timings": dict(r.timings)})
+    return {"by_event": dict(sorted(by_event.items(), key=lambda kv: -kv[1])),
+            "by_place": dict(sorted(by_place.items(), key=lambda kv: -kv[1])),
+            "with_fallback": fallbacks, "refused": refused, "examples": examples}
+
+
+def _target(event: dict[str, Any]) -> str:
+    """What an event acted on: a node, a link, an etcd member or a control replica."""
+    return str(next((event[k] for k in ("node", "link", "member", "replica") if k in event), ""))
 
 
 def worst_growth(incarnations: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -343,6 +408,8 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"async: {result['async']}")
     print(f"growth (worst incarnation judged): rss x{result['rss_growth']}, open files "
           f"x{result['open_files_growth']}; by kind {result['growth_by_kind']}")
+    print(f"realtime misses: {result['realtime_misses']}")
+    print(f"etcd: {result['etcd']}")
     print(f"events: {len(result['events'])}: "
           + ", ".join(f"{e['at_s']:.0f}s {e['event']}" for e in result["events"]))
     print("met: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["met"].items()))

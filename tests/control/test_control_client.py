@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tierlink.control.app import create_app
-from tierlink.control.client import ControlClient, HeartbeatLoop, RegistryCache
+from tierlink.control.client import FAILBACK_S, ControlClient, HeartbeatLoop, RegistryCache
 from tierlink.control.store import SqliteRegistryStore
 from tierlink.core.types import ClusterView, Tier
 from tierlink.errors import ControlPlaneError, InvalidRequest
@@ -333,6 +333,42 @@ def test_a_call_moves_to_the_next_replica_when_one_is_down(store, clock, make_bo
             up.down = True  # both down: the error names the last one tried
             with pytest.raises(ControlPlaneError, match="replica-a.test"):
                 await client.nodes()
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_nodes_spread_over_the_replicas_and_come_back_to_their_own(store, clock, make_body):
+    """With ``home`` (a node's id) a node starts at the replica its id hashes to; moved
+    away by a failure, it tries its own again once ``FAILBACK_S`` has passed."""
+    a, b = Switch(create_app(store, clock=clock)), Switch(create_app(store, clock=clock))
+
+    class Router(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            target = a if request.url.host == "replica-a.test" else b
+            return await target.handle_async_request(request)
+
+    urls = "http://replica-a.test:7000,http://replica-b.test:7000"
+    homes = {ControlClient(urls, home=f"dev-{i}").home for i in range(12)}
+    assert homes == {"http://replica-a.test:7000", "http://replica-b.test:7000"}
+    node = next(f"dev-{i}" for i in range(12)
+                if ControlClient(urls, home=f"dev-{i}").home.startswith("http://replica-a"))
+    now = [0.0]
+
+    async def main() -> None:
+        client = ControlClient(urls, transport=Router(), home=node, clock=lambda: now[0])
+        try:
+            a.down = True
+            await client.heartbeat(make_body())
+            assert client.base_url.startswith("http://replica-b") and client.failovers == 1
+            a.down, tried = False, len(a.paths)
+            now[0] += FAILBACK_S - 1
+            await client.nodes()  # not yet: b still
+            assert client.base_url.startswith("http://replica-b") and len(a.paths) == tried
+            now[0] += 1
+            await client.nodes()  # its own replica again
+            assert client.base_url.startswith("http://replica-a") and len(a.paths) == tried + 1
         finally:
             await client.close()
 

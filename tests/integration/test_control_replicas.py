@@ -90,7 +90,7 @@ def test_replicas_share_one_view_and_survive_a_replica_and_an_etcd_member(
     delivered = hard_examples_delivered(fleet, http, fmnist_test, hard_samples, replica=0)
     assert delivered <= hard_example_ids(fleet, http, 1)
 
-    fleet.kill_control(0)  # kill -9 the replica every node was talking to
+    fleet.kill_control(0)  # kill -9 the replica cloud-1 and dev-1 talk to (their ids' hash)
     tiers = serve_for(fleet, http, fmnist_test, hard_samples, TTL_S + 2.0)
     assert "cloud" in tiers or "edge" in tiers, tiers
     after = listed(fleet, http, 1)

@@ -193,6 +193,32 @@ def test_escalation_that_cannot_return_in_time_is_not_started():
     assert out.outcome.fallbacks[0].reason == "deadline"
 
 
+def test_a_stalling_loop_gives_an_escalation_less_time_so_the_answer_in_hand_is_on_time():
+    """While holding an answer, an escalation's budget keeps the loop's recent stall back
+    beyond the margin: the hop gets less time, and one that can no longer come back in
+    time is not started."""
+    budgets: list[float] = []
+    clock = Clock()
+    d, calls, _, _ = make(local_conf=0.5, clock=clock)
+    original = d._remote
+
+    async def remote(p, req, inputs, remaining, budget):
+        budgets.append(budget)
+        return await original(p, req, inputs, remaining, budget)
+
+    d._remote = remote
+    plan = Plan((Placement("local", "dev-1", Tier.DEVICE, "s", 0.9),
+                 Placement("remote", "edge-1", Tier.EDGE, est_ms=100.0)), "tierlink")
+    asyncio.run(d.execute(plan, REQ, {}, clock.t + 0.150))
+    d.stall_ms = lambda: 20.0
+    asyncio.run(d.execute(plan, REQ, {}, clock.t + 0.150))
+    assert budgets == [pytest.approx(149.0), pytest.approx(129.0)]  # margin 1 ms, + 20
+    d.stall_ms = lambda: 60.0  # 150 - 1 - 60 < 100: it could not come back in time
+    out = asyncio.run(d.execute(plan, REQ, {}, clock.t + 0.150))
+    assert out.outcome.served_by == "dev-1" and out.outcome.fallbacks[0].reason == "deadline"
+    assert calls == ["dev-1", "edge-1", "dev-1", "edge-1", "dev-1"]
+
+
 def test_a_client_error_from_an_upstream_goes_back_to_the_caller_without_a_fallback():
     """An upstream's 400 says the request is wrong, not the node: no other node is tried,
     nothing counts against the upstream's breaker, and the caller gets the 400."""

@@ -60,6 +60,17 @@ def test_the_level_falls_under_lag_and_climbs_back_when_calm() -> None:
     assert gate.level == 3.0
 
 
+def test_the_longest_stall_is_remembered_for_a_few_windows() -> None:
+    gate, clock = gate_and_clock()
+    assert gate.stall_ms() == 0.0
+    gate.observe_lag(12.0)  # one probe woke 12 ms late
+    window(gate, clock, 0.0)
+    assert gate.stall_ms() == 12.0
+    for _ in range(5):  # five calm windows later it is forgotten
+        window(gate, clock, 0.0)
+    assert gate.stall_ms() == 0.0
+
+
 def test_the_class_at_the_edge_is_admitted_in_proportion() -> None:
     gate, _clock = gate_and_clock()
     gate.level = 2.5

@@ -23,6 +23,7 @@ import logging
 import math
 import ssl
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+FAILBACK_S = 30.0  # how often a node moved off its own replica tries it again
+
 Clock = Callable[[], float]
 AnswerHook = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -57,6 +60,9 @@ class ControlClient:
     ``base_url`` may list several replicas, comma-separated (a control plane over etcd): a
     call that cannot reach one (refused, reset, timed out) is sent to the next, which is
     then asked first; every call the replicas answer is idempotent or refused as a repeat.
+    ``home`` (a node's id) spreads nodes over the replicas: each starts at the replica its
+    id hashes to, and, moved away by a failure, tries its own again every ``FAILBACK_S`` —
+    so a replica that restarts gets its nodes back instead of one replica keeping them all.
 
     ``timeout_s`` bounds each call as a whole (connect, send, answer). Proxy variables in
     the environment are ignored: fleet traffic stays on the fleet's own network.
@@ -68,12 +74,16 @@ class ControlClient:
     def __init__(self, base_url: str, timeout_s: float = 1.0, *,
                  transport: httpx.AsyncBaseTransport | None = None,
                  authorization: str | None = None, download_timeout_s: float = 30.0,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, home: str = "",
+                 clock: Clock = time.monotonic) -> None:
         self.replicas = tuple(u.strip().rstrip("/") for u in base_url.split(",") if u.strip())
         if not self.replicas:
             raise ControlPlaneError("no control plane URL given",
                                     hint="pass --control http://HOST:PORT[,http://HOST:PORT]")
-        self.base_url = self.replicas[0]
+        self.home = self.replicas[zlib.crc32(home.encode()) % len(self.replicas)] if home \
+            else self.replicas[0]
+        self.base_url = self.home
+        self._clock, self._left_home_at = clock, 0.0
         self.timeout_s = timeout_s
         self.download_timeout_s = download_timeout_s
         self._transport = transport
@@ -254,6 +264,8 @@ class ControlClient:
                     timeout_s: float | None = None) -> httpx.Response:
         """One request, with every httpx failure and error status mapped here, once; a
         replica that cannot be reached hands the call to the next."""
+        if self.base_url != self.home and self._clock() - self._left_home_at >= FAILBACK_S:
+            self.base_url, self._left_home_at = self.home, self._clock()  # back, if it is
         for attempt in range(len(self.replicas)):
             url = self._url(path)
             try:
@@ -271,6 +283,8 @@ class ControlClient:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def _next_replica(self, url: str, exc: Exception) -> None:
+        if self.base_url == self.home:
+            self._left_home_at = self._clock()
         i = self.replicas.index(self.base_url)
         self.base_url = self.replicas[(i + 1) % len(self.replicas)]
         self.failovers += 1

@@ -45,6 +45,8 @@ class EtcdCluster:
     size: int = 3
     host: str = "127.0.0.1"
     token: str = "tierlink"
+    history: str = "1m"  # revisions kept before compaction (etcd's periodic retention)
+    snapshot_count: int = 2_000  # raft entries between snapshots (etcd 3.4 default: 100,000)
     members: list[Member] = field(default_factory=list)
 
     @property
@@ -87,6 +89,13 @@ class EtcdCluster:
              "--initial-cluster-state", "new",
              # Quick elections on loopback: a killed leader is replaced in about a second.
              "--heartbeat-interval", "100", "--election-timeout", "1000",
+             # A bounded history: etcd keeps every revision of every key until compacted
+             # and its raft log in memory until a snapshot, so a fleet's heartbeats would
+             # grow it without end (and fill its quota). Watchers that fall behind the
+             # compaction read the keys again (Etcd.watch's on_compacted).
+             "--auto-compaction-mode", "periodic",
+             "--auto-compaction-retention", self.history,
+             "--snapshot-count", str(self.snapshot_count),
              "--log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()

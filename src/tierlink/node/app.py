@@ -62,6 +62,7 @@ def create_app(service: NodeService, ready: bool = False,
 
     receiver = _inbox_receiver(service)
     gate = _overload_gate(service, service.routing.overload)
+    service.dispatcher.stall_ms = gate.stall_ms  # a held answer leaves before a stall
     guard = peer_guard(service)
 
     @contextlib.asynccontextmanager

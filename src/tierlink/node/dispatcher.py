@@ -116,8 +116,15 @@ def reason_of(exc: TierlinkError) -> str:
     return exc.code
 
 
+def _no_stall() -> float:
+    return 0.0
+
+
 class Dispatcher:
-    """Executes plans for one node. ``clock`` is monotonic seconds (injected)."""
+    """Executes plans for one node. ``clock`` is monotonic seconds (injected).
+    ``stall_ms``: how late the node's event loop has lately run at worst (the overload
+    gate's probe): an escalation made while holding an answer gives up that much earlier,
+    so the answer in hand still leaves on time when the loop stalls."""
 
     def __init__(
         self, node_id: str, tier: Tier, local: LocalStep, remote: RemoteStep,
@@ -131,6 +138,7 @@ class Dispatcher:
         self._local, self._remote = local, remote
         self._breakers, self._budget, self._obs = breakers, budget, observer
         self._clock, self._margin_ms = clock, margin_ms
+        self.stall_ms: Callable[[], float] = _no_stall
 
     async def execute(
         self, plan: Plan, req: Request, inputs: Inputs, deadline_at: float
@@ -192,7 +200,8 @@ class Dispatcher:
         if placement.kind == "local":
             return await self._try(placement, self._local(placement, req, inputs, remaining_ms),
                                    fallbacks)
-        if holding and remaining_ms - self._margin_ms < placement.est_ms:
+        held_margin_ms = self._margin_ms + self.stall_ms() if holding else 0.0
+        if holding and remaining_ms - held_margin_ms < placement.est_ms:
             # Escalating cannot come back in time: keep the answer in hand, spare the upstream.
             self._fell_back(fallbacks, Fallback(placement.node_id, "deadline",
                                                 f"{remaining_ms:.1f} ms left, the hop needs "
@@ -202,7 +211,7 @@ class Dispatcher:
             self._fell_back(fallbacks, Fallback(placement.node_id, "breaker_open"))
             return None
         # Keep a margin to still return the answer in hand if this hop times out.
-        budget_ms = remaining_ms - (self._margin_ms if holding else 0.0)
+        budget_ms = remaining_ms - held_margin_ms
         result, hedged = await self._first_try(placement, req, inputs, remaining_ms, budget_ms,
                                                fallbacks, hedge)
         if hedged and hedge is not None and tried is not None:

@@ -96,8 +96,8 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
 
     spec.advertised(spec.port or 1)  # an address no peer could use is refused before binding
     tls = NodeTls(spec) if spec.tls_ca else None
-    control = ControlClient(spec.control_url, tls=tls.client if tls else None) \
-        if spec.control_url else None
+    control = ControlClient(spec.control_url, tls=tls.client if tls else None,
+                            home=spec.node_id) if spec.control_url else None
     if control is not None:
         await _identify(spec, control)
     if tls is not None:

@@ -31,6 +31,7 @@ import contextlib
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +39,7 @@ from tierlink.core.types import Priority
 from tierlink.errors import AdmissionRefused
 from tierlink.settings.routing import OverloadConfig
 
+STALL_WINDOWS = 5  # windows the longest stall is remembered over (a second by default)
 TOP = 3.0  # every class admitted
 FLOOR = 1.0  # realtime only
 CALM = 0.7  # a window under this share of the target lets the level climb
@@ -58,6 +60,8 @@ class OverloadGate:
         self.level = TOP
         self.lag_ms = 0.0  # ms late per 100 ms over the last window
         self._late_ms, self._window_start = 0.0, clock()
+        self._stalls: deque[float] = deque([0.0], maxlen=STALL_WINDOWS)  # longest per window
+        self._window_stall = 0.0
         self._changed: asyncio.Event | None = None
         self.inflight = 0  # inference requests in the app now
         self._peak = 0  # the most at once in this window
@@ -78,6 +82,7 @@ class OverloadGate:
     def observe_lag(self, lag_ms: float) -> None:
         """One probe reading; at the end of a window, move the level."""
         self._late_ms += max(lag_ms, 0.0)
+        self._window_stall = max(self._window_stall, lag_ms)
         now = self._clock()
         elapsed = now - self._window_start
         if elapsed < self.config.window_s:
@@ -85,6 +90,8 @@ class OverloadGate:
         # Milliseconds late per 100 ms: how much of the window requests would have waited.
         self.lag_ms = self._late_ms / (elapsed * 10.0)
         self._late_ms, self._window_start = 0.0, now
+        self._stalls.append(self._window_stall)
+        self._window_stall = 0.0
         self.competing = self._peak >= self.config.min_inflight
         self._peak = self.inflight
         before = self.level
@@ -94,6 +101,11 @@ class OverloadGate:
             self.level = min(TOP, self.level + self.config.step_up)
         if self.level > before and self._changed is not None:
             self._changed.set()  # waiters look again
+
+    def stall_ms(self) -> float:
+        """The longest the loop ran late at once over the last few windows (a CPU quota's
+        freeze, a long callback): what an answer about to be returned may still wait."""
+        return max(self._stalls)
 
     def admits(self, priority: Priority) -> bool:
         p = int(priority)
