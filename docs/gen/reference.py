@@ -1056,7 +1056,9 @@ def metrics_page() -> str:
         "read from the declarations in the source. Nodes serve theirs on `/metrics` "
         "(`tierlink.telemetry.metrics.NodeMetrics`, the outbox's, the language models', the "
         "model installs), the control plane on its own `/metrics` (`tierlink.control.*`). "
-        "Counters are exposed with the `_total` suffix (and `_created`), histograms as "
+        "A node process also serves Prometheus's standard `process_*` series "
+        "(`process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, "
+        "...: `tierlink.telemetry.process`). Counters are exposed with the `_total` suffix (and `_created`), histograms as "
         "`_bucket`, `_sum` and `_count`; Prometheus adds `instance` (the node) when it "
         "scrapes.", *sections)
 

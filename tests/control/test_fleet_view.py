@@ -140,3 +140,27 @@ def test_agreement_with_the_most_capable_model_per_version_over_the_window(
     beat(http, mirrored(make_body(), 140, 130))  # 100 more mirrored, 90 of them agreed
     (model,) = http.get("/v1/fleet").json()["models"]
     assert (model["mirrored"], model["agreement"]) == (100, 0.9)
+
+
+def test_each_node_s_process_its_cpu_share_over_the_window_memory_and_files(
+        http: TestClient, make_body: Any, clock: Any) -> None:
+    def node(cpu_s: float, **kw: Any) -> dict[str, Any]:
+        return make_body(process={"cpu_seconds": cpu_s, "resident_bytes": 150 * 2**20,
+                                  "open_fds": 40}, **kw)
+
+    beat(http, node(12.0))
+    beat(http, make_body(node_id="dev-1", tier="device", upstream=[], links=[]))  # no /proc
+    first = {n["node_id"]: n["process"] for n in http.get("/v1/fleet").json()["nodes"]}
+    assert first["edge-1"]["cpu_share"] is None and first["dev-1"] is None  # no window yet
+    clock.advance(10)
+    beat(http, node(15.0))
+    view = {n["node_id"]: n["process"] for n in http.get("/v1/fleet").json()["nodes"]}
+    assert view["edge-1"] == {"cpu_share": pytest.approx(0.3), "cpu_seconds": 15.0,
+                              "resident_mib": 150.0, "open_fds": 40}
+    clock.advance(10)  # restarted: its CPU counts from zero, no share until the next sample
+    beat(http, node(0.5, started_at=1_733_139_500.0))
+    assert http.get("/v1/fleet").json()["nodes"][0]["process"]["cpu_share"] is None
+    bad = node(1.0)
+    bad["process"]["open_fds"] = -1
+    response = http.post("/v1/nodes/edge-1/heartbeat", json=bad)
+    assert response.status_code == 422 and "open_fds" in response.text

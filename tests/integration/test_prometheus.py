@@ -168,18 +168,43 @@ def test_every_dashboard_query_runs_on_the_fleet_s_prometheus(
     assert {r["metric"]["tier"] for r in nodes["result"]} == {"device", "edge", "cloud"}
 
 
-@pytest.mark.parametrize("who", ["edge-1", "control"])
-def test_promtool_accepts_the_exposition(shared_fleet: RunningFleet, http: httpx.Client,
-                                         who: str) -> None:
+PROCESS_SERIES = ("process_cpu_seconds_total", "process_resident_memory_bytes",
+                  "process_open_fds")
+
+
+def _promtool(text: str) -> None:
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     if not Path(promtool).is_file():
         pytest.skip("promtool is not installed (apt-get install prometheus)")
-    url = shared_fleet.control_url if who == "control" else shared_fleet.node_urls[who]
-    text = http.get(f"{url}/metrics").text
-    assert "tierlink_" in text
     check = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
                            capture_output=True, timeout=30, check=False)
     assert check.returncode == 0, (check.stdout + check.stderr).decode()
+
+
+def test_every_node_exports_its_process_and_promtool_accepts_it(
+        shared_fleet: RunningFleet, http: httpx.Client) -> None:
+    """Each node's own CPU, memory and open files in Prometheus's process_* series (an
+    operator sees a leaking node from the fleet's metrics), in its heartbeat's view too."""
+    for node, url in shared_fleet.node_urls.items():
+        text = http.get(f"{url}/metrics").text
+        assert "tierlink_" in text
+        found = {line.split()[0] for line in text.splitlines()
+                 if line.startswith("process_")}
+        assert set(PROCESS_SERIES) <= found, (node, sorted(found))
+        _promtool(text)
+    fleet = http.get(f"{shared_fleet.control_url}/v1/fleet", headers={
+        "authorization": f"Bearer admin:{shared_fleet.admin_token}"}).json()
+    processes = {n["node_id"]: n["process"] for n in fleet["nodes"]}
+    assert set(processes) >= set(shared_fleet.node_urls)
+    for node in shared_fleet.node_urls:
+        assert processes[node]["resident_mib"] > 10 and processes[node]["open_fds"] > 3
+
+
+def test_promtool_accepts_the_control_plane_exposition(shared_fleet: RunningFleet,
+                                                      http: httpx.Client) -> None:
+    text = http.get(f"{shared_fleet.control_url}/metrics").text
+    assert "tierlink_" in text
+    _promtool(text)
 
 
 UP_FLEET = """

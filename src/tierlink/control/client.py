@@ -68,14 +68,15 @@ class ControlClient:
     the environment are ignored: fleet traffic stays on the fleet's own network.
     ``transport`` lets tests plug in ``httpx.MockTransport`` or ``httpx.ASGITransport``.
     Artifact downloads (:meth:`download_version`) use a second client whose every read may
-    take ``download_timeout_s`` (a model file is not a heartbeat).
+    take ``download_timeout_s`` (a model file is not a heartbeat); with ``partial_dir`` they
+    resume where a cut link or a killed process left them (range requests).
     """
 
     def __init__(self, base_url: str, timeout_s: float = 1.0, *,
                  transport: httpx.AsyncBaseTransport | None = None,
                  authorization: str | None = None, download_timeout_s: float = 30.0,
                  tls: ssl.SSLContext | None = None, home: str = "",
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, partial_dir: Path | None = None) -> None:
         self.replicas = tuple(u.strip().rstrip("/") for u in base_url.split(",") if u.strip())
         if not self.replicas:
             raise ControlPlaneError("no control plane URL given",
@@ -86,6 +87,7 @@ class ControlClient:
         self._clock, self._left_home_at = clock, 0.0
         self.timeout_s = timeout_s
         self.download_timeout_s = download_timeout_s
+        self.partial_dir = partial_dir
         self._transport = transport
         # HTTPS replicas are verified against the fleet CA (the node's client context), and
         # must prove they are the control plane: its identity name, not just the address
@@ -229,11 +231,13 @@ class ControlClient:
 
     async def download_version(self, signed: SignedManifest, dest_dir: Path) -> None:
         """Download the version's ``model.onnx`` and ``card.json`` into ``dest_dir``, each
-        checked against the manifest's size and sha256 as it arrives (see
-        :func:`tierlink.repo.client.fetch_artifact`); the signature is the caller's to check."""
+        checked against the manifest's size and sha256 as it arrives, resumed from
+        ``partial_dir`` when given (see :func:`tierlink.repo.client.fetch_artifact`); the
+        signature is the caller's to check."""
         from tierlink.repo.client import fetch_artifact
 
-        await fetch_artifact(self.base_url, signed, dest_dir, self._download_client())
+        await fetch_artifact(self.base_url, signed, dest_dir, self._download_client(),
+                             self.partial_dir)
 
     def _download_client(self) -> httpx.AsyncClient:
         if self._downloads is None:

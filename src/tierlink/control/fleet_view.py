@@ -1,7 +1,8 @@
 """The fleet as an operator looks at it (`GET /v1/fleet`, the `/ui` page): every node by tier
 and site with its health, load, versions and links; what the fleet did over the last
 minutes (requests, SLA attainment, tier shares, escalation rate, confidence drift and
-agreement with the most capable model per model version); rollouts; open breakers; hard examples.
+agreement with the most capable model per model version); rollouts; open breakers; hard examples;
+each node process's CPU share, resident memory and open files.
 
 Nodes report cumulative counts in their heartbeats; ``FleetView`` samples the registry
 (every ``sample_s``) and makes rates from the difference between now and the oldest sample
@@ -42,6 +43,7 @@ class _Counts:
     started_at: float
     traffic: Mapping[str, Any]
     versions: Mapping[tuple[str, str], _Version]
+    cpu_seconds: float | None = None  # the process's, when its heartbeat says
 
 
 @dataclass(slots=True)
@@ -58,7 +60,8 @@ def _counts(record: NodeRecord) -> _Counts:
             int(stats.get("requests", 0)), int(stats.get("escalations", 0)),
             tuple(stats.get("confidence_buckets", ()) or ()), int(stats.get("mirrored", 0)),
             int(stats.get("agreed", 0)))
-    return _Counts(record.started_at, record.traffic.model_dump(), versions)
+    return _Counts(record.started_at, record.traffic.model_dump(), versions,
+                   record.process.cpu_seconds if record.process else None)
 
 
 class FleetView:
@@ -85,7 +88,9 @@ class FleetView:
         now, records = self._alive()
         first, last = self._sample(now, records)
         alive = {r.node_id for r in records}
-        nodes = [_node(r, now, r.node_id in alive) for r in self._last.values()]
+        cpu = _cpu_shares(self._samples, last)
+        nodes = [_node(r, now, r.node_id in alive, cpu.get(r.node_id))
+                 for r in self._last.values()]
         nodes.sort(key=lambda n: (_TIER_ORDER.get(n["tier"], 9), n["site"], n["node_id"]))
         return {"at": now, "ttl_s": self.ttl_s, "window_s": round(last.at - first.at, 3),
                 "nodes": nodes, "tiers": _tiers(nodes),
@@ -129,7 +134,37 @@ def _health(record: NodeRecord, now: float, alive: bool) -> str:
     return "healthy" if now - record.last_seen <= HEALTHY_AGE_S else "late"
 
 
-def _node(r: NodeRecord, now: float, alive: bool) -> dict[str, Any]:
+def _cpu_shares(samples: deque[_Sample], last: _Sample) -> dict[str, float]:
+    """Per node, the share of one core its process used over the window: since the oldest
+    sample of this incarnation (a node new in the window, or restarted, has one from its
+    second sample on)."""
+    out = {}
+    first = samples[0] if samples else last
+    for node_id, now in last.nodes.items():
+        if now.cpu_seconds is None:
+            continue
+        before = first.nodes.get(node_id)
+        at = first.at
+        if before is None or before.started_at != now.started_at:  # rare: scan for it
+            at, before = next(((s.at, b) for s in samples
+                               if (b := s.nodes.get(node_id)) is not None
+                               and b.started_at == now.started_at), (last.at, None))
+        if before is not None and before.cpu_seconds is not None and last.at > at:
+            out[node_id] = round(max(now.cpu_seconds - before.cpu_seconds, 0.0)
+                                 / (last.at - at), 4)
+    return out
+
+
+def _process(r: NodeRecord, cpu_share: float | None) -> dict[str, Any] | None:
+    if r.process is None:
+        return None
+    return {"cpu_share": cpu_share, "cpu_seconds": r.process.cpu_seconds,
+            "resident_mib": round(r.process.resident_bytes / 2**20, 1),
+            "open_fds": r.process.open_fds}
+
+
+def _node(r: NodeRecord, now: float, alive: bool,
+          cpu_share: float | None = None) -> dict[str, Any]:
     return {"node_id": r.node_id, "tier": r.tier, "site": r.labels.get("site", ""),
             "labels": dict(r.labels), "health": _health(r, now, alive),
             "age_s": round(max(now - r.last_seen, 0.0), 3), "address": r.address,
@@ -140,7 +175,7 @@ def _node(r: NodeRecord, now: float, alive: bool) -> dict[str, Any]:
                       for l in r.links],
             "breakers_open": list(r.breakers_open), "outbox_pending": r.outbox_pending,
             "software": r.software, "generation": r.generation,
-            "routing_revision": r.routing_revision}
+            "routing_revision": r.routing_revision, "process": _process(r, cpu_share)}
 
 
 def _tiers(nodes: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:

@@ -155,6 +155,16 @@ class Traffic(_Open):
     escalated: Count = 0
 
 
+class ProcessResources(_Open):
+    """The node process's own resources at the heartbeat (``telemetry/process.py``): CPU
+    seconds since it started, resident memory, open files. The fleet view makes a CPU
+    share of the first."""
+
+    cpu_seconds: float = Field(ge=0.0)
+    resident_bytes: Count
+    open_fds: Count
+
+
 class Heartbeat(_Open):
     """The body of ``POST /v1/nodes/{node_id}/heartbeat``: a node's full current state.
 
@@ -186,6 +196,7 @@ class Heartbeat(_Open):
     # The fleet routing revision the node places requests under (0: its spec file's, not
     # one the control plane handed out; control/routing_revisions.py)
     routing_revision: Count = 0
+    process: ProcessResources | None = None  # absent where the platform has no /proc
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> Heartbeat:

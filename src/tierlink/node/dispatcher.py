@@ -123,8 +123,9 @@ def _no_stall() -> float:
 class Dispatcher:
     """Executes plans for one node. ``clock`` is monotonic seconds (injected).
     ``stall_ms``: how late the node's event loop has lately run at worst (the overload
-    gate's probe): an escalation made while holding an answer gives up that much earlier,
-    so the answer in hand still leaves on time when the loop stalls."""
+    gate's probe): an escalation made while holding an answer keeps that much of the
+    deadline back when it is more than the margin, so the answer in hand still leaves on
+    time when the loop stalls."""
 
     def __init__(
         self, node_id: str, tier: Tier, local: LocalStep, remote: RemoteStep,
@@ -200,7 +201,7 @@ class Dispatcher:
         if placement.kind == "local":
             return await self._try(placement, self._local(placement, req, inputs, remaining_ms),
                                    fallbacks)
-        held_margin_ms = self._margin_ms + self.stall_ms() if holding else 0.0
+        held_margin_ms = max(self._margin_ms, self.stall_ms()) if holding else 0.0
         if holding and remaining_ms - held_margin_ms < placement.est_ms:
             # Escalating cannot come back in time: keep the answer in hand, spare the upstream.
             self._fell_back(fallbacks, Fallback(placement.node_id, "deadline",

@@ -96,8 +96,11 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
 
     spec.advertised(spec.port or 1)  # an address no peer could use is refused before binding
     tls = NodeTls(spec) if spec.tls_ca else None
+    # Partial downloads live in the state directory: a restart resumes them.
     control = ControlClient(spec.control_url, tls=tls.client if tls else None,
-                            home=spec.node_id) if spec.control_url else None
+                            home=spec.node_id,
+                            partial_dir=Path(spec.state_dir) / "downloads" if spec.state_dir
+                            else None) if spec.control_url else None
     if control is not None:
         await _identify(spec, control)
     if tls is not None:
@@ -105,6 +108,7 @@ async def serve_node(spec: NodeSpec, runtimes: dict[str, ModelRuntime],
     models = await open_models(spec, runtimes, control, host)
     cache = RegistryCache(control) if control else None
     metrics = NodeMetrics(spec.tier.label)
+    metrics.watch_process()
     # The control client is also where hard examples go (see node/hard_examples.py), and
     # where model versions come from (its repository).
     client_tls = tls.client if tls else None

@@ -412,7 +412,8 @@ class NodeService:
                 "traffic": self.exports.traffic.to_dict(), "breakers_open": sorted(
                     n for n, state in self.breakers.states().items() if state == "open"),
                 "outbox_pending": 0 if self.uplink is None else self.uplink.outbox.pending(),
-                "routing_revision": self.live.revision}
+                "routing_revision": self.live.revision,
+                "process": self.metrics.process.snapshot() if self.metrics.process else None}
 
     async def apply_answer(self, answer: Mapping[str, Any]) -> None:
         """A heartbeat answer: place requests under the routing revision it hands out (when

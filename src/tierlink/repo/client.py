@@ -110,30 +110,52 @@ class RepositoryClient:
 
 
 async def fetch_artifact(base_url: str, signed: SignedManifest, dest_dir: Path | str,
-                         client: httpx.AsyncClient) -> tuple[Path, Path]:
+                         client: httpx.AsyncClient, partial_dir: Path | None = None
+                         ) -> tuple[Path, Path]:
     """Download the version's ONNX graph and card into ``dest_dir`` as ``model.onnx`` and
-    ``card.json``; returns their paths. Each is streamed to ``<name>.part``, its size and
+    ``card.json``; returns their paths. Each is streamed to a partial file, its size and
     sha256 checked against the manifest as it arrives (a mismatch removes it and raises
     :class:`ArtifactRejected`), fsynced, then renamed. The signature is *not* checked here:
     the caller runs :func:`tierlink.repo.verify.verify_artifact` on the result. ``client``
-    carries the caller's credentials (a node's ``Authorization`` header)."""
+    carries the caller's credentials (a node's ``Authorization`` header).
+
+    With ``partial_dir`` a download **resumes**: the partial file is ``<sha256>.part``
+    there (named by the blob, so it only ever continues the same bytes) and outlives a
+    failed call, a cut link or a killed process; the next call asks for the rest with an
+    HTTP range request (a server that answers the whole file starts it over) and checks the
+    digest of the whole, so a partial file tampered with is refused, removed, and fetched
+    anew by the call after. Without it a failed download leaves nothing behind."""
     dest = Path(dest_dir)
     m = signed.manifest
     onnx = await _fetch_blob(base_url, m.onnx_sha256, m.onnx_size, dest / ONNX_FILE,
-                             "ONNX graph", client)
+                             "ONNX graph", client, partial_dir)
     card = await _fetch_blob(base_url, m.card_sha256, m.card_size, dest / CARD_FILE,
-                             "model card", client)
+                             "model card", client, partial_dir)
     return onnx, card
 
 
 async def _fetch_blob(base_url: str, sha: str, size: int, path: Path, what: str,
-                      client: httpx.AsyncClient) -> Path:
+                      client: httpx.AsyncClient, partial_dir: Path | None) -> Path:
     url = f"{base_url.rstrip('/')}/v1/blobs/{sha}"
-    part = path.with_name(path.name + ".part")
+    if partial_dir is None:
+        return await _fetch_into(url, sha, size, path, what, client,
+                                 path.with_name(path.name + ".part"), resume=False)
+    await asyncio.to_thread(partial_dir.mkdir, parents=True, exist_ok=True)
+    part = partial_dir / f"{sha}.part"
+    async with _PARTIALS.setdefault(part, asyncio.Lock()):  # one writer per partial file
+        return await _fetch_into(url, sha, size, path, what, client, part, resume=True)
+
+
+_PARTIALS: dict[Path, asyncio.Lock] = {}
+
+
+async def _fetch_into(url: str, sha: str, size: int, path: Path, what: str,
+                      client: httpx.AsyncClient, part: Path, resume: bool) -> Path:
     try:
-        f = await asyncio.to_thread(open, part, "wb")
+        held = await asyncio.to_thread(_held, part, size) if resume else None
+        f = await asyncio.to_thread(open, part, "ab" if held else "wb")
         try:
-            got_sha, got_size = await _download(url, f, size, what, client)
+            got_sha, got_size = await _download(url, f, size, what, client, held)
             f.flush()
             await asyncio.to_thread(os.fsync, f.fileno())
         finally:
@@ -144,22 +166,50 @@ async def _fetch_blob(base_url: str, sha: str, size: int, path: Path, what: str,
                 f"bytes, sha256 {got_sha[:12]}...; expected {size} bytes, {sha[:12]}...",
                 hint="the repository's copy is corrupt or was replaced: republish the version")
         os.replace(part, path)
+    except ArtifactRejected:
+        part.unlink(missing_ok=True)  # never resumed: the next call starts over
+        raise
     except BaseException:
-        part.unlink(missing_ok=True)
+        if not resume:
+            part.unlink(missing_ok=True)
         raise
     return path
 
 
-async def _download(url: str, f: Any, size: int, what: str,
-                    client: httpx.AsyncClient) -> tuple[str, int]:
-    """Stream ``url`` into the open file ``f``; ``(sha256 hex, bytes written)``."""
-    digest = hashlib.sha256()
-    written = 0
+def _held(part: Path, size: int) -> Any:
+    """The digest of what a partial file already holds (None when there is none, or when
+    it is longer than the blob: then it is started over)."""
     try:
-        async with client.stream("GET", url) as response:
+        held = part.stat().st_size
+    except FileNotFoundError:
+        return None
+    if not 0 < held <= size:
+        return None
+    digest = hashlib.sha256()
+    with part.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest
+
+
+async def _download(url: str, f: Any, size: int, what: str, client: httpx.AsyncClient,
+                    held: Any = None) -> tuple[str, int]:
+    """Stream ``url`` into the open file ``f`` (after the bytes ``held`` hashes, when it
+    is a resumed partial file); ``(sha256 hex, bytes in the file)``."""
+    digest = held if held is not None else hashlib.sha256()
+    written = f.tell() if held is not None else 0
+    if written == size:
+        return digest.hexdigest(), written  # complete already: only checked
+    headers = {"range": f"bytes={written}-"} if written else None
+    try:
+        async with client.stream("GET", url, headers=headers) as response:
             if response.status_code >= 400:
                 await response.aread()
                 raise error_of(response, url, f"the {what}")
+            if written and response.status_code != 206:  # the whole file: start over
+                f.seek(0)
+                f.truncate()
+                digest, written = hashlib.sha256(), 0
             async for chunk in response.aiter_bytes():
                 digest.update(chunk)
                 f.write(chunk)

@@ -14,6 +14,8 @@ from tierlink.core.types import Outcome, Priority
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from tierlink.telemetry.process import ProcessState
+
 # The labels of the bill (``tierlink_cost_usd_total``), what ``tierlink cost`` groups by.
 COST_LABELS = ("task", "model", "version", "path", "site", "tier", "part")
 PATH_KINDS = ("local", "escalated", "split", "remote", "mirror")
@@ -32,6 +34,7 @@ class NodeMetrics:
 
         self.registry = registry or CollectorRegistry()
         self.tier = tier
+        self.process: ProcessState | None = None  # the process_* series: watch_process()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter("tierlink_requests_total",
@@ -175,6 +178,14 @@ class NodeMetrics:
         self.hard_examples_pending = Gauge("tierlink_hard_examples_pending",
                                            "Hard examples waiting to be sent", ["tier"],
                                            registry=r)
+
+    def watch_process(self) -> None:
+        """Export this process's CPU, memory and open files (``process_*``): a node's own
+        process does, once; tests and the simulator, sharing one process, do not."""
+        from tierlink.telemetry.process import ProcessState
+
+        if self.process is None:
+            self.process = ProcessState(self.registry)
 
     def bill(self, task: str, outcome: Outcome, node_id: str, site: str,
              path: str | None = None) -> None:
