@@ -483,7 +483,7 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
     from tierlink.fleet.config import FleetConfig, LinkConfig, NodeConfig
     from tierlink.llm.source import LMSource
     from tierlink.models.task import TaskSpec
-    from tierlink.policy.base import RewardWeights, Weights
+    from tierlink.policy.base import DeviceStateRule, RewardWeights, Weights
     from tierlink.settings.batching import BatchSettings
     from tierlink.settings.engine import EngineConfig
     from tierlink.settings.hard_examples import HardExampleConfig
@@ -517,6 +517,7 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
         "routing.hedging": ((HedgeConfig,), {}),
         "routing.overload": ((OverloadConfig,), {}),
         "routing.mirror": ((MirrorConfig,), {}),
+        "routing.device_state": ((DeviceStateRule,), {}),
         "routing.cascade": ((RoutingConfig,), {}),
         "routing.bandit": ((RoutingConfig,), {}),
         "routing.bandit.reward": ((RewardWeights,), {}),

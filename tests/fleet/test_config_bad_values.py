@@ -27,6 +27,11 @@ CHAT = {"name": "lm", "model": "smollm2-135m"}
     ({"nodes": [{"id": "c", "tier": "cloud", "models": [],
                  "chat": {"models": [{**CHAT, "max_sequences": 0}]}}]}, "max_sequences"),
     ({"nodes": [{"id": "c", "tier": "cloud", "models": [], "threads": 0}]}, "nodes[0].threads"),
+    ({"nodes": [{"id": "c", "tier": "cloud", "models": [], "device_state_file": 5}]},
+     "nodes[0].device_state_file"),
+    ({"routing": {"device_state": {"hot": "warm"}}}, "routing.device_state.hot"),
+    ({"routing": {"device_state": {"low_battery": 2}}}, "routing.device_state.low_battery"),
+    ({"routing": {"device_state": {"low_batery": 0.1}}}, "routing.device_state.low_batery"),
 ])
 def test_a_wrong_value_is_a_config_error_naming_its_field(change: dict[str, Any],
                                                           named: str) -> None:

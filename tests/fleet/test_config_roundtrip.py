@@ -57,6 +57,7 @@ routing:
                     privacy: 0.05}}
   shadow: {policy: {name: bandit, options: {prior_weight: 3}}, weights: {cost: 0},
            explore: 0.1}
+  device_state: {low_battery: 0.3, hot: fair}
 """,
     "cost": """
 cost:
@@ -105,6 +106,7 @@ nodes:
      chat: {task: chat, models: [{name: smollm2, model: smollm2-135m}]}}
   - {id: dev-1, tier: device, models: [fmnist-small], heads: [fmnist-large], cpu_quota: 0.5,
      providers: [CPUExecutionProvider], default_privacy: local, labels: {region: eu},
+     device_state_file: /run/dev-1/state.json,
      chat: {models: [{name: smollm2, model: smollm2-135m, quantize: int8,
                       verifier: cloud-1/smollm2, kv_cache_mib: 12, max_sequences: 4,
                       quality: 0.5}]}}

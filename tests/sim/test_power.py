@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 import sim_support as toy
+from tierlink.core.types import DeviceState
 from tierlink.errors import ConfigError
 from tierlink.sim.build import Scenario
 from tierlink.sim.power import Battery, DevicePower, PowerState, Thermal
@@ -76,3 +77,37 @@ def test_a_fleet_feels_flat_batteries_and_hot_chips() -> None:
     assert sim["throttled_s"] > 5 and answered
     median = sorted(answered)[len(answered) // 2]  # hot after its first few requests
     assert median > 5 * base["runs"]["device_only"]["p50_ms"]  # at 0.1 of its speed
+
+
+def test_a_device_reports_its_charge_to_the_percent_and_its_heat_as_a_level() -> None:
+    state = PowerState(DevicePower(battery=Battery(100.0, idle_w=1.0, active_w=0.0),
+                                   thermal=Thermal(cool_per_s=0.5, hot_at=4.0, cool_at=1.0)))
+    assert state.device_state(0.0) == DeviceState(1.0, False, "nominal")
+    assert state.device_state(12.5) == DeviceState(0.87, False, "nominal")  # not advanced
+    assert state.charge_j == 100.0
+    state.advance(14.0, busy_s=3.0)  # heat 3 - 7 * 0.5... = 3 - 3.5 < 0: cool
+    state.advance(20.0, busy_s=6.0)  # heat 6 - 3 = 3: past cool_at, not yet hot
+    assert state.device_state(20.0).thermal == "fair"
+    state.advance(24.0, busy_s=4.0)  # 3 + 4 - 2 = 5: hot
+    assert state.device_state(24.0) == DeviceState(0.76, False, "serious")
+
+
+def test_sparing_a_low_battery_makes_it_last_longer() -> None:
+    """The fleet's ``routing.device_state`` rule in the simulator: devices that send their
+    work upstream once low keep their charge longer than devices that do not, with the
+    same requests; the run reports a timeline of the batteries."""
+    items = workload(Arrivals("constant", 40.0), 60.0, ["dev-1", "dev-2"], toy.N, seed=5)
+    power = DevicePower(battery=Battery(capacity_j=60.0, idle_w=0.1, active_w=100.0))
+    runs = (("tierlink", None),)
+    results = {}
+    for name, rule in (("aware", {}), ("unaware", {"device_state": {"low_battery": 0}})):
+        report, _ = simulate(toy.fleet(**rule), toy.views(), toy.outcomes(), items, 1, runs,
+                             replace(Scenario(), power=power))
+        results[name] = report
+    aware = results["aware"]["sim"]["tierlink"]["power"]
+    unaware = results["unaware"]["sim"]["tierlink"]["power"]
+    assert aware["first_empty_s"] is None and aware["mean_charge_share"] > 0.05
+    assert unaware["first_empty_s"] < 55 and unaware["mean_charge_share"] == 0.0
+    sla = {name: r["runs"]["tierlink"]["sla_attainment"] for name, r in results.items()}
+    assert sla["aware"] >= 0.99 and sla["unaware"] < sla["aware"] - 0.1  # flat: lost
+    assert len(aware["timeline"]) > 50 and aware["timeline"][0]["mean_charge"] > 0.95

@@ -89,7 +89,9 @@ def run_sim(fleet_file: Path, *, scenario_file: Path | None, requests: int | Non
     if png_path:
         from tierlink.sim.plots import plot
 
-        plot(records, png_path)
+        plot(records, png_path, batteries={
+            name: run["power"]["timeline"] for name, run in report.get("sim", {}).items()
+            if run.get("power", {}).get("timeline")})
         console.print(f"plot written to {png_path}")
     return report
 

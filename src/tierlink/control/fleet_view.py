@@ -2,7 +2,8 @@
 and site with its health, load, versions and links; what the fleet did over the last
 minutes (requests, SLA attainment, tier shares, escalation rate, confidence drift and
 agreement with the most capable model per model version); rollouts; open breakers; hard examples;
-each node process's CPU share, resident memory and open files.
+each node process's CPU share, resident memory and open files, and its battery and heat
+where it reports them.
 
 Nodes report cumulative counts in their heartbeats; ``FleetView`` samples the registry
 (every ``sample_s``) and makes rates from the difference between now and the oldest sample
@@ -175,7 +176,9 @@ def _node(r: NodeRecord, now: float, alive: bool,
                       for l in r.links],
             "breakers_open": list(r.breakers_open), "outbox_pending": r.outbox_pending,
             "software": r.software, "generation": r.generation,
-            "routing_revision": r.routing_revision, "process": _process(r, cpu_share)}
+            "routing_revision": r.routing_revision, "process": _process(r, cpu_share),
+            "device_state": r.device_state.model_dump(exclude={"extra"})
+            if r.device_state else None}
 
 
 def _tiers(nodes: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:

@@ -165,6 +165,15 @@ class ProcessResources(_Open):
     open_fds: Count
 
 
+class DeviceStateIn(_Open):
+    """A node's battery and heat (``node/device_state.py``): placement spares the compute
+    of a node low on battery or hot (``routing.device_state``)."""
+
+    battery: float | None = Field(default=None, ge=0.0, le=1.0)
+    charging: bool = False
+    thermal: Literal["nominal", "fair", "serious", "critical"] = "nominal"
+
+
 class Heartbeat(_Open):
     """The body of ``POST /v1/nodes/{node_id}/heartbeat``: a node's full current state.
 
@@ -197,6 +206,7 @@ class Heartbeat(_Open):
     # one the control plane handed out; control/routing_revisions.py)
     routing_revision: Count = 0
     process: ProcessResources | None = None  # absent where the platform has no /proc
+    device_state: DeviceStateIn | None = None  # absent where nothing reports it
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> Heartbeat:

@@ -269,6 +269,29 @@ class LanguageModelView:
                    float(d.get("price_per_1k", 0.0)))
 
 
+# A device's heat, in Apple's ``ProcessInfo.ThermalState`` words (Android's thermal status
+# and Linux's thermal-zone trip points map onto them: node/device_state.py).
+THERMAL_LEVELS = ("nominal", "fair", "serious", "critical")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    """What a node reports of its power and heat: the battery's charge (0-1; None on mains
+    power or where unknown), whether it is charging, and its thermal level."""
+
+    battery: float | None = None
+    charging: bool = False
+    thermal: str = "nominal"
+
+    @property
+    def heat(self) -> int:
+        """The thermal level's rank (0 = nominal ... 3 = critical)."""
+        return THERMAL_LEVELS.index(self.thermal) if self.thermal in THERMAL_LEVELS else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"battery": self.battery, "charging": self.charging, "thermal": self.thermal}
+
+
 @dataclass(frozen=True, slots=True)
 class NodeView:
     """A node as the registry last heard of it (possibly a little stale)."""
@@ -286,6 +309,7 @@ class NodeView:
     heads: tuple[ModelView, ...] = ()
     # Language models this node answers chat requests with (the OpenAI API).
     language_models: tuple[LanguageModelView, ...] = ()
+    state: DeviceState | None = None  # battery and heat, where the node reports them
 
     def model_for(self, task: str, version: str | None = None) -> ModelView | None:
         """The node's model for ``task``; with ``version``, one that serves that version
@@ -509,6 +533,7 @@ class Outcome:
     model_version: str = ""  # the version of ``model`` that answered ("" when unknown)
     # The fleet routing revision under which the node the request entered placed it
     routing_revision: int = 0
+    reason: str = ""  # why that node placed it so (its plan's reason)
 
     @property
     def cost(self) -> float:

@@ -74,6 +74,9 @@ class NodeConfig:
     # How it runs its models; with `engine: ray`, the Ray Serve deployments' replicas, CPUs
     # and autoscaling (settings/engine.py)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # A JSON file its environment keeps its battery and heat in ({battery, charging,
+    # thermal}); without one, Linux's power-supply and thermal-zone files where there are any
+    device_state_file: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The node's entry under ``nodes:``."""
@@ -84,7 +87,8 @@ class NodeConfig:
             "providers": list(self.providers), "labels": dict(self.labels),
             "default_privacy": self.default_privacy, **self.engine.fleet_keys()}
         optional = {"cpu_quota": self.cpu_quota, "advertise_url": self.advertise_url,
-                    "chat": self.chat.to_dict() if self.chat else None}
+                    "chat": self.chat.to_dict() if self.chat else None,
+                    "device_state_file": self.device_state_file}
         return out | {k: v for k, v in optional.items() if v is not None}
 
 
@@ -247,7 +251,8 @@ FLEET_KEYS = ("name", "seed", "nodes", "links", "routing", "cost", "zoo", "contr
               "hard_examples", "trusted_keys", "fault_injection", "tasks", "topology",
               "tracing", "security", "batching")
 NODE_KEYS = ("id", "tier", "models", "heads", "workers", "max_queue", "threads", "cpu_quota",
-             "providers", "chat", "advertise_url", "labels", "default_privacy", "engine", "ray")
+             "providers", "chat", "advertise_url", "labels", "default_privacy", "engine", "ray",
+             "device_state_file")
 LINK_KEYS = ("from", "to", "delay_ms", "jitter_ms", "bandwidth_mbit", "loss")
 
 
@@ -393,7 +398,16 @@ def _node(raw: Any, where: str) -> NodeConfig:
         labels=_labels(raw.get("labels") or {}, f"{where}.labels"),
         default_privacy=_privacy(raw.get("default_privacy", "any"), f"{where}.default_privacy"),
         engine=parse_engine(raw.get("engine", "onnxruntime"), raw.get("ray"), where),
+        device_state_file=_path(raw.get("device_state_file"), f"{where}.device_state_file"),
     )
+
+
+def _path(raw: Any, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{where} must be a file path, got {raw!r}")
+    return raw
 
 
 def _privacy(raw: Any, where: str) -> str:

@@ -426,6 +426,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
     return NodeSpec(node_id=node.node_id, tier=node.tier, models=sources, heads=heads,
                     labels=labels, upstream_tier=tier, upstream_match=match,
                     default_privacy=node.default_privacy,
+                    device_state_file=node.device_state_file,
                     host=node_host(fleet, node.node_id), port=port,
                     advertise_url=node.advertise_url,
                     control_url=",".join(fleet.control_urls), upstreams=upstreams,

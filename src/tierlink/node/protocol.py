@@ -36,6 +36,7 @@ SPLIT = "tierlink.split"  # ask for a split plan: "NODE/CUT/CODEC" (benchmarks, 
 LABEL = "tierlink.label"
 MODEL_VERSION = "tierlink.model_version"  # in answers: the version of the model that ran
 ROUTING_REVISION = "tierlink.routing_revision"  # in answers: the revision that placed it
+REASON = "tierlink.reason"  # in answers: why the node it entered placed it so
 SERVER_MS = "tierlink.server_ms"  # in answers: what the answering node spent on the request
 COMPUTE_MS = "tierlink.compute_ms"  # in a model's answer: what the model itself computed
 COST = "tierlink.cost"  # in answers: the cost by part and tier
@@ -129,6 +130,9 @@ RESPONSE_PARAMETERS: tuple[Parameter, ...] = (
     Parameter(MODEL_VERSION, "string", "", "the version of ``model`` that answered"),
     Parameter(ROUTING_REVISION, "integer", "",
               "the fleet routing revision under which the node the request entered placed it"),
+    Parameter(REASON, "string", "",
+              "why the node the request entered placed it so: its plan's reason, e.g. "
+              "``cascade:edge``, or ``remote:edge (low battery: local compute spared)``"),
     Parameter("tierlink.uplink", "up | down", "",
               "whether the node's store-and-forward uplink delivers (on a node with one)"),
 )
@@ -235,6 +239,7 @@ def outcome_params(outcome: Outcome, server_ms: float) -> dict[str, Any]:
         "tierlink.split_plan": outcome.split,
         MODEL_VERSION: outcome.model_version,
         ROUTING_REVISION: outcome.routing_revision,
+        REASON: outcome.reason,
     }
 
 
@@ -261,6 +266,7 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
             split=str(params.get("tierlink.split_plan", "")),
             model_version=str(params.get(MODEL_VERSION, "")),
             routing_revision=int(params.get(ROUTING_REVISION, 0)),
+            reason=str(params.get(REASON, "")),
             timings_ms={"server_ms": float(params.get(SERVER_MS, 0.0))},
         )
     except (KeyError, ValueError, TypeError) as exc:

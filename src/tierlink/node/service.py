@@ -58,6 +58,7 @@ from tierlink.node import protocol
 from tierlink.node.async_requests import AsyncResults, is_async
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
 from tierlink.node.deferred import AsyncDesk, DeferredStore
+from tierlink.node.device_state import DeviceStateSource
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult, execute_observed
 from tierlink.node.exporting import DispatchObserver, NodeExports
 from tierlink.node.forwarding import LABELS, Forwarder
@@ -151,6 +152,7 @@ class NodeService:
                             max_cooldown_s=self.routing.breaker.max_cooldown_s),
             clock=clock, on_transition=self._on_breaker)
         self._inflight = 0
+        self.device_state = DeviceStateSource(spec.device_state_file, clock=clock)
         self._ids = random.Random()  # request ids (seeded from the OS: unique across nodes)
         self.hard_examples = uploader_for(spec.hard_examples, spec.node_id, spec.seed,
                                           uplink, hard_example_sink,
@@ -324,8 +326,9 @@ class NodeService:
             correct = _correctness(result, labels) if result is not None else 0.0
             router.feedback(policy, plan, decision, req, view, outcome, correct, latency_ms)
 
-        return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
-                                      observe)
+        result = await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
+                                        observe)
+        return StepResult(result.outputs, replace(result.outcome, reason=plan.reason))
 
     def _mirror_plan(self, req: Request, answered: Outcome) -> Plan | None:
         """Where a mirrored request (node/mirroring.py) goes: its plan, admitted by the
@@ -373,7 +376,8 @@ class NodeService:
         return NodeView(self.spec.node_id, self.spec.tier, models, queue_depth=stats.queue_depth,
                         inflight=stats.inflight, workers=stats.workers,
                         heads=self.split.view_heads(stats.service_ms_by_key),
-                        language_models=self.language_models())
+                        language_models=self.language_models(),
+                        state=self.device_state.read())
 
     def link_views(self) -> list[LinkView]:
         """This node's estimates of its links to its upstreams."""

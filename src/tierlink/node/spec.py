@@ -84,6 +84,9 @@ class NodeSpec:
     llms: tuple[LMSource, ...] = ()
     chat_tasks: dict[str, str] = field(default_factory=dict)  # task -> one of ``llms``
     labels: dict[str, str] = field(default_factory=dict)  # site, region, ...: in heartbeats
+    # A JSON file the node's environment keeps its battery and heat in (node/device_state.py;
+    # None: Linux's power-supply and thermal-zone files, where there are any)
+    device_state_file: str | None = None
     # Upstreams from the registry (node/topology.py): alive nodes of this tier whose labels
     # named in upstream_match equal this node's. None: `upstreams` as listed (static).
     upstream_tier: str | None = None

@@ -92,6 +92,7 @@ def heartbeat(me: NodeView, address: str, models: ModelManager, stats: VersionSt
         "links": [{"dst": l.dst, "rtt_ms": round(l.rtt_ms, 3),
                    "bandwidth_mbit": l.bandwidth_mbit, "loss": l.loss} for l in links],
         "started_at": started_at, "software": __version__, "labels": dict(labels or {}),
+        "device_state": me.state.to_dict() if me.state else None,
     }
 
 

@@ -16,7 +16,15 @@ from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from tierlink.core.registry import Registry
-from tierlink.core.types import CascadeRecord, ClusterView, Outcome, Plan, Request
+from tierlink.core.types import (
+    THERMAL_LEVELS,
+    CascadeRecord,
+    ClusterView,
+    DeviceState,
+    Outcome,
+    Plan,
+    Request,
+)
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.latency import EstimateParams
@@ -63,6 +71,29 @@ class RewardWeights:
                 - self.energy * device_s - self.privacy * left_device)
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceStateRule:
+    """When a node spares its own compute (``routing.device_state``): its battery at or
+    under ``low_battery`` while not charging, or its heat at ``hot`` or above. Its requests
+    then go to an upstream that can answer in time; where none can (privacy, deadline), it
+    answers itself. ``low_battery: 0`` and ``hot: none`` turn either half off."""
+
+    low_battery: float = 0.2  # the battery's charge, 0-1
+    hot: str = "serious"  # a level of THERMAL_LEVELS, or "none"
+
+    def spare_reason(self, state: DeviceState | None) -> str:
+        """Why a node in ``state`` spares its compute ("low battery", "thermal serious": a
+        plan's reason, and a metric label, so a few words only); "" when it need not."""
+        if state is None:
+            return ""
+        if state.battery is not None and not state.charging \
+                and state.battery <= self.low_battery:
+            return "low battery"
+        if self.hot in THERMAL_LEVELS and state.heat >= THERMAL_LEVELS.index(self.hot):
+            return f"thermal {state.thermal}"
+        return ""
+
+
 def _no_records() -> Mapping[tuple[str, ...], CascadeRecord]:
     return MappingProxyType({})
 
@@ -100,6 +131,8 @@ class PolicyConfig:
     accuracy_tolerance: float = 0.0
     # What a learning policy (``bandit``) is rewarded for (``routing.bandit.reward``).
     reward: RewardWeights = field(default_factory=RewardWeights)
+    # When a node's battery or heat makes it spare its own compute (``routing.device_state``)
+    device_state: DeviceStateRule = field(default_factory=DeviceStateRule)
 
     def threshold_for(self, model: str) -> float:
         return self.thresholds.get(model, self.default_threshold)

@@ -141,8 +141,13 @@ class TierlinkPolicy:
         return plan
 
     def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
-        """The plan that puts ``order``'s first option first (the rest as fallbacks)."""
-        return Plan(merge_placements(order), self.name, reason=order[0].label)
+        """The plan that puts ``order``'s first option first (the rest as fallbacks); its
+        reason says when the node's battery or heat sent the request away."""
+        reason = order[0].label
+        spared = self._cfg.device_state.spare_reason(view.me.state)
+        if spared and not _computes_here(order[0]):
+            reason = f"{reason} ({spared}: local compute spared)"
+        return Plan(merge_placements(order), self.name, reason=reason)
 
     def order(self, request: Request, view: ClusterView, feasible: list[Choice],
               rng: random.Random) -> list[Choice]:
@@ -192,7 +197,14 @@ class TierlinkPolicy:
         eligible = self._tuned_first(self._accurate_enough(feasible))
         ranked = sorted(eligible, key=lambda c: -self._score(c.est, request.deadline_ms,
                                                              ref_cost))
-        return ranked + [c for c in feasible if c not in ranked]  # fallbacks, never first
+        ordered = ranked + [c for c in feasible if c not in ranked]  # fallbacks, never first
+        if self._cfg.device_state.spare_reason(view.me.state):
+            # A low battery or a hot device: what an upstream can answer in time goes
+            # first (in its order), what would compute here stays as a fallback.
+            away = [c for c in ordered if not _computes_here(c)]
+            if away:
+                return away + [c for c in ordered if _computes_here(c)]
+        return ordered
 
     def _accurate_enough(self, feasible: list[Choice],
                          path: tuple[str, ...] = ()) -> list[Choice]:
@@ -516,6 +528,12 @@ def _reaches(view: ClusterView, node_id: str, task: str, version: str, hops_left
         return False
     return any(_reaches(view, up, task, version, hops_left - 1)
                for ids in view.upstream.get(node_id, {}).values() for up in ids)
+
+
+def _computes_here(choice: Choice) -> bool:
+    """Does the option run a model on the deciding node (alone, as a cascade's first stage
+    or a split's head)?"""
+    return choice.kind != "remote"
 
 
 def two_choices(

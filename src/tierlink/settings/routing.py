@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
-from tierlink.core.types import CascadeRecord
+from tierlink.core.types import THERMAL_LEVELS, CascadeRecord
 from tierlink.errors import ConfigError
 from tierlink.estimate.cost import DEFAULT_COST_MODEL, CostModel
 from tierlink.estimate.split import DEFAULT_CODECS
-from tierlink.policy.base import PolicyConfig, RewardWeights, Weights
+from tierlink.policy.base import DeviceStateRule, PolicyConfig, RewardWeights, Weights
 from tierlink.settings.fields import as_bool, as_float, as_int, as_mapping, known, known_keys
 
 __all__ = ["LIVE_KEYS", "BreakerConfig", "HedgeConfig", "MirrorConfig", "OverloadConfig",
@@ -157,6 +157,8 @@ class RoutingConfig:
     # Mirroring (routing/mirror.py): a share of the answers asked again of the most capable
     # model, for agreement per model version (a rollout gate, an alert)
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
+    # When a node's battery or heat makes it send its requests upstream (policy/base.py)
+    device_state: DeviceStateRule = field(default_factory=DeviceStateRule)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``routing:`` section as ``parse_routing`` reads it — every setting, so that
@@ -174,7 +176,8 @@ class RoutingConfig:
             "probe_idle_s": self.probe_idle_s, "hedging": asdict(self.hedging),
             "overload": asdict(self.overload), "split_codec_loss": dict(self.split_codec_loss),
             "accuracy_tolerance": self.accuracy_tolerance,
-            "bandit": {"reward": asdict(self.reward)}, "mirror": asdict(self.mirror)}
+            "bandit": {"reward": asdict(self.reward)}, "mirror": asdict(self.mirror),
+            "device_state": asdict(self.device_state)}
         cascade = {"tuned_on": dict(self.cascade_tuned_on),
                    "records": {path_key(k): record_to_dict(r, None)
                                for k, r in self.cascade_records.items()},
@@ -194,17 +197,19 @@ class RoutingConfig:
                             reserve_ms=self.reserve_ms, cost=self.cost,
                             local_features_may_leave=self.local_features_may_leave,
                             split_codecs=codecs, cascade_records=self.cascade_records,
-                            accuracy_tolerance=self.accuracy_tolerance, reward=self.reward)
+                            accuracy_tolerance=self.accuracy_tolerance, reward=self.reward,
+                            device_state=self.device_state)
 
 
 # The keys of a ``routing:`` section a running node takes from a new revision (the control
 # plane's ``tierlink policy apply``); the rest is fixed for the life of its processes.
 LIVE_KEYS = ("policy", "weights", "thresholds", "default_threshold", "max_hops",
              "accuracy_tolerance", "allow_policy_override", "split_codec_loss", "cascade",
-             "bandit", "shadow")
+             "bandit", "shadow", "device_state")
 _LIVE_FIELDS = ("policy", "policy_options", "weights", "thresholds", "default_threshold",
                 "max_hops", "accuracy_tolerance", "allow_policy_override", "split_codec_loss",
-                "cascade_tuned_on", "cascade_records", "cascade_target", "reward", "shadow")
+                "cascade_tuned_on", "cascade_records", "cascade_target", "reward", "shadow",
+                "device_state")
 
 
 def with_live(running: RoutingConfig, revision: RoutingConfig) -> RoutingConfig:
@@ -221,7 +226,7 @@ ROUTING_KEYS = ("policy", "weights", "thresholds", "default_threshold", "max_hop
                 "reserve_ms", "allow_policy_override", "retry_budget", "breaker",
                 "local_features_may_leave", "probe_idle_s", "hedging", "overload",
                 "split_codec_loss", "cascade", "accuracy_tolerance", "bandit", "shadow",
-                "mirror")
+                "mirror", "device_state")
 
 
 def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
@@ -266,7 +271,21 @@ def _routing(raw: Mapping[str, Any], cost: Mapping[str, Any]) -> RoutingConfig:
         reward=_reward(as_mapping(raw.get("bandit") or {}, "routing.bandit")),
         shadow=_shadow(raw.get("shadow")),
         mirror=_mirror(as_mapping(raw.get("mirror") or {}, "routing.mirror")),
+        device_state=_device_state(as_mapping(raw.get("device_state") or {},
+                                              "routing.device_state")),
     )
+
+
+def _device_state(raw: Mapping[str, Any]) -> DeviceStateRule:
+    known_keys(raw, ("low_battery", "hot"), "routing.device_state")
+    d = DeviceStateRule()
+    hot = str(raw.get("hot", d.hot))
+    if hot not in (*THERMAL_LEVELS, "none"):
+        raise ConfigError(f"routing.device_state.hot must be one of "
+                          f"{', '.join(THERMAL_LEVELS)} or none, got {hot!r}")
+    return DeviceStateRule(
+        low_battery=as_float(raw.get("low_battery", d.low_battery),
+                             "routing.device_state.low_battery", 0.0, 1.0), hot=hot)
 
 
 def _mirror(raw: Mapping[str, Any]) -> MirrorConfig:

@@ -154,10 +154,10 @@ class SimNode:
         self._heads_now: tuple[ModelView, ...] = ()
         self._card_ms = {name: m.latency_ms for name, m in self.models.items()}
         self._me: tuple[tuple[object, ...], NodeView] | None = None
+        self.power: PowerState | None = None  # a device's battery and heat (sim/power.py)
         self.view = ClusterView.build(node_id, [self.me()], [])
         self.view_at = float("-inf")
         self.before_plan: Callable[[SimNode], None] = lambda _node: None  # view refresh
-        self.power: PowerState | None = None  # a device's battery and heat (sim/power.py)
 
     def crash(self) -> None:
         self.alive = False
@@ -187,12 +187,13 @@ class SimNode:
         if sched.learned != self._learned_at:  # models and heads follow what is learned
             self._learned_at = sched.learned
             self._relearn()
-        key = (sched.load(), self._model_views, self._heads_now)
+        state = None if self.power is None else self.power.device_state(self._clock())
+        key = (sched.load(), self._model_views, self._heads_now, state)
         if self._me is None or self._me[0] != key:
             queued, inflight, workers = key[0]
             self._me = (key, NodeView(self.node_id, self.tier, self._model_views,
                                       queue_depth=queued, inflight=inflight, workers=workers,
-                                      heads=self._heads_now))
+                                      heads=self._heads_now, state=state))
         return self._me[1]
 
     def _relearn(self) -> None:

@@ -1,6 +1,6 @@
 """A simulation over simulated time, as a person would rather look at it: per run, p95
-latency and SLA attainment in windows of simulated time, and where the routed run
-answered (device / edge / cloud shares)."""
+latency and SLA attainment in windows of simulated time, where the routed run answered
+(device / edge / cloud shares), and — when devices have batteries — their mean charge."""
 
 from __future__ import annotations
 
@@ -42,13 +42,18 @@ def series(records: Sequence[Record], bins: int) -> dict[str, list[float | None]
 
 
 def plot(runs: Mapping[str, Sequence[Record]], path: Path, bins: int = 30,
-         routed: str = "tierlink") -> None:
+         routed: str = "tierlink",
+         batteries: Mapping[str, Sequence[Mapping[str, float]]] | None = None) -> None:
+    """``batteries``: per run, its devices' battery timeline (``power.timeline`` of the
+    run's report), drawn as a fourth panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (lat, sla, share) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    panels = 4 if batteries else 3
+    fig, axes = plt.subplots(panels, 1, figsize=(9, 3 * panels), sharex=True)
+    lat, sla, share = axes[:3]
     for name, records in runs.items():
         s = series(records, bins)
         lat.plot(s["t_s"], _nan(s["p95_ms"]), label=name)
@@ -60,8 +65,14 @@ def plot(runs: Mapping[str, Sequence[Record]], path: Path, bins: int = 30,
     lat.set_yscale("log")
     sla.set_ylabel("SLA attainment")
     share.set_ylabel(f"{routed}: answered at")
-    share.set_xlabel("simulated time (s)")
-    for ax in (lat, sla, share):
+    if batteries:
+        for name, timeline in batteries.items():
+            axes[3].plot([p["t_s"] for p in timeline], [p["mean_charge"] for p in timeline],
+                         label=name)
+        axes[3].set_ylabel("devices' mean charge")
+        axes[3].set_ylim(0.0, 1.02)
+    axes[-1].set_xlabel("simulated time (s)")
+    for ax in axes:
         ax.legend(loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()

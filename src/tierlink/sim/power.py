@@ -11,6 +11,11 @@ No timers: the state is brought up to date whenever the node computes (time pass
 the last update drains and cools it), so 10,000 idle devices cost nothing. The node's
 scheduler learns the slower service times as a live node does, and the policies plan with
 them through the view.
+
+A device reports what a live one reads from its platform (:meth:`PowerState.device_state`):
+its charge (to the percent) and its heat as a thermal level — ``serious`` while throttled,
+``fair`` once past the level it cools back to — so the fleet's ``routing.device_state``
+rule spares a low or hot device's compute as on a live fleet.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tierlink.core.types import DeviceState
 from tierlink.errors import ConfigError
 
 __all__ = ["Battery", "DevicePower", "PowerState", "Thermal"]
@@ -76,6 +82,8 @@ class PowerState:
     energy_j: float = 0.0
     throttled_s: float = 0.0
     on_empty: Callable[[], None] = lambda: None
+    empty_at: float | None = None  # when the battery went flat
+    peak_heat: float = 0.0
 
     def __post_init__(self) -> None:
         self.charge_j = self.power.battery.capacity_j if self.power.battery else 0.0
@@ -93,16 +101,33 @@ class PowerState:
             f *= self.power.thermal.throttled_speed
         return f
 
+    def charge_at(self, now: float) -> float:
+        """The battery's share of its capacity at ``now`` (idle since the last update),
+        without changing anything; 1.0 without a battery."""
+        b = self.power.battery
+        if b is None:
+            return 1.0
+        return max(0.0, self.charge_j - b.idle_w * max(0.0, now - self.at)) / b.capacity_j
+
+    def device_state(self, now: float) -> DeviceState:
+        """What the device reports at ``now`` (the charge to the percent: the same object's
+        worth while it holds, so views are not rebuilt for every joule)."""
+        battery = None if self.power.battery is None else int(self.charge_at(now) * 100) / 100
+        t = self.power.thermal
+        thermal = "nominal" if t is None else (
+            "serious" if self.hot else "fair" if self.heat > t.cool_at else "nominal")
+        return DeviceState(battery=battery, thermal=thermal)
+
     def advance(self, now: float, busy_s: float = 0.0) -> None:
         """Time passes to ``now``, of which the last ``busy_s`` computing."""
         idle_s = max(0.0, now - self.at - busy_s)
-        if self.hot:
+        if self.hot and not self.empty:  # a flat device is off, not throttled
             self.throttled_s += max(0.0, now - self.at)
         self.at = now
-        self._drain(idle_s, busy_s)
+        self._drain(idle_s, busy_s, now)
         self._heat(idle_s + busy_s, busy_s)
 
-    def _drain(self, idle_s: float, busy_s: float) -> None:
+    def _drain(self, idle_s: float, busy_s: float, now: float) -> None:
         b = self.power.battery
         if b is None or self.empty:
             return
@@ -110,6 +135,7 @@ class PowerState:
         self.energy_j += used
         self.charge_j -= used
         if self.empty:
+            self.empty_at = now
             self.on_empty()
 
     def _heat(self, elapsed_s: float, busy_s: float) -> None:
@@ -117,6 +143,7 @@ class PowerState:
         if t is None:
             return
         self.heat = max(0.0, self.heat + busy_s - t.cool_per_s * elapsed_s)
+        self.peak_heat = max(self.peak_heat, self.heat)
         if self.heat >= t.hot_at:
             self.hot = True
         elif self.heat <= t.cool_at:

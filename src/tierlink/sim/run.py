@@ -53,10 +53,19 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
         clock = asyncio.get_running_loop().time
         fleet, counters = build(config, views, {**(also or {}), outcomes.task: outcomes},
                                 clock, seed, scenario)
-        records = await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
-                              outcomes.input_bytes, policy, on_done)
+        timeline: list[dict[str, float]] = []
+        sampler = _battery_timeline(fleet.nodes.values(), clock, items, timeline)
+        try:
+            records = await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
+                                  outcomes.input_bytes, policy, on_done)
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+        power = power_summary(fleet.nodes.values(), clock())
+        if power and timeline:
+            power["timeline"] = timeline
         return records, counters, clock(), {
-            **({"power": p} if (p := power_summary(fleet.nodes.values(), clock())) else {}),
+            **({"power": power} if power else {}),
             "plan_cache": plan_cache_summary(fleet.nodes.values()),
             "peak_queue": {n.node_id: n.scheduler.peak_queue for n in fleet.nodes.values()
                            if n.scheduler.peak_queue}}
@@ -137,6 +146,33 @@ def plan_cache_summary(nodes: Iterable[SimNode]) -> dict[str, Any]:
             "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
 
 
+TIMELINE_POINTS = 200  # samples of the devices' batteries over a run
+
+
+def _battery_timeline(nodes: Iterable[SimNode], clock: Callable[[], float],
+                      items: Sequence[WorkItem], out: list[dict[str, float]]) -> Any:
+    """A task sampling the batteries' mean charge and the devices still up, about
+    ``TIMELINE_POINTS`` times over the run's arrivals (None when no device has one)."""
+    import asyncio
+
+    powered = [n.power for n in nodes if n.power is not None and n.power.power.battery]
+    if not powered or not items:
+        return None
+    every = max(items[-1].at_s / TIMELINE_POINTS, 1e-3)
+
+    async def sample() -> None:
+        while True:
+            now = clock()
+            charges = [p.charge_at(now) for p in powered]
+            out.append({"t_s": round(now, 3),
+                        "mean_charge": round(sum(charges) / len(charges), 4),
+                        "min_charge": round(min(charges), 4),
+                        "up": sum(not p.empty for p in powered)})
+            await asyncio.sleep(every)
+
+    return asyncio.get_running_loop().create_task(sample())
+
+
 def power_summary(nodes: Iterable[SimNode], now: float) -> dict[str, Any]:
     """What the devices' batteries and heat did by ``now`` (empty without them)."""
     states = {n.node_id: n.power for n in nodes if n.power is not None}
@@ -147,9 +183,17 @@ def power_summary(nodes: Iterable[SimNode], now: float) -> dict[str, Any]:
     return {"devices": len(states),
             "energy_j": round(sum(s.energy_j for s in states.values()), 3),
             "throttled_s": round(sum(s.throttled_s for s in states.values()), 3),
+            "peak_heat": round(max(s.peak_heat for s in states.values()), 4),
             "empty": sorted(n for n, s in states.items() if s.empty),
+            # battery life: when the first device went flat (None: none did)
+            "first_empty_s": min((s.empty_at for s in states.values()
+                                  if s.empty_at is not None), default=None),
+            "mean_charge_share": round(sum(
+                max(s.charge_j, 0.0) / s.power.battery.capacity_j for s in states.values()
+                if s.power.battery is not None) / max(1, sum(
+                    s.power.battery is not None for s in states.values())), 4),
             "min_charge_share": round(min(
-                (s.charge_j / s.power.battery.capacity_j for s in states.values()
+                (max(s.charge_j, 0.0) / s.power.battery.capacity_j for s in states.values()
                  if s.power.battery is not None), default=1.0), 4)}
 
 

@@ -3,7 +3,15 @@ holding the Fashion-MNIST variants with figures close to the real zoo's cards.""
 
 from __future__ import annotations
 
-from tierlink.core.types import CascadePoint, ClusterView, LinkView, ModelView, NodeView, Tier
+from tierlink.core.types import (
+    CascadePoint,
+    ClusterView,
+    DeviceState,
+    LinkView,
+    ModelView,
+    NodeView,
+    Tier,
+)
 
 # (share answered, accuracy on those) at thresholds 0.5..0.99, shaped like the real cards.
 _SMALL_CURVE = ((0.5, 0.99, 0.915), (0.8, 0.90, 0.96), (0.9, 0.84, 0.975), (0.99, 0.62, 0.995))
@@ -31,11 +39,12 @@ def fleet_view(
     edge_cloud_rtt_ms: float = 80.0,
     edge_queues: dict[str, int] | None = None,
     unhealthy: frozenset[str] = frozenset(),
+    device_state: DeviceState | None = None,
 ) -> ClusterView:
-    """One device (``dev-1``) linked to every edge, every edge linked to every cloud.
-    ``self_id`` selects whose point of view the snapshot is."""
+    """One device (``dev-1``, reporting ``device_state``) linked to every edge, every edge
+    linked to every cloud. ``self_id`` selects whose point of view the snapshot is."""
     queues = edge_queues or {}
-    nodes = [NodeView("dev-1", Tier.DEVICE, (SMALL,))]
+    nodes = [NodeView("dev-1", Tier.DEVICE, (SMALL,), state=device_state)]
     links: list[LinkView] = []
     for i in range(1, edges + 1):
         eid = f"edge-{i}"
