@@ -83,6 +83,8 @@ def test_the_fleet_view_follows_the_fleet_live(
     assert page.locator('table[data-tier="edge"] tr[data-node]').count() == 2
     assert "site" in page.inner_text("#nodes") and "shop" in page.inner_text(
         'tr[data-node="edge-2"]')
+    # Each node's own process: memory and open files from its heartbeat
+    assert "MiB" in page.inner_text('tr[data-node="edge-1"] td[data-process]')
 
     # Traffic: the figures fill from the nodes' heartbeats.
     for i, sample in enumerate(np.concatenate([hard_samples[:20], np.arange(20)])):

@@ -97,18 +97,18 @@ def test_the_cost_unit_does_not_depend_on_which_options_fit_the_deadline():
 
 
 def test_on_an_escalated_slice_the_tolerance_widens_by_its_share():
-    from tierlink.policy.placement import Choice, Estimate
+    from tierlink.policy.placement import Choice, Eligibility, Estimate
 
-    pol = TierlinkPolicy(PolicyConfig(thresholds={SMALL: 0.8, MEDIUM: 0.8},
-                                      cascade_records=records(), accuracy_tolerance=1.0))
-    assert pol._share((SMALL,)) == pytest.approx(0.2) and pol._share(()) == 1.0
+    eligible = Eligibility(PolicyConfig(thresholds={SMALL: 0.8, MEDIUM: 0.8},
+                                        cascade_records=records(), accuracy_tolerance=1.0))
+    assert eligible._share((SMALL,)) == pytest.approx(0.2) and eligible._share(()) == 1.0
     node = fleet_view().nodes["edge-1"]
     options = [Choice(kind, Estimate(1.0, 1.0, 0.0, acc), node)
                for kind, acc in (("a", 0.70), ("b", 0.66), ("c", 0.62))]
     # On every input, 1 point: only the best. On the 20% the device escalated, a point
     # lost costs a fifth of a point overall: 5 points there.
-    assert [c.kind for c in pol._accurate_enough(options)] == ["a"]
-    assert [c.kind for c in pol._accurate_enough(options, (SMALL,))] == ["a", "b"]
+    assert [c.kind for c in eligible.of(options)] == ["a"]
+    assert [c.kind for c in eligible.of(options, (SMALL,))] == ["a", "b"]
 
 
 def test_a_tuned_cascade_that_is_accurate_enough_is_run_at_every_node():

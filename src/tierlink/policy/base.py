@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tierlink.core.registry import Registry
 from tierlink.core.types import (
@@ -71,6 +71,9 @@ class RewardWeights:
                 - self.energy * device_s - self.privacy * left_device)
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceStateRule:
     """When a node spares its own compute (``routing.device_state``): its battery at or
@@ -92,6 +95,21 @@ class DeviceStateRule:
         if self.hot in THERMAL_LEVELS and state.heat >= THERMAL_LEVELS.index(self.hot):
             return f"thermal {state.thermal}"
         return ""
+
+    def spared_first(self, state: DeviceState | None, options: list[T],
+                     computes_here: Callable[[T], bool]) -> list[T]:
+        """``options`` (best first) with those that do not compute on the node moved ahead,
+        in their order, when ``state`` calls for sparing it and there are any; else as
+        they are."""
+        if not self.spare_reason(state):
+            return options
+        away = [o for o in options if not computes_here(o)]
+        return away + [o for o in options if computes_here(o)] if away else options
+
+    def reason(self, reason: str, state: DeviceState | None, spared: bool) -> str:
+        """A plan's reason, saying so when the node's state sent the request away."""
+        why = self.spare_reason(state)
+        return f"{reason} ({why}: local compute spared)" if why and spared else reason
 
 
 def _no_records() -> Mapping[tuple[str, ...], CascadeRecord]:

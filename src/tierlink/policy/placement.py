@@ -95,6 +95,59 @@ def hard_slice_accuracy(upstream_accuracy: float, escalated_share: float) -> flo
     return 0.5 * (upstream_accuracy + pessimistic)
 
 
+class Eligibility:
+    """Which feasible options may come first (the rest are fallbacks only): those within
+    ``accuracy_tolerance`` points of the most accurate one and, where a cascade was tuned
+    for these models, the cascades among them. The share of inputs each path of models
+    escalated (from the calibration records) is remembered here."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._cfg = config
+        self._path_shares: dict[tuple[str, ...], float] = {}  # config-derived, kept
+
+    def of(self, feasible: list[Choice], path: tuple[str, ...] = ()) -> list[Choice]:
+        """The options of ``feasible`` that may come first, for an input the models of
+        ``path`` escalated (``()``: as it arrives)."""
+        return self._tuned_first(self._accurate_enough(feasible, path))
+
+    def _accurate_enough(self, feasible: list[Choice], path: tuple[str, ...]) -> list[Choice]:
+        """The options within ``accuracy_tolerance`` points of the most accurate one: the
+        tuned cascade's target says what is accurate enough, and among those latency and
+        cost decide (0: every option competes on the whole weighted score). The tolerance
+        is about a request's accuracy overall: on the inputs ``path`` escalated (a share of
+        them) a point lost there costs only that share of a point overall, so it widens by
+        that share."""
+        tolerance = self._cfg.accuracy_tolerance / 100.0
+        if tolerance <= 0:
+            return feasible
+        tolerance /= self._share(path)
+        best = max(c.est.accuracy for c in feasible)
+        return [c for c in feasible if c.est.accuracy >= best - tolerance - 1e-12]
+
+    def _tuned_first(self, eligible: list[Choice]) -> list[Choice]:
+        """With an accuracy tolerance and calibration records (a cascade tuned for these
+        models), a cascade that is accurate enough and fits the deadline is run: the tuning
+        already chose how much to escalate, and its target holds only if every node of the
+        chain follows it. The weights choose among what is left when none fits (answer
+        here, or send up at once)."""
+        if self._cfg.accuracy_tolerance <= 0 or not self._cfg.cascade_records:
+            return eligible
+        cascades = [c for c in eligible if c.kind == "cascade"]
+        return cascades or eligible
+
+    def _share(self, path: tuple[str, ...]) -> float:
+        """The share of inputs that the models of ``path`` all escalated (calibration
+        records; 1 for the empty path or when unrecorded)."""
+        if not path:
+            return 1.0
+        share = self._path_shares.get(path)
+        if share is None:
+            share = next((rec.share for key, rec in self._cfg.cascade_records.items()
+                          if key[:-1] == path), 1.0)
+            self._path_shares[path] = share = max(share, 1e-3)
+        return share
+
+
 class TierlinkPolicy:
     """The default policy (registered as ``"tierlink"``)."""
 
@@ -110,7 +163,7 @@ class TierlinkPolicy:
         self._memo_plans: dict[tuple[object, ...], list[SplitEstimate]] = {}
         self._memo_ref: dict[tuple[str, int], float] = {}
         self._priced = config.cost  # the prices at the current view's time of day
-        self._path_shares: dict[tuple[str, ...], float] = {}  # config-derived, kept
+        self._eligible = Eligibility(config)  # which options may come first
         # A decision's request-independent half per snapshot (policy/plan_cache.py); the
         # plan itself too while the order is this class's ranking.
         self.cache = PlanCache()
@@ -143,10 +196,8 @@ class TierlinkPolicy:
     def plan_from(self, request: Request, view: ClusterView, order: list[Choice]) -> Plan:
         """The plan that puts ``order``'s first option first (the rest as fallbacks); its
         reason says when the node's battery or heat sent the request away."""
-        reason = order[0].label
-        spared = self._cfg.device_state.spare_reason(view.me.state)
-        if spared and not _computes_here(order[0]):
-            reason = f"{reason} ({spared}: local compute spared)"
+        reason = self._cfg.device_state.reason(order[0].label, view.me.state,
+                                               not _computes_here(order[0]))
         return Plan(merge_placements(order), self.name, reason=reason)
 
     def order(self, request: Request, view: ClusterView, feasible: list[Choice],
@@ -194,55 +245,12 @@ class TierlinkPolicy:
         """``feasible`` best first by the weighted score; what the tolerance or the tuned
         cascade set aside comes last, as fallbacks only."""
         ref_cost = self.reference_cost(request, view)
-        eligible = self._tuned_first(self._accurate_enough(feasible))
+        eligible = self._eligible.of(feasible)
         ranked = sorted(eligible, key=lambda c: -self._score(c.est, request.deadline_ms,
                                                              ref_cost))
         ordered = ranked + [c for c in feasible if c not in ranked]  # fallbacks, never first
-        if self._cfg.device_state.spare_reason(view.me.state):
-            # A low battery or a hot device: what an upstream can answer in time goes
-            # first (in its order), what would compute here stays as a fallback.
-            away = [c for c in ordered if not _computes_here(c)]
-            if away:
-                return away + [c for c in ordered if _computes_here(c)]
-        return ordered
-
-    def _accurate_enough(self, feasible: list[Choice],
-                         path: tuple[str, ...] = ()) -> list[Choice]:
-        """The options within ``accuracy_tolerance`` points of the most accurate one: the
-        tuned cascade's target says what is accurate enough, and among those latency and
-        cost decide (0: every option competes on the whole weighted score). The tolerance
-        is about a request's accuracy overall: on the inputs ``path`` escalated (a share of
-        them) a point lost there costs only that share of a point overall, so it widens by
-        that share."""
-        tolerance = self._cfg.accuracy_tolerance / 100.0
-        if tolerance <= 0:
-            return feasible
-        tolerance /= self._share(path)
-        best = max(c.est.accuracy for c in feasible)
-        return [c for c in feasible if c.est.accuracy >= best - tolerance - 1e-12]
-
-    def _tuned_first(self, eligible: list[Choice]) -> list[Choice]:
-        """With an accuracy tolerance and calibration records (a cascade tuned for these
-        models), a cascade that is accurate enough and fits the deadline is run: the tuning
-        already chose how much to escalate, and its target holds only if every node of the
-        chain follows it. The weights choose among what is left when none fits (answer
-        here, or send up at once)."""
-        if self._cfg.accuracy_tolerance <= 0 or not self._cfg.cascade_records:
-            return eligible
-        cascades = [c for c in eligible if c.kind == "cascade"]
-        return cascades or eligible
-
-    def _share(self, path: tuple[str, ...]) -> float:
-        """The share of inputs that the models of ``path`` all escalated (calibration
-        records; 1 for the empty path or when unrecorded)."""
-        if not path:
-            return 1.0
-        share = self._path_shares.get(path)
-        if share is None:
-            share = next((rec.share for key, rec in self._cfg.cascade_records.items()
-                          if key[:-1] == path), 1.0)
-            self._path_shares[path] = share = max(share, 1e-3)
-        return share
+        # A low battery or a hot device: what an upstream can answer in time goes first.
+        return self._cfg.device_state.spared_first(view.me.state, ordered, _computes_here)
 
     def reference_cost(self, req: Request, view: ClusterView) -> float:
         """The cost term's unit: answering ``req`` at the dearest node of the fleet that
@@ -442,7 +450,7 @@ class TierlinkPolicy:
         if len(feasible) == 1:
             return feasible[0].est
         ref_cost = self.reference_cost(req, view)
-        return max(self._tuned_first(self._accurate_enough(feasible, path)),
+        return max(self._eligible.of(feasible, path),
                    key=lambda c: self._score(c.est, budget, ref_cost)).est
 
     def _cascade(self, local: Choice, remote: Choice, req: Request, view: ClusterView,
@@ -489,7 +497,7 @@ class TierlinkPolicy:
 
     def _score(self, est: Estimate, deadline_ms: float, ref_cost: float) -> float:
         """The weighted score. With an accuracy tolerance the options compared are already
-        accurate enough (:meth:`_accurate_enough`): only latency and cost decide."""
+        accurate enough (:class:`Eligibility`): only latency and cost decide."""
         w = self._cfg.weights
         latency_term = est.latency_ms / deadline_ms if deadline_ms > 0 else 1.0
         cost_term = est.cost / ref_cost if ref_cost > 0 else 0.0
