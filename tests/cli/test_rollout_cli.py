@@ -36,7 +36,7 @@ def cli() -> typer.Typer:
 
 def heartbeat(node_id: str) -> dict[str, Any]:
     return {"node_id": node_id, "tier": "edge", "address": "http://127.0.0.1:8101",
-            "started_at": 1.0,
+            "started_at": 1.0, "labels": {"hw": "a" if node_id == "edge-1" else "b"},
             "models": [{"name": MODEL, "task": "fmnist", "version": "1", "accuracy": 0.9,
                         "latency_ms": 2.0}]}
 
@@ -125,3 +125,17 @@ def test_help_names_the_model_argument() -> None:
     result = runner.invoke(cli(), ["rollout", "start", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "as `tierlink model list` shows it" in " ".join(result.stdout.split())
+
+
+def test_a_rollout_cohort_by_cohort_from_the_command_line(http: TestClient) -> None:
+    started = invoke("start", MODEL, "2", "--tier", "edge", "--cohort", "hw=a",
+                     "--cohort", "hw=b", "--json")
+    assert started.exit_code == 0, started.output
+    record = json.loads(started.stdout)
+    assert record["spec"]["selector"] == {"hw": "a"}
+    assert record["spec"]["cohorts"] == [{"hw": "b"}]
+    assert {a["node_id"] for a in record["assignments"]} == {"edge-1"}
+    table = invoke("status")
+    assert "hw=a" in table.stdout, table.output
+    bad = invoke("start", "other", "2", "--tier", "edge", "--cohort", "hw")
+    assert bad.exit_code == 2 and "label=value" in bad.output

@@ -78,6 +78,7 @@ class SimNode:
     failures: dict[str, str] = field(default_factory=dict)
     counts: dict[str, Counts] = field(default_factory=dict)
     bad_stats: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
 
     def obey(self, desired: dict[str, Any]) -> None:
         """Reconcile with a heartbeat answer's ``desired`` (the node's contract)."""
@@ -111,7 +112,7 @@ class SimNode:
             models.append(self._entry(self.standby, "standby", self.weight))
         return {"node_id": self.node_id, "tier": self.tier,
                 "address": f"http://127.0.0.1:{8100 + int(self.node_id[-1])}",
-                "models": models, "started_at": STARTED,
+                "models": models, "started_at": STARTED, "labels": dict(self.labels),
                 "install_failures": {MODEL: dict(self.failures)} if self.failures else {}}
 
     def _entry(self, version: str, role: str, weight: float) -> dict[str, Any]:

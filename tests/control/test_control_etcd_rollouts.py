@@ -79,3 +79,24 @@ def test_a_silent_leader_loses_the_lead_when_its_lease_runs_out(etcd, etcd_prefi
     while not second.holds():  # first stops renewing (a crash)
         assert time.monotonic() < deadline, "the lead never moved"
         time.sleep(0.2)
+
+
+@pytest.mark.parametrize("kind", ["etcd", "sqlite"])
+def test_the_latest_rollout_of_each_cohort_is_current(etcd, etcd_prefix, kind):
+    """A model's cohorts are rolled out one after another: the store keeps telling each
+    cohort's nodes what its own latest rollout says (hw=a promoted, hw=b live)."""
+    from dataclasses import replace
+
+    from tierlink.control.rollouts import RolloutStore
+    from tierlink.rollout import rollback
+
+    store = EtcdRolloutStore(etcd, prefix=etcd_prefix) if kind == "etcd" \
+        else RolloutStore(":memory:")
+    spec, decision = first_step()
+    a = store.create(replace(spec, selector={"hw": "a"}), decision, 100.0)
+    ended = rollback(a.spec, decision.state, 110.0)
+    store.save(a, replace(decision, state=ended), 110.0)
+    b = store.create(replace(spec, selector={"hw": "b"}), decision, 120.0)
+    current, _ = store.current()
+    assert [(r.id, r.spec.cohort_key) for r in current] == [(a.id, "hw=a"), (b.id, "hw=b")]
+    store.close()

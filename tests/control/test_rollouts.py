@@ -296,3 +296,42 @@ def test_a_damaged_stored_rollout_is_skipped_and_the_others_go_on(
         assert restarted.desired_for("edge-1") == {}  # nothing published for it since
     finally:
         restarted.store.close()
+
+
+def test_cohort_by_cohort_and_a_failing_cohort_rolls_back_alone(env: Env) -> None:
+    """Version 2 is good on hardware a and wrong on b: the hw=a cohort is promoted, then
+    the hw=b cohort starts, fails its accuracy gate and rolls back — alone: hw=a keeps
+    version 2."""
+    a = SimNode("edge-1", "1", labels={"hw": "a"},
+                behaviours={"2": Behaviour(accuracy=0.92)})
+    b = SimNode("edge-2", "1", labels={"hw": "b"},
+                behaviours={"2": Behaviour(accuracy=0.75)})
+    sim = env.sim(a, b)
+    first = env.start(cohorts=[{"hw": "a"}, {"hw": "b"}], soak_s=30)
+    assert first["spec"]["selector"] == {"hw": "a"}
+    assert [x["node_id"] for x in first["assignments"]] == ["edge-1"]
+    assert env.controller.desired_for("edge-2") == {}  # not its turn
+    sim.run_until(lambda: env.phase(first["id"]) == "promoted")
+    second = next(r for r in env.controller.records(MODEL) if r["id"] != first["id"])
+    assert second["spec"]["selector"] == {"hw": "b"} and second["spec"]["cohorts"] == []
+    sim.run_until(lambda: env.phase(second["id"]) == "rolled_back")
+    reason = env.controller.get(second["id"])["transitions"][-1]["reason"]
+    assert "accuracy on labelled feedback" in reason
+    sim.run_until(lambda: a.active == "2" and b.active == "1" and b.weight == 0, 5)
+    assert env.controller.desired_for("edge-1") == {MODEL: {"version": "2", "weight": 1.0}}
+    assert env.controller.desired_for("edge-2") == {MODEL: {"version": "1", "weight": 1.0}}
+    assert env.phase(first["id"]) == "promoted"  # untouched by the second's rollback
+    for _ in range(5):  # and nothing else starts
+        sim.round()
+    assert len(env.controller.records(MODEL)) == 2
+
+
+def test_a_cohort_without_nodes_is_refused_and_bad_cohorts_are_config_errors(
+        env: Env) -> None:
+    env.sim(SimNode("edge-1", "1", labels={"hw": "a"}))
+    with pytest.raises(RolloutError, match="labels"):
+        env.start(cohorts=[{"hw": "z"}])
+    with pytest.raises(ConfigError, match="cohort"):
+        env.start(cohorts=[{"hw": 3}])
+    with pytest.raises(ConfigError, match="not both"):
+        env.start(cohorts=[{"hw": "a"}], selector={"hw": "a"})

@@ -109,16 +109,36 @@ def start_cmd(
                                         "data (default 3 x --soak)"),
     on_insufficient: str | None = typer.Option(None, "--on-insufficient-data",
                                                help="hold (default), promote or rollback"),
+    cohort: list[str] | None = typer.Option(None, "--cohort", help="the nodes with these "
+                                            "labels, e.g. hw=jetson or site=a,hw=x; repeat "
+                                            "it: one cohort after another, each with its "
+                                            "own stages and gates (default: the whole tier)"),
     control: str = ControlUrl, admin_token: str | None = AdminToken, as_json: bool = AsJson,
 ) -> None:
-    """Start a staged rollout of MODEL VERSION on a tier."""
+    """Start a staged rollout of MODEL VERSION on a tier (cohort by cohort with --cohort)."""
     try:
         body = _start_body(model, version, tier, canary, stages, soak, min_requests, previous,
                            deploy_timeout, max_soak, on_insufficient)
+        if cohort:
+            body["cohorts"] = [parse_labels(c) for c in cohort]
         record = call(control, admin_token, "POST", "/v1/rollouts", body)
     except TierlinkError as exc:
         fail(exc)
     _show_record(record, as_json, f"started rollout {record['id']}")
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``hw=jetson,site=a`` as labels; ``ConfigError`` naming the bad part."""
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"--cohort {text!r}: {part!r} is not label=value",
+                              hint="e.g. --cohort hw=jetson --cohort hw=pi")
+        out[key.strip()] = value.strip()
+    if not out:
+        raise ConfigError(f"--cohort {text!r} names no label", hint="e.g. --cohort hw=jetson")
+    return out
 
 
 def _start_body(model: str, version: str, tier: str, canary: str | None, stages: str | None,
@@ -224,14 +244,15 @@ def _show_record(record: dict[str, Any], as_json: bool, title: str) -> None:
 
 def _list_table(url: str, records: list[dict[str, Any]], now: float | None) -> Table:
     table = Table(title=f"rollouts at {url}")
-    for col in ("id", "model", "version", "previous", "phase", "stage", "share", "age",
-                "last reason"):
+    for col in ("id", "model", "version", "previous", "cohort", "phase", "stage", "share",
+                "age", "last reason"):
         table.add_column(col, overflow="fold")
     clock = time.time() if now is None else now
     for r in records:
         spec = r["spec"]
+        cohort = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items()))
         table.add_row(str(r["id"]), spec["name"], spec["version"], spec["previous"],
-                      r["phase"], _stage(r), f"{r['share']:.0%}",
+                      cohort or "all", r["phase"], _stage(r), f"{r['share']:.0%}",
                       _age(clock - r["created_at"]), _last_reason(r))
     return table
 

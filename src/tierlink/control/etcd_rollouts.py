@@ -92,9 +92,9 @@ class EtcdRolloutStore:
 
     def current(self) -> tuple[list[StoredRollout], dict[int, str]]:
         damaged: dict[int, str] = {}
-        latest: dict[tuple[str, str], StoredRollout] = {}
+        latest: dict[tuple[str, str, str], StoredRollout] = {}
         for r in self._all(damaged):
-            target = (r.spec.name, r.spec.tier.label)
+            target = (r.spec.name, r.spec.tier.label, r.spec.cohort_key)
             if target not in latest or latest[target].id < r.id:
                 latest[target] = r
         return sorted(latest.values(), key=lambda r: r.id), damaged

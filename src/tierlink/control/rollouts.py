@@ -42,7 +42,7 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -219,12 +219,13 @@ class RolloutStore:
         return self._select(f"{where} ORDER BY id DESC LIMIT ?", (*args, limit))
 
     def current(self) -> tuple[list[StoredRollout], dict[int, str]]:
-        """The latest rollout of every ``(model, tier)`` (every live one among them), oldest
-        first: what the nodes are told to serve; and the rows among them that cannot be
+        """The latest rollout of every ``(model, tier, cohort)`` (every live one among them),
+        oldest first: what the nodes are told to serve; and the rows among them that cannot be
         decoded (id -> why), left out so that one damaged row does not stop the others."""
         damaged: dict[int, str] = {}
-        rows = self._select("WHERE id IN (SELECT MAX(id) FROM rollouts GROUP BY name, tier)"
-                            " ORDER BY id", (), damaged)
+        rows = self._select("WHERE id IN (SELECT MAX(id) FROM rollouts GROUP BY name, tier,"
+                            " COALESCE(json_extract(spec, '$.selector'), '{}')) ORDER BY id",
+                            (), damaged)
         return rows, damaged
 
     def transitions(self, rollout_id: int) -> list[dict[str, Any]]:
@@ -344,9 +345,12 @@ def node_snapshot(record: NodeRecord, model: str,
 
 
 def tier_snapshot(records: Iterable[NodeRecord], model: str, tier: Tier, now: float,
-                  problems: list[str] | None = None) -> FleetSnapshot:
-    """The nodes of ``tier`` that serve ``model`` (or failed to install it), at ``now``."""
-    nodes = [node_snapshot(r, model, problems) for r in records if r.tier == tier.label]
+                  problems: list[str] | None = None,
+                  selector: Mapping[str, str] | None = None) -> FleetSnapshot:
+    """The nodes of ``tier`` (with the labels of ``selector``: a cohort) that serve
+    ``model`` (or failed to install it), at ``now``."""
+    nodes = [node_snapshot(r, model, problems) for r in records if r.tier == tier.label
+             and all(r.labels.get(k) == v for k, v in (selector or {}).items())]
     return FleetSnapshot(now, tuple(n for n in nodes if n is not None))
 
 
@@ -377,6 +381,10 @@ def spec_from_body(body: Mapping[str, Any], previous: str) -> RolloutSpec:
                               hint="--canary 10% means stages 10%, 50%, 100%")
         data["stages"] = default_stages(float(body["canary"]))
     data["previous"] = previous
+    cohorts = data.get("cohorts")
+    if cohorts:  # the first cohort now, the rest one after another
+        data["selector"] = _first_cohort(body)
+        data["cohorts"] = cohorts[1:]
     return RolloutSpec.from_dict(data)
 
 
@@ -390,6 +398,14 @@ class _Published:
     name: str
     tier: str
     assignments: tuple[Assignment, ...]
+    cohort: str = ""  # RolloutSpec.cohort_key: "" for the whole tier
+
+    @classmethod
+    def of(cls, rollout: StoredRollout,
+           assignments: tuple[Assignment, ...] | None = None) -> _Published:
+        return cls(rollout.spec.name, rollout.spec.tier.label,
+                   rollout.assignments if assignments is None else assignments,
+                   rollout.spec.cohort_key)
 
 
 class RolloutController:
@@ -415,9 +431,8 @@ class RolloutController:
         # Resume where the store left off: nodes keep their assignments across a restart.
         current, damaged = store.current()
         self._report_damaged(damaged)
-        self._published = {r.id: _Published(r.spec.name, r.spec.tier.label, r.assignments)
-                           for r in current}
-        self._desired = _desired(self._published.values())
+        self._published = {r.id: _Published.of(r) for r in current}
+        self._desired = _desired(self._published)
 
     # -- the heartbeat answer --------------------------------------------------------------
 
@@ -439,11 +454,13 @@ class RolloutController:
             if self.repository is not None:
                 self.repository.version(name, version)  # RepositoryError (404) if unknown
             now = self.clock()
-            fleet = tier_snapshot(self._alive(), name, tier, now)
-            previous = str(body.get("previous") or majority_active(fleet, name, tier))
+            selector = _first_cohort(body)
+            fleet = tier_snapshot(self._alive(), name, tier, now, selector=selector)
             if not fleet.tier_nodes(tier):
-                raise RolloutError(f"no alive {tier.label} node serves model {name!r}",
-                                   hint=_START_HINT)
+                cohort = f" with labels {dict(selector)}" if selector else ""
+                raise RolloutError(f"no alive {tier.label} node{cohort} serves model "
+                                   f"{name!r}", hint=_START_HINT)
+            previous = str(body.get("previous") or majority_active(fleet, name, tier))
             spec = spec_from_body({**body, "version": version}, previous)
             decision = step(spec, RolloutState.start(now), fleet)
             rollout = self.store.create(spec, decision, now)  # 409 if one is live
@@ -464,18 +481,18 @@ class RolloutController:
             kept = {i: self._published[i] for i in damaged if i in self._published}
             if self.leader is not None and not self.leader():
                 # Another replica steps them: tell nodes what it stored.
-                published = {**kept, **{r.id: _Published(r.spec.name, r.spec.tier.label,
-                                                          r.assignments) for r in current}}
-                self._published, self._desired = published, _desired(published.values())
+                published = {**kept, **{r.id: _Published.of(r) for r in current}}
+                self._published, self._desired = published, _desired(published)
                 return
             if not current:
-                self._published, self._desired = kept, _desired(kept.values())
+                self._published, self._desired = kept, _desired(kept)
                 return
             now, records = self.clock(), self._alive()
-            published = {**kept, **{r.id: _Published(r.spec.name, r.spec.tier.label,
-                                                     self._tick_one(r, records, now))
+            published = {**kept, **{r.id: _Published.of(r, self._tick_one(r, records, now))
                                     for r in current}}
-            self._published, self._desired = published, _desired(published.values())
+            self._published, self._desired = published, _desired(published)
+            for rollout in self._next_cohorts(current, records, now):
+                self._publish(rollout)
 
     def _tick_one(self, rollout: StoredRollout, records: Sequence[NodeRecord],
                   now: float) -> tuple[Assignment, ...]:
@@ -576,7 +593,7 @@ class RolloutController:
     def _snapshot(self, records: Sequence[NodeRecord], spec: RolloutSpec,
                   now: float) -> FleetSnapshot:
         problems: list[str] = []
-        fleet = tier_snapshot(records, spec.name, spec.tier, now, problems)
+        fleet = tier_snapshot(records, spec.name, spec.tier, now, problems, spec.selector)
         for problem in problems:
             if problem not in self._reported:  # once, not every second
                 self._reported.add(problem)
@@ -595,23 +612,66 @@ class RolloutController:
                                     to_phase=t.to_phase.value).inc()
 
     def _publish(self, rollout: StoredRollout) -> None:
-        """Make ``rollout`` what its (model, tier)'s nodes are told to serve."""
-        entry = _Published(rollout.spec.name, rollout.spec.tier.label, rollout.assignments)
+        """Make ``rollout`` what its (model, tier, cohort)'s nodes are told to serve."""
+        entry = _Published.of(rollout)
         published = {i: p for i, p in self._published.items()
-                     if (p.name, p.tier) != (entry.name, entry.tier)}
+                     if (p.name, p.tier, p.cohort) != (entry.name, entry.tier, entry.cohort)}
         published[rollout.id] = entry
-        self._published, self._desired = published, _desired(published.values())
+        self._published, self._desired = published, _desired(published)
+
+    def _next_cohorts(self, current: Sequence[StoredRollout], records: Sequence[NodeRecord],
+                      now: float) -> list[StoredRollout]:
+        """The next cohort of every rollout that was just promoted (and is still its
+        model's latest), started as a rollout of its own."""
+        started = []
+        for rollout in current:
+            latest = self.store.get(rollout.id)
+            if latest is None or latest.state.phase is not Phase.PROMOTED \
+                    or not latest.spec.cohorts or self._has_later(latest):
+                continue
+            spec = replace(latest.spec, selector=latest.spec.cohorts[0],
+                           cohorts=latest.spec.cohorts[1:])
+            fleet = self._snapshot(records, spec, now)
+            decision = step(spec, RolloutState.start(now), fleet)
+            try:
+                started.append(self.store.create(spec, decision, now))
+            except RolloutError as exc:  # another live rollout of the model meanwhile
+                log.info("rollout %d: the next cohort waits: %s", rollout.id, exc)
+                continue
+            self._announce(started[-1].id, spec, decision.transitions)
+        return started
+
+    def _has_later(self, rollout: StoredRollout) -> bool:
+        """Has a rollout of the same model started after ``rollout``?"""
+        return any(r.id > rollout.id for r in self.store.recent(rollout.spec.name, 1))
 
 
-def _desired(published: Iterable[_Published]) -> dict[str, dict[str, dict[str, Any]]]:
-    """node id -> model -> {"version", "weight"} (a node is in one tier, so at most one
-    rollout per model has an assignment for it)."""
+def _desired(published: Mapping[int, _Published]) -> dict[str, dict[str, dict[str, Any]]]:
+    """node id -> model -> {"version", "weight"}: oldest rollout first, so that where two
+    assign a node (a whole-tier rollout, then a cohort's) the later one counts."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for entry in published:
+    for _, entry in sorted(published.items()):
         for a in entry.assignments:
             out.setdefault(a.node_id, {})[entry.name] = {"version": a.version,
                                                          "weight": a.weight}
     return out
+
+
+def _first_cohort(body: Mapping[str, Any]) -> Mapping[str, str]:
+    """The labels of the nodes a start body's first cohort takes ({}: the whole tier);
+    ``ConfigError`` for cohorts that are not label mappings."""
+    cohorts, selector = body.get("cohorts"), body.get("selector")
+    if cohorts and selector:
+        raise ConfigError("give cohorts or selector, not both",
+                          hint="cohorts: [{hw: a}, {hw: b}] rolls out to hw=a first")
+    listed = cohorts if cohorts else [selector] if selector else []
+    if not isinstance(listed, list) or not all(
+            isinstance(c, Mapping) and c and all(isinstance(k, str) and isinstance(v, str)
+                                                 and k and v for k, v in c.items())
+            for c in listed):
+        raise ConfigError(f"rollout cohorts must be a list of label mappings, got {listed!r}",
+                          hint='e.g. [{"hw": "a"}, {"hw": "b"}]')
+    return listed[0] if listed else {}
 
 
 def _text(body: Mapping[str, Any], name: str) -> str:

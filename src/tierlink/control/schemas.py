@@ -391,7 +391,9 @@ class RolloutIn(BaseModel):
     ``stages`` (shares of the tier's traffic, increasing, ending at 1) or ``canary`` (the
     first stage's share; then 50% if that is still far, then all), not both; neither: 10%,
     50%, 100%. ``previous``: the version to compare with and roll back to (default: the one
-    most of the tier's nodes report active). Omitted fields take
+    most of the tier's nodes report active). ``cohorts``: label selectors, rolled out one
+    after another (each a rollout with its own stages and gates; a cohort that fails rolls
+    back alone), or ``selector``: one cohort. Omitted fields take
     :class:`tierlink.rollout.RolloutSpec`'s defaults, which also validates the values."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
@@ -409,6 +411,9 @@ class RolloutIn(BaseModel):
     max_soak_s: float | None = Field(default=None, ge=0.0)
     insufficient_data: Literal["hold", "promote", "rollback"] | None = None
     fail_fast: bool | None = None
+    cohorts: list[dict[LabelKey, LabelValue]] | None = Field(default=None, min_length=1,
+                                                             max_length=32)
+    selector: dict[LabelKey, LabelValue] | None = None
 
 
 class RolloutActionIn(BaseModel):

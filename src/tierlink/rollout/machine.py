@@ -99,7 +99,12 @@ class RolloutSpec:
     each stage runs before it may pass. ``min_requests``: requests needed on each side of a
     comparison. ``deploy_timeout_s``: how long a stage's nodes may take to report the version.
     ``max_soak_s``: the longest a stage soaks waiting for data (None: 3 x ``soak_s``).
-    ``fail_fast``: roll back as soon as a gate fails, not only at the end of the soak."""
+    ``fail_fast``: roll back as soon as a gate fails, not only at the end of the soak.
+    ``selector``: labels a node must carry to be in this rollout (a cohort: a site, a
+    hardware class; empty: the whole tier). ``cohorts``: the selectors of the cohorts that
+    follow, one after another, each a rollout of its own with its own gates, started once
+    this one is promoted (a cohort that fails rolls back alone and the ones after it do not
+    start)."""
 
     name: str
     version: str
@@ -113,6 +118,8 @@ class RolloutSpec:
     max_soak_s: float | None = None
     insufficient_data: str = "hold"
     fail_fast: bool = True
+    selector: Mapping[str, str] = field(default_factory=dict)
+    cohorts: tuple[Mapping[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("name", "version", "previous"):
@@ -123,6 +130,12 @@ class RolloutSpec:
                               hint="roll out a different version")
         _check_stages(self.stages)
         _check_durations(self)
+        for selector in (self.selector, *self.cohorts):
+            if not isinstance(selector, Mapping) or not all(
+                    isinstance(k, str) and isinstance(v, str) and k and v
+                    for k, v in selector.items()):
+                raise ConfigError(f"a rollout cohort is a mapping of label to value, got "
+                                  f"{selector!r}", hint='e.g. {"hw": "jetson"}')
         if self.insufficient_data not in INSUFFICIENT_POLICIES:
             raise ConfigError(f"insufficient_data must be one of "
                               f"{', '.join(INSUFFICIENT_POLICIES)}, got "
@@ -140,7 +153,18 @@ class RolloutSpec:
                 "tier": self.tier.label, "stages": list(self.stages), "soak_s": self.soak_s,
                 "gates": self.gates.to_dict(), "min_requests": self.min_requests,
                 "deploy_timeout_s": self.deploy_timeout_s, "max_soak_s": self.max_soak_s,
-                "insufficient_data": self.insufficient_data, "fail_fast": self.fail_fast}
+                "insufficient_data": self.insufficient_data, "fail_fast": self.fail_fast,
+                "selector": dict(sorted(self.selector.items())),
+                "cohorts": [dict(sorted(c.items())) for c in self.cohorts]}
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """Is a node with ``labels`` in this rollout's cohort?"""
+        return all(labels.get(k) == v for k, v in self.selector.items())
+
+    @property
+    def cohort_key(self) -> str:
+        """The cohort as text (``hw=jetson,site=lab``; "" for the whole tier)."""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutSpec:
@@ -160,6 +184,12 @@ class RolloutSpec:
             raise ConfigError(f"rollout spec: {exc}", hint=_SPEC_HINT) from exc
         kwargs["version"], kwargs["previous"] = str(data["version"]), str(data["previous"])
         kwargs["gates"] = Gates.from_dict(data.get("gates") or {})
+        kwargs["selector"] = dict(data.get("selector") or {})
+        cohorts = data.get("cohorts") or ()
+        if not isinstance(cohorts, list | tuple):
+            raise ConfigError(f"rollout cohorts must be a list of label mappings, got "
+                              f"{cohorts!r}", hint='e.g. [{"hw": "a"}, {"hw": "b"}]')
+        kwargs["cohorts"] = tuple(dict(c) if isinstance(c, Mapping) else c for c in cohorts)
         return cls(**kwargs)
 
 
