@@ -60,11 +60,15 @@ def test_the_level_falls_under_lag_and_climbs_back_when_calm() -> None:
     assert gate.level == 3.0
 
 
-def test_the_longest_stall_is_remembered_for_a_few_windows() -> None:
+def test_a_stall_that_keeps_coming_back_counts_a_lone_one_does_not() -> None:
     gate, clock = gate_and_clock()
     assert gate.stall_ms() == 0.0
-    gate.observe_lag(12.0)  # one probe woke 12 ms late
+    gate.observe_lag(12.0)  # one probe woke 12 ms late: a lone stall
     window(gate, clock, 0.0)
+    assert gate.stall_ms() == 0.0
+    for _ in range(3):  # ... then in three windows more
+        gate.observe_lag(12.0)
+        window(gate, clock, 0.0)
     assert gate.stall_ms() == 12.0
     for _ in range(5):  # five calm windows later it is forgotten
         window(gate, clock, 0.0)

@@ -122,8 +122,8 @@ def _no_stall() -> float:
 
 class Dispatcher:
     """Executes plans for one node. ``clock`` is monotonic seconds (injected).
-    ``stall_ms``: how late the node's event loop has lately run at worst (the overload
-    gate's probe): an escalation made while holding an answer keeps that much of the
+    ``stall_ms``: how late the node's event loop has lately kept running at once (the
+    overload gate's probe): an escalation made while holding an answer keeps that much of the
     deadline back when it is more than the margin, so the answer in hand still leaves on
     time when the loop stalls."""
 

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import math
 import random
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -39,7 +40,7 @@ from tierlink.core.types import Priority
 from tierlink.errors import AdmissionRefused
 from tierlink.settings.routing import OverloadConfig
 
-STALL_WINDOWS = 5  # windows the longest stall is remembered over (a second by default)
+STALL_WINDOWS = 5  # windows whose longest stalls are remembered (a second by default)
 TOP = 3.0  # every class admitted
 FLOOR = 1.0  # realtime only
 CALM = 0.7  # a window under this share of the target lets the level climb
@@ -60,7 +61,7 @@ class OverloadGate:
         self.level = TOP
         self.lag_ms = 0.0  # ms late per 100 ms over the last window
         self._late_ms, self._window_start = 0.0, clock()
-        self._stalls: deque[float] = deque([0.0], maxlen=STALL_WINDOWS)  # longest per window
+        self._stalls: deque[float] = deque([0.0] * STALL_WINDOWS, maxlen=STALL_WINDOWS)
         self._window_stall = 0.0
         self._changed: asyncio.Event | None = None
         self.inflight = 0  # inference requests in the app now
@@ -103,9 +104,11 @@ class OverloadGate:
             self._changed.set()  # waiters look again
 
     def stall_ms(self) -> float:
-        """The longest the loop ran late at once over the last few windows (a CPU quota's
-        freeze, a long callback): what an answer about to be returned may still wait."""
-        return max(self._stalls)
+        """How long the loop has lately run late at once: the median over the last few
+        windows of each window's longest lateness — a stall that keeps coming back (a CPU
+        quota's freezes on a busy machine), not a lone one (a garbage collection): what an
+        answer about to be returned may still wait."""
+        return statistics.median(self._stalls)
 
     def admits(self, priority: Priority) -> bool:
         p = int(priority)
