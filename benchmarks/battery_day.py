@@ -84,15 +84,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tierlink.sim.plots import battery_panel
+
     fig, ax = plt.subplots(figsize=(9, 4))
-    for name, v in result["variants"].items():
-        t = [p["t_s"] / 3600 for p in v["timeline"]]
-        ax.plot(t, [p["mean_charge"] for p in v["timeline"]], label=name,
-                ls="--" if name == "device_only" else "-")
+    battery_panel(ax, {name: v["timeline"] for name, v in result["variants"].items()},
+                  hours=True)
     ax.axhline(0.2, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("simulated hours")
-    ax.set_ylabel("devices' mean charge")
-    ax.set_ylim(0.0, 1.02)
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -68,9 +68,11 @@ from tierlink.rollout import (
     Transition,
     VersionStats,
     assignments_for,
+    check_cohort,
     default_stages,
     describe,
     expected_share,
+    in_cohort,
     pause,
     promote,
     resume,
@@ -349,8 +351,8 @@ def tier_snapshot(records: Iterable[NodeRecord], model: str, tier: Tier, now: fl
                   selector: Mapping[str, str] | None = None) -> FleetSnapshot:
     """The nodes of ``tier`` (with the labels of ``selector``: a cohort) that serve
     ``model`` (or failed to install it), at ``now``."""
-    nodes = [node_snapshot(r, model, problems) for r in records if r.tier == tier.label
-             and all(r.labels.get(k) == v for k, v in (selector or {}).items())]
+    nodes = [node_snapshot(r, model, problems) for r in records
+             if r.tier == tier.label and in_cohort(selector or {}, r.labels)]
     return FleetSnapshot(now, tuple(n for n in nodes if n is not None))
 
 
@@ -625,6 +627,8 @@ class RolloutController:
         model's latest), started as a rollout of its own."""
         started = []
         for rollout in current:
+            if not rollout.spec.cohorts:
+                continue  # no cohort follows it: nothing to read
             latest = self.store.get(rollout.id)
             if latest is None or latest.state.phase is not Phase.PROMOTED \
                     or not latest.spec.cohorts or self._has_later(latest):
@@ -665,12 +669,11 @@ def _first_cohort(body: Mapping[str, Any]) -> Mapping[str, str]:
         raise ConfigError("give cohorts or selector, not both",
                           hint="cohorts: [{hw: a}, {hw: b}] rolls out to hw=a first")
     listed = cohorts if cohorts else [selector] if selector else []
-    if not isinstance(listed, list) or not all(
-            isinstance(c, Mapping) and c and all(isinstance(k, str) and isinstance(v, str)
-                                                 and k and v for k, v in c.items())
-            for c in listed):
+    if not isinstance(listed, list):
         raise ConfigError(f"rollout cohorts must be a list of label mappings, got {listed!r}",
                           hint='e.g. [{"hw": "a"}, {"hw": "b"}]')
+    for cohort in listed:  # every one, before any node is looked at
+        check_cohort(cohort)
     return listed[0] if listed else {}
 
 

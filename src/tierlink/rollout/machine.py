@@ -131,11 +131,7 @@ class RolloutSpec:
         _check_stages(self.stages)
         _check_durations(self)
         for selector in (self.selector, *self.cohorts):
-            if not isinstance(selector, Mapping) or not all(
-                    isinstance(k, str) and isinstance(v, str) and k and v
-                    for k, v in selector.items()):
-                raise ConfigError(f"a rollout cohort is a mapping of label to value, got "
-                                  f"{selector!r}", hint='e.g. {"hw": "jetson"}')
+            check_cohort(selector)
         if self.insufficient_data not in INSUFFICIENT_POLICIES:
             raise ConfigError(f"insufficient_data must be one of "
                               f"{', '.join(INSUFFICIENT_POLICIES)}, got "
@@ -156,10 +152,6 @@ class RolloutSpec:
                 "insufficient_data": self.insufficient_data, "fail_fast": self.fail_fast,
                 "selector": dict(sorted(self.selector.items())),
                 "cohorts": [dict(sorted(c.items())) for c in self.cohorts]}
-
-    def selects(self, labels: Mapping[str, str]) -> bool:
-        """Is a node with ``labels`` in this rollout's cohort?"""
-        return all(labels.get(k) == v for k, v in self.selector.items())
 
     @property
     def cohort_key(self) -> str:
@@ -191,6 +183,20 @@ class RolloutSpec:
                               f"{cohorts!r}", hint='e.g. [{"hw": "a"}, {"hw": "b"}]')
         kwargs["cohorts"] = tuple(dict(c) if isinstance(c, Mapping) else c for c in cohorts)
         return cls(**kwargs)
+
+
+def check_cohort(selector: Any) -> Mapping[str, str]:
+    """``selector`` if it is a cohort (a mapping of label to value); ``ConfigError`` if not."""
+    if not isinstance(selector, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and v for k, v in selector.items()):
+        raise ConfigError(f"a rollout cohort is a mapping of label to value, got "
+                          f"{selector!r}", hint='e.g. {"hw": "jetson"}')
+    return selector
+
+
+def in_cohort(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Does a node with ``labels`` belong to the cohort ``selector`` names ({}: all do)?"""
+    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def _check_stages(stages: tuple[float, ...]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -66,11 +67,7 @@ def plot(runs: Mapping[str, Sequence[Record]], path: Path, bins: int = 30,
     sla.set_ylabel("SLA attainment")
     share.set_ylabel(f"{routed}: answered at")
     if batteries:
-        for name, timeline in batteries.items():
-            axes[3].plot([p["t_s"] for p in timeline], [p["mean_charge"] for p in timeline],
-                         label=name)
-        axes[3].set_ylabel("devices' mean charge")
-        axes[3].set_ylim(0.0, 1.02)
+        battery_panel(axes[3], batteries)
     axes[-1].set_xlabel("simulated time (s)")
     for ax in axes:
         ax.legend(loc="upper right", fontsize=8)
@@ -79,6 +76,18 @@ def plot(runs: Mapping[str, Sequence[Record]], path: Path, bins: int = 30,
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def battery_panel(ax: Any, batteries: Mapping[str, Sequence[Mapping[str, float]]],
+                  hours: bool = False) -> None:
+    """The devices' mean charge over time, a line per run (``power.timeline``); the time
+    axis in seconds, or in hours."""
+    scale = 3600.0 if hours else 1.0
+    for name, timeline in batteries.items():
+        ax.plot([p["t_s"] / scale for p in timeline], [p["mean_charge"] for p in timeline],
+                label=name, ls="--" if name == "device_only" else "-")
+    ax.set_ylabel("devices' mean charge")
+    ax.set_ylim(0.0, 1.02)
 
 
 def _nan(values: Sequence[float | None], fill: float = float("nan")) -> list[float]:

@@ -180,6 +180,7 @@ def power_summary(nodes: Iterable[SimNode], now: float) -> dict[str, Any]:
         state.advance(now)
     if not states:
         return {}
+    charges = [s.charge_at(now) for s in states.values() if s.power.battery is not None]
     return {"devices": len(states),
             "energy_j": round(sum(s.energy_j for s in states.values()), 3),
             "throttled_s": round(sum(s.throttled_s for s in states.values()), 3),
@@ -188,13 +189,8 @@ def power_summary(nodes: Iterable[SimNode], now: float) -> dict[str, Any]:
             # battery life: when the first device went flat (None: none did)
             "first_empty_s": min((s.empty_at for s in states.values()
                                   if s.empty_at is not None), default=None),
-            "mean_charge_share": round(sum(
-                max(s.charge_j, 0.0) / s.power.battery.capacity_j for s in states.values()
-                if s.power.battery is not None) / max(1, sum(
-                    s.power.battery is not None for s in states.values())), 4),
-            "min_charge_share": round(min(
-                (max(s.charge_j, 0.0) / s.power.battery.capacity_j for s in states.values()
-                 if s.power.battery is not None), default=1.0), 4)}
+            "mean_charge_share": round(sum(charges) / len(charges), 4) if charges else 1.0,
+            "min_charge_share": round(min(charges, default=1.0), 4)}
 
 
 def simulate(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outcomes,
