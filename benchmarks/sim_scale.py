@@ -73,10 +73,10 @@ def items_for(config: Any, n_samples: int, seconds: float, rate: float, seed: in
 STAGES = {"node.handle (all of a device's work)": ("sim/node.py", "handle"),
           "policy plan": ("policy/placement.py", "plan"),
           "view rebuild (registry, ClusterView)": ("sim/fleet.py", "view_of"),
-          "dispatcher execute": ("node/dispatcher.py", "execute"),
-          "scheduler submit": ("node/scheduler.py", "submit"),
-          "links (queue, delay)": ("sim/links.py", "_carry"),
-          "arrivals (drive loop)": ("sim/fleet.py", "drive")}
+          "dispatcher steps (decisions)": ("node/dispatcher.py", "steps"),
+          "steps carried out (sim/dispatch.py)": ("sim/dispatch.py", "_advance"),
+          "scheduler admit": ("node/scheduler.py", "admit"),
+          "links (queue, delay)": ("sim/links.py", "_carry")}
 
 
 def profile(config: Any, views: Any, outcomes: Any, items: list, seed: int,

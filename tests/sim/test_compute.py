@@ -11,7 +11,7 @@ import pytest
 from tierlink.core.types import Priority
 from tierlink.errors import AdmissionRefused, DeadlineExceeded
 from tierlink.node.scheduler import Scheduler, SchedulerConfig
-from tierlink.sim.compute import ComputeModel, SimScheduler, Work
+from tierlink.sim.compute import ComputeModel, Reply, SimScheduler, Work
 from tierlink.sim.loop import run
 
 
@@ -74,3 +74,26 @@ def test_run_times_scale_with_speed_and_jitter_is_seeded() -> None:
     noisy = ComputeModel(jitter=0.3)
     draws = [noisy.seconds(10.0, random.Random(7)) for _ in range(2)]
     assert draws[0] == draws[1] and draws[0] != 0.01
+
+
+def test_a_reply_comes_on_the_next_turn_and_a_cancelled_one_leaves_the_queue() -> None:
+    async def main() -> tuple[list[tuple[str, float]], int]:
+        s, loop = _scheduler(workers=1), asyncio.get_running_loop()
+        heard: list[tuple[str, float]] = []
+
+        def submit(name: str) -> Reply:
+            reply = Reply(lambda result, error: heard.append((result, loop.time())), s)
+            reply.job = s.admit(Work(1.0, name), priority=Priority.BATCH, deadline_s=None,
+                                future=reply, key="m", inline=False)
+            return reply
+
+        submit("first")
+        gone = submit("gone")  # queued behind the first
+        submit("third")
+        assert heard == []  # never inside the call that submitted it
+        gone.cancel()
+        await asyncio.sleep(5.0)
+        return heard, s.snapshot().cancelled
+
+    heard, cancelled = run(main)
+    assert heard == [("first", 1.0), ("third", 2.0)] and cancelled == 1

@@ -8,24 +8,46 @@ import random
 import pytest
 
 from tierlink.fleet.workload import make_workload
+from tierlink.sim.dispatch import Chain
 from tierlink.sim.links import LinkShape, SimLink, outage_windows
 from tierlink.sim.loop import run
 from tierlink.sim.workload import Arrivals, Burst, arrival_times, workload
 
 
 def _carry(shape: LinkShape, sizes: list[int], start: float = 0.0) -> list[float]:
+    """When each payload sent at ``start`` is through (sent in order, at once)."""
     async def main() -> list[float]:
         loop = asyncio.get_running_loop()
         link = SimLink("a", "b", shape, random.Random(1))
         await asyncio.sleep(start)
-
-        async def one(n: int) -> float:
-            await link.send(n)
-            return loop.time()
-
-        return list(await asyncio.gather(*(one(n) for n in sizes)))
+        through: list[asyncio.Future[float]] = []
+        for n in sizes:
+            future: asyncio.Future[float] = loop.create_future()
+            link.send(n, lambda f=future: f.set_result(loop.time()), Chain())
+            through.append(future)
+        return list(await asyncio.gather(*through))
 
     return run(main)
+
+
+def test_a_payload_cancelled_with_its_operation_never_arrives() -> None:
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        link = SimLink("a", "b", LinkShape(20.0, outages=outage_windows([[0.0, 1.0]])),
+                       random.Random(1))
+        arrived: list[str] = []
+        waiting, travelling = Chain(), Chain()
+        link.send(100, lambda: arrived.append("waiting"), waiting)  # held by the outage
+        await asyncio.sleep(1.001)
+        link.send(100, lambda: arrived.append("travelling"), travelling)
+        waiting.cancel()
+        travelling.cancel()
+        link.send(100, lambda: arrived.append("kept"), Chain())
+        await asyncio.sleep(1.0)
+        assert loop.time() > 2.0
+        return arrived
+
+    assert run(main) == ["kept"]
 
 
 def test_propagation_and_a_bottleneck_queue() -> None:

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierlink.core.types import Priority
-from tierlink.errors import AdmissionRefused
-from tierlink.node.job_queue import JobQueue
+from tierlink.errors import AdmissionRefused, DeadlineExceeded
+from tierlink.node.job_queue import Job, JobQueue
 from tierlink.node.service_times import ServiceTimes
 
-__all__ = ["Admission", "Ask"]
+__all__ = ["Admission", "Ask", "expired", "shed"]
 
 _HEADLINES = {"queue_full": "the queue is full",
               "deadline": "the deadline cannot be met here",
@@ -91,3 +91,19 @@ class Admission:
             max_queue=self._max_queue, inflight=inflight, workers=self._workers,
             estimated_wait_ms=round(wait_ms, 3), estimated_service_ms=round(service_ms, 3),
             remaining_ms=None if remaining_ms is None else round(remaining_ms, 3))
+
+
+def expired(job: Job, now: float) -> DeadlineExceeded:
+    """What an admitted job is told when its deadline passed while it waited."""
+    waited_ms = (now - job.enqueued_at) * 1000.0
+    late_ms = (now - job.deadline) * 1000.0
+    return DeadlineExceeded(
+        f"deadline passed while queued: waited {waited_ms:.1f} ms, the deadline was "
+        f"{late_ms:.1f} ms ago; the job was not run",
+        waited_ms=round(waited_ms, 3), late_ms=round(late_ms, 3), priority=job.priority.label)
+
+
+def shed(job: Job) -> AdmissionRefused:
+    """What a job still queued is told when the node shuts down."""
+    return AdmissionRefused("the node is shutting down: this queued job was not run",
+                            reason="shutting_down", priority=job.priority.label)

@@ -19,17 +19,11 @@ Answers that fail, or that fall back, are never handed over: only low confidence
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator
+from dataclasses import replace
 from typing import Any, Protocol
 
-import numpy as np
-
-from tierlink.core.types import NO_BILL, Bill, Fallback, Outcome, Placement, Plan, Request, Tier
-
-__all__ = ["Dispatcher", "HardExampleHook", "RetryBudget", "StepResult", "execute_observed",
-           "reason_of"]
+from tierlink.core.types import NO_BILL, Bill, Fallback, Placement, Plan, Request, Tier
 from tierlink.errors import (
     AdmissionRefused,
     DeadlineExceeded,
@@ -43,22 +37,26 @@ from tierlink.errors import (
     UpstreamUnavailable,
 )
 from tierlink.node.hedging import Hedger
+from tierlink.node.steps import (
+    Await,
+    Call,
+    Cancel,
+    Command,
+    Finished,
+    Inputs,
+    LocalStep,
+    RemoteStep,
+    Start,
+    StepResult,
+    Steps,
+    observed,
+    run_steps,
+)
 from tierlink.telemetry import tracing
 
+__all__ = ["Dispatcher", "HardExampleHook", "RetryBudget", "StepResult", "execute_observed",
+           "reason_of"]
 
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """One placement's answer: class probabilities and the outcome as seen from there."""
-
-    outputs: dict[str, np.ndarray]
-    outcome: Outcome
-
-
-Inputs = dict[str, np.ndarray]
-# local(placement, request, inputs, remaining_ms)
-LocalStep = Callable[[Placement, Request, Inputs, float], Awaitable[StepResult]]
-# remote(placement, request, inputs, remaining_ms, hop_budget_ms)
-RemoteStep = Callable[[Placement, Request, Inputs, float, float], Awaitable[StepResult]]
 # on_hard_example(placement, request, inputs, local answer): must not block or raise
 HardExampleHook = Callable[[Placement, Request, Inputs, StepResult], None]
 
@@ -125,10 +123,14 @@ class Dispatcher:
     ``stall_ms``: how late the node's event loop has lately kept running at once (the
     overload gate's probe): an escalation made while holding an answer keeps that much of the
     deadline back when it is more than the margin, so the answer in hand still leaves on
-    time when the loop stalls."""
+    time when the loop stalls.
+
+    :meth:`steps` decides (sans-IO, ``node/steps.py``); :meth:`execute` carries the steps
+    out on asyncio with ``local`` and ``remote`` (a live node's); the simulator carries them
+    out on virtual time (``sim/dispatch.py``) and gives neither."""
 
     def __init__(
-        self, node_id: str, tier: Tier, local: LocalStep, remote: RemoteStep,
+        self, node_id: str, tier: Tier, local: LocalStep | None, remote: RemoteStep | None,
         breakers: Breakers, budget: RetryBudget, observer: DispatchObserver,
         clock: Callable[[], float], margin_ms: float = 1.0,
         on_hard_example: HardExampleHook = _ignore, hedger: Hedger | None = None,
@@ -145,6 +147,17 @@ class Dispatcher:
         self, plan: Plan, req: Request, inputs: Inputs, deadline_at: float
     ) -> StepResult:
         """Run ``plan`` until an answer is final; ``deadline_at`` on the injected clock."""
+        return await self.run(self.steps(plan, req, inputs, deadline_at), req, inputs)
+
+    async def run(self, steps: Steps, req: Request, inputs: Inputs) -> StepResult:
+        """``steps`` (of :meth:`steps`, maybe wrapped) carried out on asyncio."""
+        if self._local is None or self._remote is None:
+            raise RuntimeError("this dispatcher only decides: its steps are run elsewhere")
+        return await run_steps(steps, self._local, self._remote, req, inputs)
+
+    def steps(self, plan: Plan, req: Request, inputs: Inputs, deadline_at: float) -> Steps:
+        """What running ``plan`` takes, as commands (``node/steps.py``); its value is the
+        final answer."""
         self._budget.deposit()
         if self._hedger is not None:
             self._hedger.deposit()
@@ -162,9 +175,9 @@ class Dispatcher:
                 self._fell_back(fallbacks, Fallback(placement.node_id, "deadline",
                                                     "no time left to try"))
                 break
-            result = await self._attempt(placement, req, inputs, remaining_ms,
-                                         in_hand is not None, fallbacks,
-                                         self._hedge_target(plan, i, tried), tried)
+            result = yield from self._attempt(placement, req, remaining_ms,
+                                              in_hand is not None, fallbacks,
+                                              self._hedge_target(plan, i, tried), tried)
             if result is None:
                 continue
             if in_hand is not None:
@@ -193,14 +206,13 @@ class Dispatcher:
                 if i + 1 < len(plan.placements) else ""})
         return go
 
-    async def _attempt(
-        self, placement: Placement, req: Request, inputs: Inputs, remaining_ms: float,
-        holding: bool, fallbacks: list[Fallback], hedge: tuple[int, Placement] | None = None,
+    def _attempt(
+        self, placement: Placement, req: Request, remaining_ms: float, holding: bool,
+        fallbacks: list[Fallback], hedge: tuple[int, Placement] | None = None,
         tried: set[int] | None = None,
-    ) -> StepResult | None:
+    ) -> Generator[Command, Any, StepResult | None]:
         if placement.kind == "local":
-            return await self._try(placement, self._local(placement, req, inputs, remaining_ms),
-                                   fallbacks)
+            return (yield from self._try(Call(placement, remaining_ms, remaining_ms), fallbacks))
         held_margin_ms = max(self._margin_ms, self.stall_ms()) if holding else 0.0
         if holding and remaining_ms - held_margin_ms < placement.est_ms:
             # Escalating cannot come back in time: keep the answer in hand, spare the upstream.
@@ -212,17 +224,14 @@ class Dispatcher:
             self._fell_back(fallbacks, Fallback(placement.node_id, "breaker_open"))
             return None
         # Keep a margin to still return the answer in hand if this hop times out.
-        budget_ms = remaining_ms - held_margin_ms
-        result, hedged = await self._first_try(placement, req, inputs, remaining_ms, budget_ms,
-                                               fallbacks, hedge)
+        call = Call(placement, remaining_ms, remaining_ms - held_margin_ms)
+        result, hedged = yield from self._first_try(call, req, fallbacks, hedge)
         if hedged and hedge is not None and tried is not None:
             tried.add(hedge[0])
         if result is None and not hedged and self._retryable(fallbacks[-1], placement, remaining_ms):
             self._obs.retried(placement.node_id)
             fallbacks[-1] = replace(fallbacks[-1], detail=fallbacks[-1].detail + " (retried)")
-            result = await self._try(
-                placement, self._remote(placement, req, inputs, remaining_ms, budget_ms),
-                fallbacks)
+            result = yield from self._try(call, fallbacks)
         return result
 
     def _hedge_target(self, plan: Plan, i: int, tried: set[int]
@@ -239,90 +248,90 @@ class Dispatcher:
                 return j, other
         return None
 
-    async def _first_try(
-        self, placement: Placement, req: Request, inputs: Inputs, remaining_ms: float,
-        budget_ms: float, fallbacks: list[Fallback], hedge: tuple[int, Placement] | None,
-    ) -> tuple[StepResult | None, bool]:
+    def _first_try(
+        self, call: Call, req: Request, fallbacks: list[Fallback],
+        hedge: tuple[int, Placement] | None,
+    ) -> Generator[Command, Any, tuple[StepResult | None, bool]]:
         """One call upstream, hedged when it runs late; ``(answer, whether a hedge went)``."""
         start = self._clock()
         delay_ms = None if hedge is None or self._hedger is None \
             else self._hedger.delay_ms(req.task)
         if (hedge is None or self._hedger is None or delay_ms is None
-                or remaining_ms - delay_ms - self._margin_ms < hedge[1].est_ms):
-            call = self._remote(placement, req, inputs, remaining_ms, budget_ms)
-            return await self._timed(placement, req, call, fallbacks, start), False
-        first = asyncio.ensure_future(self._remote(placement, req, inputs, remaining_ms,
-                                                   budget_ms))
-        try:
-            done, _ = await asyncio.wait({first}, timeout=delay_ms / 1000.0)
-            if done:
-                return await self._timed(placement, req, first, fallbacks, start), False
-            if not self._hedger.take():
-                self._obs.hedged(hedge[1].node_id, "no_budget")
-                return await self._timed(placement, req, first, fallbacks, start), False
-            return await self._race(placement, first, hedge[1], req, inputs, remaining_ms,
-                                    budget_ms, fallbacks, start), True
-        finally:
-            if not first.done():  # we were cancelled (the caller went away)
-                first.cancel()
+                or call.remaining_ms - delay_ms - self._margin_ms < hedge[1].est_ms):
+            result = yield from self._try(call, fallbacks)
+            return self._timed(call.placement, req, result, start), False
+        yield Start(0, call)
+        finished = yield Await(delay_ms / 1000.0)
+        if finished is None and not self._hedger.take():
+            self._obs.hedged(hedge[1].node_id, "no_budget")
+            finished = yield Await(None)
+        if finished is not None:
+            return self._settled(call.placement, req, finished, fallbacks, start), False
+        return (yield from self._race(call, hedge[1], req, fallbacks, start)), True
 
-    async def _race(
-        self, first: Placement, call: asyncio.Future[StepResult], second: Placement,
-        req: Request, inputs: Inputs, remaining_ms: float, budget_ms: float,
-        fallbacks: list[Fallback], start: float,
-    ) -> StepResult | None:
+    def _race(
+        self, call: Call, second: Placement, req: Request, fallbacks: list[Fallback],
+        start: float,
+    ) -> Generator[Command, Any, StepResult | None]:
         elapsed_ms = (self._clock() - start) * 1000.0
         self._obs.hedged(second.node_id, "sent")
-        hedge = asyncio.ensure_future(_traced_hedge(
-            self._remote(second, req, inputs, remaining_ms - elapsed_ms,
-                         budget_ms - elapsed_ms), second, first, elapsed_ms))
-        owner = {call: first, hedge: second}
-        pending: set[asyncio.Future[StepResult]] = {call, hedge}
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    result = await self._timed(owner[task], req, task, fallbacks, start)
-                    if result is not None:
-                        self._obs.hedged(second.node_id, "won" if task is hedge else "lost")
-                        return result
-            return None
-        finally:
-            for task in pending:  # the loser: its answer is not needed any more
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        yield Start(1, Call(second, call.remaining_ms - elapsed_ms, call.budget_ms - elapsed_ms),
+                    hedge_of=call.placement, after_ms=elapsed_ms)
+        owner = (call.placement, second)
+        pending = {0, 1}
+        while pending:
+            finished: Finished = yield Await(None)
+            pending.discard(finished.tag)
+            result = self._settled(owner[finished.tag], req, finished, fallbacks, start)
+            if result is not None:
+                self._obs.hedged(second.node_id, "won" if finished.tag else "lost")
+                for tag in pending:  # the loser: its answer is not needed any more
+                    yield Cancel(tag)
+                return result
+        return None
 
-    async def _timed(self, placement: Placement, req: Request, call: Awaitable[StepResult],
-                     fallbacks: list[Fallback], start: float) -> StepResult | None:
-        result = await self._try(placement, call, fallbacks)
+    def _settled(self, placement: Placement, req: Request, finished: Finished,
+                 fallbacks: list[Fallback], start: float) -> StepResult | None:
+        if finished.error is not None:
+            self._failed(placement, finished.error, fallbacks)
+            return None
+        return self._timed(placement, req, self._succeeded(placement, finished.result), start)
+
+    def _timed(self, placement: Placement, req: Request, result: StepResult | None,
+               start: float) -> StepResult | None:
         if result is not None and self._hedger is not None:
             self._hedger.observe(req.task, placement.node_id, (self._clock() - start) * 1000.0)
         return result
 
-    async def _try(
-        self, placement: Placement, call: Awaitable[StepResult], fallbacks: list[Fallback]
-    ) -> StepResult | None:
+    def _try(self, call: Call, fallbacks: list[Fallback]
+             ) -> Generator[Command, Any, StepResult | None]:
         try:
-            result = await call
+            result = yield call
         except TierlinkError as exc:
-            # The caller's mistake (a 400): any other node would refuse it the same way, so
-            # it goes back as it is. A split's tail is the exception: its payload is ours.
-            if isinstance(exc, InvalidRequest) and not placement.cut:
-                raise
-            reason = reason_of(exc)
-            self._fell_back(fallbacks, Fallback(placement.node_id, reason, exc.message[:200]))
-            # A step that failed here before reaching the upstream (a split plan's head
-            # refused by this node's scheduler) says nothing about the upstream's health,
-            # nor does an upstream that refused what was sent to it (a claim this node may
-            # not make, an input it may not hold): it is up and judging correctly.
-            if placement.kind == "remote" and not exc.details.get("before_hop") \
-                    and not isinstance(exc, PeerRefused | PrivacyViolation):
-                self._breakers.failure(placement.node_id, reason)
+            self._failed(call.placement, exc, fallbacks)
             return None
+        return self._succeeded(call.placement, result)
+
+    def _succeeded(self, placement: Placement, result: StepResult | None) -> StepResult | None:
         if placement.kind == "remote":
             self._breakers.success(placement.node_id)
         return result
+
+    def _failed(self, placement: Placement, exc: TierlinkError,
+                fallbacks: list[Fallback]) -> None:
+        # The caller's mistake (a 400): any other node would refuse it the same way, so
+        # it goes back as it is. A split's tail is the exception: its payload is ours.
+        if isinstance(exc, InvalidRequest) and not placement.cut:
+            raise exc
+        reason = reason_of(exc)
+        self._fell_back(fallbacks, Fallback(placement.node_id, reason, exc.message[:200]))
+        # A step that failed here before reaching the upstream (a split plan's head
+        # refused by this node's scheduler) says nothing about the upstream's health,
+        # nor does an upstream that refused what was sent to it (a claim this node may
+        # not make, an input it may not hold): it is up and judging correctly.
+        if placement.kind == "remote" and not exc.details.get("before_hop") \
+                and not isinstance(exc, PeerRefused | PrivacyViolation):
+            self._breakers.failure(placement.node_id, reason)
 
     def _fell_back(self, fallbacks: list[Fallback], fallback: Fallback) -> None:
         fallbacks.append(fallback)
@@ -344,22 +353,6 @@ class Dispatcher:
                           fallbacks=(*fallbacks, *up.fallbacks), bill=up.bill + spent,
                           degraded=degraded or up.degraded)
         return StepResult(result.outputs, outcome)
-
-
-async def _traced_hedge(call: Awaitable[StepResult], second: Placement, first: Placement,
-                        after_ms: float) -> StepResult:
-    """The hedged call under a ``tierlink.hedge`` span (its outcome: won, or lost when the
-    first answer came back and this one was cancelled)."""
-    with tracing.stage("tierlink.hedge", {"tierlink.peer": second.node_id,
-                                          "tierlink.instead_of": first.node_id,
-                                          "tierlink.after_ms": after_ms}) as s:
-        try:
-            result = await call
-        except asyncio.CancelledError:
-            tracing.set_attributes(s, {"tierlink.outcome": "lost"})
-            raise
-        tracing.set_attributes(s, {"tierlink.outcome": "answered"})
-        return result
 
 
 # Why a placement failed when the fleet is busy rather than broken: out of time, refused
@@ -390,11 +383,6 @@ async def execute_observed(dispatcher: Dispatcher, plan: Plan, req: Request, inp
                            t0: float, clock: Callable[[], float],
                            observe: Callable[[StepResult | None, float], None]) -> StepResult:
     """``dispatcher.execute`` with the outcome (None: it failed) and the latency from ``t0``
-    handed to ``observe`` — how a learning policy and shadow mode hear of each request."""
-    try:
-        result = await dispatcher.execute(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
-    except TierlinkError:
-        observe(None, (clock() - t0) * 1000.0)
-        raise
-    observe(result, (clock() - t0) * 1000.0)
-    return result
+    handed to ``observe`` (``node/steps.observed``)."""
+    steps = dispatcher.steps(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+    return await dispatcher.run(observed(steps, t0, clock, observe), req, inputs)

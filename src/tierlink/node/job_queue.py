@@ -7,16 +7,15 @@ Touched only on the event-loop thread (see ``node/scheduler.py``).
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tierlink.core.types import Priority
 
-__all__ = ["ABANDONED", "DONE", "QUEUED", "RUNNING", "Batchable", "Job", "JobQueue",
-           "batch_full", "gather", "hold_for"]
+__all__ = ["ABANDONED", "DONE", "QUEUED", "RUNNING", "Batchable", "Job", "JobFuture",
+           "JobQueue", "batch_full", "gather", "hold_for"]
 
 # Job states. A job moves QUEUED -> RUNNING -> DONE, QUEUED -> DONE (expired / shed at close),
 # or QUEUED -> ABANDONED (its submitter was cancelled; it stays in the heap as a tombstone).
@@ -42,13 +41,22 @@ class Batchable:
     max_delay_s: float = 0.0
 
 
+class JobFuture(Protocol):
+    """Where a job's answer goes: an ``asyncio.Future`` (a coroutine awaits it) or the
+    simulator's callback (``sim/compute.py``). Done once answered or given up on."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: Any, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class Job:
     fn: Callable[[], Any]
     priority: Priority
     deadline: float  # absolute, on the scheduler's clock; math.inf when none
     key: str
-    future: asyncio.Future[Any]
+    future: JobFuture
     enqueued_at: float
     state: int = QUEUED
     began: float = 0.0  # when it started running (the end of its queue wait)

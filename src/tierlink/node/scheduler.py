@@ -43,8 +43,8 @@ from types import MappingProxyType
 from typing import Any, Protocol, Self, TypeVar
 
 from tierlink.core.types import Priority
-from tierlink.errors import AdmissionRefused, ConfigError, DeadlineExceeded
-from tierlink.node.admission import Admission, Ask
+from tierlink.errors import ConfigError
+from tierlink.node.admission import Admission, Ask, expired, shed
 from tierlink.node.job_queue import (
     ABANDONED,
     DONE,
@@ -52,6 +52,7 @@ from tierlink.node.job_queue import (
     RUNNING,
     Batchable,
     Job,
+    JobFuture,
     JobQueue,
     batch_full,
     gather,
@@ -265,13 +266,38 @@ class Scheduler:
         with waiting jobs of the same batch key (one call of ``batch.run`` instead of ``fn``:
         see :meth:`_gather`). Raises as the module docstring says.
         """
+        future: asyncio.Future[T] = self._bind_loop().create_future()
+        job = self.admit(fn, priority=priority, deadline_s=deadline_s, future=future,
+                         cost_hint_ms=cost_hint_ms, key=key, inline=inline, batch=batch)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.abandon(job)
+            raise
+
+    def admit(
+        self,
+        fn: Callable[[], Any],
+        *,
+        priority: Priority,
+        deadline_s: float | None,
+        future: JobFuture,
+        cost_hint_ms: float | None = None,
+        key: str = "",
+        inline: bool = True,
+        batch: Batchable | None = None,
+    ) -> Job:
+        """What :meth:`submit` does before it waits: admit the job (or refuse it at once),
+        queue it or start it; ``future`` gets its answer. For a caller that is not a
+        coroutine (the simulator): it hands the job back to :meth:`abandon` when it goes
+        away before the answer."""
         loop = self._bind_loop()
         priority = Priority(priority)  # a plain int would break labels deep in a callback
         now = self._clock()
         self._admission.check(Ask(priority, deadline_s, cost_hint_ms, key, now), self._queue,
                               self._inflight, self._busy, self._closing)
         job = Job(fn, priority, math.inf if deadline_s is None else deadline_s, key,
-                  loop.create_future(), now, trace=tracing.capture(), batch=batch)
+                  future, now, trace=tracing.capture(), batch=batch)
         self._counts["admitted"] += 1
         self._emit(self._observer.on_admit, priority)
         # Invariant between callbacks: a worker is free only when nothing live is queued,
@@ -292,11 +318,7 @@ class Scheduler:
         else:
             self._queue.push(job)
             self._dispatch()  # a held batch this job fills, or one it overtakes
-        try:
-            return await job.future  # type: ignore[no-any-return]
-        except asyncio.CancelledError:
-            self._abandon(job)
-            raise
+        return job
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -415,19 +437,12 @@ class Scheduler:
                 job.future.set_exception(error)
         self._emit(self._observer.on_finish, job.priority, run_s, ok)
         if job.trace is not None:
-            self._trace(job, run_s, error)
+            _trace(job, run_s, error, self._clock())
 
     def _next(self) -> None:
         self._dispatch()
         if self._inflight == 0 and self._idle is not None:
             self._idle.set()
-
-    def _trace(self, job: Job, run_s: float, error: BaseException | None) -> None:
-        now, attrs = self._clock(), {"tierlink.job": job.key,
-                                     "tierlink.priority": job.priority.label}
-        tracing.record("tierlink.queue", job.trace, job.enqueued_at, job.began, now, attrs)
-        tracing.record("tierlink.compute", job.trace, job.began, job.began + run_s, now,
-                       {**attrs, "tierlink.error": None if error is None else repr(error)[:200]})
 
     def _dispatch(self) -> None:
         """Fill free workers from the heap; expire jobs whose deadline passed while waiting;
@@ -466,7 +481,7 @@ class Scheduler:
 
     # -- the queue -------------------------------------------------------------------------
 
-    def _abandon(self, job: Job) -> None:
+    def abandon(self, job: Job) -> None:
         """The submitter was cancelled. A queued job is removed (lazily); a running one is
         left to finish and its answer discarded."""
         if job.state != QUEUED:
@@ -477,28 +492,18 @@ class Scheduler:
     def _expire(self, job: Job, now: float) -> None:
         job.state = DONE
         self._counts["expired"] += 1
-        waited_ms = (now - job.enqueued_at) * 1000.0
-        late_ms = (now - job.deadline) * 1000.0
-        if job.future.done():  # cancelled, its submitter not yet told (_abandon)
+        if job.future.done():  # cancelled, its submitter not yet told (abandon)
             return
-        job.future.set_exception(DeadlineExceeded(
-            f"deadline passed while queued: waited {waited_ms:.1f} ms, the deadline was "
-            f"{late_ms:.1f} ms ago; the job was not run",
-            waited_ms=round(waited_ms, 3), late_ms=round(late_ms, 3),
-            priority=job.priority.label,
-        ))
+        job.future.set_exception(expired(job, now))
         self._emit(self._observer.on_expire, job.priority)
 
     def _shed_queue(self) -> None:
         for job in self._queue.drain():
             job.state = DONE
             self._counts["shed"] += 1
-            if job.future.done():  # cancelled, its submitter not yet told (_abandon)
+            if job.future.done():  # cancelled, its submitter not yet told (abandon)
                 continue
-            job.future.set_exception(AdmissionRefused(
-                "the node is shutting down: this queued job was not run",
-                reason="shutting_down", priority=job.priority.label,
-            ))
+            job.future.set_exception(shed(job))
             self._emit(self._observer.on_refuse, job.priority, "shutting_down")
 
     # -- admission and estimates -----------------------------------------------------------
@@ -568,3 +573,12 @@ class Scheduler:
             hook(*args)
         except Exception:
             log.exception("scheduler observer %s failed; the job is unaffected", hook)
+
+
+def _trace(job: Job, run_s: float, error: BaseException | None, now: float) -> None:
+    """A traced job's queue wait and compute as spans, recorded after the fact from its times
+    (it may have run on a worker thread)."""
+    attrs = {"tierlink.job": job.key, "tierlink.priority": job.priority.label}
+    tracing.record("tierlink.queue", job.trace, job.enqueued_at, job.began, now, attrs)
+    tracing.record("tierlink.compute", job.trace, job.began, job.began + run_s, now,
+                   {**attrs, "tierlink.error": None if error is None else repr(error)[:200]})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,46 @@ class SimScheduler(Scheduler):
 
     def _done(self, job: Job, seconds: float) -> None:
         self._finish(job, job.fn(), None, seconds)
+
+
+class Reply:
+    """Where a simulated job's answer goes (the scheduler's ``JobFuture``): to ``call`` as
+    ``(result, error)`` on the loop's next turn — as an asyncio future wakes the coroutine
+    that awaits it —, or nowhere once given up (:meth:`cancel`: the job leaves the queue)."""
+
+    __slots__ = ("_call", "_done", "_scheduler", "job")
+
+    def __init__(self, call: Callable[[Any, Any], None], scheduler: Scheduler) -> None:
+        self._call, self._scheduler = call, scheduler
+        self._done = False
+        self.job: Job | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any, /) -> None:
+        self._done, self.job = True, None
+        asyncio.get_running_loop().call_soon(self._deliver, result, None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._done, self.job = True, None
+        asyncio.get_running_loop().call_soon(self._deliver, None, exception)
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            if self.job is not None:
+                self._scheduler.abandon(self.job)
+        self.job, self._call = None, _nowhere
+
+    def _deliver(self, result: Any, error: BaseException | None) -> None:
+        # let go of the callback first: nothing it holds refers back here any more
+        call, self._call = self._call, _nowhere
+        call(result, error)
+
+
+def _nowhere(_result: Any, _error: Any) -> None:
+    pass
 
 
 @dataclass

@@ -5,7 +5,8 @@ bandwidth), then travels for half the RTT plus jitter. A lost packet costs a ret
 timeout (max(200 ms, 2·RTT), as TCP pays it); an outage is a black hole: the payload waits
 until the link is back (the sender's own timeout gives up first, as it would live); a
 degraded window multiplies the propagation delay.
-Randomness comes from the simulation's seeded generator.
+Randomness comes from the simulation's seeded generator. A payload's journey is a stage of
+the operation that sent it (``sim/dispatch.Chain``): cancelled with it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from tierlink.sim.dispatch import Chain
 
 MTU_BYTES = 1460
 MIN_RTO_S = 0.2
@@ -45,25 +48,25 @@ class SimLink:
     _up: _Direction = field(default_factory=_Direction)
     _down: _Direction = field(default_factory=_Direction)
 
-    async def send(self, nbytes: int) -> None:
-        """``src`` -> ``dst``."""
-        await self._carry(self._up, nbytes)
+    def send(self, nbytes: int, then: Callable[[], object], chain: Chain) -> None:
+        """``src`` -> ``dst``; ``then`` once the payload is through."""
+        self._carry(self._up, nbytes, 0.0, then, chain)
 
-    async def reply(self, nbytes: int, then_s: float = 0.0) -> None:
-        """``dst`` -> ``src``; ``then_s``: what the receiver does with it before it is
-        through (its HTTP stack), waited for in the same sleep."""
-        await self._carry(self._down, nbytes, then_s)
+    def reply(self, nbytes: int, then: Callable[[], object], chain: Chain,
+              after_s: float = 0.0) -> None:
+        """``dst`` -> ``src``; ``after_s``: what the receiver does with it before it is
+        through (its HTTP stack), in the same wait."""
+        self._carry(self._down, nbytes, after_s, then, chain)
 
-    async def _carry(self, way: _Direction, nbytes: int, then_s: float = 0.0) -> None:
+    def _carry(self, way: _Direction, nbytes: int, after_s: float, then: Callable[[], object],
+               chain: Chain) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
         back = self.back_at(now)
-        if back is not None:
-            await asyncio.sleep(back - now)
-            now = loop.time()
-        delay = self._delay(way, now, nbytes) + then_s
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if back is not None:  # the payload waits for the link, then travels
+            chain.now = loop.call_at(back, self._carry, way, nbytes, after_s, then, chain)
+            return
+        chain.now = loop.call_later(max(0.0, self._delay(way, now, nbytes) + after_s), then)
 
     def back_at(self, now: float) -> float | None:
         """When an outage under way at ``now`` ends (None: the link is up)."""

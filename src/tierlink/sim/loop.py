@@ -1,9 +1,9 @@
 """An asyncio event loop on simulated time.
 
-The simulator runs the node's own asyncio code — its scheduler, its dispatcher (fallbacks,
-retries, hedges, timeouts) — so it needs an event loop whose clock is virtual: when nothing
-is ready to run, the loop jumps straight to its next timer instead of sleeping. A simulated
-hour passes in however long its callbacks take to run.
+The simulator runs the node's own code — its scheduler, its dispatcher's steps (fallbacks,
+retries, hedges, timeouts) — with callbacks and timers, so it needs an event loop whose clock
+is virtual: when nothing is ready to run, the loop jumps straight to its next timer instead
+of sleeping. A simulated hour passes in however long its callbacks take to run.
 
 ``loop.time()`` is the simulated time in seconds from 0; ``asyncio.sleep``, ``wait_for``,
 ``call_later`` and every timeout follow it. Nothing here reads the wall clock.

@@ -1,8 +1,10 @@
 """A simulated node: the live node's routing (``node/service.py``) on simulated time.
 
 What it runs is the node's own code: the policies from ``tierlink.policy.REGISTRY`` (the
-same objects a node creates, planning over the same ``ClusterView``), the dispatcher
-(``node/dispatcher.py``: escalation, fallback, retries within a budget, hedges, timeouts),
+same objects a node creates, planning over the same ``ClusterView``), the dispatcher's steps
+(``node/dispatcher.py``: escalation, fallback, retries within a budget, hedges, timeouts;
+carried out here with callbacks, ``sim/dispatch.py``: each step raises at once or calls
+back later),
 the breaker board, the link estimators (``estimate/latency.py``, fed with the simulated
 exchanges) and the scheduler (``node/scheduler.py``, workers on simulated time). What is
 simulated is only what a node's environment does: a model's run time and answer
@@ -14,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,27 +39,23 @@ from tierlink.errors import (
     NoFeasiblePlacement,
     Refused,
     TierlinkError,
-    UpstreamTimeout,
     UpstreamUnavailable,
 )
 from tierlink.estimate.cost import DAY_S
 from tierlink.estimate.latency import LinkEstimator
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
-from tierlink.node.dispatcher import (
-    Dispatcher,
-    Inputs,
-    RetryBudget,
-    StepResult,
-    execute_observed,
-)
+from tierlink.node.dispatcher import Dispatcher, RetryBudget
 from tierlink.node.heads import head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
+from tierlink.node.steps import Call, Inputs, StepResult, observed
 from tierlink.policy.ope import Logged
 from tierlink.routing.deferral import deferral
 from tierlink.routing.desk import PolicyDesk
 from tierlink.routing.router import Router
-from tierlink.sim.compute import ComputeModel, SimScheduler, Work
+from tierlink.sim.compute import ComputeModel, Reply, SimScheduler, Work
+from tierlink.sim.dispatch import Chain, Done, SimRun
+from tierlink.sim.hop import Exchanges, Hop
 from tierlink.sim.http import HttpCosts
 from tierlink.sim.links import SimLink
 from tierlink.sim.power import DevicePower, PowerState
@@ -65,9 +63,6 @@ from tierlink.sim.power import DevicePower, PowerState
 if TYPE_CHECKING:
     from tierlink.settings.routing import RoutingConfig
     from tierlink.sim.outcomes import Outcomes
-
-T = TypeVar("T")
-RESPONSE_BYTES = 200  # an answer's tensors and tierlink parameters on the wire
 
 
 @dataclass
@@ -142,8 +137,9 @@ class SimNode:
         self.estimators: dict[str, LinkEstimator] = {}
         self.upstreams: dict[str, SimNode] = {}
         self.outstanding: dict[str, int] = {}
-        self.dispatcher = Dispatcher(node_id, tier, self._run_local, self._run_remote,
-                                     DispatchBreakers(self.breakers),
+        self.hops = Exchanges(self.links, self.upstreams, self.http, rng, clock)
+        # the dispatcher decides; this node carries its steps out (run_step)
+        self.dispatcher = Dispatcher(node_id, tier, None, None, DispatchBreakers(self.breakers),
                                      RetryBudget(routing.retry_budget),
                                      _Observer(counters), clock,
                                      margin_ms=routing.reserve_ms,
@@ -245,8 +241,9 @@ class SimNode:
         policy, req = self.router.arrive(req)
         return deferral(policy, req, self.view, self.routing.cost).wait_s
 
-    async def handle(self, req: Request, inputs: Inputs) -> StepResult:
-        """What ``NodeService.infer_task`` does with a routed request."""
+    def handle(self, req: Request, inputs: Inputs, done: Done, chain: Chain) -> None:
+        """What ``NodeService.infer_task`` does with a routed request: what is refused on
+        arrival raises at once; the answer (or the error) goes to ``done`` later."""
         if self.power is not None:
             self.power.advance(self._clock())
         if not self.alive:
@@ -267,13 +264,34 @@ class SimNode:
             self.router.feedback(policy, plan, decision, req, view, outcome, correct,
                                  latency_ms)
 
-        return await execute_observed(self.dispatcher, plan, req, inputs, t0, self._clock,
-                                      observe)
+        steps = self.dispatcher.steps(plan, req, inputs, t0 + req.deadline_ms / 1000.0)
+        run = SimRun(self, observed(steps, t0, self._clock, observe), req, inputs, done)
+        run.start()
+        chain.now = run
 
     # -- the dispatcher's steps ------------------------------------------------------------
 
-    async def _run_local(self, placement: Placement, req: Request, inputs: Inputs,
-                         remaining_ms: float) -> StepResult:
+    def run_step(self, call: Call, req: Request, inputs: Inputs, done: Done,
+                 chain: Chain) -> None:
+        placement = call.placement
+        if placement.kind == "local":
+            self._run_local(placement, req, inputs, call.remaining_ms, done, chain)
+        elif placement.cut:
+            self._run_split(placement, req, inputs, call.budget_ms, done, chain)
+        else:
+            self._run_remote(placement, req, inputs, call.budget_ms, done, chain)
+
+    def _submit(self, seconds: float, req: Request, deadline_s: float, key: str,
+                then: Callable[[Any, TierlinkError | None], None], chain: Chain) -> None:
+        """A job of ``seconds`` on this node's scheduler (refused at once, or ``then``)."""
+        reply = Reply(then, self.scheduler)
+        reply.job = self.scheduler.admit(Work(seconds), priority=req.priority,
+                                         deadline_s=deadline_s, future=reply, key=key,
+                                         inline=False)
+        chain.now = reply
+
+    def _run_local(self, placement: Placement, req: Request, inputs: Inputs,
+                   remaining_ms: float, done: Done, chain: Chain) -> None:
         name = placement.model or ""
         model = self.models[name]
         task_outcomes = self.outcomes[model.task]
@@ -282,24 +300,26 @@ class SimNode:
         if self.power is not None:
             self.power.advance(self._clock())
             seconds /= self.power.factor()
-        await self.scheduler.submit(Work(seconds), priority=req.priority,
-                                    deadline_s=self._clock() + remaining_ms / 1000.0,
-                                    key=name, inline=False)
-        if self.power is not None:
-            self.power.advance(self._clock(), busy_s=seconds)
-        compute_ms = seconds * 1000.0
-        bill = self.routing.cost.at(self.view.day_s).compute_bill(self.tier, compute_ms)
-        outcome = Outcome(self.node_id, self.tier, name, (self.node_id,), confidence,
-                          bill=bill, timings_ms={"compute_ms": compute_ms},
-                          model_version=model.version)
-        return StepResult({"label": np.asarray(pred)}, outcome)
 
-    async def _run_remote(self, placement: Placement, req: Request, inputs: Inputs,
-                          remaining_ms: float, budget_ms: float) -> StepResult:
+        def ran(_result: object, error: TierlinkError | None) -> None:
+            if error is not None:
+                done(None, error)
+                return
+            if self.power is not None:
+                self.power.advance(self._clock(), busy_s=seconds)
+            compute_ms = seconds * 1000.0
+            bill = self.routing.cost.at(self.view.day_s).compute_bill(self.tier, compute_ms)
+            outcome = Outcome(self.node_id, self.tier, name, (self.node_id,), confidence,
+                              bill=bill, timings_ms={"compute_ms": compute_ms},
+                              model_version=model.version)
+            done(StepResult({"label": np.asarray(pred)}, outcome), None)
+
+        self._submit(seconds, req, self._clock() + remaining_ms / 1000.0, name, ran, chain)
+
+    def _run_remote(self, placement: Placement, req: Request, inputs: Inputs,
+                    budget_ms: float, done: Done, chain: Chain) -> None:
         """What ``NodeService._run_remote`` does: forward with what is left of the deadline,
         learn the link from the exchange, add the transfer's cost."""
-        if placement.cut:
-            return await self._run_split(placement, req, inputs, budget_ms)
         up = placement.node_id
         link = self.estimators[up].view()
         send_ms = budget_ms - link.rtt_ms - self.routing.reserve_ms
@@ -308,23 +328,26 @@ class SimNode:
         forwarded = replace(req, deadline_ms=send_ms, hops=req.hops + 1)
         self.outstanding[up] = self.outstanding.get(up, 0) + 1
         start = self._clock()
-        try:  # a timeout scope rather than wait_for: no task per hop on Python 3.11
-            async with asyncio.timeout(budget_ms / 1000.0):
-                result, server_ms = await self._exchange(
-                    up, req.input_bytes, lambda t: t.handle(forwarded, inputs))
-        except TimeoutError:
-            raise UpstreamTimeout(f"{up} did not answer in {budget_ms:.1f} ms") from None
-        finally:
-            self.outstanding[up] -= 1
-        total_ms = (self._clock() - start) * 1000.0
-        self.estimators[up].observe(total_ms, server_ms, req.input_bytes)
-        transfer = self.routing.cost.at(self.view.day_s).transfer_bill(placement.tier,
-                                                                       req.input_bytes)
-        out = result.outcome
-        return StepResult(result.outputs, replace(out, bill=out.bill + transfer))
 
-    async def _run_split(self, placement: Placement, req: Request, inputs: Inputs,
-                         budget_ms: float) -> StepResult:
+        def answered(result: StepResult, server_ms: float) -> None:
+            total_ms = (self._clock() - start) * 1000.0
+            self.estimators[up].observe(total_ms, server_ms, req.input_bytes)
+            transfer = self.routing.cost.at(self.view.day_s).transfer_bill(placement.tier,
+                                                                           req.input_bytes)
+            out = result.outcome
+            done(StepResult(result.outputs, replace(out, bill=out.bill + transfer)), None)
+
+        def release() -> None:
+            self.outstanding[up] -= 1
+
+        def work(target: SimNode, then: Done, inner: Chain) -> None:
+            target.handle(forwarded, inputs, then, inner)
+
+        self.hops.exchange(up, req.input_bytes, work, Hop(budget_ms, answered, done, release),
+                           chain)
+
+    def _run_split(self, placement: Placement, req: Request, inputs: Inputs,
+                   budget_ms: float, done: Done, chain: Chain) -> None:
         """What ``NodeService._run_split`` does: the head here (this node's scheduler, the
         profile's head time at this node's speed), encode, send the codec's payload, the
         tail upstream; the answer is the whole model's on that input."""
@@ -333,40 +356,52 @@ class SimNode:
         codec = point.codec(placement.codec) or self._codec_estimate(point, placement.codec)
         started = self._clock()
         head_s = self.compute.seconds(point.head_ms, self.rng)
+        encode_s = codec.encode_ms / 1000.0 / max(self.compute.speed, 1e-6)
+        wire = codec.wire_bytes
+
+        def tail(target: SimNode, then: Done, inner: Chain) -> None:
+            target.run_tail(model, point, codec, req, then, inner)
+
+        def answered(tail_compute_ms: float, tail_ms: float) -> None:
+            total_ms = (self._clock() - sent[0]) * 1000.0
+            self.estimators[up].observe(total_ms, tail_ms, wire)
+            pred, confidence = self.outcomes[req.task].answer(model, int(inputs["sample"]))
+            head_ms = head_s * 1000.0
+            bill = self.routing.cost.at(self.view.day_s).split_bill(
+                self.tier, head_ms, placement.tier, wire, tail_compute_ms)
+            outcome = Outcome(up, placement.tier, model, (self.node_id, up), confidence,
+                              bill=bill, timings_ms={
+                                  "head_ms": head_ms, "encode_ms": encode_s * 1000.0,
+                                  "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
+                                  "split_bytes": float(wire), "est_ms": placement.est_ms},
+                              split=f"{placement.cut}/{placement.codec}")
+            done(StepResult({"label": np.asarray(pred)}, outcome), None)
+
+        sent = [0.0]
+
+        def encoded() -> None:
+            left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
+            if left_ms <= self.estimators[up].view().rtt_ms:
+                done(None, DeadlineExceeded(f"no time left to send features to {up}",
+                                            before_hop=True))
+                return
+            sent[0] = self._clock()
+            self.hops.exchange(up, wire, tail, Hop(left_ms, answered, done), chain)
+
+        def headed(_result: object, error: TierlinkError | None) -> None:
+            if error is not None:
+                done(None, error)
+            elif encode_s:
+                chain.now = asyncio.get_running_loop().call_later(encode_s, encoded)
+            else:
+                encoded()
+
         try:
-            await self.scheduler.submit(Work(head_s), priority=req.priority,
-                                        deadline_s=started + budget_ms / 1000.0,
-                                        key=head_key(model, placement.cut), inline=False)
+            self._submit(head_s, req, started + budget_ms / 1000.0, head_key(model, placement.cut),
+                         headed, chain)
         except Refused as exc:  # refused by this node's own scheduler: not the upstream
             exc.details["before_hop"] = True
             raise
-        encode_s = codec.encode_ms / 1000.0 / max(self.compute.speed, 1e-6)
-        if encode_s:
-            await asyncio.sleep(encode_s)
-        wire = codec.wire_bytes
-        left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
-        if left_ms <= self.estimators[up].view().rtt_ms:
-            raise DeadlineExceeded(f"no time left to send features to {up}", before_hop=True)
-        sent = self._clock()
-        try:
-            async with asyncio.timeout(left_ms / 1000.0):
-                tail_compute_ms, tail_ms = await self._exchange(
-                    up, wire, lambda t: t._run_tail(model, point, codec, req))
-        except TimeoutError:
-            raise UpstreamTimeout(f"{up} did not answer in {left_ms:.1f} ms") from None
-        total_ms = (self._clock() - sent) * 1000.0
-        self.estimators[up].observe(total_ms, tail_ms, wire)
-        pred, confidence = self.outcomes[req.task].answer(model, int(inputs["sample"]))
-        head_ms = head_s * 1000.0
-        bill = self.routing.cost.at(self.view.day_s).split_bill(
-            self.tier, head_ms, placement.tier, wire, tail_compute_ms)
-        outcome = Outcome(up, placement.tier, model, (self.node_id, up), confidence,
-                          bill=bill, timings_ms={
-                              "head_ms": head_ms, "encode_ms": encode_s * 1000.0,
-                              "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
-                              "split_bytes": float(wire), "est_ms": placement.est_ms},
-                          split=f"{placement.cut}/{placement.codec}")
-        return StepResult({"label": np.asarray(pred)}, outcome)
 
     def _codec_estimate(self, point: SplitPoint, spec: str) -> CodecPoint:
         """A codec the profile did not measure at this cut, as the policy prices it (the
@@ -378,44 +413,15 @@ class SimNode:
         return CodecPoint(spec, int(point.feature_bytes / found.ratio),
                           found.encode_ms_per_kb * kb, found.decode_ms_per_kb * kb)
 
-    async def _run_tail(self, model: str, point: SplitPoint, codec: CodecPoint,
-                        req: Request) -> float:
+    def run_tail(self, model: str, point: SplitPoint, codec: CodecPoint, req: Request,
+                 done: Done, chain: Chain) -> None:
         """A split plan's second half on this node: decode, then the tail, on its
-        scheduler; the ms it computed."""
+        scheduler; ``done`` gets the ms it computed."""
         tail = next((p for p in self.models[model].splits if p.cut == point.cut), point)
         seconds = self.compute.seconds(tail.tail_ms + codec.decode_ms, self.rng)
-        await self.scheduler.submit(Work(seconds), priority=req.priority,
-                                    deadline_s=self._clock() + req.deadline_ms / 1000.0,
-                                    key=f"{model}@tail:{point.cut}", inline=False)
-        return seconds * 1000.0
 
-    async def _exchange(self, up: str, nbytes: int,
-                        work: Callable[[SimNode], Awaitable[T]]) -> tuple[T, float]:
-        """``nbytes`` to ``up``, ``work`` done there, the answer back: its result and the
-        time ``up`` spent (ms). Both ends' HTTP work is drawn once per hop."""
-        link, target = self.links[up], self.upstreams[up]
-        hop_s = self.http.hop_s(self.rng)
-        if hop_s:
-            await asyncio.sleep(hop_s / 2)  # encoding, the request's HTTP stack
-        await link.send(nbytes + RESPONSE_BYTES)
-        if not target.alive:  # a reachable host whose process is gone: refused at once
-            await link.reply(0)
-            raise UpstreamUnavailable(f"{up}: connection refused")
-        began, life = self._clock(), target.incarnation
-        try:
-            result = await work(target)
-        except TierlinkError:
-            _check_alive(target, life)
-            await link.reply(RESPONSE_BYTES)
-            raise
-        _check_alive(target, life)
-        server_ms = (self._clock() - began) * 1000.0
-        await link.reply(RESPONSE_BYTES, hop_s / 2)  # and through both HTTP stacks
-        return result, server_ms
+        def ran(_result: object, error: TierlinkError | None) -> None:
+            done(None, error) if error is not None else done(seconds * 1000.0, None)
 
-
-def _check_alive(target: SimNode, life: int) -> None:
-    """A node that crashed while holding a request never answers it: the caller's
-    connection is reset."""
-    if target.incarnation != life:
-        raise UpstreamUnavailable(f"{target.node_id}: connection reset")
+        self._submit(seconds, req, self._clock() + req.deadline_ms / 1000.0,
+                     f"{model}@tail:{point.cut}", ran, chain)
