@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tierlink.chat.router_eval import (
-    apgr_interval,
     SHARES,
+    apgr_interval,
     curve,
     knn_scores,
     oracle_scores,

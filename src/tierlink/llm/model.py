@@ -144,18 +144,45 @@ class LlamaModel:
         h = self._rms(x[-1:], self.norm)
         return self._linear(h, self.lm_head)[0], h[0]
 
-    def _hidden(self, steps: list[Step]) -> torch.Tensor:
+    @torch.inference_mode()
+    def head(self, step: Step, cut: int) -> torch.Tensor:
+        """A decoder split at layer ``cut`` (``llm/layer_split.py``), the device's side: the
+        embedding and layers ``0..cut-1`` of ``step``'s rows; their hidden states (rows ×
+        hidden), what crosses the link. ``step.cache`` holds those layers' keys and values."""
+        return self._hidden([step], range(self._cut(cut)))
+
+    @torch.inference_mode()
+    def tail(self, step: Step, hidden: torch.Tensor, cut: int) -> torch.Tensor:
+        """The upstream's side: layers from ``cut`` on over the rows' hidden states, then the
+        logits (as :meth:`forward`). ``step.tokens`` only counts the rows: the tail never sees
+        a token id; ``step.cache`` holds its own layers' keys and values."""
+        if hidden.shape[0] != len(step.tokens):
+            raise ValueError(f"{hidden.shape[0]} hidden rows for {len(step.tokens)} positions")
+        x = self._hidden([step], range(self._cut(cut), self.config.num_layers), hidden)
+        return self._logits(x, [step])[0]
+
+    def _cut(self, cut: int) -> int:
+        if not 0 < cut < self.config.num_layers:
+            raise ValueError(f"a split runs 1..{self.config.num_layers - 1} layers on the "
+                             f"device, not {cut}")
+        return cut
+
+    def _hidden(self, steps: list[Step], layers: range | None = None,
+                x: torch.Tensor | None = None) -> torch.Tensor:
+        """Every step's rows through ``layers`` (all of them by default), from their
+        embeddings or from ``x`` (hidden states a split's head computed elsewhere)."""
         cfg = self.config
         for step in steps:
             step.cache.make_room(len(step.tokens), self.rope.shift)
         starts = [s.cache.length for s in steps]
-        ids = torch.tensor([t for s in steps for t in s.tokens], dtype=torch.long)
         positions = torch.cat([torch.arange(st, st + len(s.tokens))
                                for st, s in zip(starts, steps, strict=True)])
-        x = self.embed[ids]
+        if x is None:
+            x = self.embed[torch.tensor([t for s in steps for t in s.tokens], dtype=torch.long)]
         q_size = cfg.num_heads * cfg.head_dim
         kv_size = cfg.num_kv_heads * cfg.head_dim
-        for li, layer in enumerate(self.layers):
+        for li in layers if layers is not None else range(cfg.num_layers):
+            layer = self.layers[li]
             h = self._rms(x, layer.attn_norm)
             qkv = self._linear(h, layer.wqkv)
             q = qkv[:, :q_size].view(-1, cfg.num_heads, cfg.head_dim).transpose(0, 1)
