@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
+from dispatch_support import Boards, Obs
 from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
 from tierlink.errors import UpstreamUnavailable
-from tierlink.node.breaker import BreakerBoard
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.hedging import HedgeConfig, Hedger, quantile
 
@@ -46,32 +46,6 @@ def test_budget_allows_about_its_share_of_requests():
         h.deposit()
         taken += h.take()
     assert 45 <= taken <= 55
-
-
-class Obs:
-    def __init__(self) -> None:
-        self.hedges: list[tuple[str, str]] = []
-
-    def escalated(self, model: str) -> None: ...
-    def fell_back(self, node_id: str, reason: str) -> None: ...
-    def retried(self, node_id: str) -> None: ...
-
-    def hedged(self, node_id: str, outcome: str) -> None:
-        self.hedges.append((node_id, outcome))
-
-
-class Boards:
-    def __init__(self) -> None:
-        self.board = BreakerBoard(clock=time.monotonic)
-
-    def allow(self, n: str) -> bool:
-        return self.board.allow(n)
-
-    def success(self, n: str) -> None:
-        self.board.record_success(n)
-
-    def failure(self, n: str, kind: str) -> None:
-        self.board.record_failure(n, "connect")
 
 
 def _dispatcher(latency_ms: dict[str, float], fail: set[str] = frozenset(), budget: float = 1.0):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import sim_support as toy
+from dispatch_support import Boards, Obs
 from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
 from tierlink.errors import Overloaded, TierlinkError, UpstreamUnavailable
-from tierlink.node.breaker import BreakerBoard
 from tierlink.node.dispatcher import Dispatcher, RetryBudget
 from tierlink.node.hedging import HedgeConfig, Hedger
 from tierlink.node.steps import Call, Inputs, StepResult
@@ -26,32 +26,6 @@ from tierlink.sim.workload import Arrivals, workload
 REQ = Request("r", "fmnist", 1000.0, "dev-1")
 PLAN = Plan((Placement("remote", "edge-1", Tier.EDGE, est_ms=5.0),
              Placement("remote", "edge-2", Tier.EDGE, est_ms=5.0)), "tierlink")
-
-
-class Obs:
-    def __init__(self) -> None:
-        self.hedges: list[tuple[str, str]] = []
-
-    def escalated(self, model: str) -> None: ...
-    def fell_back(self, node_id: str, reason: str) -> None: ...
-    def retried(self, node_id: str) -> None: ...
-
-    def hedged(self, node_id: str, outcome: str) -> None:
-        self.hedges.append((node_id, outcome))
-
-
-class Boards:
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.board = BreakerBoard(clock=clock)
-
-    def allow(self, n: str) -> bool:
-        return self.board.allow(n)
-
-    def success(self, n: str) -> None:
-        self.board.record_success(n)
-
-    def failure(self, n: str, kind: str) -> None:
-        self.board.record_failure(n, "connect")
 
 
 def _answer(node_id: str) -> StepResult:
