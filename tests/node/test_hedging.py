@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import numpy as np
-
-from dispatch_support import Boards, Obs
-from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
-from tierlink.errors import UpstreamUnavailable
+from dispatch_support import Boards, Obs, timed_remote
+from tierlink.core.types import Placement, Plan, Request, Tier
 from tierlink.node.dispatcher import Dispatcher, RetryBudget, StepResult
 from tierlink.node.hedging import HedgeConfig, Hedger, quantile
 
@@ -51,16 +48,7 @@ def test_budget_allows_about_its_share_of_requests():
 def _dispatcher(latency_ms: dict[str, float], fail: set[str] = frozenset(), budget: float = 1.0):
     cancelled: list[str] = []
 
-    async def remote(p, req, inputs, remaining, hop_budget):
-        try:
-            await asyncio.sleep(latency_ms[p.node_id] / 1000)
-        except asyncio.CancelledError:
-            cancelled.append(p.node_id)
-            raise
-        if p.node_id in fail:
-            raise UpstreamUnavailable(f"{p.node_id} down")
-        return StepResult({"label": np.array([1])},
-                          Outcome(p.node_id, p.tier, "m", (p.node_id,), 0.99))
+    remote = timed_remote(latency_ms, fail, cancelled)
 
     async def local(p, req, inputs, remaining):
         raise AssertionError("no local step in these plans")

@@ -8,12 +8,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 
 import sim_support as toy
-from dispatch_support import Boards, Obs
-from tierlink.core.types import Outcome, Placement, Plan, Request, Tier
+from dispatch_support import Boards, Obs, answer, timed_remote
+from tierlink.core.types import Placement, Plan, Request, Tier
 from tierlink.errors import Overloaded, TierlinkError, UpstreamUnavailable
 from tierlink.node.dispatcher import Dispatcher, RetryBudget
 from tierlink.node.hedging import HedgeConfig, Hedger
@@ -26,11 +25,6 @@ from tierlink.sim.workload import Arrivals, workload
 REQ = Request("r", "fmnist", 1000.0, "dev-1")
 PLAN = Plan((Placement("remote", "edge-1", Tier.EDGE, est_ms=5.0),
              Placement("remote", "edge-2", Tier.EDGE, est_ms=5.0)), "tierlink")
-
-
-def _answer(node_id: str) -> StepResult:
-    return StepResult({"label": np.array([1])},
-                      Outcome(node_id, Tier.EDGE, "m", (node_id,), 0.99))
 
 
 def _dispatcher(clock: Callable[[], float], budget: float = 1.0,
@@ -71,7 +65,7 @@ class Runner:
         timed = _Timed(node_id, self.cancelled)
         timed.timer = asyncio.get_running_loop().call_later(
             self.latency_ms[node_id] / 1000.0, lambda: done(
-                None if error else _answer(node_id), error))
+                None if error else answer(node_id), error))
         chain.now = timed
 
 
@@ -97,16 +91,7 @@ def _live(latency_ms: dict[str, float], fail: frozenset[str] = frozenset(),
           budget: float = 1.0) -> tuple[str, list, list[str]]:
     cancelled: list[str] = []
 
-    async def remote(p: Placement, req: Request, inputs: Inputs, remaining: float,
-                     hop_budget: float) -> StepResult:
-        try:
-            await asyncio.sleep(latency_ms[p.node_id] / 1000)
-        except asyncio.CancelledError:
-            cancelled.append(p.node_id)
-            raise
-        if p.node_id in fail:
-            raise UpstreamUnavailable(f"{p.node_id} down")
-        return _answer(p.node_id)
+    remote = timed_remote(latency_ms, fail, cancelled)
 
     async def local(p: Placement, req: Request, inputs: Inputs, remaining: float
                     ) -> StepResult:
@@ -174,7 +159,7 @@ def test_a_step_that_answers_inside_its_own_call_is_a_bug() -> None:
     class Eager(Runner):
         def run_step(self, call: Call, req: Request, inputs: Inputs, done: Done,
                      chain: Chain) -> None:
-            done(_answer(call.placement.node_id), None)
+            done(answer(call.placement.node_id), None)
 
     async def main() -> None:
         clock = asyncio.get_running_loop().time
