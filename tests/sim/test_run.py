@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 import sim_support as toy
 from tierlink.core.types import Privacy, Request
 from tierlink.node.dispatcher import Dispatcher
@@ -14,7 +16,7 @@ from tierlink.policy.placement import TierlinkPolicy
 from tierlink.routing.desk import PolicyDesk
 from tierlink.sim import loop
 from tierlink.sim.build import Scenario, build
-from tierlink.sim.run import simulate
+from tierlink.sim.run import run_once, simulate
 from tierlink.sim.workload import Arrivals, workload
 
 
@@ -63,6 +65,19 @@ def test_runs_compare_as_the_demo_does_and_repeat_exactly() -> None:
     assert all(len(r) == len(items) for r in records.values())
     again, _ = simulate(config, toy.views(), outcomes, items, seed=1)
     assert again["runs"] == report["runs"]
+
+
+def test_a_run_that_keeps_no_records_reports_the_same_summary() -> None:
+    config, outcomes = toy.fleet(), toy.outcomes()
+    items = _items()
+    kept = run_once(config, toy.views(), outcomes, items, None, seed=3)
+    heard: list[object] = []
+    lean = run_once(config, toy.views(), outcomes, items, None, seed=3,
+                    on_done=heard.append, keep_records=False)
+    assert lean.records == [] and len(heard) == len(kept.records) == len(items)
+    cost = lean.summary.pop("cost_per_1k")  # summed in the order answers came
+    assert cost == pytest.approx(kept.summary.pop("cost_per_1k"), rel=1e-12)
+    assert lean.summary == kept.summary
 
 
 def test_a_crashed_edge_and_a_dead_link_are_felt_and_survived() -> None:

@@ -165,19 +165,22 @@ def _reachable(start: SimNode) -> list[str]:
 
 async def drive(fleet: SimFleet, items: Sequence[WorkItem], task: str,
                 labels: Sequence[int], input_bytes: int, policy: str | None,
-                on_done: Callable[[Record], None] = lambda r: None) -> list[Record]:
-    """Send every item at its simulated time; wait for every answer. Each arrival sets the
-    next one's timer (an hour of a large fleet is millions of requests: they are not all
-    set at once)."""
+                on_done: Callable[[Record], None] = lambda r: None,
+                keep: bool = True) -> list[Record]:
+    """Send every item at its simulated time; wait for every answer; the records in the
+    items' order (none unless ``keep``: ``on_done`` hears each as it comes). Each arrival
+    sets the next one's timer (an hour of a large fleet is millions of requests: they are
+    not all set at once)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     order = sorted(range(len(items)), key=lambda k: items[k].at_s)
-    records: list[Record | None] = [None] * len(items)
+    records: list[Record | None] = [None] * (len(items) if keep else 0)
     finished: asyncio.Future[None] = loop.create_future()
     left = [len(items)]
 
     def answered(i: int, record: Record) -> None:
-        records[i] = record
+        if keep:
+            records[i] = record
         on_done(record)
         left[0] -= 1
         if not left[0]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tierlink.core.types import ModelView
 from tierlink.fleet.config import FleetConfig
-from tierlink.fleet.workload import PrivacyTally, Record, WorkItem, summarize
+from tierlink.fleet.workload import PrivacyTally, Record, Tally, WorkItem, summarize
 from tierlink.policy.ope import Logged
 from tierlink.policy.placement import TierlinkPolicy
 from tierlink.sim import loop
@@ -42,10 +42,18 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
              items: Sequence[WorkItem], policy: str | None, seed: int,
              scenario: Scenario | None = None,
              on_done: Callable[[Record], None] = lambda r: None,
-             also: Mapping[str, Outcomes] | None = None) -> RunResult:
+             also: Mapping[str, Outcomes] | None = None,
+             keep_records: bool = True) -> RunResult:
     """One run of ``items`` (requests of ``outcomes.task``) on a fresh fleet; ``also``:
-    the answers of the fleet's other tasks (their models are on the nodes, idle)."""
+    the answers of the fleet's other tasks (their models are on the nodes, idle).
+    ``keep_records=False``: the summary is added up as requests are answered and the result
+    holds no records (a run of millions of requests in the memory of its fleet)."""
     wall = time.perf_counter()
+    tally = Tally()
+
+    def done(record: Record) -> None:
+        tally.add(record)
+        on_done(record)
 
     async def main() -> tuple[list[Record], Any, float, dict[str, Any]]:
         import asyncio
@@ -57,7 +65,7 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
         sampler = _battery_timeline(fleet.nodes.values(), clock, items, timeline)
         try:
             records = await drive(fleet, items, outcomes.task, outcomes.labels.tolist(),
-                                  outcomes.input_bytes, policy, on_done)
+                                  outcomes.input_bytes, policy, done, keep=keep_records)
         finally:
             if sampler is not None:
                 sampler.cancel()
@@ -71,7 +79,10 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
                            if n.scheduler.peak_queue}}
 
     records, counters, simulated, extra = loop.run(main)
-    return RunResult(records, summarize(records, PrivacyTally(counters.violations, counters.refusals)),
+    privacy = PrivacyTally(counters.violations, counters.refusals)
+    # Kept records are summed in their items' order (as the demo sums its own).
+    return RunResult(records, summarize(records, privacy) if keep_records
+                     else tally.summary(privacy),
                      {"escalated": counters.escalated, "fallbacks": counters.fallbacks,
                       "retried": counters.retried, "hedged": counters.hedged, **extra},
                      simulated, time.perf_counter() - wall, counters.shadow_log)
