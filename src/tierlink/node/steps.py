@@ -123,15 +123,15 @@ async def run_steps(steps: Steps, local: LocalStep, remote: RemoteStep, req: Req
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             sent, error = None, None
-            if type(command) is Call:
+            if isinstance(command, Call):
                 try:
                     sent = await _call(command, local, remote, req, inputs)
                 except Exception as exc:  # noqa: BLE001 -- thrown back into the steps
                     error = exc
-            elif type(command) is Start:
+            elif isinstance(command, Start):
                 started[command.tag] = asyncio.ensure_future(_started(command, local, remote,
                                                                       req, inputs))
-            elif type(command) is Await:
+            elif isinstance(command, Await):
                 try:
                     sent = await _next_finished(started, command.timeout_s)
                 except Exception as exc:  # noqa: BLE001 -- a call's own bug: not swallowed

@@ -362,30 +362,29 @@ class SimNode:
         def tail(target: SimNode, then: Done, inner: Chain) -> None:
             target.run_tail(model, point, codec, req, then, inner)
 
-        def answered(tail_compute_ms: float, tail_ms: float) -> None:
-            total_ms = (self._clock() - sent[0]) * 1000.0
-            self.estimators[up].observe(total_ms, tail_ms, wire)
-            pred, confidence = self.outcomes[req.task].answer(model, int(inputs["sample"]))
-            head_ms = head_s * 1000.0
-            bill = self.routing.cost.at(self.view.day_s).split_bill(
-                self.tier, head_ms, placement.tier, wire, tail_compute_ms)
-            outcome = Outcome(up, placement.tier, model, (self.node_id, up), confidence,
-                              bill=bill, timings_ms={
-                                  "head_ms": head_ms, "encode_ms": encode_s * 1000.0,
-                                  "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
-                                  "split_bytes": float(wire), "est_ms": placement.est_ms},
-                              split=f"{placement.cut}/{placement.codec}")
-            done(StepResult({"label": np.asarray(pred)}, outcome), None)
-
-        sent = [0.0]
-
         def encoded() -> None:
             left_ms = budget_ms - (self._clock() - started) * 1000.0 - self.routing.reserve_ms
             if left_ms <= self.estimators[up].view().rtt_ms:
                 done(None, DeadlineExceeded(f"no time left to send features to {up}",
                                             before_hop=True))
                 return
-            sent[0] = self._clock()
+            sent = self._clock()
+
+            def answered(tail_compute_ms: float, tail_ms: float) -> None:
+                total_ms = (self._clock() - sent) * 1000.0
+                self.estimators[up].observe(total_ms, tail_ms, wire)
+                pred, confidence = self.outcomes[req.task].answer(model, int(inputs["sample"]))
+                head_ms = head_s * 1000.0
+                bill = self.routing.cost.at(self.view.day_s).split_bill(
+                    self.tier, head_ms, placement.tier, wire, tail_compute_ms)
+                outcome = Outcome(up, placement.tier, model, (self.node_id, up), confidence,
+                                  bill=bill, timings_ms={
+                                      "head_ms": head_ms, "encode_ms": encode_s * 1000.0,
+                                      "tail_rtt_ms": total_ms, "tail_ms": tail_ms,
+                                      "split_bytes": float(wire), "est_ms": placement.est_ms},
+                                  split=f"{placement.cut}/{placement.codec}")
+                done(StepResult({"label": np.asarray(pred)}, outcome), None)
+
             self.hops.exchange(up, wire, tail, Hop(left_ms, answered, done), chain)
 
         def headed(_result: object, error: TierlinkError | None) -> None:
@@ -421,7 +420,10 @@ class SimNode:
         seconds = self.compute.seconds(tail.tail_ms + codec.decode_ms, self.rng)
 
         def ran(_result: object, error: TierlinkError | None) -> None:
-            done(None, error) if error is not None else done(seconds * 1000.0, None)
+            if error is not None:
+                done(None, error)
+            else:
+                done(seconds * 1000.0, None)
 
         self._submit(seconds, req, self._clock() + req.deadline_ms / 1000.0,
                      f"{model}@tail:{point.cut}", ran, chain)

@@ -51,9 +51,11 @@ def run_once(config: FleetConfig, views: Mapping[str, ModelView], outcomes: Outc
     wall = time.perf_counter()
     tally = Tally()
 
-    def done(record: Record) -> None:
+    def added(record: Record) -> None:
         tally.add(record)
         on_done(record)
+
+    done = on_done if keep_records else added  # kept records are summed once, at the end
 
     async def main() -> tuple[list[Record], Any, float, dict[str, Any]]:
         import asyncio
