@@ -561,6 +561,15 @@ _KEY_HELP: dict[tuple[str, str], str] = {
     ("nodes[].chat.models[]", "kv_cache_mib"): "MiB of KV cache per sequence: a sliding "
                                                "window with attention sinks keeps longer "
                                                "ones within it (left out: unbounded).",
+    ("nodes[].chat.models[]", "kv_move"): "Whether a conversation's KV cache is shipped to "
+                                          "the upstream that answers its next turn: `auto` "
+                                          "(when the link makes it faster than prefilling "
+                                          "there), `always` or `never`. Only between models "
+                                          "of the same weights file and precision, and only "
+                                          "where the conversation's privacy lets it go.",
+    ("nodes[].chat.models[]", "kv_codec"): "The cache on the wire: `fp32` (the next turn is "
+                                           "computed exactly as unmoved), `fp16` (half the "
+                                           "bytes) or `int8` (a quarter, plus 3% of scales).",
 }
 
 

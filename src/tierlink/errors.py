@@ -9,7 +9,10 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     ├── ConfigError                 bad fleet file / flag (names the field and the fix)
     ├── InvalidRequest              400: malformed OIP body, tensors, shapes, dtypes
     │   ├── TensorError             400: one tensor is malformed
-    │   └── ContextTooLong          400: a prompt (+ max_tokens) over the model's context
+    │   ├── ContextTooLong          400: a prompt (+ max_tokens) over the model's context
+    │   └── PackageRefused          422: a conversation's KV package this node cannot load
+    │       │                       (another model file, a broken body, a wrong shape)
+    │       └── PackageTooLarge     413: over the largest cache this node's model can hold
     ├── ModelNotFound               404: unknown model / task / version
     ├── PrivacyViolation            403: the input may not be held by this node
     ├── Refused                     a request refused at once (not left to time out)
@@ -39,6 +42,7 @@ are converted at the adapter that calls them, with ``raise ... from exc``.
     │   │                           by a key this node does not trust
     │   └── VersionConflict         another artifact is already published as that version
     ├── SessionBusy                 409: a conversation is answering another turn
+    ├── SessionNotFound             404: no conversation of that name is held here
     ├── NotEnrolled                 401: unknown or revoked node / bad enrollment token
     │   └── PeerRefused             403: a sender's claims are not its to make (TLS fleets)
     ├── RolloutError                409: a rollout cannot start or move (one already runs,
@@ -104,10 +108,25 @@ class ContextTooLong(InvalidRequest):
     hint = "shorten the prompt or lower max_tokens"
 
 
+class PackageRefused(InvalidRequest):
+    code = "kv_package_refused"
+    http_status = 422
+
+
+class PackageTooLarge(PackageRefused):
+    code = "kv_package_too_large"
+    http_status = 413
+
+
 class SessionBusy(TierlinkError):
     code = "session_busy"
     http_status = 409
     hint = "wait for the turn in progress, or use another tierlink.session"
+
+
+class SessionNotFound(TierlinkError):
+    code = "session_not_found"
+    http_status = 404
 
 
 class ModelNotFound(TierlinkError):

@@ -47,6 +47,7 @@ class _Model:
     """Just what ChatService reads of a LanguageModel when it places a request."""
 
     context_length = 8192
+    identity = "weights:fp32:exact"
 
     def __init__(self, score: float | None = None) -> None:
         self.name = "smollm2"

@@ -1,7 +1,8 @@
 """The OpenAI API on a node: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models`` — on every node, with or without a language model of its own — and, on
 a node with one, the verifier's endpoint for speculative decoding,
-``POST /tierlink/v1/llm/{model}/verify``. Errors answer in OpenAI's shape with the status
+``POST /tierlink/v1/llm/{model}/verify``, and where a moved conversation's cache arrives,
+``PUT /tierlink/v1/llm/{model}/kv?session=…`` (``chat/handover.py``). Errors answer in OpenAI's shape with the status
 of tierlink's error tree (4xx for the caller's mistakes).
 
 On a node with TLS a chat request's claims (its ``tierlink`` origin, hops and privacy) are
@@ -33,9 +34,11 @@ from tierlink.transport.openapi import (
 
 def install_chat_routes(app: FastAPI, chat: ChatService) -> None:
     if chat.models:  # a node with language models verifies drafts for its devices
+        from tierlink.chat.handover import install_kv_route
         from tierlink.chat.verify import install_verify_route
 
         install_verify_route(app, chat.models)
+        install_kv_route(app, chat.models, chat.node_id, chat.tier, chat.metrics)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

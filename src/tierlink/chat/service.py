@@ -7,19 +7,19 @@ no language model of its own serves the API too, relaying to the upstreams that 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import ssl
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from tierlink.chat.handover import Handover
 from tierlink.chat.openai import ChatRequest, answer, chunk, new_id, sse, usage
 from tierlink.chat.peers import PeerModels
 from tierlink.chat.placing import ChatPlacer, NodeLink
 from tierlink.chat.router import load_router
+from tierlink.chat.speculating import BATCH_SLOWDOWN, TIER_PRICES, Speculation, VerifierLink
 from tierlink.core.types import ClusterView, LanguageModelView, Tier
 from tierlink.errors import (
     InvalidRequest,
@@ -40,20 +40,9 @@ if TYPE_CHECKING:
     import aiohttp
 
     from tierlink.llm.runtime import LanguageModel
-    from tierlink.llm.speculative import SpecReport
 
 MODES = ("auto", "local", "speculative", "remote")
 RELAY_FAILURES = (UpstreamUnavailable, UpstreamTimeout)  # fall back down the plan on these
-
-
-@dataclass(frozen=True, slots=True)
-class VerifierLink:
-    """Where a device's drafts for one of its models are verified."""
-
-    node_id: str
-    url: str
-    model: str
-    tier: Tier
 
 
 @dataclass
@@ -65,11 +54,7 @@ class Prepared:
     ids: list[int] | None  # the prompt's tokens (None without a local tokenizer)
     plan: ChatPlan
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-# Cost per 1,000 generated tokens on each tier (prompt tokens count a fifth).
-TIER_PRICES = {Tier.DEVICE: 0.0, Tier.EDGE: 0.0005, Tier.CLOUD: 0.002}
-BATCH_SLOWDOWN = 0.1  # one more row in a decoding step costs this share of a one-row step
+    view: ClusterView | None = None  # what the plan was made over
 
 
 class ChatService:
@@ -88,11 +73,12 @@ class ChatService:
         # node id -> base URL, read through: a node's upstreams follow the registry
         self._live: Mapping[str, str] = upstreams if upstreams is not None else {}
         self._fixed = {link.node_id: link.url for link in self.verifiers.values()}
-        self.drafters = _drafters(models, self.verifiers)
-        self.acceptance: dict[str, float] = {}  # EWMA per drafting model
         self._http: aiohttp.ClientSession | None = None
         self.tls: ssl.SSLContext | None = None  # HTTPS peers: the node's client context
-        self._background: set[asyncio.Future[None]] = set()
+        self.speculation = Speculation(node_id, tier, models, self.verifiers, metrics,
+                                       self.http, lambda: self.tls)
+        self.handover = Handover(node_id, self.http, lambda: self.tls,
+                                 lambda: self.placer.node.links(), metrics)
         self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
                         if lm.source.router}
         peers = None if upstreams is None and not self._fixed else \
@@ -146,8 +132,9 @@ class ChatService:
             lang.prefill_tokens_per_s if lang else 100.0,
             lang.decode_tokens_per_s if lang else 10.0, BATCH_SLOWDOWN, running=stats.running,
             queued=stats.queued, max_sequences=lm.source.max_sequences,
-            verifier=lm.source.verifier or "", acceptance=self.acceptance.get(name, 0.7),
-            price_per_1k=self.price)
+            verifier=lm.source.verifier or "",
+            acceptance=self.speculation.acceptance.get(name, 0.7),
+            price_per_1k=self.price, identity=lm.identity)
 
     def resolve(self, name: str) -> LanguageModel:
         found = self.local_model(name)
@@ -215,14 +202,14 @@ class ChatService:
                 else lm.text_ids(req.prompt)
             lm.check_length(ids, req.params)
         meta: dict[str, Any] = {}
-        plan = await self._plan(req, lm, ids, meta)
-        return Prepared(lm, ids, plan, meta)
+        view = await self.placer.view(self.views())
+        plan = await self._plan(req, lm, ids, meta, view)
+        return Prepared(lm, ids, plan, meta, view)
 
     async def _plan(self, req: ChatRequest, lm: LanguageModel | None, ids: list[int] | None,
-                    meta: dict[str, Any]) -> ChatPlan:
-        """The policy's plan over the view as it is now, with the router's verdict."""
+                    meta: dict[str, Any], view: ClusterView) -> ChatPlan:
+        """The policy's plan over ``view``, with the router's verdict."""
         mode = req.tierlink.mode
-        view = await self.placer.view(self.views())
         ask = self.placer.ask(req, len(ids) if ids is not None else None)
         ask = ask if mode == "auto" else replace(ask, only=mode)
         plan = await self._routed(self.placer.plan(ask, view), ask, view, lm, ids, meta)
@@ -310,7 +297,7 @@ class ChatService:
     def _answer(self, option: ChatOption, req: ChatRequest, prep: Prepared,
                 report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
         if option.kind == "remote":
-            return self._remote(req, option, report, meta)
+            return self._remote(req, option, prep, report, meta)
         lm, ids = prep.lm, prep.ids
         assert lm is not None and ids is not None  # local options come from local models
         if option.kind == "speculative":
@@ -320,39 +307,22 @@ class ChatService:
     async def _local(self, req: ChatRequest, lm: LanguageModel, ids: list[int],
                      report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
         meta.update(self.meta(lm, report))
-        async for piece in lm.generate(ids, req.params, req.tierlink.session, report):
+        t = req.tierlink
+        async for piece in lm.generate(ids, req.params, t.session, report, t.privacy,
+                                       t.origin or self.node_id):
             yield piece
         meta.update(self.meta(lm, report))
 
     async def _speculative(self, req: ChatRequest, lm: LanguageModel, ids: list[int],
                            report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
-        from tierlink.chat.verify import HttpVerifier
-        from tierlink.llm.speculative import SpecReport
-
-        link = self.verifiers[lm.name]
-        spec = SpecReport()
-        verifier = HttpVerifier(self.http(), link.url, link.model,
-                                key=f"{self.node_id}:{uuid.uuid4().hex}",
-                                timeout_s=req.tierlink.deadline_ms / 1e3,
-                                server_hostname=expect_node(link.node_id, self.tls))
         meta.update(self.meta(lm, report))
-        try:
-            async for piece in self.drafters[lm.name].generate(ids, req.params, verifier,
-                                                               report, spec):
-                yield piece
-        finally:
-            if spec.rounds and not spec.degraded:  # free its cache there, without waiting
-                task = asyncio.ensure_future(verifier.close())
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            meta.update(self._spec_meta(lm, link, report, spec))
-            meta["timings_s"] = {"draft": round(spec.draft_s, 4),
-                                 "round_trips": round(spec.verify_s, 4),
-                                 "verifier_server": round(verifier.server_s, 4)}
+        async for piece in self.speculation.answer(req, lm, ids, report, meta):
+            yield piece
 
-    async def _remote(self, req: ChatRequest, option: ChatOption, report: Generation,
-                      meta: dict[str, Any]) -> AsyncIterator[Chunk]:
-        """The upstream's model answers alone; this node relays (cloud-only, via here)."""
+    async def _remote(self, req: ChatRequest, option: ChatOption, prep: Prepared,
+                      report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
+        """The upstream's model answers alone; this node relays (cloud-only, via here),
+        having shipped the conversation's cache there when it should go."""
         from tierlink.chat.remote import forward_body, relay
 
         upstream: dict[str, Any] = {}
@@ -360,6 +330,9 @@ class ChatService:
         if url is None:  # it left this node's upstreams since it was placed
             raise UpstreamUnavailable(f"{option.node_id} is no longer an upstream of "
                                       f"{self.node_id}", hint="retry: it is placed anew")
+        moved = await self.handover.before_relay(req, prep, option, url)
+        if moved is not None:
+            meta["kv"] = moved
         try:
             async for piece in relay(self.http(), url,
                                      forward_body(req, option.model, self.node_id), report,
@@ -369,28 +342,6 @@ class ChatService:
             meta.update(upstream)
             meta["path"] = [self.node_id, *upstream.get("path", [option.node_id])]
             meta["mode"] = "remote"
-
-    def _spec_meta(self, lm: LanguageModel, link: VerifierLink, report: Generation,
-                   spec: SpecReport) -> dict[str, Any]:
-        # The verifier's passes, each of k+1 rows costing 1 + 0.1·k single-token steps.
-        steps = spec.rounds + BATCH_SLOWDOWN * spec.drafted
-        price = TIER_PRICES.get(link.tier, 0.0)
-        cost = (steps + report.prompt_tokens / 5) / 1000 * price if spec.rounds else 0.0
-        if spec.drafted:
-            seen = self.acceptance.get(lm.name, 0.7)
-            self.acceptance[lm.name] = seen + 0.3 * (spec.accepted / spec.drafted - seen)
-        if self.metrics is not None:
-            labels = (self.tier.label, lm.name, "draft")
-            self.metrics.draft_tokens.labels(*labels).inc(spec.drafted)
-            self.metrics.accepted_tokens.labels(*labels).inc(spec.accepted)
-        return {"served_by": self.node_id if spec.degraded else link.node_id,
-                "tier": self.tier.label if spec.degraded else link.tier.label,
-                "model": lm.name if spec.degraded else link.model,
-                "path": [self.node_id, link.node_id], "mode": "speculative",
-                "cost_usd": round(cost, 8), "drafted": spec.drafted,
-                "accepted": spec.accepted, "rounds": spec.rounds,
-                "mean_k": round(spec.mean_k, 2), "degraded": spec.degraded,
-                "degraded_reason": spec.reason}
 
     async def complete(self, req: ChatRequest, prep: Prepared) -> dict[str, Any]:
         report = Generation()
@@ -474,16 +425,6 @@ class ChatService:
 def _label(prep: Prepared, req: ChatRequest) -> str:
     """The model name metrics count a request under: this node's, or the one asked for."""
     return prep.lm.name if prep.lm is not None else req.model
-
-
-def _drafters(models: Mapping[str, LanguageModel], verifiers: Mapping[str, VerifierLink]
-              ) -> dict[str, Any]:
-    if not verifiers:
-        return {}
-    from tierlink.llm.speculative import SpeculativeDrafter
-
-    return {name: SpeculativeDrafter(models[name].model, models[name].codec,
-                                     models[name].source.k_max) for name in verifiers}
 
 
 def _refusal(node_id: str, reason: str) -> TierlinkError:

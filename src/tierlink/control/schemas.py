@@ -127,6 +127,7 @@ class LanguageModelSpec(_Open):
     verifier: str = Field(default="", max_length=300)
     acceptance: float = Field(default=0.7, ge=0.0, le=1.0)
     price_per_1k: float = Field(default=0.0, ge=0.0)
+    identity: str = Field(default="", max_length=300)
 
 
 class LinkSpec(_Open):

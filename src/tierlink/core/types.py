@@ -227,7 +227,9 @@ class LanguageModelView:
     times one sequence's. ``quality``: on the fleet's labelled prompts (0..1; None when
     unmeasured). ``verifier``: "NODE/MODEL" this model drafts for (speculative decoding),
     with the ``acceptance`` its drafts have had there. ``price_per_1k``: USD per 1,000
-    generated tokens on this node (a prompt token counts a fifth)."""
+    generated tokens on this node (a prompt token counts a fifth). ``identity``: which KV
+    caches it computes (its weights file's hash, precision and kernels): a conversation's
+    cache moves only between models of equal identity."""
 
     name: str
     tasks: tuple[str, ...] = ()
@@ -242,6 +244,7 @@ class LanguageModelView:
     verifier: str = ""
     acceptance: float = 0.7
     price_per_1k: float = 0.0
+    identity: str = ""
 
     def serves(self, name: str) -> bool:
         """Whether a request naming ``name`` (a model or a chat task) may run here."""
@@ -255,7 +258,7 @@ class LanguageModelView:
                 "batch_slowdown": round(self.batch_slowdown, 4), "running": self.running,
                 "queued": self.queued, "max_sequences": self.max_sequences,
                 "verifier": self.verifier, "acceptance": round(self.acceptance, 4),
-                "price_per_1k": self.price_per_1k}
+                "price_per_1k": self.price_per_1k, "identity": self.identity}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LanguageModelView:
@@ -266,7 +269,7 @@ class LanguageModelView:
                    float(d.get("batch_slowdown", 0.1)), int(d.get("running", 0)),
                    int(d.get("queued", 0)), int(d.get("max_sequences", 16)),
                    str(d.get("verifier", "")), float(d.get("acceptance", 0.7)),
-                   float(d.get("price_per_1k", 0.0)))
+                   float(d.get("price_per_1k", 0.0)), str(d.get("identity", "")))
 
 
 # A device's heat, in Apple's ``ProcessInfo.ThermalState`` words (Android's thermal status

@@ -14,6 +14,10 @@
             kv_cache_mib: 12       # optional: bounded KV cache per sequence (sliding window)
             router: router.json    # optional: easy prompts answered here, hard ones verified
             quality: 0.563         # optional: measured on labelled prompts; placement weighs it
+            kv_move: auto          # optional: ship a conversation's cache to the upstream that
+                                   # answers its next turn: auto (when faster than prefilling
+                                   # there), always or never
+            kv_codec: fp16         # optional: the cache on the wire: fp32 (exact), fp16, int8
 
 A verifier must be a node this one has a link to, serving that model.
 """
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tierlink.errors import ConfigError
-from tierlink.llm.source import LMSource
+from tierlink.llm.source import CODECS, MOVES, LMSource
 from tierlink.settings.fields import known_keys
 
 
@@ -49,6 +53,8 @@ def _source_dict(src: LMSource) -> dict[str, Any]:
                            "max_sequences": src.max_sequences}
     optional = {"quantize": src.quantize, "verifier": src.verifier, "router": src.router,
                 "quality": src.quality,
+                "kv_move": None if src.kv_move == "auto" else src.kv_move,
+                "kv_codec": None if src.kv_codec == "fp16" else src.kv_codec,
                 "kv_cache_mib": None if src.kv_cache_bytes is None
                 else src.kv_cache_bytes / 2**20}
     return out | {k: v for k, v in optional.items() if v is not None}
@@ -77,7 +83,7 @@ def _source(raw: Any, where: str) -> LMSource:
         raise ConfigError(f"{where} needs a name and a model, e.g. "
                           "{name: smollm2, model: smollm2-135m}")
     known_keys(raw, ("name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences",
-                     "router", "quality"), where)
+                     "router", "quality", "kv_move", "kv_codec"), where)
     quantize = raw.get("quantize")
     if quantize not in (None, "int8"):
         raise ConfigError(f"{where}.quantize must be int8 (or left out)")
@@ -94,6 +100,11 @@ def _source(raw: Any, where: str) -> LMSource:
     quality = raw.get("quality")
     if quality is not None and (not isinstance(quality, int | float) or not 0 <= quality <= 1):
         raise ConfigError(f"{where}.quality must be a share between 0 and 1, e.g. 0.757")
+    move, wire = raw.get("kv_move", "auto"), raw.get("kv_codec", "fp16")
+    if move not in MOVES:
+        raise ConfigError(f"{where}.kv_move must be one of {', '.join(MOVES)}, got {move!r}")
+    if wire not in CODECS:
+        raise ConfigError(f"{where}.kv_codec must be one of {', '.join(CODECS)}, got {wire!r}")
     sequences = raw.get("max_sequences", 16)
     if not isinstance(sequences, int) or isinstance(sequences, bool) or sequences < 1:
         raise ConfigError(f"{where}.max_sequences must be a whole number >= 1, got "
@@ -101,7 +112,7 @@ def _source(raw: Any, where: str) -> LMSource:
     return LMSource(name=raw["name"], path=raw["model"], quantize=quantize, verifier=verifier,
                     router=router, quality=None if quality is None else float(quality),
                     kv_cache_bytes=int(mib * 2**20) if mib else None,
-                    max_sequences=sequences)
+                    max_sequences=sequences, kv_move=move, kv_codec=wire)
 
 
 def check_verifiers(chats: Mapping[str, ChatConfig], tiers: Mapping[str, str],

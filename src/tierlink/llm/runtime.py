@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from tierlink.core.types import Privacy
 from tierlink.errors import ConfigError, ContextTooLong, InvalidRequest, TierlinkError
 from tierlink.llm import weights
 from tierlink.llm.card import load_or_measure
 from tierlink.llm.engine import Engine
 from tierlink.llm.jobs import Event, GenerateJob, VerifyJob
 from tierlink.llm.kvcache import CacheBounds
+from tierlink.llm.kvship import Holder, identity, pack, unpack
 from tierlink.llm.model import LlamaModel
 from tierlink.llm.results import Chunk, Generation
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, generator
@@ -27,7 +30,7 @@ from tierlink.models.card import ModelCard
 
 class LanguageModel:
     def __init__(self, source: LMSource, model: LlamaModel, codec: TextCodec,
-                 card: ModelCard) -> None:
+                 card: ModelCard, source_dir: Path | None = None) -> None:
         self.source = source
         self.name = source.name
         self.model = model
@@ -40,6 +43,9 @@ class LanguageModel:
         self.sessions = SessionStore(cfg, self.bounds, max_sessions=source.max_sessions)
         self.verifiers = SessionStore(cfg, None, max_sessions=source.max_sessions)
         self._verify_gens: dict[str, torch.Generator] = {}
+        # Which KV caches this model computes (a moved conversation loads only where equal)
+        self.identity = identity(weights.digest(source_dir), source.quantize or "fp32",
+                                 model.exact) if source_dir is not None else ""
         self.engine.expected_verifiers = self._drafting_devices
         self.engine.batch_wait_s = source.verify_batch_wait_ms / 1e3
 
@@ -58,7 +64,7 @@ class LanguageModel:
         codec = TextCodec(directory)
         card = load_or_measure(source.name, directory, model, codec,
                                precision=source.quantize or "fp32")
-        return cls(source, model, codec, card)
+        return cls(source, model, codec, card, directory)
 
     def start(self) -> None:
         self.engine.start()
@@ -88,13 +94,16 @@ class LanguageModel:
 
     async def generate(self, prompt: list[int], params: SamplingParams,
                        session_key: str | None = None,
-                       report: Generation | None = None) -> AsyncIterator[Chunk]:
-        """Stream the answer; closing the iterator early cancels the sequence."""
+                       report: Generation | None = None, privacy: Privacy = Privacy.ANY,
+                       origin: str | None = None) -> AsyncIterator[Chunk]:
+        """Stream the answer; closing the iterator early cancels the sequence. A session
+        remembers the strictest ``privacy`` its turns came with (and their ``origin``)."""
         if not prompt:
             raise InvalidRequest("the prompt is empty")
         self.check_length(prompt, params)
         report = report if report is not None else Generation()
         session = self.sessions.open(session_key)
+        session.heard(privacy, origin)
         feed = session.reuse(prompt)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -169,6 +178,27 @@ class LanguageModel:
             self.verifiers.close(key, session)
             if key not in self.verifiers:
                 self._verify_gens.pop(key, None)
+
+    async def export(self, key: str, codec: str) -> tuple[bytes, Holder]:
+        """Conversation ``key``'s cache as a package (``llm/kvship.py``), packed off the
+        event loop; the session is held (busy) while it is read."""
+        session = self.sessions.take(key)
+        holder = Holder(tuple(session.tokens), session.privacy, session.origin)
+        try:
+            blob = await asyncio.to_thread(pack, session.cache, holder, self.identity, codec)
+        finally:
+            self.sessions.untake(session)
+        return blob, holder
+
+    async def adopt(self, key: str, blob: bytes) -> Holder:
+        """Hold a moved conversation's cache as session ``key`` (checked: this model's,
+        whole, of the tokens it says)."""
+        cache, holder = await asyncio.to_thread(unpack, blob, self.model.config,
+                                                self.identity, self.bounds)
+        session = Session(cache, list(holder.tokens), privacy=holder.privacy,
+                          origin=holder.origin)
+        self.sessions.put(key, session)
+        return holder
 
     def _drafting_devices(self) -> int:
         """Verifier sessions used in the last second: devices drafting right now."""

@@ -13,9 +13,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tierlink.errors import SessionBusy
+from tierlink.core.types import Privacy
+from tierlink.errors import SessionBusy, SessionNotFound
 from tierlink.llm.kvcache import CacheBounds, KVCache
 from tierlink.llm.weights import LlamaConfig
+
+_STRICTNESS = {Privacy.ANY: 0, Privacy.SITE: 1, Privacy.LOCAL: 2}
 
 
 @dataclass
@@ -25,6 +28,17 @@ class Session:
     last_used: float = 0.0
     busy: bool = False
     turns: int = 0
+    # The strictest privacy any of its turns arrived with, and their origin: who may hold
+    # the cache (it carries what the prompts said)
+    privacy: Privacy = Privacy.ANY
+    origin: str | None = None
+
+    def heard(self, privacy: Privacy, origin: str | None) -> None:
+        """A turn of ``privacy`` from ``origin`` was fed: the cache is now at least as
+        private as it was."""
+        if _STRICTNESS[privacy] > _STRICTNESS[self.privacy]:
+            self.privacy = privacy
+        self.origin = self.origin or origin
 
     def reuse(self, prompt: list[int]) -> list[int]:
         """Crop the cache to what ``prompt`` shares with it; returns the tokens to feed."""
@@ -85,6 +99,34 @@ class SessionStore:
         session.last_used = self.clock()
         if key is not None:
             self._evict()
+
+    def get(self, key: str) -> Session | None:
+        """The session held under ``key`` (busy or not), without touching it."""
+        return self._sessions.get(key)
+
+    def take(self, key: str) -> Session:
+        """An existing idle session, marked busy (to be read whole: :meth:`close` it)."""
+        session = self._sessions.get(key)
+        if session is None:
+            raise SessionNotFound(f"no conversation {key!r} is held here")
+        if session.busy:
+            raise SessionBusy(f"session {key!r} is answering another turn")
+        session.busy = True
+        return session
+
+    def untake(self, session: Session) -> None:
+        """A session :meth:`take` marked busy was read, not fed: idle again as it was."""
+        session.busy = False
+
+    def put(self, key: str, session: Session) -> None:
+        """Hold ``session`` under ``key`` (one moved here), replacing an idle one."""
+        held = self._sessions.get(key)
+        if held is not None and held.busy:
+            raise SessionBusy(f"session {key!r} is answering another turn")
+        session.last_used = self.clock()
+        self._sessions[key] = session
+        self._sessions.move_to_end(key)
+        self._evict()
 
     def recent(self, within_s: float) -> int:
         """Sessions used within the last ``within_s`` seconds (busy ones included)."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MOVES = ("auto", "always", "never")  # when a conversation's cache follows its next turn
+CODECS = ("fp32", "fp16", "int8")  # a cache on the wire (llm/kvship.py)
+
 
 @dataclass(frozen=True, slots=True)
 class LMSource:
@@ -30,3 +33,8 @@ class LMSource:
     quality: float | None = None
     # a verifier holds a verification up to this long for other devices' (one pass for all)
     verify_batch_wait_ms: float = 10.0
+    # a conversation's cache shipped to the upstream that answers its next turn
+    # (chat/handover.py): auto (when faster than prefilling there), always or never; and its
+    # codec on the wire (fp32: exact; fp16; int8: a quarter of the bytes)
+    kv_move: str = "auto"
+    kv_codec: str = "fp16"

@@ -191,6 +191,32 @@ def read_config(directory: Path) -> LlamaConfig:
     return LlamaConfig.from_hf(raw)
 
 
+def digest(directory: Path) -> str:
+    """The weights file's SHA-256, computed once per file (remembered beside it, keyed by
+    its size and modification time)."""
+    import hashlib
+
+    path = directory / WEIGHTS
+    stat = path.stat()
+    key = f"{stat.st_size}-{stat.st_mtime_ns}"
+    memo = directory / "weights.sha256"
+    try:
+        seen_key, seen = memo.read_text().split()
+        if seen_key == key:
+            return seen
+    except (OSError, ValueError):
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    try:
+        memo.write_text(f"{key} {h.hexdigest()}\n")
+    except OSError:
+        pass  # a read-only model directory: hashed again on the next load
+    return h.hexdigest()
+
+
 def load_state(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

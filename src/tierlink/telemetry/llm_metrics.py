@@ -50,6 +50,13 @@ class LLMMetrics:
         self.passes = Counter("tierlink_llm_forward_passes_total",
                               "Forward passes of the model (one per engine step)", labels,
                               registry=r)
+        self.kv_moves = Counter("tierlink_llm_kv_moves_total",
+                                "Conversations' KV caches shipped to (out) or received from "
+                                "(in) another node; kept: a turn relayed without its cache",
+                                ["tier", "model", "direction", "outcome"], registry=r)
+        self.kv_move_bytes = Counter("tierlink_llm_kv_move_bytes_total",
+                                     "Bytes of KV packages shipped or received",
+                                     ["tier", "model", "direction"], registry=r)
         self.running = Gauge("tierlink_llm_num_requests_running",
                              "Sequences in the running batch", labels, registry=r)
         self.waiting = Gauge("tierlink_llm_num_requests_waiting",

@@ -1,0 +1,196 @@
+"""A conversation's KV cache as it travels between nodes: packed, checked, loaded.
+
+A package is tied to the model that computed it (:func:`identity`: the weights file's
+SHA-256, the precision the node serves it at and its kernels) and to the tokens it covers,
+so a node loads only what its own model would have computed for that prefix. Its layout::
+
+    b"TLKV" | version (1 byte) | header length (4 bytes, big-endian) | header (JSON)
+    | zlib(body)
+
+The header names the identity, the codec, the cache's shape, its counters (``length``,
+``seen``, ``evicted``), the tokens fed (``tokens``), the strictest privacy any of them
+arrived with, its origin, and the SHA-256 of the uncompressed body. The body holds, layer
+by layer, the keys then the values of the ``length`` slots in use, each (kv_heads, length,
+head_dim):
+
+* ``fp32`` — as the cache holds them: the next turn is computed exactly as if the
+  conversation had not moved;
+* ``fp16`` — half the bytes;
+* ``int8`` — symmetric, one FP16 scale per (head, position) row of ``head_dim`` values:
+  a quarter of the bytes plus 3%. Quantized keys and values change later logits a little:
+  a greedy answer may part from the unmoved one after some tokens.
+
+Keys are stored rotated (RoPE) at their slot positions, as the cache holds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tierlink.core.types import Privacy
+from tierlink.errors import InvalidRequest, PackageRefused
+from tierlink.llm.kvcache import CacheBounds, KVCache
+from tierlink.llm.source import CODECS
+from tierlink.llm.weights import LlamaConfig
+
+MAGIC = b"TLKV"
+VERSION = 1
+_PREFIX = struct.Struct(">4sBI")
+MAX_HEADER_BYTES = 8 << 20  # the token list of a full context is ~100 KB of JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """What a package says of the conversation beside its cache: everything it has fed
+    (``tokens``) and who may hold it (the strictest privacy of its turns, their origin)."""
+
+    tokens: tuple[int, ...]
+    privacy: Privacy = Privacy.ANY
+    origin: str | None = None
+
+
+def identity(weights_sha256: str, precision: str, exact: bool) -> str:
+    """Which caches a model computes: those of another file, precision or kernel differ."""
+    return f"{weights_sha256}:{precision}:{'exact' if exact else 'fast'}"
+
+
+def pack(cache: KVCache, holder: Holder, model: str, codec: str = "fp16",
+         level: int = 1) -> bytes:
+    """``cache`` (its slots in use) as a package for ``model`` (an :func:`identity`)."""
+    if codec not in CODECS:
+        raise InvalidRequest(f"unknown KV codec {codec!r}", hint=f"one of {', '.join(CODECS)}")
+    cfg, n = cache.config, cache.length
+    body = b"".join(_encode(t[:, :n], codec) for layer in range(cfg.num_layers)
+                    for t in (cache.k[layer], cache.v[layer]))
+    header = {"model": model, "codec": codec, "layers": cfg.num_layers,
+              "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "length": n,
+              "seen": cache.seen, "evicted": cache.evicted, "tokens": list(holder.tokens),
+              "privacy": holder.privacy.value, "origin": holder.origin,
+              "sha256": hashlib.sha256(body).hexdigest()}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return _PREFIX.pack(MAGIC, VERSION, len(raw)) + raw + zlib.compress(body, level)
+
+
+def read_header(blob: bytes) -> dict[str, Any]:
+    """The package's header (the body is not read)."""
+    return _split(blob)[0]
+
+
+def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
+    """The package's header and its compressed body."""
+    if len(blob) < _PREFIX.size:
+        raise PackageRefused("a KV package is shorter than its prefix")
+    magic, version, size = _PREFIX.unpack_from(blob)
+    if magic != MAGIC or version != VERSION:
+        raise PackageRefused(f"not a KV package of version {VERSION} (magic {magic!r}, "
+                             f"version {version})")
+    if size > MAX_HEADER_BYTES or len(blob) < _PREFIX.size + size:
+        raise PackageRefused("a KV package's header is cut short or over its size limit")
+    try:
+        header = json.loads(blob[_PREFIX.size:_PREFIX.size + size])
+    except ValueError as exc:
+        raise PackageRefused(f"a KV package's header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise PackageRefused("a KV package's header is not a JSON object")
+    return header, blob[_PREFIX.size + size:]
+
+
+def holder_of(header: dict[str, Any]) -> Holder:
+    try:
+        return Holder(tuple(int(t) for t in header["tokens"]),
+                      Privacy.parse(header.get("privacy", "any")), header.get("origin"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PackageRefused(f"a KV package's header is malformed: {exc}") from None
+
+
+def unpack(blob: bytes, config: LlamaConfig, model: str,
+           bounds: CacheBounds | None = None) -> tuple[KVCache, Holder]:
+    """The cache a package holds, for a node serving ``model`` (an :func:`identity`) with
+    ``config``; refused (422, naming why) unless every check passes."""
+    header, packed = _split(blob)
+    holder = holder_of(header)
+    if header.get("model") != model:
+        raise PackageRefused(
+            f"the KV cache was computed by model {header.get('model')!r}; this node's is "
+            f"{model!r}", hint="a cache moves only between nodes serving the same model file "
+                               "at the same precision")
+    codec, n = header.get("codec"), header.get("length")
+    shape = (header.get("layers"), header.get("kv_heads"), header.get("head_dim"))
+    if shape != (config.num_layers, config.num_kv_heads, config.head_dim):
+        raise PackageRefused(f"the KV cache's shape {shape} is not this model's")
+    if codec not in CODECS or not isinstance(n, int) or n < 0:
+        raise PackageRefused(f"a KV package's codec {codec!r} or length {n!r} is invalid")
+    limit = (bounds.max_tokens if bounds is not None else None) or config.context_length
+    if n > limit or header.get("seen", -1) != len(holder.tokens) \
+            or n != len(holder.tokens) - header.get("evicted", -1):
+        raise PackageRefused(f"a KV package's {n} slots do not match its "
+                             f"{len(holder.tokens)} tokens (or this node's limit of {limit})")
+    rows = (config.num_kv_heads, n, config.head_dim)
+    size = _encoded_bytes(rows, codec)
+    body = _inflate(packed, 2 * config.num_layers * size)
+    if hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        raise PackageRefused("a KV package's body does not match its checksum")
+    cache = KVCache(config, bounds, initial=max(n, 1))
+    at = 0
+    for layer in range(config.num_layers):
+        for store in (cache.k, cache.v):
+            store[layer][:, :n] = _decode(body[at:at + size], rows, codec)
+            at += size
+    cache.length, cache.seen, cache.evicted = n, int(header["seen"]), int(header["evicted"])
+    return cache, holder
+
+
+def _inflate(packed: bytes, expected: int) -> bytes:
+    """The body, refused unless it inflates to exactly ``expected`` bytes (never more is
+    inflated: a package cannot make a node allocate beyond what its header declares)."""
+    inflater = zlib.decompressobj()
+    try:
+        body = inflater.decompress(packed, expected + 1)
+    except zlib.error as exc:
+        raise PackageRefused(f"a KV package's body does not decompress: {exc}") from None
+    if len(body) != expected or not inflater.eof:
+        raise PackageRefused(f"a KV package's body is not the {expected} bytes its header "
+                             f"declares")
+    return body
+
+
+def _encode(t: torch.Tensor, codec: str) -> bytes:
+    t = t.contiguous()
+    if codec == "fp32":
+        return t.numpy().tobytes()
+    if codec == "fp16":
+        return t.half().numpy().tobytes()
+    scale = (t.abs().amax(dim=-1, keepdim=True) / 127.0).clamp_min(1e-8).half()
+    q = torch.round(t / scale.float()).clamp(-127, 127).to(torch.int8)
+    return scale.numpy().tobytes() + q.numpy().tobytes()
+
+
+def _decode(raw: bytes, rows: tuple[int, int, int], codec: str) -> torch.Tensor:
+    if codec == "fp32":
+        return torch.frombuffer(bytearray(raw), dtype=torch.float32).view(rows)
+    if codec == "fp16":
+        return torch.frombuffer(bytearray(raw), dtype=torch.float16).view(rows).float()
+    heads, n, _ = rows
+    split = heads * n * 2
+    scale = torch.frombuffer(bytearray(raw[:split]), dtype=torch.float16).view(heads, n, 1)
+    q = torch.frombuffer(bytearray(raw[split:]), dtype=torch.int8).view(rows)
+    return q.float() * scale.float()
+
+
+def _encoded_bytes(rows: tuple[int, int, int], codec: str) -> int:
+    heads, n, dim = rows
+    values = heads * n * dim
+    return {"fp32": 4 * values, "fp16": 2 * values, "int8": values + 2 * heads * n}[codec]
+
+
+def package_bytes(config: LlamaConfig, tokens: int, codec: str) -> int:
+    """A package's body size before compression (what a move weighs, for the decision)."""
+    return 2 * config.num_layers * _encoded_bytes(
+        (config.num_kv_heads, tokens, config.head_dim), codec)

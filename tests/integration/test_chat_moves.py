@@ -1,0 +1,104 @@
+"""A conversation that moves between real node processes: a device holding its KV cache
+ships it to the cloud that answers the next turn, which continues exactly as the device
+would have (FP32 package, the same weights file on both); a ``local`` conversation's cache
+never leaves its device; the receiving end refuses what it may not or cannot hold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tierlink.core.types import Tier
+from tierlink.llm.source import LMSource
+from tierlink.node.spec import NodeSpec, UpstreamSpec
+from tierlink.testing.processes import node_process
+
+pytestmark = pytest.mark.integration
+
+FIRST = [{"role": "user", "content": "Name three rivers in Europe."}]
+
+
+def _spec(node_id: str, tier: str, run_dir: Path, **kw: Any) -> NodeSpec:
+    return NodeSpec(node_id=node_id, tier=Tier.parse(tier), models=(), port=0,
+                    ready_file=str(run_dir / f"{node_id}.ready"),
+                    chat_tasks={"chat": "smollm2"}, **kw)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    run_dir = tmp_path_factory.mktemp("moves")
+    cloud_spec = _spec("cloud-1", "cloud", run_dir, llms=(LMSource("smollm2", "smollm2-135m"),))
+    with node_process(cloud_spec, run_dir, timeout_s=120) as (cloud, _):
+        device_spec = _spec("dev-1", "device", run_dir,
+                            upstreams=(UpstreamSpec("cloud-1", cloud),),
+                            llms=(LMSource("smollm2", "smollm2-135m", kv_move="always",
+                                           kv_codec="fp32"),))
+        with node_process(device_spec, run_dir, timeout_s=120) as (device, _):
+            yield {"cloud": cloud, "device": device}
+
+
+def _turn(url: str, messages: list[dict[str, str]], session: str, mode: str,
+          privacy: str = "any") -> dict[str, Any]:
+    body = {"model": "chat", "messages": messages, "max_tokens": 12, "temperature": 0,
+            "tierlink": {"session": session, "mode": mode, "privacy": privacy}}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _second(first: dict[str, Any]) -> list[dict[str, str]]:
+    return [*FIRST, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "Which of them is the longest?"}]
+
+
+def test_the_next_turn_moves_with_its_cache_and_answers_as_unmoved(fleet) -> None:
+    device = fleet["device"]
+    first = _turn(device, FIRST, "moved", "local")
+    moved = _turn(device, _second(first), "moved", "remote")
+    meta = moved["tierlink"]
+    assert meta["served_by"] == "cloud-1", meta
+    assert meta["kv"]["moved"] is True and meta["kv"]["codec"] == "fp32", meta["kv"]
+    assert moved["usage"]["prompt_tokens_details"]["cached_tokens"] > 20  # not prefilled
+    # the same conversation kept on the device: the same next answer, token for token
+    _turn(device, FIRST, "stayed", "local")
+    stayed = _turn(device, _second(first), "stayed", "local")
+    assert stayed["tierlink"]["served_by"] == "dev-1"
+    assert moved["choices"][0]["message"]["content"] == \
+        stayed["choices"][0]["message"]["content"]
+    metrics = httpx.get(fleet["cloud"] + "/metrics").text
+    assert 'tierlink_llm_kv_moves_total{direction="in",model="smollm2",outcome="moved",' \
+           'tier="cloud"} 1.0' in metrics
+
+
+def test_a_local_conversations_cache_stays_on_its_device(fleet) -> None:
+    device = fleet["device"]
+    first = _turn(device, FIRST, "private", "local", privacy="local")
+    later = _turn(device, _second(first), "private", "remote")  # this turn may leave
+    kv = later["tierlink"]["kv"]
+    assert kv["moved"] is False and "local" in kv["reason"]
+    assert later["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # prefilled there
+
+
+def test_the_receiving_end_refuses_what_it_may_not_hold(fleet) -> None:
+    from tierlink.core.types import Privacy
+    from tierlink.llm.kvcache import KVCache
+    from tierlink.llm.kvship import Holder, pack
+    from tierlink.llm.weights import model_dir, read_config
+
+    cloud = fleet["cloud"] + "/tierlink/v1/llm"
+    cache = KVCache(read_config(model_dir("smollm2-135m")))
+    local = pack(cache, Holder((), Privacy.LOCAL, "dev-1"), "any:fp32:exact", "fp16")
+    refused = httpx.put(f"{cloud}/smollm2/kv", params={"session": "x"}, content=local)
+    assert refused.status_code == 403 and refused.json()["code"] == "privacy_violation"
+    other = pack(cache, Holder((), Privacy.ANY, "dev-1"), "other:fp32:exact", "fp16")
+    wrong = httpx.put(f"{cloud}/smollm2/kv", params={"session": "x"}, content=other)
+    assert wrong.status_code == 422 and "same model file" in wrong.json()["hint"]
+    junk = httpx.put(f"{cloud}/smollm2/kv", params={"session": "x"}, content=b"junk" * 10)
+    assert junk.status_code == 422
+    missing = httpx.put(f"{cloud}/nope/kv", params={"session": "x"}, content=other)
+    assert missing.status_code == 404
+    assert httpx.get(fleet["cloud"] + "/v2/health/ready").status_code == 200
