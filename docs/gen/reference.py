@@ -569,7 +569,9 @@ _KEY_HELP: dict[tuple[str, str], str] = {
                                           "where the conversation's privacy lets it go.",
     ("nodes[].chat.models[]", "kv_codec"): "The cache on the wire: `fp32` (the next turn is "
                                            "computed exactly as unmoved), `fp16` (half the "
-                                           "bytes) or `int8` (a quarter, plus 3% of scales).",
+                                           "bytes), `int8` (a quarter, plus 3% of scales) or "
+                                           "`int4` (16%: groups of 32 with a scale and a "
+                                           "minimum each).",
 }
 
 

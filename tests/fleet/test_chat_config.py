@@ -29,6 +29,12 @@ def test_chat_models_and_their_verifier() -> None:
     assert source.quantize == "int8" and source.verifier == "cloud-1/smollm2"
     assert source.verifier_tier == "cloud" and source.kv_cache_bytes == 12 * 2**20
     assert device.chat.tasks() == {"chat": "smollm2"}
+    assert (source.kv_move, source.kv_codec) == ("auto", "int8")  # the defaults
+    moving = parse_fleet(yaml.safe_load(FLEET.replace(
+        "kv_cache_mib: 12", "kv_cache_mib: 12, kv_move: always, kv_codec: int4")))
+    moved = next(n for n in moving.nodes if n.node_id == "dev-1").chat
+    assert moved is not None and (moved.models[0].kv_move, moved.models[0].kv_codec) == \
+        ("always", "int4")
 
 
 @pytest.mark.parametrize(("old", "new"), [
@@ -38,6 +44,8 @@ def test_chat_models_and_their_verifier() -> None:
     ("kv_cache_mib: 12", "kv_cache_mib: -1"),
     ("kv_cache_mib: 12", "kv_cache: 12"),
     ("verifier: cloud-1/smollm2", "verifier: cloud-1"),
+    ("kv_cache_mib: 12", "kv_cache_mib: 12, kv_move: sometimes"),
+    ("kv_cache_mib: 12", "kv_cache_mib: 12, kv_codec: int2"),
 ])
 def test_bad_chat_blocks_are_refused(old: str, new: str) -> None:
     with pytest.raises(ConfigError):

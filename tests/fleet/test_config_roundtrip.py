@@ -109,7 +109,7 @@ nodes:
      device_state_file: /run/dev-1/state.json,
      chat: {models: [{name: smollm2, model: smollm2-135m, quantize: int8,
                       verifier: cloud-1/smollm2, kv_cache_mib: 12, max_sequences: 4,
-                      quality: 0.5}]}}
+                      quality: 0.5, kv_move: always, kv_codec: fp32}]}}
   - {id: dev-2, tier: device, models: [fmnist-small]}
 links:
   - {from: [dev-1, dev-2], to: cloud-1, delay_ms: 5, jitter_ms: 1, bandwidth_mbit: 20,

@@ -16,8 +16,8 @@ from tierlink.llm.kvcache import CacheBounds, KVCache
 from tierlink.llm.kvship import Holder, pack, package_bytes, read_header, unpack
 from tierlink.llm.weights import LlamaConfig
 
-CFG = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2,
-                  num_heads=2, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
+CFG = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=32, num_layers=2,
+                  num_heads=2, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5,
                   rope_theta=1e4, context_length=64, bos_token_id=1, eos_token_ids=(2,))
 MODEL = "abc123:fp32:exact"
 
@@ -27,7 +27,7 @@ def _cache(n: int = 10) -> KVCache:
     cache = KVCache(CFG)
     cache.make_room(n, lambda k, _by: k)
     for layer in range(CFG.num_layers):
-        cache.write(layer, 0, torch.randn(2, n, 8), torch.randn(2, n, 8) * 3)
+        cache.write(layer, 0, torch.randn(2, n, 32), torch.randn(2, n, 32) * 3)
     cache.advance(n)
     return cache
 
@@ -46,7 +46,8 @@ def test_fp32_round_trip_is_exact() -> None:
         assert torch.equal(moved.v[layer][:, :10], cache.v[layer][:, :10])
 
 
-@pytest.mark.parametrize(("codec", "tolerance"), [("fp16", 2e-3), ("int8", 1.5e-2)])
+@pytest.mark.parametrize(("codec", "tolerance"), [("fp16", 2e-3), ("int8", 1.5e-2),
+                                                  ("int4", 7e-2)])
 def test_lossy_codecs_stay_close_and_are_smaller(codec: str, tolerance: float) -> None:
     cache = _cache()
     blob = pack(cache, _holder(), MODEL, codec)
@@ -83,17 +84,24 @@ def test_a_broken_or_inconsistent_package_is_refused() -> None:
     with pytest.raises(PackageRefused, match="tokens"):
         unpack(lying, CFG, MODEL)
     # a body that inflates to more than the header declares is not inflated whole
+    squeezed = pack(_cache(), _holder(), MODEL, "fp32", compress=True)
+    assert unpack(squeezed, CFG, MODEL)[0].length == 10
     prefix = struct.Struct(">4sBI")
-    size = prefix.unpack_from(blob)[2]
-    bomb = blob[:prefix.size + size] + zlib.compress(b"\0" * (1 << 24))
+    size = prefix.unpack_from(squeezed)[2]
+    bomb = squeezed[:prefix.size + size] + zlib.compress(b"\0" * (1 << 24))
     with pytest.raises(PackageRefused, match="declares"):
         unpack(bomb, CFG, MODEL)
+    with pytest.raises(PackageRefused, match="declares"):
+        unpack(blob + b"extra", CFG, MODEL)
     assert header["length"] == 10
 
 
 def test_unknown_codec_is_the_callers_mistake() -> None:
     with pytest.raises(InvalidRequest, match="codec"):
         pack(_cache(), _holder(), MODEL, "bf8")
+    narrow = KVCache(replace(CFG, head_dim=8, hidden_size=16))
+    with pytest.raises(InvalidRequest, match="groups of 32"):
+        pack(narrow, Holder(()), MODEL, "int4")
 
 
 def test_a_bounded_cache_that_slid_keeps_its_counters() -> None:
@@ -103,7 +111,7 @@ def test_a_bounded_cache_that_slid_keeps_its_counters() -> None:
         cache.make_room(8, lambda k, _by: k)
         start = cache.length
         for layer in range(CFG.num_layers):
-            cache.write(layer, start, torch.ones(2, 8, 8), torch.ones(2, 8, 8))
+            cache.write(layer, start, torch.ones(2, 8, 32), torch.ones(2, 8, 32))
         cache.advance(8)
     assert cache.evicted > 0
     moved, _ = unpack(pack(cache, Holder(tuple(range(32))), MODEL, "fp32"), CFG, MODEL,

@@ -17,7 +17,8 @@
             kv_move: auto          # optional: ship a conversation's cache to the upstream that
                                    # answers its next turn: auto (when faster than prefilling
                                    # there), always or never
-            kv_codec: fp16         # optional: the cache on the wire: fp32 (exact), fp16, int8
+            kv_codec: int8         # optional: the cache on the wire: fp32 (exact), fp16, int8,
+                                   # int4
 
 A verifier must be a node this one has a link to, serving that model.
 """
@@ -54,7 +55,7 @@ def _source_dict(src: LMSource) -> dict[str, Any]:
     optional = {"quantize": src.quantize, "verifier": src.verifier, "router": src.router,
                 "quality": src.quality,
                 "kv_move": None if src.kv_move == "auto" else src.kv_move,
-                "kv_codec": None if src.kv_codec == "fp16" else src.kv_codec,
+                "kv_codec": None if src.kv_codec == "int8" else src.kv_codec,
                 "kv_cache_mib": None if src.kv_cache_bytes is None
                 else src.kv_cache_bytes / 2**20}
     return out | {k: v for k, v in optional.items() if v is not None}
@@ -100,7 +101,7 @@ def _source(raw: Any, where: str) -> LMSource:
     quality = raw.get("quality")
     if quality is not None and (not isinstance(quality, int | float) or not 0 <= quality <= 1):
         raise ConfigError(f"{where}.quality must be a share between 0 and 1, e.g. 0.757")
-    move, wire = raw.get("kv_move", "auto"), raw.get("kv_codec", "fp16")
+    move, wire = raw.get("kv_move", "auto"), raw.get("kv_codec", "int8")
     if move not in MOVES:
         raise ConfigError(f"{where}.kv_move must be one of {', '.join(MOVES)}, got {move!r}")
     if wire not in CODECS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MOVES = ("auto", "always", "never")  # when a conversation's cache follows its next turn
-CODECS = ("fp32", "fp16", "int8")  # a cache on the wire (llm/kvship.py)
+CODECS = ("fp32", "fp16", "int8", "int4")  # a cache on the wire (llm/kvship.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,6 @@ class LMSource:
     verify_batch_wait_ms: float = 10.0
     # a conversation's cache shipped to the upstream that answers its next turn
     # (chat/handover.py): auto (when faster than prefilling there), always or never; and its
-    # codec on the wire (fp32: exact; fp16; int8: a quarter of the bytes)
+    # codec on the wire (fp32: exact; fp16; int8: a quarter of the bytes; int4: 16%)
     kv_move: str = "auto"
-    kv_codec: str = "fp16"
+    kv_codec: str = "int8"
