@@ -129,12 +129,34 @@ def first_turn(tokens: int, codec: Any) -> list[dict[str, str]]:
 
 def turn(http: httpx.Client, url: str, messages: list[dict[str, str]], session: str,
          mode: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed turn. A remote turn refused because the device's view lacks the cloud
+    (its models list did not answer within the peer timeout while every core was busy
+    prefilling) is asked again, up to five times, and the retries are counted."""
+    for attempt in range(5):
+        try:
+            done = _turn(http, url, messages, session, mode, max_tokens)
+        except _NotPlaced:
+            time.sleep(1.0)
+            continue
+        done["retries"] = attempt
+        return done
+    raise SystemExit(f"{url}: the {mode} turn was refused five times")
+
+
+class _NotPlaced(Exception):
+    pass
+
+
+def _turn(http: httpx.Client, url: str, messages: list[dict[str, str]], session: str,
+          mode: str, max_tokens: int) -> dict[str, Any]:
     body = {"model": "chat", "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
             "tierlink": {"session": session, "mode": mode, "deadline_ms": 600_000}}
     start = time.perf_counter()
     ttft, text, usage, meta = None, [], {}, {}
     with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code == 400 and b"not possible here" in r.read():
+            raise _NotPlaced
         if r.status_code != 200:
             raise SystemExit(f"{url}: HTTP {r.status_code}: {r.read()[:500]!r}")
         for line in r.iter_lines():
@@ -216,6 +238,7 @@ def run_length(http: httpx.Client, urls: dict[str, str], length: int, args: argp
                                  .get("cached_tokens", 0)),
             "moved": bool(kv.get("moved")), "bytes": int(kv.get("bytes", 0)),
             "move_ms": kv.get("ms"), "identical": first_div is None,
+            "retries": sum(r["retries"] for r in done),
             "first_divergent_token": first_div}
         if codec != "never":
             row["crossover_mbit"] = crossover(row["bytes"], ttft, prefill_ms, args.mbit)
