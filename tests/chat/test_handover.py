@@ -73,3 +73,18 @@ def test_what_stays(source: LMSource, to: Destination, privacy: Privacy,
     outcome = asyncio.run(move(None, lm, "s", to, 5.0))  # type: ignore[arg-type]
     assert outcome["moved"] is False and reason in outcome["reason"]
     assert lm.sessions.get("s") is not None and not lm.sessions.get("s").busy  # untouched
+
+
+def test_a_destination_travels_to_the_holder_and_back() -> None:
+    to = _to(50.0)
+    links = [LinkView("edge-1", "cloud-1", 8.0, 200.0)]  # the holder's own estimate
+    back = Destination.from_dict(to.to_dict(), links, lambda node: f"{node}.tierlink")
+    assert (back.node_id, back.tier, back.url, back.model) == (to.node_id, to.tier, to.url,
+                                                              to.model)
+    assert back.link == links[0] and back.server_hostname == "cloud-1.tierlink"
+    from tierlink.errors import InvalidRequest
+
+    for bad in (None, {"node_id": "x"}, {**to.to_dict(), "url": "file:///etc/passwd"},
+                {**to.to_dict(), "tier": "moon"}):
+        with pytest.raises(InvalidRequest):
+            Destination.from_dict(bad, links, lambda node: None)

@@ -1,43 +1,51 @@
 """Conversations that move between nodes: a session's KV cache shipped to the node that
 answers its next turn, so that node does not prefill the history again.
 
-A node that holds a conversation's cache and relays its next turn to an upstream (the
-policy placed the turn there) first ships the cache —
-``PUT /tierlink/v1/llm/{model}/kv?session=…`` with a package (``llm/kvship.py``) — when
+The node a conversation's turns enter through places each turn (``policy/chat.py``); when it
+relays one to an upstream, the cache goes ahead of it (``PUT /tierlink/v1/llm/{model}/kv``
+with a package, ``llm/kvship.py``) from wherever it is:
 
-* the upstream's model computes the same caches (equal ``identity``: the same weights file,
-  precision and kernels);
-* privacy lets the upstream hold what the conversation's turns carried (the strictest of
-  them: a ``local`` conversation's cache never leaves its device), checked here and again
-  on arrival;
+* from here, when this node answered the conversation's earlier turns itself;
+* from the upstream that answered the last turn, when the policy now places the turn on
+  another one (that node drains, the turn's privacy keeps it off that tier, another is
+  better now): that upstream is asked to ship it (``POST /tierlink/v1/llm/kv/ship``,
+  ``chat/kv_routes.py``) and answers what it did.
+
+Either sender ships only when
+
+* the destination's model computes the same caches (equal ``identity``: the same weights
+  file, precision and kernels);
+* privacy lets the destination hold what the conversation's turns carried (the strictest
+  of them: a ``local`` conversation's cache never leaves its device), checked by the sender
+  and again on arrival;
 * moving is expected to beat prefilling there (``kv_move: auto``): the package's bytes over
-  the link's estimated bandwidth plus a round trip against the history's tokens at the
-  upstream's prefill rate. ``always`` ships whatever the estimate, ``never`` does not.
+  the sender's estimate of its link plus a round trip, against the history's tokens at the
+  destination's prefill rate (no estimate of the link: it does not ship). ``always`` ships
+  whatever the estimate, ``never`` does not.
 
-A shipment that fails leaves the upstream to prefill; the answer says which happened in its
-``tierlink.kv`` (``moved``, ``codec``, ``bytes``, ``ms``, or ``reason``).
+A shipment that fails leaves the destination to prefill; the answer says which happened in
+its ``tierlink.kv`` (``moved``, ``codec``, ``bytes``, ``ms``, ``from``, or ``reason``). A
+node that fails takes its caches with it: no copy is kept elsewhere yet.
 """
 
 from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-
 from tierlink.core.types import LanguageModelView, LinkView, Tier
-from tierlink.errors import InvalidRequest, ModelNotFound, PrivacyViolation, TierlinkError
-from tierlink.llm.kvship import holder_of, package_bytes, read_header
+from tierlink.errors import InvalidRequest, TierlinkError
+from tierlink.llm.kvship import package_bytes
 from tierlink.routing.privacy import may_hold
 from tierlink.security.names import expect_node
 
 if TYPE_CHECKING:
     import aiohttp
 
+    from tierlink.chat.affinity import SessionAffinity
     from tierlink.chat.openai import ChatRequest
     from tierlink.chat.service import Prepared
     from tierlink.llm.runtime import LanguageModel
@@ -59,6 +67,30 @@ class Destination:
     link: LinkView | None
     server_hostname: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """What a holder is told of where to ship (:meth:`from_dict` reads it back, with
+        the holder's own link estimate and TLS name)."""
+        return {"node_id": self.node_id, "tier": self.tier.label, "url": self.url,
+                "model": self.model.to_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: Any, links: Iterable[LinkView],
+                  server_hostname: Callable[[str], str | None]) -> Destination:
+        try:
+            node_id, url = str(raw["node_id"]), str(raw["url"])
+            tier = Tier.parse(raw["tier"])
+            model = LanguageModelView.from_dict(raw["model"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequest(f"to must be {{node_id, tier, url, model}}: {exc}",
+                                 param="to") from None
+        if not url.startswith(("http://", "https://")):
+            raise InvalidRequest("to.url must be an http(s) URL", param="to")
+        return cls(node_id, tier, model, url, links_to(links, node_id),
+                   server_hostname(node_id))
+
+
+SHIP_PATH = "/tierlink/v1/llm/kv/ship"
+
 
 def kv_path(model: str) -> str:
     return f"/tierlink/v1/llm/{model}/kv"
@@ -74,35 +106,76 @@ def worth_moving(lm: LanguageModel, tokens: int, slots: int, to: Destination) ->
 
 
 class Handover:
-    """The sending end: this node's conversations shipped ahead of the turns it relays."""
+    """The sending end: this node's conversations shipped ahead of the turns it relays,
+    and the upstream holding one asked to ship it where the next turn goes."""
 
     def __init__(self, node_id: str, http: Callable[[], aiohttp.ClientSession],
                  tls: Callable[[], ssl.SSLContext | None],
                  links: Callable[[], Iterable[LinkView]],
+                 upstreams: Callable[[], Mapping[str, str]], affinity: SessionAffinity,
                  metrics: LLMMetrics | None = None) -> None:
         self.node_id = node_id
         self._http = http
         self._tls = tls
-        self._links = links
+        self.links = links
+        self._upstreams = upstreams
+        self._affinity = affinity
         self._metrics = metrics
 
     async def before_relay(self, req: ChatRequest, prep: Prepared, option: ChatOption,
                            url: str) -> dict[str, Any] | None:
         """Ship the cache of ``req``'s conversation to ``option``'s node when it should go
-        (module docstring); what happened, for the answer's ``tierlink.kv`` (None: this
-        node holds nothing of it)."""
+        (module docstring): from here when this node holds it, else from the upstream that
+        answered its last turn; what happened, for the answer's ``tierlink.kv`` (None:
+        nothing of it is held here or upstream)."""
         lm, session = prep.lm, req.tierlink.session
-        held = lm.sessions.get(session) if lm is not None and session is not None else None
-        if lm is None or session is None or held is None or held.busy or not held.tokens:
+        if session is None:
             return None
-        to = self._destination(prep, option, url)
-        outcome = await move(self._http(), lm, session, to, req.tierlink.deadline_ms / 1e3)
+        held = lm.sessions.get(session) if lm is not None else None
+        timeout_s = req.tierlink.deadline_ms / 1e3
+        if lm is not None and held is not None and not held.busy and held.tokens:
+            outcome = await move(self._http(), lm, session,
+                                 self._destination(prep, option, url), timeout_s)
+            self.count(lm.name, outcome)
+            return outcome
+        holder = self._affinity.node_of(session)
+        if holder is None or holder in (self.node_id, option.node_id):
+            return None
+        return await self._from(holder, session, self._destination(prep, option, url),
+                                timeout_s)
+
+    async def _from(self, holder: str, session: str, to: Destination,
+                    timeout_s: float) -> dict[str, Any]:
+        """Ask ``holder`` (the upstream that answered the conversation's last turn) to ship
+        its cache to ``to``; its answer, or why it could not be asked."""
+        import aiohttp
+
+        url = self._upstreams().get(holder)
+        if url is None:
+            return {"moved": False, "from": holder,
+                    "reason": f"{holder} is no longer an upstream of {self.node_id}"}
+        try:
+            async with self._http().post(
+                    url.rstrip("/") + SHIP_PATH, json={"session": session, "to": to.to_dict()},
+                    timeout=aiohttp.ClientTimeout(total=timeout_s),
+                    server_hostname=expect_node(holder, self._tls())) as r:
+                body = await r.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            return {"moved": False, "from": holder, "reason": "holder_unreachable",
+                    "detail": str(exc) or type(exc).__name__}
+        if not isinstance(body, dict):
+            return {"moved": False, "from": holder, "reason": "holder_unreadable"}
+        if r.status != 200:
+            return {"moved": False, "from": holder, "reason": str(body.get("code", r.status)),
+                    "detail": str(body.get("error", ""))}
+        return {**body, "from": holder}
+
+    def count(self, model: str, outcome: dict[str, Any]) -> None:
         if self._metrics is not None:
-            self._metrics.kv_moves.labels(self._metrics.tier, lm.name, "out",
+            self._metrics.kv_moves.labels(self._metrics.tier, model, "out",
                                           "moved" if outcome["moved"] else "kept").inc()
-            self._metrics.kv_move_bytes.labels(self._metrics.tier, lm.name, "out").inc(
+            self._metrics.kv_move_bytes.labels(self._metrics.tier, model, "out").inc(
                 outcome.get("bytes", 0))
-        return outcome
 
     def _destination(self, prep: Prepared, option: ChatOption, url: str) -> Destination:
         node = prep.view.nodes.get(option.node_id) if prep.view is not None else None
@@ -110,7 +183,7 @@ class Handover:
             if node is not None else None
         return Destination(option.node_id, node.tier if node is not None else Tier.CLOUD,
                            model or LanguageModelView(option.model), url,
-                           links_to(self._links(), option.node_id),
+                           links_to(self.links(), option.node_id),
                            expect_node(option.node_id, self._tls()))
 
 
@@ -163,71 +236,6 @@ async def _put(http: aiohttp.ClientSession, to: Destination, session: str, blob:
         raise UpstreamTimeout(f"moving the cache to {to.node_id} timed out") from exc
     except aiohttp.ClientError as exc:
         raise UpstreamUnavailable(f"moving the cache to {to.node_id} failed: {exc}") from exc
-
-
-def install_kv_route(app: FastAPI, models: dict[str, LanguageModel], node_id: str,
-                     tier: Tier, metrics: LLMMetrics | None = None) -> None:
-    """The receiving end: a conversation's cache arrives and is held as its session."""
-
-    @app.put(kv_path("{name}"))
-    async def adopt(name: str, session: str, request: Request) -> Response:
-        start = time.perf_counter()
-        try:
-            guard = getattr(request.app.state, "peers", None)
-            if guard is not None:  # on a node with TLS: only a node of the fleet sends one
-                guard.require(request.scope, "moving a conversation")
-            lm = models.get(name)
-            if lm is None:
-                raise ModelNotFound(f"no language model {name!r} here to hold a conversation",
-                                    hint=f"models: {sorted(models)}")
-            if not 0 < len(session) <= 128:
-                raise InvalidRequest("session must be a string of 1-128 characters",
-                                     param="session")
-            blob = await _body(request, _limit(lm))
-            holder = holder_of(read_header(blob))
-            if not may_hold(holder.privacy, tier, node_id, holder.origin):
-                raise PrivacyViolation(f"a {holder.privacy.value} conversation from "
-                                       f"{holder.origin} may not be held by {node_id} "
-                                       f"({tier.label})")
-            await lm.adopt(session, blob)
-            if metrics is not None:
-                metrics.kv_moves.labels(metrics.tier, name, "in", "moved").inc()
-                metrics.kv_move_bytes.labels(metrics.tier, name, "in").inc(len(blob))
-        except TierlinkError as exc:
-            return JSONResponse(exc.to_dict(), exc.http_status)
-        return JSONResponse({"session": session, "tokens": len(holder.tokens),
-                             "bytes": len(blob),
-                             "ms": round((time.perf_counter() - start) * 1e3, 1)})
-
-
-def _limit(lm: LanguageModel) -> int:
-    cfg = lm.model.config
-    slots = (lm.bounds.max_tokens if lm.bounds is not None else None) or cfg.context_length
-    return package_bytes(cfg, slots, "fp32") + HEADER_ALLOWANCE
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The request's body, refused (413) past ``limit`` bytes before it is all read."""
-    from tierlink.errors import PackageRefused
-
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    if not size:
-        raise PackageRefused("the body is empty: a KV package was expected")
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> TierlinkError:
-    from tierlink.errors import PackageTooLarge
-
-    return PackageTooLarge(f"a KV package is over this model's largest ({limit} bytes)")
 
 
 def links_to(links: Iterable[LinkView], node_id: str) -> LinkView | None:

@@ -2,7 +2,8 @@
 ``GET /v1/models`` — on every node, with or without a language model of its own — and, on
 a node with one, the verifier's endpoint for speculative decoding,
 ``POST /tierlink/v1/llm/{model}/verify``, and where a moved conversation's cache arrives,
-``PUT /tierlink/v1/llm/{model}/kv?session=…`` (``chat/handover.py``). Errors answer in OpenAI's shape with the status
+``PUT /tierlink/v1/llm/{model}/kv?session=…``, and where a node is asked to ship one,
+``POST /tierlink/v1/llm/kv/ship`` (``chat/kv_routes.py``). Errors answer in OpenAI's shape with the status
 of tierlink's error tree (4xx for the caller's mistakes).
 
 On a node with TLS a chat request's claims (its ``tierlink`` origin, hops and privacy) are
@@ -34,11 +35,11 @@ from tierlink.transport.openapi import (
 
 def install_chat_routes(app: FastAPI, chat: ChatService) -> None:
     if chat.models:  # a node with language models verifies drafts for its devices
-        from tierlink.chat.handover import install_kv_route
+        from tierlink.chat.kv_routes import install_kv_routes
         from tierlink.chat.verify import install_verify_route
 
         install_verify_route(app, chat.models)
-        install_kv_route(app, chat.models, chat.node_id, chat.tier, chat.metrics)
+        install_kv_routes(app, chat)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

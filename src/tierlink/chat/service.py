@@ -77,14 +77,15 @@ class ChatService:
         self.tls: ssl.SSLContext | None = None  # HTTPS peers: the node's client context
         self.speculation = Speculation(node_id, tier, models, self.verifiers, metrics,
                                        self.http, lambda: self.tls)
-        self.handover = Handover(node_id, self.http, lambda: self.tls,
-                                 lambda: self.placer.node.links(), metrics)
         self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
                         if lm.source.router}
         peers = None if upstreams is None and not self._fixed else \
             PeerModels(lambda: self.upstreams, self.http,
                        peer=lambda node_id: expect_node(node_id, self.tls))
         self.placer = ChatPlacer(node_id, tier, node or NodeLink(), peers)
+        self.handover = Handover(node_id, self.http, lambda: self.tls,
+                                 lambda: self.placer.node.links(), lambda: self.upstreams,
+                                 self.placer.affinity, metrics)
         if metrics is not None:
             for name, lm in models.items():
                 stats = lm.engine.stats
@@ -148,7 +149,7 @@ class ChatService:
     def local_model(self, name: str) -> LanguageModel | None:
         if name in self.models:
             return self.models[name]
-        return self.models[self.tasks[name]] if name in self.tasks else None
+        return self.models.get(self.tasks[name]) if name in self.tasks else None
 
     def model_list(self) -> list[dict[str, Any]]:
         out = [{"id": name, "object": "model", "created": 0, "owned_by": "tierlink",
