@@ -1,8 +1,10 @@
 """The demo's chat phase: a mixed set of prompts from the devices, at three privacy levels,
 answered three ways on a real chat fleet (``demo/fleets/chat-fleet.yaml``).
 
-Everyday questions, a third each ``local``, ``site`` and ``any``; each device sends its share
-in order, the devices at once; greedy answers of up to 32 tokens.
+Everyday questions and labelled ones (a movie review: positive or negative?, from Rotten
+Tomatoes snippets no model or router of the fleet was measured or trained on), a third each
+``local``, ``site`` and ``any``; each device sends its share in order, the devices at once;
+greedy answers of up to 32 tokens (4 for a labelled prompt: one word is asked for).
 
 * ``cloud_only``: every prompt to the cloud's model (relayed by the device, ``mode: remote``)
   as a team without tierlink would send it — prompts that were not allowed to leave the device
@@ -11,8 +13,9 @@ in order, the devices at once; greedy answers of up to 32 tokens.
   device's own model, an ``any`` prompt is drafted on the device and verified by the cloud);
 * ``device_only``: every prompt answered by the device's own model.
 
-Quality is "the same answer as the large model" (exact text), since these prompts have no
-labels: speculative decoding must score 100% on what it serves.
+Quality is measured twice: on the everyday questions, "the same answer as the large model"
+(exact text: speculative decoding must score 100% on what it serves); on the labelled
+prompts, the share answered right (the answer's first word is the label).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from tierlink.llm.prompts import QUESTIONS
 
 PRIVACY_MIX = ("local", "site", "any")
 RUNS = ("cloud_only", "tierlink", "device_only")  # the reference first
+LABELS = ("negative", "positive")  # a labelled prompt's answer words, by label
+# Labelled prompts from here on in the seeded order: benchmarks/llm_route.py measures the
+# models' quality and trains the routers on the first 1,200
+LABELLED_FROM = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,7 @@ class ChatItem:
     device: str
     text: str
     privacy: str
+    label: int | None = None  # a labelled prompt's right answer (an index of LABELS)
 
 
 def chat_items(devices: list[str], per_device: int) -> list[ChatItem]:
@@ -47,12 +55,32 @@ def chat_items(devices: list[str], per_device: int) -> list[ChatItem]:
             for d, device in enumerate(devices) for i in range(per_device)]
 
 
+def labelled_items(devices: list[str], per_device: int, seed: int = 0) -> list[ChatItem]:
+    """Movie reviews to be called positive or negative, a third at each privacy level."""
+    from tierlink.llm.labelled import SENTIMENT_QUESTION, rotten_tomatoes
+
+    reviews = rotten_tomatoes(seed)[LABELLED_FROM:LABELLED_FROM + len(devices) * per_device]
+    return [ChatItem(device, SENTIMENT_QUESTION.format(text=r.text), PRIVACY_MIX[i % 3],
+                     r.label)
+            for d, device in enumerate(devices)
+            for i, r in enumerate(reviews[d * per_device:(d + 1) * per_device])]
+
+
+def right(item_label: int | None, text: str) -> bool:
+    """Whether a labelled prompt's answer starts with its label's word."""
+    words = text.strip().lower().split()
+    first = words[0].strip(".,!:;\"'*") if words else ""
+    return item_label is not None and first == LABELS[item_label]
+
+
 def _body(item: ChatItem, run: str, max_tokens: int) -> dict[str, Any]:
     tl: dict[str, Any] = {"privacy": item.privacy, "deadline_ms": 60_000}
     if run == "cloud_only":
         tl = {"privacy": "any", "mode": "remote", "deadline_ms": 60_000}
     elif run == "device_only":
         tl["mode"] = "local"
+    if item.label is not None:
+        max_tokens = min(max_tokens, 4)
     return {"model": "chat", "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "tierlink": tl,
             "messages": [{"role": "user", "content": item.text}]}
@@ -84,7 +112,7 @@ async def _ask(http: httpx.AsyncClient, url: str, item: ChatItem, run: str,
     except httpx.HTTPError as exc:
         error = type(exc).__name__
     return {"device": item.device, "prompt": item.text, "privacy": item.privacy,
-            "text": "".join(text), "answered": error is None,
+            "label": item.label, "text": "".join(text), "answered": error is None,
             "error": error, "ttft_ms": 1e3 * (ttft or time.perf_counter() - start),
             "latency_ms": 1e3 * (time.perf_counter() - start),
             "tier": meta.get("tier"), "mode": meta.get("mode"),
@@ -115,15 +143,24 @@ def run_chat(fleet: RunningFleet, items: list[ChatItem], run: str, max_tokens: i
 
 def summarize(records: list[dict[str, Any]],
               reference: dict[tuple[str, str], str]) -> dict[str, Any]:
-    """``reference``: (device, prompt) -> the large model's answer (the cloud-only run)."""
+    """``reference``: (device, prompt) -> the large model's answer (the cloud-only run).
+    "Same as large" is over the everyday questions, "labelled right" over the labelled
+    prompts; the rest over both."""
     def group(rs: list[dict[str, Any]]) -> dict[str, Any]:
         answered = [r for r in rs if r["answered"]]
-        same = [r["text"] == reference.get((r["device"], r["prompt"])) for r in answered]
+        everyday = [r for r in rs if r.get("label") is None]
+        labelled = [r for r in rs if r.get("label") is not None]
+        same = [r["text"] == reference.get((r["device"], r["prompt"]))
+                for r in everyday if r["answered"]]
         ttfts = sorted(r["ttft_ms"] for r in answered) or [0.0]
         drafted = sum(r["drafted"] for r in rs)
         return {
             "requests": len(rs), "answered": len(answered),
-            "same_as_large": round(sum(same) / max(len(rs), 1), 3),
+            "same_as_large": round(sum(same) / max(len(everyday), 1), 3),
+            "labelled": len(labelled),
+            "labelled_right": round(sum(r["answered"] and right(r["label"], r["text"])
+                                        for r in labelled) / len(labelled), 3)
+            if labelled else None,
             "ttft_p50_ms": round(statistics.median(ttfts), 1),
             "ttft_p95_ms": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 1),
             "cost_per_1k": round(1000 * sum(r["cost_usd"] for r in rs) / max(len(rs), 1), 6),

@@ -1,5 +1,5 @@
 """The demo's chat phase on its own fleet (``demo/fleets/chat-fleet.yaml``): tierlink vs
-cloud-only vs device-only on labelled prompts at three privacy levels."""
+cloud-only vs device-only on everyday and labelled prompts at three privacy levels."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tierlink.core.progress import Phase, Reporter
-from tierlink.demo.chat import RUNS, chat_items, run_chat, summarize
+from tierlink.demo.chat import RUNS, chat_items, labelled_items, run_chat, summarize
 from tierlink.demo.fleets import CHAT_FLEET, fleet_path
 from tierlink.fleet.config import load_fleet
 from tierlink.fleet.launcher import launch
@@ -29,7 +29,8 @@ def chat_phase(quick: bool, fleet_file: Path | None = None,
     reporter = reporter or Reporter()
     config = load_fleet(fleet_path(CHAT_FLEET) if fleet_file is None else fleet_file)
     devices = [n.node_id for n in config.nodes if n.tier.label == "device" and n.chat]
-    items = chat_items(devices, per_device=per_device or (12 if quick else 30))
+    share = per_device or (12 if quick else 30)
+    items = chat_items(devices, share) + labelled_items(devices, share)
     runs: dict[str, Any] = {}
     reference: dict[tuple[str, str], str] = {}
     run_dir = Path(tempfile.mkdtemp(prefix="tierlink-chat-"))
@@ -57,12 +58,15 @@ def _counter(phase: Phase) -> Callable[[int], None]:
 
 
 def _print(runs: dict[str, Any]) -> None:
-    table = Table("chat run", "same as large", "TTFT p50 / p95 ms", "left device",
-                  "cost / 1k", "privacy violations", "local / site / any same",
-                  title="chat phase (answers compared with the large model's own)")
+    table = Table("chat run", "same as large", "labelled right", "TTFT p50 / p95 ms",
+                  "left device", "cost / 1k", "privacy violations", "local / site / any same",
+                  title="chat phase (everyday answers compared with the large model's own; "
+                        "labelled prompts scored)")
     for name, r in runs.items():
         by = r["by_privacy"]
+        labelled = r["labelled_right"]
         table.add_row(name, f"{100 * r['same_as_large']:.1f}%",
+                      "—" if labelled is None else f"{100 * labelled:.1f}%",
                       f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f}",
                       f"{100 * r['left_device']:.0f}%", f"${r['cost_per_1k']:.4f}",
                       str(r["privacy_violations"]),
