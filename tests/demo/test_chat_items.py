@@ -1,5 +1,5 @@
 """The chat phase's prompts: labelled reviews the fleet's models were never measured on,
-a third at each privacy level, scored by the answer's first word."""
+a third at each privacy level, scored by the first label word of the answer."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ def test_labelled_items_come_after_what_the_models_were_measured_on() -> None:
     assert not any(r.text in items[0].text for r in reviews[:1200])
 
 
-def test_an_answer_is_right_when_its_first_word_is_the_label() -> None:
+def test_an_answer_is_right_when_its_first_label_word_is_the_label() -> None:
     assert right(1, "Positive.") and right(0, " negative, mostly") and right(1, "**Positive**")
+    assert right(1, "The movie review is positive, but it")
     assert not right(1, "Negative") and not right(0, "") and not right(None, "negative")
-    assert not right(1, "The review is positive")  # the word asked for comes first
+    assert not right(0, "The review is positive, not negative")  # the first one counts
+    assert not right(1, "It is a nonpositive review")  # whole words only
 
 
 def test_same_as_large_counts_everyday_answers_and_labelled_ones_apart() -> None:

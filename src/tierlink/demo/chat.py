@@ -4,7 +4,8 @@ answered three ways on a real chat fleet (``demo/fleets/chat-fleet.yaml``).
 Everyday questions and labelled ones (a movie review: positive or negative?, from Rotten
 Tomatoes snippets no model or router of the fleet was measured or trained on), a third each
 ``local``, ``site`` and ``any``; each device sends its share in order, the devices at once;
-greedy answers of up to 32 tokens (4 for a labelled prompt: one word is asked for).
+greedy answers of up to 32 tokens (8 for a labelled prompt: one word is asked for, a
+sentence often comes).
 
 * ``cloud_only``: every prompt to the cloud's model (relayed by the device, ``mode: remote``)
   as a team without tierlink would send it — prompts that were not allowed to leave the device
@@ -15,13 +16,14 @@ greedy answers of up to 32 tokens (4 for a labelled prompt: one word is asked fo
 
 Quality is measured twice: on the everyday questions, "the same answer as the large model"
 (exact text: speculative decoding must score 100% on what it serves); on the labelled
-prompts, the share answered right (the answer's first word is the label).
+prompts, the share answered right (the first label word in the answer is the label).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -39,6 +41,7 @@ LABELS = ("negative", "positive")  # a labelled prompt's answer words, by label
 # Labelled prompts from here on in the seeded order: benchmarks/llm_route.py measures the
 # models' quality and trains the routers on the first 1,200
 LABELLED_FROM = 2000
+LABELLED_TOKENS = 8  # enough for "The movie review is positive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +70,11 @@ def labelled_items(devices: list[str], per_device: int, seed: int = 0) -> list[C
 
 
 def right(item_label: int | None, text: str) -> bool:
-    """Whether a labelled prompt's answer starts with its label's word."""
-    words = text.strip().lower().split()
-    first = words[0].strip(".,!:;\"'*") if words else ""
-    return item_label is not None and first == LABELS[item_label]
+    """Whether the first label word in a labelled prompt's answer is its label's ("The
+    review is positive, but..." answers positive)."""
+    found = re.search(r"\b(" + "|".join(LABELS) + r")\b", text.lower())
+    return item_label is not None and found is not None and \
+        found.group(1) == LABELS[item_label]
 
 
 def _body(item: ChatItem, run: str, max_tokens: int) -> dict[str, Any]:
@@ -80,7 +84,7 @@ def _body(item: ChatItem, run: str, max_tokens: int) -> dict[str, Any]:
     elif run == "device_only":
         tl["mode"] = "local"
     if item.label is not None:
-        max_tokens = min(max_tokens, 4)
+        max_tokens = min(max_tokens, LABELLED_TOKENS)
     return {"model": "chat", "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "tierlink": tl,
             "messages": [{"role": "user", "content": item.text}]}
