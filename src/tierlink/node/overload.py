@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import math
 import random
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -104,11 +103,11 @@ class OverloadGate:
             self._changed.set()  # waiters look again
 
     def stall_ms(self) -> float:
-        """How long the loop has lately run late at once: the median over the last few
-        windows of each window's longest lateness — a stall that keeps coming back (a CPU
-        quota's freezes on a busy machine), not a lone one (a garbage collection): what an
-        answer about to be returned may still wait."""
-        return statistics.median(self._stalls)
+        """How long the loop has lately run late at once: the second longest of the last
+        few windows' longest lateness — a stall seen at least twice (a CPU quota's freezes
+        on a busy machine, a restarted neighbour's start-up), not a lone one (a garbage
+        collection): what an answer about to be returned may still wait."""
+        return sorted(self._stalls)[-2]
 
     def admits(self, priority: Priority) -> bool:
         p = int(priority)
