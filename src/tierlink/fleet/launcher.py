@@ -11,6 +11,7 @@ Device nodes run under a real CPU quota (cgroup) when the fleet gives them ``cpu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -270,10 +271,13 @@ def _spawn(fleet: RunningFleet, name: str, args: list[str]) -> subprocess.Popen[
 
 
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> Any:
+    """The JSON a process writes when it is ready; a file seen half written (its writer not
+    done yet) is read again."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if path.exists():
-            return json.loads(path.read_text())
+            with contextlib.suppress(ValueError):
+                return json.loads(path.read_text())
         if proc.poll() is not None:
             raise LaunchError(f"{what} exited with code {proc.returncode} before it was ready")
         time.sleep(0.05)

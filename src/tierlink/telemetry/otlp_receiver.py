@@ -169,9 +169,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ready-file", type=Path, default=None)
     args = p.parse_args(argv)
     receiver = OtlpReceiver(args.out, args.host, args.port)
-    if args.ready_file:
-        args.ready_file.write_text(json.dumps({"port": receiver.port,
-                                               "endpoint": receiver.endpoint}))
+    if args.ready_file:  # whole or not at all: a launcher polls for it
+        from tierlink.durable import write_json
+
+        write_json(args.ready_file, {"port": receiver.port, "endpoint": receiver.endpoint},
+                   "the OTLP receiver's ready file")
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=receiver.stop).start())
