@@ -1,7 +1,10 @@
 """A conversation that moves between real node processes: a device holding its KV cache
 ships it to the cloud that answers the next turn, which continues exactly as the device
 would have (FP32 package, the same weights file on both); a ``local`` conversation's cache
-never leaves its device; the receiving end refuses what it may not or cannot hold."""
+never leaves its device; the receiving end refuses what it may not or cannot hold. And a
+conversation re-placed between two upstreams: the node its turns enter through asks the
+upstream that answered the last turn to ship the cache to the one the next turn goes to,
+which answers as the first would have."""
 
 from __future__ import annotations
 
@@ -102,3 +105,49 @@ def test_the_receiving_end_refuses_what_it_may_not_hold(fleet) -> None:
     missing = httpx.put(f"{cloud}/nope/kv", params={"session": "x"}, content=other)
     assert missing.status_code == 404
     assert httpx.get(fleet["cloud"] + "/v2/health/ready").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def re_placed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A device with no model of its own, a cloud whose model is declared the better one
+    (so an `any` prompt goes there) and an edge serving the same weights file."""
+    run_dir = tmp_path_factory.mktemp("handoff")
+    cloud_spec = _spec("cloud-1", "cloud", run_dir, llms=(
+        LMSource("smollm2", "smollm2-135m", quality=0.9, kv_move="always", kv_codec="fp32"),))
+    edge_spec = _spec("edge-1", "edge", run_dir,
+                      llms=(LMSource("smollm2", "smollm2-135m", quality=0.5),))
+    with node_process(cloud_spec, run_dir, timeout_s=120) as (cloud, _), \
+            node_process(edge_spec, run_dir, timeout_s=120) as (edge, _):
+        device_spec = _spec("dev-1", "device", run_dir, upstreams=(
+            UpstreamSpec("cloud-1", cloud), UpstreamSpec("edge-1", edge)))
+        with node_process(device_spec, run_dir, timeout_s=120) as (device, _):
+            yield {"cloud": cloud, "edge": edge, "device": device}
+
+
+def test_the_holder_ships_the_cache_where_the_next_turn_goes(re_placed) -> None:
+    fleet = re_placed
+    first = _turn(fleet["device"], FIRST, "conv", "auto")
+    assert first["tierlink"]["served_by"] == "cloud-1", first["tierlink"]
+    second = _second(first)
+    moved = _turn(fleet["device"], second, "conv", "auto", privacy="site")  # not the cloud
+    meta = moved["tierlink"]
+    assert meta["served_by"] == "edge-1", meta
+    assert meta["kv"]["moved"] is True and meta["kv"]["from"] == "cloud-1", meta["kv"]
+    assert moved["usage"]["prompt_tokens_details"]["cached_tokens"] > 20
+    # what the cloud would have answered, had the turn stayed there
+    stayed = _turn(fleet["cloud"], second, "conv", "local")
+    assert moved["choices"][0]["message"]["content"] == \
+        stayed["choices"][0]["message"]["content"]
+
+
+def test_a_ship_request_is_checked(re_placed) -> None:
+    fleet = re_placed
+    ship = fleet["cloud"] + "/tierlink/v1/llm/kv/ship"
+    gone = httpx.post(ship, json={"session": "nobody", "to": {
+        "node_id": "edge-1", "tier": "edge", "url": fleet["edge"],
+        "model": {"name": "smollm2"}}})
+    assert gone.status_code == 200 and gone.json() == {"moved": False,
+                                                       "reason": "no longer held here"}
+    bad = httpx.post(ship, json={"session": "conv", "to": {"node_id": "edge-1"}})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_request"
+    assert httpx.post(ship, content=b"{").status_code == 400
