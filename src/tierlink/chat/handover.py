@@ -52,8 +52,6 @@ if TYPE_CHECKING:
     from tierlink.policy.chat import ChatOption
     from tierlink.telemetry.llm_metrics import LLMMetrics
 
-HEADER_ALLOWANCE = 8 << 20  # the largest header a package may have (kvship.MAX_HEADER_BYTES)
-
 
 @dataclass(frozen=True, slots=True)
 class Destination:

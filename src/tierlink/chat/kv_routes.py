@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from tierlink.chat.handover import SHIP_PATH, Destination, kv_path, move
 from tierlink.errors import InvalidRequest, ModelNotFound, PrivacyViolation, TierlinkError
-from tierlink.llm.kvship import holder_of, package_bytes, read_header
+from tierlink.llm.kvship import MAX_HEADER_BYTES, holder_of, package_bytes, read_header
 from tierlink.routing.privacy import may_hold
 from tierlink.security.names import expect_node
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from tierlink.chat.service import ChatService
     from tierlink.llm.runtime import LanguageModel
 
-HEADER_ALLOWANCE = 8 << 20  # the largest header a package may have (kvship.MAX_HEADER_BYTES)
 
 
 def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
@@ -114,7 +113,7 @@ async def _json(request: Request) -> Any:
 def _limit(lm: LanguageModel) -> int:
     cfg = lm.model.config
     slots = (lm.bounds.max_tokens if lm.bounds is not None else None) or cfg.context_length
-    return package_bytes(cfg, slots, "fp32") + HEADER_ALLOWANCE
+    return package_bytes(cfg, slots, "fp32") + MAX_HEADER_BYTES
 
 
 async def _body(request: Request, limit: int) -> bytes:
