@@ -12,11 +12,16 @@ processes) on loopback, built from the small ``test`` zoo and real Fashion-MNIST
 * ``start_fleet`` (function): ``start_fleet(yaml_text)`` launches a fleet into ``tmp_path``;
   every fleet is stopped at teardown and its processes must all be gone.
 * ``http`` (function): a ``httpx.Client`` for loopback calls.
+
+A failed test's report carries, as a section ``fleet logs``, the warnings, errors and failures
+its fleets' processes logged (the last of them per process): what a node saw is in the CI
+output, not only in a run directory the CI machine throws away.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -51,6 +56,41 @@ links:
   - {from: [dev-1, dev-2], to: [edge-1, edge-2], delay_ms: 2}
   - {from: [edge-1, edge-2], to: cloud-1, delay_ms: 10}
 """
+
+
+# Per test item: the run directories of the fleets it used (see the module doc).
+FLEET_DIRS = pytest.StashKey[list[Path]]()
+SHARED_DIRS: list[Path] = []  # the shared fleet's, while it runs
+NOTABLE = re.compile(r" (WARNING|ERROR|CRITICAL) |failed|Traceback")
+LOG_LINES = 15  # per process
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        shared = SHARED_DIRS if "shared_fleet" in getattr(item, "fixturenames", ()) else []
+        excerpt = fleet_log_excerpt([*item.stash.get(FLEET_DIRS, []), *shared])
+        if excerpt:
+            report.sections.append(("fleet logs", excerpt))
+
+
+def fleet_log_excerpt(run_dirs: list[Path]) -> str:
+    """The notable lines of every process log under ``run_dirs`` (the last ``LOG_LINES``
+    of each)."""
+    parts = []
+    for log in sorted(p for d in run_dirs for p in (d / "logs").glob("*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if NOTABLE.search(line)]
+        if lines:
+            parts.append(f"== {log.parent.parent.name}/{log.name}\n"
+                         + "\n".join(lines[-LOG_LINES:]))
+    return "\n".join(parts)
+
+
+def remember_fleet(request: pytest.FixtureRequest, run_dir: Path) -> None:
+    request.node.stash.setdefault(FLEET_DIRS, []).append(run_dir)
 
 
 @pytest.fixture(scope="session")
@@ -97,12 +137,14 @@ def cloud_samples(zoo_models: Models, fmnist_test: Labelled) -> np.ndarray:
 def shared_fleet(zoo_models: Models, tmp_path_factory: pytest.TempPathFactory,
                  ) -> Iterator[RunningFleet]:
     run_dir = tmp_path_factory.mktemp("shared-fleet")
+    SHARED_DIRS[:] = [run_dir]
     with running_fleet(SHARED_FLEET, run_dir, zoo_models) as fleet:
         yield fleet
 
 
 @pytest.fixture
-def start_fleet(zoo_models: Models, tmp_path: Path) -> Iterator[Callable[[str], RunningFleet]]:
+def start_fleet(zoo_models: Models, tmp_path: Path, request: pytest.FixtureRequest,
+                ) -> Iterator[Callable[[str], RunningFleet]]:
     """``start_fleet(yaml_text)``: a fleet of the test's own, stopped (and checked gone) at
     teardown even when the test fails."""
     with contextlib.ExitStack() as stack:
@@ -111,8 +153,9 @@ def start_fleet(zoo_models: Models, tmp_path: Path) -> Iterator[Callable[[str], 
         def start(yaml_text: str) -> RunningFleet:
             nonlocal count
             count += 1
-            return stack.enter_context(
-                running_fleet(yaml_text, tmp_path / f"fleet-{count}", zoo_models))
+            run_dir = tmp_path / f"fleet-{count}"
+            remember_fleet(request, run_dir)
+            return stack.enter_context(running_fleet(yaml_text, run_dir, zoo_models))
 
         yield start
 

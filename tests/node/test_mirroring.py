@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tierlink.core.types import Outcome, Placement, Plan, Privacy, Request, Tier
-from tierlink.errors import UpstreamUnavailable
+from tierlink.errors import DeadlineExceeded, Overloaded, UpstreamUnavailable
 from tierlink.estimate.cost import DEFAULT_COST_MODEL
 from tierlink.node.dispatcher import StepResult
 from tierlink.node.mirroring import Mirrors, agreement
@@ -29,7 +29,7 @@ def answer(node: str, model: str, labels: list[int], **outcome: object) -> StepR
 class Upstream:
     """The most capable model, as a fake route: answers ``labels`` after ``gate`` opens."""
 
-    def __init__(self, labels: list[int], fail: bool = False) -> None:
+    def __init__(self, labels: list[int], fail: Exception | None = None) -> None:
         self.labels, self.fail = labels, fail
         self.gate = asyncio.Event()
         self.asked: list[Request] = []
@@ -42,8 +42,8 @@ class Upstream:
     async def __call__(self, plan: Plan, req: Request, inputs: dict) -> StepResult:
         self.asked.append(req)
         await self.gate.wait()
-        if self.fail:
-            raise UpstreamUnavailable("the cloud is away")
+        if self.fail is not None:
+            raise self.fail
         bill = DEFAULT_COST_MODEL.compute_bill(Tier.CLOUD, 10.0)
         return answer("cloud-1", "large", self.labels, bill=bill)
 
@@ -159,15 +159,23 @@ def test_an_answer_nothing_more_capable_may_see_passes_its_turn_on():
     asyncio.run(main())
 
 
-def test_a_failed_mirror_is_counted_and_costs_the_answer_nothing():
+@pytest.mark.parametrize("error, outcome", [
+    (UpstreamUnavailable("the cloud is away"), "failed"),
+    (Overloaded("the cloud sheds batch work"), "shed"),
+    (DeadlineExceeded("no time left"), "shed"),
+])
+def test_a_mirror_that_failed_or_was_shed_is_counted_and_costs_the_answer_nothing(
+        error: Exception, outcome: str):
     async def main() -> None:
-        up = Upstream([1], fail=True)
+        up = Upstream([1], fail=error)
         made, stats, metrics = mirrors(up, share=0.05, in_flight=1000)
         for _ in range(200):
             made.offer("toy", REQ, {}, answer("dev-1", "small", [1]))
         up.gate.set()
         await asyncio.sleep(0.01)
-        assert sample(metrics, "tierlink_mirrors_total", outcome="failed") > 0
+        counted = {o: sample(metrics, "tierlink_mirrors_total", outcome=o)
+                   for o in ("failed", "shed")}
+        assert counted[outcome] > 0 and sum(counted.values()) == counted[outcome]
         assert stats.get("small", "1") is None  # nothing compared, nothing counted
 
     asyncio.run(main())

@@ -3,7 +3,9 @@
 After an answer of one of this node's own models went out, a sample of them is asked again
 of the most capable model the request's privacy allows, in a background task of its own —
 never on the answer's path, never more than ``max_in_flight`` at once (a sampled answer is
-skipped while they are busy: a sample may be thinned, an answer never waits). The two
+skipped while they are busy: a sample may be thinned, an answer never waits; a mirror the
+fleet turns away for load or its deadline — batch work, the first shed — is counted ``shed``,
+apart from ``failed``). The two
 answers' labels are compared sample by sample; what agreed is counted per answering model
 version (:class:`~tierlink.node.version_stats.VersionStatsBook`: heartbeats, the rollout's
 ``agreement`` gate, the fleet view) and exported (``tierlink_mirrored_samples_total``,
@@ -29,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tierlink.core.types import Outcome, Plan, Priority, Request
-from tierlink.errors import TierlinkError
+from tierlink.errors import Refused, TierlinkError
 from tierlink.node.dispatcher import StepResult
 from tierlink.node.version_stats import VersionStatsBook
 from tierlink.routing.mirror import mirror_odds
@@ -127,6 +129,10 @@ class Mirrors:
                       ours: np.ndarray, answered: Outcome) -> None:
         try:
             result = await self._run(plan, req, inputs)
+        except Refused as exc:  # turned away for load or time: a sample thinned, not a fault
+            self._count("shed")
+            log.info("mirror of %s shed: %s", req.request_id, exc.message)
+            return
         except TierlinkError as exc:
             self._count("failed")
             log.info("mirror of %s failed: %s", req.request_id, exc.message)

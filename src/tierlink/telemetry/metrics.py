@@ -132,7 +132,8 @@ class NodeMetrics:
         self.mirrors = Counter(
             "tierlink_mirrors_total",
             "Answers of this node's models sampled for mirroring (routing.mirror), by what "
-            "became of them: compared, busy (every mirror slot taken: skipped), failed, "
+            "became of them: compared, busy (every mirror slot taken: skipped), shed (turned "
+            "away for load or its deadline), failed, "
             "refused (no plan), no_label, incomparable (answers of different shapes)",
             ["outcome"], registry=r)
         self.mirrored = Counter(
