@@ -8,6 +8,8 @@ which answers as the first would have."""
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,20 +110,21 @@ def test_the_receiving_end_refuses_what_it_may_not_hold(fleet) -> None:
 
 
 @pytest.fixture(scope="module")
-def re_placed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A device with no model of its own, a cloud whose model is declared the better one
-    (so an `any` prompt goes there) and an edge serving the same weights file."""
+def re_placed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A device with no model of its own that keeps copies of its conversations, a cloud
+    whose model is declared the better one (so an `any` prompt goes there) and an edge
+    serving the same weights file. The last test of the module kills the cloud."""
     run_dir = tmp_path_factory.mktemp("handoff")
     cloud_spec = _spec("cloud-1", "cloud", run_dir, llms=(
         LMSource("smollm2", "smollm2-135m", quality=0.9, kv_move="always", kv_codec="fp32"),))
     edge_spec = _spec("edge-1", "edge", run_dir,
                       llms=(LMSource("smollm2", "smollm2-135m", quality=0.5),))
-    with node_process(cloud_spec, run_dir, timeout_s=120) as (cloud, _), \
+    with node_process(cloud_spec, run_dir, timeout_s=120) as (cloud, cloud_proc), \
             node_process(edge_spec, run_dir, timeout_s=120) as (edge, _):
-        device_spec = _spec("dev-1", "device", run_dir, upstreams=(
+        device_spec = _spec("dev-1", "device", run_dir, kv_copies=True, upstreams=(
             UpstreamSpec("cloud-1", cloud), UpstreamSpec("edge-1", edge)))
         with node_process(device_spec, run_dir, timeout_s=120) as (device, _):
-            yield {"cloud": cloud, "edge": edge, "device": device}
+            yield {"cloud": cloud, "edge": edge, "device": device, "cloud_proc": cloud_proc}
 
 
 def test_the_holder_ships_the_cache_where_the_next_turn_goes(re_placed) -> None:
@@ -151,3 +154,47 @@ def test_a_ship_request_is_checked(re_placed) -> None:
     bad = httpx.post(ship, json={"session": "conv", "to": {"node_id": "edge-1"}})
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_request"
     assert httpx.post(ship, content=b"{").status_code == 400
+
+
+def test_a_copy_is_given_only_to_the_conversations_origin(re_placed) -> None:
+    kv = re_placed["cloud"] + "/tierlink/v1/llm/smollm2/kv"
+    _turn(re_placed["device"], FIRST, "asked", "remote")  # held at the cloud, from dev-1
+    whole = httpx.get(kv, params={"session": "asked", "for": "dev-1"})
+    assert whole.status_code == 200 and whole.content[:4] == b"TLKV"
+    other = httpx.get(kv, params={"session": "asked", "for": "edge-1"})
+    assert other.status_code == 403 and other.json()["code"] == "privacy_violation"
+    assert httpx.get(kv, params={"session": "nobody", "for": "dev-1"}).status_code == 404
+    bad = httpx.get(kv, params={"session": "asked", "for": "dev-1", "since": "x"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_request"
+    assert httpx.get(kv, params={"session": "asked"}).status_code == 400
+
+
+def _copies_kept(device: str) -> float:
+    text = httpx.get(device + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tierlink_llm_kv_moves_total{")
+               and 'direction="copy"' in line and 'outcome="kept"' in line)
+
+
+def test_when_the_holder_fails_the_copy_kept_where_the_turns_enter_moves(re_placed) -> None:
+    fleet = re_placed
+    first = _turn(fleet["device"], FIRST, "kept", "auto")
+    assert first["tierlink"]["served_by"] == "cloud-1", first["tierlink"]
+    deadline = time.monotonic() + 30
+    while _copies_kept(fleet["device"]) < 1:  # fetched in the background after the turn
+        assert time.monotonic() < deadline, "the device kept no copy"
+        time.sleep(0.1)
+    fleet["cloud_proc"].send_signal(signal.SIGKILL)  # the holder fails
+    fleet["cloud_proc"].wait(10)
+    second = _second(first)
+    moved = _turn(fleet["device"], second, "kept", "auto")
+    meta = moved["tierlink"]
+    assert meta["served_by"] == "edge-1", meta
+    assert meta["kv"]["moved"] is True and meta["kv"]["copy"] is True, meta["kv"]
+    assert meta["kv"]["from"] == "dev-1" and meta["kv"]["codec"] == "fp32"
+    assert moved["usage"]["prompt_tokens_details"]["cached_tokens"] > 20
+    # what the cloud would have answered: the same weights continuing the same history
+    _turn(fleet["edge"], FIRST, "reference", "local")
+    stayed = _turn(fleet["edge"], second, "reference", "local")
+    assert moved["choices"][0]["message"]["content"] == \
+        stayed["choices"][0]["message"]["content"]

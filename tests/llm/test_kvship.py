@@ -3,6 +3,7 @@ loaded half — when it is another model's, broken, cut short or inconsistent.""
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from dataclasses import replace
@@ -88,11 +89,15 @@ def test_a_broken_or_inconsistent_package_is_refused() -> None:
     assert unpack(squeezed, CFG, MODEL)[0].length == 10
     prefix = struct.Struct(">4sBI")
     size = prefix.unpack_from(squeezed)[2]
-    bomb = squeezed[:prefix.size + size] + zlib.compress(b"\0" * (1 << 24))
+    bomb_body = zlib.compress(b"\0" * (1 << 24))
+    bomb_header = json.loads(squeezed[prefix.size:prefix.size + size]) | {
+        "bytes": len(bomb_body)}
+    raw = json.dumps(bomb_header).encode()
+    bomb = prefix.pack(b"TLKV", 1, len(raw)) + raw + bomb_body
     with pytest.raises(PackageRefused, match="declares"):
         unpack(bomb, CFG, MODEL)
-    with pytest.raises(PackageRefused, match="declares"):
-        unpack(blob + b"extra", CFG, MODEL)
+    with pytest.raises(PackageRefused, match="shorter than its prefix"):
+        unpack(blob + b"extra", CFG, MODEL)  # what follows a package is the next one
     assert header["length"] == 10
 
 
@@ -118,3 +123,41 @@ def test_a_bounded_cache_that_slid_keeps_its_counters() -> None:
                       bounds)
     assert (moved.length, moved.seen, moved.evicted) == (cache.length, 32, cache.evicted)
     assert moved.bounds == bounds
+
+
+def _cache_at(n: int) -> KVCache:
+    """``_cache()`` when the conversation had fed its first ``n`` tokens."""
+    early = _cache()
+    early.length = early.seen = n
+    return early
+
+
+def _first(n: int) -> bytes:
+    """A whole package of the conversation's first ``n`` slots."""
+    return pack(_cache_at(n), _holder(n), MODEL, "fp32")
+
+
+def test_a_chain_of_a_whole_package_and_deltas_loads_as_the_whole_cache() -> None:
+    cache = _cache()
+    delta = pack(cache, _holder(), MODEL, "fp32", start=6)
+    assert len(delta) < len(pack(cache, _holder(), MODEL, "fp32"))  # only the new slots
+    assert read_header(delta)["start"] == 6
+    moved, holder = unpack(_first(4) + pack(_cache_at(6), _holder(6), MODEL, "fp32", start=4)
+                           + delta, CFG, MODEL)
+    assert holder == _holder() and (moved.length, moved.seen) == (10, 10)
+    for layer in range(CFG.num_layers):
+        assert torch.equal(moved.k[layer][:, :10], cache.k[layer][:, :10])
+        assert torch.equal(moved.v[layer][:, :10], cache.v[layer][:, :10])
+
+
+def test_a_chain_with_a_gap_or_other_tokens_is_refused() -> None:
+    cache = _cache()
+    with pytest.raises(PackageRefused, match="continue"):
+        unpack(pack(cache, _holder(), MODEL, "fp32", start=6), CFG, MODEL)  # no whole one
+    with pytest.raises(PackageRefused, match="continue"):
+        unpack(_first(5) + pack(cache, _holder(), MODEL, "fp32", start=6), CFG, MODEL)
+    other = Holder(tuple(range(50, 60)), Privacy.SITE, "dev-1")
+    with pytest.raises(PackageRefused, match="continue"):
+        unpack(_first(6) + pack(cache, other, MODEL, "fp32", start=6), CFG, MODEL)
+    with pytest.raises(InvalidRequest, match="slots from 11"):
+        pack(cache, _holder(), MODEL, "fp32", start=11)

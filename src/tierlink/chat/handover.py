@@ -24,8 +24,11 @@ Either sender ships only when
   whatever the estimate, ``never`` does not.
 
 A shipment that fails leaves the destination to prefill; the answer says which happened in
-its ``tierlink.kv`` (``moved``, ``codec``, ``bytes``, ``ms``, ``from``, or ``reason``). A
-node that fails takes its caches with it: no copy is kept elsewhere yet.
+its ``tierlink.kv`` (``moved``, ``codec``, ``bytes``, ``ms``, ``from``, or ``reason``).
+
+A node that fails takes its caches with it — unless the node the turns enter through keeps
+copies (``chat/copies.py``): when the holder cannot ship (it is gone, unreachable, no longer
+an upstream), the copy goes instead (``"copy": true``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
     import aiohttp
 
     from tierlink.chat.affinity import SessionAffinity
+    from tierlink.chat.copies import KeptCopies
     from tierlink.chat.openai import ChatRequest
     from tierlink.chat.service import Prepared
     from tierlink.llm.runtime import LanguageModel
@@ -88,6 +92,9 @@ class Destination:
 
 
 SHIP_PATH = "/tierlink/v1/llm/kv/ship"
+# What a holder that cannot ship answers (or is said of it): a kept copy goes instead
+HOLDER_GONE = ("holder_unreachable", "holder_unreadable", "no_upstream", "upstream_unavailable",
+               "upstream_timeout", "no longer held here")
 
 
 def kv_path(model: str) -> str:
@@ -111,7 +118,7 @@ class Handover:
                  tls: Callable[[], ssl.SSLContext | None],
                  links: Callable[[], Iterable[LinkView]],
                  upstreams: Callable[[], Mapping[str, str]], affinity: SessionAffinity,
-                 metrics: LLMMetrics | None = None) -> None:
+                 metrics: LLMMetrics | None = None, copies: KeptCopies | None = None) -> None:
         self.node_id = node_id
         self._http = http
         self._tls = tls
@@ -119,6 +126,7 @@ class Handover:
         self._upstreams = upstreams
         self._affinity = affinity
         self._metrics = metrics
+        self.copies = copies
 
     async def before_relay(self, req: ChatRequest, prep: Prepared, option: ChatOption,
                            url: str) -> dict[str, Any] | None:
@@ -139,8 +147,13 @@ class Handover:
         holder = self._affinity.node_of(session)
         if holder is None or holder in (self.node_id, option.node_id):
             return None
-        return await self._from(holder, session, self._destination(prep, option, url),
-                                timeout_s)
+        to = self._destination(prep, option, url)
+        outcome = await self._from(holder, session, to, timeout_s)
+        if outcome.get("moved") or outcome.get("reason") not in HOLDER_GONE \
+                or self.copies is None:
+            return outcome
+        shipped = await self.copies.ship(session, to, timeout_s)
+        return outcome if shipped is None else {**shipped, "holder": outcome}
 
     async def _from(self, holder: str, session: str, to: Destination,
                     timeout_s: float) -> dict[str, Any]:
@@ -150,8 +163,8 @@ class Handover:
 
         url = self._upstreams().get(holder)
         if url is None:
-            return {"moved": False, "from": holder,
-                    "reason": f"{holder} is no longer an upstream of {self.node_id}"}
+            return {"moved": False, "from": holder, "reason": "no_upstream",
+                    "detail": f"{holder} is no longer an upstream of {self.node_id}"}
         try:
             async with self._http().post(
                     url.rstrip("/") + SHIP_PATH, json={"session": session, "to": to.to_dict()},
@@ -205,15 +218,16 @@ async def move(http: aiohttp.ClientSession, lm: LanguageModel, session: str, to:
     start = time.perf_counter()
     try:
         blob, _ = await lm.export(session, lm.source.kv_codec)
-        await _put(http, to, session, blob, timeout_s)
+        await put_package(http, to, session, blob, timeout_s)
     except TierlinkError as exc:
         return {"moved": False, "reason": exc.code, "detail": exc.message}
     return {"moved": True, "codec": lm.source.kv_codec, "bytes": len(blob),
             "tokens": len(held.tokens), "ms": round((time.perf_counter() - start) * 1e3, 1)}
 
 
-async def _put(http: aiohttp.ClientSession, to: Destination, session: str, blob: bytes,
-               timeout_s: float) -> None:
+async def put_package(http: aiohttp.ClientSession, to: Destination, session: str,
+                      blob: bytes, timeout_s: float) -> None:
+    """``blob`` (a package or a chain) held by ``to`` as conversation ``session``."""
     import aiohttp
 
     from tierlink.errors import UpstreamTimeout, UpstreamUnavailable, error_from_dict

@@ -7,7 +7,11 @@
 * ``POST /tierlink/v1/llm/kv/ship`` with ``{"session", "to": {node_id, tier, url, model}}``
   — the node that answered a conversation's last turn is asked (by the node its turns enter
   through) to ship the cache where the next turn goes; it answers what happened, as the
-  answer's ``tierlink.kv`` says it.
+  answer's ``tierlink.kv`` says it;
+* ``GET /tierlink/v1/llm/{model}/kv?session=…&since=N&evicted=E&for=NODE`` — the
+  conversation's origin ``NODE`` takes a copy (``chat/copies.py``): the slots after ``N``
+  (a delta; the whole cache when it has evicted other than ``E`` since), as a package; 403
+  for any node but the conversation's origin, 404 when it is not held here.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from tierlink.chat.handover import SHIP_PATH, Destination, kv_path, move
-from tierlink.errors import InvalidRequest, ModelNotFound, PrivacyViolation, TierlinkError
+from tierlink.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    PrivacyViolation,
+    SessionNotFound,
+    TierlinkError,
+)
 from tierlink.llm.kvship import MAX_HEADER_BYTES, holder_of, package_bytes, read_header
 from tierlink.routing.privacy import may_hold
 from tierlink.security.names import expect_node
@@ -59,6 +69,29 @@ def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
                              "bytes": len(blob),
                              "ms": round((time.perf_counter() - start) * 1e3, 1)})
 
+    @app.get(kv_path("{name}"))
+    async def copy(name: str, session: str, request: Request) -> Response:
+        try:
+            _require_peer(request, "copying a conversation")
+            lm = models.get(name)
+            if lm is None:
+                raise ModelNotFound(f"no language model {name!r} here",
+                                    hint=f"models: {sorted(models)}")
+            since, evicted, node = _copy_request(request)
+            held = lm.sessions.get(session)
+            if held is None:
+                raise SessionNotFound(f"conversation {session!r} is not held here")
+            if node != (held.origin or chat.node_id):
+                raise PrivacyViolation(f"only conversation {session!r}'s origin "
+                                       f"({held.origin}) may keep a copy of it, not {node}")
+            blob, _ = await lm.export(session, lm.source.kv_codec, (since, evicted))
+            if metrics is not None:
+                metrics.kv_moves.labels(metrics.tier, name, "copy", "given").inc()
+                metrics.kv_move_bytes.labels(metrics.tier, name, "copy").inc(len(blob))
+        except TierlinkError as exc:
+            return JSONResponse(exc.to_dict(), exc.http_status)
+        return Response(blob, media_type="application/octet-stream")
+
     @app.post(SHIP_PATH)
     async def ship(request: Request) -> Response:
         try:
@@ -88,6 +121,22 @@ def _ship_request(body: Any, chat: ChatService) -> tuple[str, Destination]:
     to = Destination.from_dict(body.get("to"), chat.handover.links(),
                                lambda node: expect_node(node, chat.tls))
     return session, to
+
+
+def _copy_request(request: Request) -> tuple[int, int, str]:
+    """``since``, ``evicted`` and ``for`` of a copy request."""
+    q = request.query_params
+    node = q.get("for")
+    if not node:
+        raise InvalidRequest("for must name the node keeping the copy", param="for")
+    try:
+        since, evicted = int(q.get("since", "0")), int(q.get("evicted", "0"))
+    except ValueError:
+        raise InvalidRequest("since and evicted must be whole numbers of slots",
+                             param="since") from None
+    if since < 0 or evicted < 0:
+        raise InvalidRequest("since and evicted must be >= 0", param="since")
+    return since, evicted, node
 
 
 def _require_peer(request: Request, what: str) -> None:

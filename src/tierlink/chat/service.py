@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from tierlink.chat.copies import KeptCopies
 from tierlink.chat.handover import Handover
 from tierlink.chat.openai import ChatRequest, answer, chunk, new_id, sse, usage
 from tierlink.chat.peers import PeerModels
@@ -62,7 +63,7 @@ class ChatService:
                  tasks: dict[str, str], metrics: LLMMetrics | None = None,
                  verifiers: dict[str, VerifierLink] | None = None,
                  upstreams: Mapping[str, str] | None = None,
-                 node: NodeLink | None = None) -> None:
+                 node: NodeLink | None = None, kv_copies: bool = False) -> None:
         self.node_id = node_id
         self.tier = tier
         self.models = models
@@ -83,9 +84,12 @@ class ChatService:
             PeerModels(lambda: self.upstreams, self.http,
                        peer=lambda node_id: expect_node(node_id, self.tls))
         self.placer = ChatPlacer(node_id, tier, node or NodeLink(), peers)
+        # copies of the conversations this node relays (chat/copies.py), when it keeps them
+        self.copies = KeptCopies(node_id, self.http, lambda: self.tls, lambda: self.upstreams,
+                                 metrics) if kv_copies else None
         self.handover = Handover(node_id, self.http, lambda: self.tls,
                                  lambda: self.placer.node.links(), lambda: self.upstreams,
-                                 self.placer.affinity, metrics)
+                                 self.placer.affinity, metrics, self.copies)
         if metrics is not None:
             for name, lm in models.items():
                 stats = lm.engine.stats
@@ -108,6 +112,8 @@ class ChatService:
             lm.stop()
         if self.placer.peers is not None:
             await self.placer.peers.stop()
+        if self.copies is not None:
+            await self.copies.stop()
         if self._http is not None:
             await self._http.close()
 
@@ -339,6 +345,9 @@ class ChatService:
                                      forward_body(req, option.model, self.node_id), report,
                                      upstream, expect_node(option.node_id, self.tls)):
                 yield piece
+            if self.copies is not None and req.tierlink.session is not None \
+                    and upstream.get("served_by") == option.node_id:
+                self.copies.after_turn(req.tierlink.session, option.node_id, option.model)
         finally:
             meta.update(upstream)
             meta["path"] = [self.node_id, *upstream.get("path", [option.node_id])]

@@ -19,6 +19,9 @@
                                    # there), always or never
             kv_codec: int8         # optional: the cache on the wire: fp32 (exact), fp16, int8,
                                    # int4
+        kv_copies: false           # optional: keep a copy of each conversation this node
+                                   # relays (its new KV slots fetched after every turn), so
+                                   # the next turn can go elsewhere if the holder fails
 
 A verifier must be a node this one has a link to, serving that model.
 """
@@ -39,6 +42,8 @@ class ChatConfig:
     models: tuple[LMSource, ...]  # the language models the node serves (at least one)
     # A name requests may give as their model: it is answered by the first of `models`
     task: str | None = None
+    # Keep copies of the conversations this node relays upstream (chat/copies.py)
+    kv_copies: bool = False
 
     def tasks(self) -> dict[str, str]:
         return {self.task: self.models[0].name} if self.task and self.models else {}
@@ -46,7 +51,8 @@ class ChatConfig:
     def to_dict(self) -> dict[str, Any]:
         """A node's ``chat:`` block (what :func:`parse_chat` reads)."""
         out: dict[str, Any] = {"models": [_source_dict(m) for m in self.models]}
-        return out | ({"task": self.task} if self.task else {})
+        return out | ({"task": self.task} if self.task else {}) | (
+            {"kv_copies": True} if self.kv_copies else {})
 
 
 def _source_dict(src: LMSource) -> dict[str, Any]:
@@ -66,7 +72,7 @@ def parse_chat(raw: Any, where: str) -> ChatConfig | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping with 'models' (and 'task')")
-    known_keys(raw, ("models", "task"), where)
+    known_keys(raw, ("models", "task", "kv_copies"), where)
     models = raw.get("models")
     if not isinstance(models, list) or not models:
         raise ConfigError(f"{where}.models must be a non-empty list of language models",
@@ -75,7 +81,10 @@ def parse_chat(raw: Any, where: str) -> ChatConfig | None:
     task = raw.get("task")
     if task is not None and (not isinstance(task, str) or not task):
         raise ConfigError(f"{where}.task must be a name, e.g. chat")
-    return ChatConfig(sources, task)
+    copies = raw.get("kv_copies", False)
+    if not isinstance(copies, bool):
+        raise ConfigError(f"{where}.kv_copies must be true or false, got {copies!r}")
+    return ChatConfig(sources, task, copies)
 
 
 def _source(raw: Any, where: str) -> LMSource:

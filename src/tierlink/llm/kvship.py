@@ -27,6 +27,14 @@ unmoved one after some tokens. Keys and values compress poorly (zlib saves ~1% o
 body goes as it is unless ``compress`` is asked for.
 
 Keys are stored rotated (RoPE) at their slot positions, as the cache holds them.
+
+A package may hold only the slots from ``start`` on (a *delta*: what a conversation added
+since an earlier package was taken, ``pack(..., start=n)``); its header still lists every
+token. Packages laid back to back form a *chain* — a whole package, then deltas each
+starting where the one before ended, of the same tokens extended — which :func:`unpack`
+loads as one cache: a copy kept of a conversation grows by its new slots each turn, not by
+the whole cache again (``chat/copies.py``). The header's ``bytes`` is the body's size as
+sent, which is where the next package of a chain begins.
 """
 
 from __future__ import annotations
@@ -68,33 +76,51 @@ def identity(weights_sha256: str, precision: str, exact: bool) -> str:
 
 
 def pack(cache: KVCache, holder: Holder, model: str, codec: str = "fp16",
-         compress: bool = False) -> bytes:
-    """``cache`` (its slots in use) as a package for ``model`` (an :func:`identity`)."""
+         compress: bool = False, start: int = 0) -> bytes:
+    """``cache`` (its slots in use, from ``start`` on) as a package for ``model`` (an
+    :func:`identity`)."""
     if codec not in CODECS:
         raise InvalidRequest(f"unknown KV codec {codec!r}", hint=f"one of {', '.join(CODECS)}")
     cfg, n = cache.config, cache.length
+    if not 0 <= start <= n:
+        raise InvalidRequest(f"a package of slots from {start} on: the cache holds {n}")
     if codec == "int4" and cfg.head_dim % GROUP:
         raise InvalidRequest(f"int4 packs groups of {GROUP} values: this model's heads have "
                              f"{cfg.head_dim}", hint="use int8")
-    body = b"".join(_encode(t[:, :n], codec) for layer in range(cfg.num_layers)
+    body = b"".join(_encode(t[:, start:n], codec) for layer in range(cfg.num_layers)
                     for t in (cache.k[layer], cache.v[layer]))
+    sent = zlib.compress(body, 1) if compress else body
     header = {"model": model, "codec": codec, "layers": cfg.num_layers,
-              "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "length": n,
-              "seen": cache.seen, "evicted": cache.evicted, "tokens": list(holder.tokens),
-              "privacy": holder.privacy.value, "origin": holder.origin,
-              "sha256": hashlib.sha256(body).hexdigest(), "zlib": compress}
+              "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "start": start,
+              "length": n, "seen": cache.seen, "evicted": cache.evicted,
+              "tokens": list(holder.tokens), "privacy": holder.privacy.value,
+              "origin": holder.origin, "sha256": hashlib.sha256(body).hexdigest(),
+              "zlib": compress, "bytes": len(sent)}
     raw = json.dumps(header, separators=(",", ":")).encode()
-    return _PREFIX.pack(MAGIC, VERSION, len(raw)) + raw + (
-        zlib.compress(body, 1) if compress else body)
+    return _PREFIX.pack(MAGIC, VERSION, len(raw)) + raw + sent
 
 
 def read_header(blob: bytes) -> dict[str, Any]:
-    """The package's header (the body is not read)."""
-    return _split(blob)[0]
+    """The package's header (the body is not read); a chain's: its last package's."""
+    return _chain(blob)[-1][0]
+
+
+def _chain(blob: bytes) -> list[tuple[dict[str, Any], bytes]]:
+    """The packages laid back to back in ``blob`` (one or more), each's header and body."""
+    out = []
+    while True:
+        header, rest = _split(blob)
+        size = header.get("bytes", len(rest))
+        if not isinstance(size, int) or not 0 <= size <= len(rest):
+            raise PackageRefused(f"a KV package's body of {size!r} bytes is cut short")
+        out.append((header, rest[:size]))
+        blob = rest[size:]
+        if not blob:
+            return out
 
 
 def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
-    """The package's header and its compressed body."""
+    """A package's header and what follows it (its body, then any next package)."""
     if len(blob) < _PREFIX.size:
         raise PackageRefused("a KV package is shorter than its prefix")
     magic, version, size = _PREFIX.unpack_from(blob)
@@ -122,27 +148,51 @@ def holder_of(header: dict[str, Any]) -> Holder:
 
 def unpack(blob: bytes, config: LlamaConfig, model: str,
            bounds: CacheBounds | None = None) -> tuple[KVCache, Holder]:
-    """The cache a package holds, for a node serving ``model`` (an :func:`identity`) with
-    ``config``; refused (422, naming why) unless every check passes."""
-    header, packed = _split(blob)
+    """The cache a package (or a chain of them) holds, for a node serving ``model`` (an
+    :func:`identity`) with ``config``; refused (422, naming why) unless every check
+    passes."""
+    packages = _chain(blob)
+    header = packages[-1][0]
     holder = holder_of(header)
+    n = header.get("length")
+    limit = (bounds.max_tokens if bounds is not None else None) or config.context_length
+    if not isinstance(n, int) or n < 0 or n > limit or header.get("seen", -1) != len(
+            holder.tokens) or n != len(holder.tokens) - header.get("evicted", -1):
+        raise PackageRefused(f"a KV package's {n!r} slots do not match its "
+                             f"{len(holder.tokens)} tokens (or this node's limit of {limit})")
+    cache = KVCache(config, bounds, initial=max(n, 1))
+    at, tokens = 0, holder.tokens[:0]
+    for part, body in packages:
+        at, tokens = _load(cache, part, body, config, model, (at, tokens, header))
+    cache.length, cache.seen, cache.evicted = n, int(header["seen"]), int(header["evicted"])
+    return cache, holder
+
+
+def _load(cache: KVCache, header: dict[str, Any], packed: bytes, config: LlamaConfig,
+          model: str, chain: tuple[int, tuple[int, ...], dict[str, Any]],
+          ) -> tuple[int, tuple[int, ...]]:
+    """One package of a chain into ``cache``'s slots [start, length); ``chain``: where the
+    packages before it ended, their tokens, and the chain's last header. Returns where this
+    one ends and its tokens."""
+    at, before, last = chain
     if header.get("model") != model:
         raise PackageRefused(
             f"the KV cache was computed by model {header.get('model')!r}; this node's is "
             f"{model!r}", hint="a cache moves only between nodes serving the same model file "
                                "at the same precision")
-    codec, n = header.get("codec"), header.get("length")
     shape = (header.get("layers"), header.get("kv_heads"), header.get("head_dim"))
     if shape != (config.num_layers, config.num_kv_heads, config.head_dim):
         raise PackageRefused(f"the KV cache's shape {shape} is not this model's")
-    if codec not in CODECS or not isinstance(n, int) or n < 0:
-        raise PackageRefused(f"a KV package's codec {codec!r} or length {n!r} is invalid")
-    limit = (bounds.max_tokens if bounds is not None else None) or config.context_length
-    if n > limit or header.get("seen", -1) != len(holder.tokens) \
-            or n != len(holder.tokens) - header.get("evicted", -1):
-        raise PackageRefused(f"a KV package's {n} slots do not match its "
-                             f"{len(holder.tokens)} tokens (or this node's limit of {limit})")
-    rows = (config.num_kv_heads, n, config.head_dim)
+    codec, start, end = header.get("codec"), header.get("start", 0), header.get("length")
+    tokens = holder_of(header).tokens
+    if codec not in CODECS or not isinstance(end, int) or start != at or not at <= end \
+            <= last["length"] or tokens[:len(before)] != before \
+            or header.get("evicted") != last.get("evicted"):
+        raise PackageRefused(f"a KV package of slots [{start!r}, {end!r}) in codec "
+                             f"{codec!r} does not continue a chain ending at slot {at}",
+                             hint="a chain is a whole package, then deltas of the same "
+                                  "conversation, each from where the last one ended")
+    rows = (config.num_kv_heads, end - start, config.head_dim)
     size = _encoded_bytes(rows, codec)
     expected = 2 * config.num_layers * size
     body = _inflate(packed, expected) if header.get("zlib") else packed
@@ -151,14 +201,12 @@ def unpack(blob: bytes, config: LlamaConfig, model: str,
                              f"its header declares")
     if hashlib.sha256(body).hexdigest() != header.get("sha256"):
         raise PackageRefused("a KV package's body does not match its checksum")
-    cache = KVCache(config, bounds, initial=max(n, 1))
-    at = 0
+    offset = 0
     for layer in range(config.num_layers):
         for store in (cache.k, cache.v):
-            store[layer][:, :n] = _decode(body[at:at + size], rows, codec)
-            at += size
-    cache.length, cache.seen, cache.evicted = n, int(header["seen"]), int(header["evicted"])
-    return cache, holder
+            store[layer][:, start:end] = _decode(body[offset:offset + size], rows, codec)
+            offset += size
+    return end, tokens
 
 
 def _inflate(packed: bytes, expected: int) -> bytes:

@@ -179,13 +179,20 @@ class LanguageModel:
             if key not in self.verifiers:
                 self._verify_gens.pop(key, None)
 
-    async def export(self, key: str, codec: str) -> tuple[bytes, Holder]:
+    async def export(self, key: str, codec: str, since: tuple[int, int] | None = None,
+                     ) -> tuple[bytes, Holder]:
         """Conversation ``key``'s cache as a package (``llm/kvship.py``), packed off the
-        event loop; the session is held (busy) while it is read."""
+        event loop; the session is held (busy) while it is read. ``since`` (slots, evicted)
+        of a copy taken earlier: only the slots after them (a delta), unless the cache has
+        evicted since or holds fewer — then the whole cache."""
         session = self.sessions.take(key)
         holder = Holder(tuple(session.tokens), session.privacy, session.origin)
+        cache = session.cache
+        start = since[0] if since is not None and since[1] == cache.evicted \
+            and 0 <= since[0] <= cache.length else 0
         try:
-            blob = await asyncio.to_thread(pack, session.cache, holder, self.identity, codec)
+            blob = await asyncio.to_thread(pack, cache, holder, self.identity, codec,
+                                           start=start)
         finally:
             self.sessions.untake(session)
         return blob, holder

@@ -179,7 +179,8 @@ def _chat_service(spec: NodeSpec, metrics: NodeMetrics, service: NodeService) ->
                        verifiers=_verifier_links(spec),
                        upstreams=UpstreamURLs(service.topology.upstreams),
                        node=NodeLink(view=lambda: service.view, links=service.link_views,
-                                     healthy=service.breakers.healthy))
+                                     healthy=service.breakers.healthy),
+                       kv_copies=spec.kv_copies)
     service.language_models = chat.views
     return chat
 

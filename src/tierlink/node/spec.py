@@ -83,6 +83,7 @@ class NodeSpec:
     # Language models served over the OpenAI API (``/v1/chat/completions``), by name
     llms: tuple[LMSource, ...] = ()
     chat_tasks: dict[str, str] = field(default_factory=dict)  # task -> one of ``llms``
+    kv_copies: bool = False  # keep copies of the conversations it relays (chat/copies.py)
     labels: dict[str, str] = field(default_factory=dict)  # site, region, ...: in heartbeats
     # A JSON file the node's environment keeps its battery and heat in (node/device_state.py;
     # None: Linux's power-supply and thermal-zone files, where there are any)
