@@ -15,10 +15,13 @@ def test_a_chat_request_with_tierlink_parameters() -> None:
     req = parse_chat({"model": "chat", "messages": MSG, "max_tokens": 12, "temperature": 0,
                       "stop": "x", "seed": 3, "stream": True,
                       "stream_options": {"include_usage": True},
-                      "tierlink": {"privacy": "local", "deadline_ms": 500, "session": "s"}})
+                      "tierlink": {"privacy": "local", "deadline_ms": 500, "session": "s",
+                                   "draft_ahead": False}})
     assert req.params.max_tokens == 12 and req.params.greedy and req.params.stop == ("x",)
     assert req.stream and req.include_usage
     assert req.tierlink.privacy is Privacy.LOCAL and req.tierlink.session == "s"
+    assert req.tierlink.draft_ahead is False
+    assert parse_chat({"model": "m", "messages": MSG}).tierlink.draft_ahead is None
 
 
 def test_max_completion_tokens_is_read() -> None:
@@ -37,6 +40,7 @@ def test_max_completion_tokens_is_read() -> None:
     {"model": "m", "messages": MSG, "tools": [{"type": "function"}]},
     {"model": "m", "messages": MSG, "tierlink": {"privacy": "secret"}},
     {"model": "m", "messages": MSG, "tierlink": {"deadline_ms": -1}},
+    {"model": "m", "messages": MSG, "tierlink": {"draft_ahead": "yes"}},
     {"model": "m", "messages": MSG, "stream": "yes"},
     [1, 2],
 ])

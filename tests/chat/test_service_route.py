@@ -30,6 +30,7 @@ class _Source:
     router: str | None = None
     max_sequences: int = 16
     k_max: int = 4
+    draft_ahead: bool = True
 
 
 @dataclass

@@ -35,6 +35,13 @@ def test_chat_models_and_their_verifier() -> None:
     moved = next(n for n in moving.nodes if n.node_id == "dev-1").chat
     assert moved is not None and (moved.models[0].kv_move, moved.models[0].kv_codec) == \
         ("always", "int4")
+    assert source.draft_ahead and not device.chat.kv_copies  # the defaults
+    keeping = parse_fleet(yaml.safe_load(FLEET.replace(
+        "kv_cache_mib: 12}]}", "kv_cache_mib: 12, draft_ahead: false}], kv_copies: true}")))
+    kept = next(n for n in keeping.nodes if n.node_id == "dev-1").chat
+    assert kept is not None and kept.kv_copies and not kept.models[0].draft_ahead
+    assert kept.to_dict()["kv_copies"] is True
+    assert kept.to_dict()["models"][0]["draft_ahead"] is False
 
 
 @pytest.mark.parametrize(("old", "new"), [
@@ -46,6 +53,9 @@ def test_chat_models_and_their_verifier() -> None:
     ("verifier: cloud-1/smollm2", "verifier: cloud-1"),
     ("kv_cache_mib: 12", "kv_cache_mib: 12, kv_move: sometimes"),
     ("kv_cache_mib: 12", "kv_cache_mib: 12, kv_codec: int2"),
+    ("kv_cache_mib: 12", "kv_cache_mib: 12, draft_ahead: sometimes"),
+    ("kv_cache_mib: 12}]}", "kv_cache_mib: 12}], kv_copies: yes please}"),
+    ("kv_cache_mib: 12}]}", "kv_cache_mib: 12}], kv_copy: true}"),  # misspelled
 ])
 def test_bad_chat_blocks_are_refused(old: str, new: str) -> None:
     with pytest.raises(ConfigError):

@@ -100,11 +100,15 @@ def _speculate(lm: LanguageModel, drafter: SpeculativeDrafter, prompt: str,
     return asyncio.run(run())
 
 
-def test_speculative_greedy_equals_target_greedy(lm: LanguageModel, target, codec) -> None:
-    drafter = SpeculativeDrafter(int8_draft(target), codec)
+@pytest.mark.parametrize("ahead", [False, True])
+def test_speculative_greedy_equals_target_greedy(lm: LanguageModel, target, codec,
+                                                 ahead: bool) -> None:
+    drafter = SpeculativeDrafter(int8_draft(target), codec, ahead=ahead)
+    hits = 0
     for i, prompt in enumerate(PROMPTS):
         async def verify(tokens: list[int], drafts: list[Proposal], params: SamplingParams,
                          key: str = f"dev:{i}") -> Verdict:
+            await asyncio.sleep(0.15)  # a round trip: time to draft the next round ahead
             return await lm.verify(key, tokens, drafts, params)
         own = asyncio.run(_text(lm, prompt))
         spec_text, spec = _speculate(lm, drafter, prompt, GREEDY, verify)
@@ -112,6 +116,9 @@ def test_speculative_greedy_equals_target_greedy(lm: LanguageModel, target, code
         assert spec.rounds > 0 and 0 < spec.accepted <= spec.drafted
         assert not spec.degraded
         assert lm.release(f"dev:{i}") and f"dev:{i}" not in lm.verifiers  # cache freed
+        hits += spec.ahead_hits
+    # drafted ahead: some rounds' proposals were ready when their round began
+    assert (hits > 0) == ahead
 
 
 def test_a_lost_verifier_degrades_to_the_draft(lm: LanguageModel, target, codec) -> None:

@@ -8,7 +8,9 @@ the node holding it), ``ttft_ms`` (a target for the time to the first token) and
 ``min_tokens_per_s`` (a floor on the generation speed), which placement must meet,
 ``mode`` (``auto``: placed by policy,
 ``local``: this node's own model, ``speculative``: draft here, verify upstream, ``remote``:
-the upstream's model answers alone, relayed through this node). The answer carries a
+the upstream's model answers alone, relayed through this node) and ``draft_ahead`` (whether a
+speculative answer drafts its next round while one is verified; left out: the model's
+setting). The answer carries a
 ``tierlink`` object: who served it, on which tier, along which path, the cost, the tokens
 drafted and accepted (speculative decoding) and ``degraded``.
 """
@@ -40,6 +42,7 @@ class TierlinkParams:
     mode: str = "auto"  # auto | local | speculative | remote
     ttft_ms: float | None = None  # the first token within this long (placement's target)
     min_tokens_per_s: float | None = None  # generation at least this fast
+    draft_ahead: bool | None = None  # None: the drafting model's own setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +154,15 @@ def _tierlink(raw: Any) -> TierlinkParams:
     mode = raw.get("mode", "auto")
     if not isinstance(mode, str):
         raise InvalidRequest("tierlink.mode must be a string", param="tierlink")
+    ahead = raw.get("draft_ahead")
+    if ahead is not None and not isinstance(ahead, bool):
+        raise InvalidRequest("tierlink.draft_ahead must be true or false", param="tierlink")
     return TierlinkParams(deadline_ms=deadline, privacy=privacy, priority=priority,
                           origin=raw.get("origin"), session=session,
                           hops=hops if isinstance(hops, int) else 0, mode=mode,
                           ttft_ms=_positive(raw.get("ttft_ms"), "ttft_ms"),
                           min_tokens_per_s=_positive(raw.get("min_tokens_per_s"),
-                                                     "min_tokens_per_s"))
+                                                     "min_tokens_per_s"), draft_ahead=ahead)
 
 
 def _positive(value: Any, name: str) -> float | None:

@@ -71,8 +71,8 @@ class Speculation:
                                 timeout_s=req.tierlink.deadline_ms / 1e3,
                                 server_hostname=expect_node(link.node_id, self._tls()))
         try:
-            async for piece in self.drafters[lm.name].generate(ids, req.params, verifier,
-                                                               report, spec):
+            async for piece in self.drafters[lm.name].generate(
+                    ids, req.params, verifier, report, spec, ahead=req.tierlink.draft_ahead):
                 yield piece
         finally:
             if spec.rounds and not spec.degraded:  # free its cache there, without waiting
@@ -103,7 +103,8 @@ class Speculation:
                 "path": [self.node_id, link.node_id], "mode": "speculative",
                 "cost_usd": round(cost, 8), "drafted": spec.drafted,
                 "accepted": spec.accepted, "rounds": spec.rounds,
-                "mean_k": round(spec.mean_k, 2), "degraded": spec.degraded,
+                "mean_k": round(spec.mean_k, 2), "ahead_hits": spec.ahead_hits,
+                "degraded": spec.degraded,
                 "degraded_reason": spec.reason}
 
 
@@ -114,4 +115,5 @@ def _drafters(models: Mapping[str, LanguageModel], verifiers: Mapping[str, Verif
     from tierlink.llm.speculative import SpeculativeDrafter
 
     return {name: SpeculativeDrafter(models[name].model, models[name].codec,
-                                     models[name].source.k_max) for name in verifiers}
+                                     models[name].source.k_max, models[name].source.draft_ahead)
+            for name in verifiers}

@@ -11,6 +11,7 @@
             model: smollm2-135m    # a packaged model (tierlink llm list) or a directory
             quantize: int8         # optional: serve an INT8 copy (a device's own model)
             verifier: cloud-1/smollm2   # optional: draft for that upstream's model
+            draft_ahead: true      # optional: draft the next round while one is verified
             kv_cache_mib: 12       # optional: bounded KV cache per sequence (sliding window)
             router: router.json    # optional: easy prompts answered here, hard ones verified
             quality: 0.563         # optional: measured on labelled prompts; placement weighs it
@@ -62,6 +63,7 @@ def _source_dict(src: LMSource) -> dict[str, Any]:
                 "quality": src.quality,
                 "kv_move": None if src.kv_move == "auto" else src.kv_move,
                 "kv_codec": None if src.kv_codec == "int8" else src.kv_codec,
+                "draft_ahead": None if src.draft_ahead else False,
                 "kv_cache_mib": None if src.kv_cache_bytes is None
                 else src.kv_cache_bytes / 2**20}
     return out | {k: v for k, v in optional.items() if v is not None}
@@ -93,7 +95,7 @@ def _source(raw: Any, where: str) -> LMSource:
         raise ConfigError(f"{where} needs a name and a model, e.g. "
                           "{name: smollm2, model: smollm2-135m}")
     known_keys(raw, ("name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences",
-                     "router", "quality", "kv_move", "kv_codec"), where)
+                     "router", "quality", "kv_move", "kv_codec", "draft_ahead"), where)
     quantize = raw.get("quantize")
     if quantize not in (None, "int8"):
         raise ConfigError(f"{where}.quantize must be int8 (or left out)")
@@ -115,6 +117,9 @@ def _source(raw: Any, where: str) -> LMSource:
         raise ConfigError(f"{where}.kv_move must be one of {', '.join(MOVES)}, got {move!r}")
     if wire not in CODECS:
         raise ConfigError(f"{where}.kv_codec must be one of {', '.join(CODECS)}, got {wire!r}")
+    ahead = raw.get("draft_ahead", True)
+    if not isinstance(ahead, bool):
+        raise ConfigError(f"{where}.draft_ahead must be true or false, got {ahead!r}")
     sequences = raw.get("max_sequences", 16)
     if not isinstance(sequences, int) or isinstance(sequences, bool) or sequences < 1:
         raise ConfigError(f"{where}.max_sequences must be a whole number >= 1, got "
@@ -122,7 +127,8 @@ def _source(raw: Any, where: str) -> LMSource:
     return LMSource(name=raw["name"], path=raw["model"], quantize=quantize, verifier=verifier,
                     router=router, quality=None if quality is None else float(quality),
                     kv_cache_bytes=int(mib * 2**20) if mib else None,
-                    max_sequences=sequences, kv_move=move, kv_codec=wire)
+                    max_sequences=sequences, kv_move=move, kv_codec=wire,
+                    draft_ahead=ahead)
 
 
 def check_verifiers(chats: Mapping[str, ChatConfig], tiers: Mapping[str, str],

@@ -25,6 +25,9 @@ class LMSource:
     verifier: str | None = None
     verifier_tier: str = "cloud"
     k_max: int = 8
+    # draft the next round while this one is verified (llm/speculative.py): no drafting
+    # between rounds when the verdict takes every proposal and the guess after them
+    draft_ahead: bool = True
     # a difficulty router (JSON, chat/router.py): prompts it scores above its threshold go to
     # the verifier's large model (speculatively); the rest are answered here
     router: str | None = None

@@ -8,14 +8,24 @@ and sampled output keeps the target's distribution (``sampling.accept_drafts``).
 the acceptance rate, the draft's speed and the round trip (``estimate.speculation``). When
 the verifier cannot be reached the device finishes with its own draft model and the answer
 says ``degraded``.
+
+Drafting ahead (``ahead``): while a round's proposals are being verified — a round trip
+and a verifier pass the device would otherwise sit out — the device drafts on as if every
+proposal will be accepted: first its guess at the verifier's own next token, then the next
+round's proposals after it. When the verdict takes every proposal and its next token is the
+guess, those proposals go at once (no drafting between rounds); otherwise they are dropped
+(the draft cache is cut back) and the next round drafts as usual. The output is the
+target's either way; what drafting ahead costs is device compute on rounds it guessed wrong.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -44,19 +54,25 @@ class SpecReport:
     draft_s: float = 0.0
     verify_s: float = 0.0
     ks: list[int] = field(default_factory=list)
+    ahead_hits: int = 0  # rounds whose proposals were drafted during the round before
 
 
 class SpeculativeDrafter:
     """One device's draft model; drafts run one at a time in a worker thread."""
 
-    def __init__(self, draft: LlamaModel, codec: TextCodec, k_max: int = 8) -> None:
+    def __init__(self, draft: LlamaModel, codec: TextCodec, k_max: int = 8,
+                 ahead: bool = True) -> None:
         self.draft = draft
         self.codec = codec
         self.k_max = k_max
+        self.ahead = ahead  # draft the next round while this one is verified
         self._lock = asyncio.Lock()
 
     async def generate(self, prompt: list[int], params: SamplingParams, verify: Verifier,
-                       report: Generation, spec: SpecReport) -> AsyncIterator[Chunk]:
+                       report: Generation, spec: SpecReport, ahead: bool | None = None,
+                       ) -> AsyncIterator[Chunk]:
+        """The answer's chunks; ``ahead`` overrides :attr:`ahead` for this answer."""
+        ahead = self.ahead if ahead is None else ahead
         cache = KVCache(self.draft.config)
         draft_params = params if params.greedy else _with_top_k(params, DRAFT_TOP_K)
         gen = generator(params.seed)
@@ -67,15 +83,26 @@ class SpeculativeDrafter:
         report.prompt_tokens = len(prompt)
         start = time.monotonic()
         finish: str | None = None
+        drafted: list[Proposal] = []  # during the last round, for this one
         while finish is None:
-            k = est.next_k(params.max_tokens - len(out) + 1)
             t0 = time.monotonic()
-            async with self._lock:
-                proposals = await asyncio.to_thread(self._draft, cache, tokens, k,
-                                                    draft_params, gen)
+            proposals = drafted or await self._drafted(
+                cache, tokens, est.next_k(params.max_tokens - len(out) + 1), draft_params, gen)
+            k = len(proposals)
             t1 = time.monotonic()
             spec.draft_s += t1 - t0
-            new = await self._judge(tokens, proposals, params, verify, spec)
+            judging = asyncio.ensure_future(self._judge(tokens, proposals, params, verify,
+                                                        spec))
+            guess: list[Proposal] = []
+            try:
+                if ahead and not spec.degraded and params.max_tokens - len(out) > k + 1:
+                    guess = await self._drafted(
+                        cache, [*tokens, *(p.token for p in proposals)],
+                        est.next_k(params.max_tokens - len(out) - k) + 1, draft_params, gen,
+                        until=judging)
+                new = await judging
+            finally:
+                judging.cancel()  # the answer was abandoned halfway: nothing waits for it
             spec.verify_s += time.monotonic() - t1
             if not spec.degraded:
                 accepted = len(new) - 1
@@ -83,6 +110,9 @@ class SpeculativeDrafter:
                 spec.drafted += k
                 spec.accepted += accepted
                 spec.rounds += 1
+            drafted = guess[1:] if len(guess) > 1 and len(new) == k + 1 \
+                and new[-1] == guess[0].token and not spec.degraded else []
+            spec.ahead_hits += bool(drafted)
             new, finish = self._cut(new, out, params)
             tokens.extend(new)
             out.extend(new)
@@ -103,6 +133,17 @@ class SpeculativeDrafter:
         report.finish_reason = finish
         spec.ks = est.ks
         spec.mean_k = est.mean_k
+
+    async def _drafted(self, cache: KVCache, tokens: list[int], k: int,
+                       params: SamplingParams, gen: torch.Generator,
+                       until: asyncio.Future[Any] | None = None) -> list[Proposal]:
+        """k proposals after ``tokens`` (drafts run one at a time, in a worker thread);
+        with ``until``, fewer once it is done (at least one)."""
+        stop = threading.Event()
+        if until is not None:
+            until.add_done_callback(lambda _: stop.set())
+        async with self._lock:
+            return await asyncio.to_thread(self._draft, cache, tokens, k, params, gen, stop)
 
     async def _judge(self, tokens: list[int], proposals: list[Proposal],
                      params: SamplingParams, verify: Verifier, spec: SpecReport) -> list[int]:
@@ -128,8 +169,9 @@ class SpeculativeDrafter:
 
     @torch.inference_mode()
     def _draft(self, cache: KVCache, tokens: list[int], k: int, params: SamplingParams,
-               gen: torch.Generator) -> list[Proposal]:
-        """Feed what the draft cache lacks, then propose k tokens (the last one unfed)."""
+               gen: torch.Generator, stop: threading.Event | None = None) -> list[Proposal]:
+        """Feed what the draft cache lacks, then propose k tokens (the last one unfed);
+        fewer (at least one) once ``stop`` is set."""
         if cache.length > len(tokens) - 1:
             cache.crop(len(tokens) - 1)
         pending = tokens[cache.length:]
@@ -138,6 +180,8 @@ class SpeculativeDrafter:
         proposals: list[Proposal] = []
         last = pending[-1]
         for _ in range(k):
+            if proposals and stop is not None and stop.is_set():
+                break
             logits = self.draft.forward([Step(cache, [last])])[0][-1]
             proposal = propose(logits, params, gen)
             proposals.append(proposal)
