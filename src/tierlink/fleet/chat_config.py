@@ -30,7 +30,7 @@ A verifier must be a node this one has a link to, serving that model.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tierlink.errors import ConfigError
@@ -149,7 +149,7 @@ def check_verifiers(chats: Mapping[str, ChatConfig], tiers: Mapping[str, str],
                     f"serves {model!r} in its chat.models",
                     hint=f"add a link {node} -> {target} and {model} to {target}'s chat")
             fixed.append(_with_tier(src, tiers[target]))
-        out[node] = ChatConfig(tuple(fixed), chat.task)
+        out[node] = replace(chat, models=tuple(fixed))
     return out
 
 
