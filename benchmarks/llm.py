@@ -17,7 +17,11 @@ a round's time went to (draft, link, verify). ``identical_greedy``: every specul
 equals the cloud's own greedy answer to the same prompt, token for token.
 
     .venv/bin/python benchmarks/llm.py [--json PATH] [--rtts 5,20,50] [--devices 1,4,8]
-        [--requests 2] [--max-tokens 48] [--quick]
+        [--requests 2] [--max-tokens 48] [--quick] [--capacity [--no-grid]]
+
+``--capacity`` adds ``capacity`` rows: clients per verifier core at 20 ms for cloud-only,
+the cloud drafting for itself, devices drafting, and devices drafting ahead
+(``benchmarks/llm_capacity.py``, which runs them alone too).
 
 All processes share this machine's cores: devices here have no CPU of their own, so device
 drafting competes with the cloud's verification — on a real fleet it would not.
@@ -56,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=2, help="answers per device per cell")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--quick", action="store_true", help="RTT 20 ms, 1 and 4 devices")
+    p.add_argument("--capacity", action="store_true",
+                   help="add capacity rows (benchmarks/llm_capacity.py, at 20 ms)")
+    p.add_argument("--no-grid", action="store_true", help="only the capacity rows")
     args = p.parse_args(argv)
     if args.quick:
         args.rtts, args.devices = "20", "1,4"
@@ -239,8 +246,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     identical, compared = True, 0
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="tierlink-llm-") as tmp:
         run_dir = Path(tmp)
-        fleet = start_fleet(stack, run_dir, max(args.devices))
-        for rtt in args.rtts:
+        fleet = start_fleet(stack, run_dir, max(args.devices)) if not args.no_grid else {}
+        for rtt in args.rtts if not args.no_grid else ():
             for name in (f"dev-{i}->cloud-1" for i in range(1, max(args.devices) + 1)):
                 httpx.put(f"{fleet['control']}/links/{name}", json={"delay_ms": rtt / 2})
             for n in args.devices:
@@ -259,6 +266,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "settings": {"requests": args.requests, "max_tokens": args.max_tokens,
                            "model": "smollm2-135m", "draft": "int8", "cores": os.cpu_count()}}
     print(f"identical greedy output: {identical} ({compared} answers compared)")
+    if args.capacity:  # a fleet of its own: the verifier pinned to one core
+        import llm_capacity
+
+        result |= llm_capacity.main([])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
