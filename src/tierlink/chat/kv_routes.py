@@ -168,17 +168,10 @@ def _limit(lm: LanguageModel) -> int:
 async def _body(request: Request, limit: int) -> bytes:
     """The request's body, refused (413) past ``limit`` bytes before it is all read."""
     from tierlink.errors import PackageRefused, PackageTooLarge
+    from tierlink.transport.bodies import read_bounded
 
-    declared = request.headers.get("content-length")
-    too_large = PackageTooLarge(f"a KV package is over this model's largest ({limit} bytes)")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    if not size:
+    body = await read_bounded(request, limit, lambda _size: PackageTooLarge(
+        f"a KV package is over this model's largest ({limit} bytes)"))
+    if not body:
         raise PackageRefused("the body is empty: a KV package was expected")
-    return b"".join(chunks)
+    return body

@@ -172,13 +172,9 @@ def install_inbox_routes(app: FastAPI, receiver: InboxReceiver,
 
 
 async def _body(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large(int(declared))
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise _too_large(len(body))
-    return body
+    from tierlink.transport.bodies import read_bounded
+
+    return await read_bounded(request, MAX_BODY_BYTES, _too_large)
 
 
 def _too_large(size: int) -> InvalidRequest:
