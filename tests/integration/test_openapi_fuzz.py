@@ -8,12 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tierlink.fleet.launcher import RunningFleet
+
+from .integration_support import Models, running_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -44,10 +46,18 @@ def schemathesis(url: str, *headers: str, cwd: Path) -> subprocess.CompletedProc
                           cwd=cwd, env=dict(os.environ, NO_COLOR="1", COLUMNS="160"))
 
 
+@pytest.fixture(scope="module")
+def fleet(zoo_models: Models, tmp_path_factory: pytest.TempPathFactory,
+          ) -> Iterator[RunningFleet]:
+    """One fleet for every target: a fuzzed request must leave it serving, so the next
+    target's run starts from whatever the last one left."""
+    with running_fleet(FLEET, tmp_path_factory.mktemp("fuzz"), zoo_models) as running:
+        yield running
+
+
 @pytest.mark.parametrize("target", ["dev-1", "edge-1", "control", "links"])
-def test_no_fuzzed_request_gets_a_5xx(start_fleet: Callable[[str], RunningFleet],
-                                     target: str, tmp_path: Path) -> None:
-    fleet = start_fleet(FLEET)
+def test_no_fuzzed_request_gets_a_5xx(fleet: RunningFleet, target: str,
+                                     tmp_path: Path) -> None:
     headers: tuple[str, ...] = ()
     if target == "control":
         url, headers = fleet.control_url, (f"Authorization: Bearer admin:{fleet.admin_token}",)
