@@ -74,3 +74,36 @@ def test_verifications_wait_for_each_other() -> None:
 
 def test_without_a_wait_each_goes_alone() -> None:
     assert _run(0.0) == [1, 1]
+
+
+class _SlowModel(_StubModel):
+    """A pass takes 0.2 s, as a verifier's pass over a real model does here."""
+
+    def forward(self, steps: list[Step]) -> list[torch.Tensor]:
+        time.sleep(0.2)
+        return super().forward(steps)
+
+
+def test_a_lone_verification_waits_for_the_others_it_has_learned_return() -> None:
+    """Two devices whose next verifications come back 50 and 65 ms after their verdicts:
+    with a 10 ms wait alone they would alternate passes; the learned return gap keeps them
+    in one pass."""
+    model = _SlowModel()
+    engine = Engine(model)  # type: ignore[arg-type]
+    engine.expected_verifiers = lambda: 2
+    engine.batch_wait_s = 0.01
+    engine.start()
+    try:
+        a, b = KVCache(CFG), KVCache(CFG)
+        for round_ in range(3):
+            first, second = _Verify(cache=a), _Verify(cache=b)
+            engine.submit(first)
+            if round_:
+                time.sleep(0.015)
+            engine.submit(second)
+            assert first.done.wait(5) and second.done.wait(5)
+            time.sleep(0.05)  # the devices' round trip before their next verifications
+    finally:
+        engine.stop()
+    assert model.batches == [2, 2, 2]
+    assert engine.return_gap_s is not None and 0.04 < engine.return_gap_s < 0.2

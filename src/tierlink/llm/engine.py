@@ -66,6 +66,14 @@ class Engine:
         # the first may wait for the others.
         self.expected_verifiers: Callable[[], int] | None = None
         self.batch_wait_s = 0.0
+        # Learned: how long a device takes to send its next verification after its verdict
+        # (its round trip, and its drafting unless it drafted ahead), and a verification
+        # pass's time — a lone verification waits for the others up to their return, at most
+        # half a pass (what not waiting would cost them), however short batch_wait_s is.
+        self.return_gap_s: float | None = None
+        self.verify_pass_s: float | None = None
+        self._answered: dict[int, float] = {}  # a verifier cache's id -> its last verdict
+        self._last_verified = 0.0
 
     def start(self) -> None:
         if self._thread is None:
@@ -84,6 +92,8 @@ class Engine:
         with self._cond:
             if self._stopping:
                 raise TierlinkError("the language model engine is stopping")
+            if getattr(job, "kind", "") == "verify":
+                self._returned(job)
             self._waiting.append(job)
             self.stats.queued = len(self._waiting)
             self._cond.notify_all()
@@ -120,8 +130,11 @@ class Engine:
         pending = [j for j in self._active if getattr(j, "kind", "") == "verify"]
         if len(pending) != len(self._active) or len(pending) >= self.expected_verifiers():
             return False
-        left = min(getattr(j, "submitted", 0.0) for j in pending) + self.batch_wait_s \
-            - time.monotonic()
+        until = min(getattr(j, "submitted", 0.0) for j in pending) + self.batch_wait_s
+        if self.return_gap_s is not None and self.verify_pass_s is not None:
+            until = max(until, self._last_verified + min(RETURN_MARGIN * self.return_gap_s,
+                                                         self.verify_pass_s / 2))
+        left = until - time.monotonic()
         if left <= 0:
             return False
         with self._cond:
@@ -179,4 +192,34 @@ class Engine:
         for (job, _), out in zip(batch, logits, strict=True):
             if job.take(out):
                 self._active.remove(job)
+        if all(getattr(job, "kind", "") == "verify" for job, _ in batch):
+            self._verified(batch, seconds)
         self.stats.running = len(self._active)
+
+    def _verified(self, batch: list[tuple[Job, Step]], seconds: float) -> None:
+        """A pass of verifications only ended: its time, and when each device was answered
+        (their next verifications' return gaps are measured from it)."""
+        now = time.monotonic()
+        self.verify_pass_s = _ewma(self.verify_pass_s, seconds)
+        self._last_verified = now
+        with self._cond:
+            for job, _ in batch:
+                if job not in self._active:
+                    self._answered[id(job.cache)] = now
+            for key in [k for k, t in self._answered.items() if now - t > MAX_RETURN_S]:
+                del self._answered[key]
+
+    def _returned(self, job: Job) -> None:
+        """A device's next verification arrived (under the lock): learn its return gap."""
+        answered = self._answered.pop(id(job.cache), None)
+        gap = getattr(job, "submitted", 0.0) - answered if answered is not None else -1.0
+        if 0.0 <= gap <= MAX_RETURN_S:
+            self.return_gap_s = _ewma(self.return_gap_s, gap)
+
+
+RETURN_MARGIN = 2.0  # wait up to twice the learned return gap (the later devices come later)
+MAX_RETURN_S = 1.0  # a device back after longer was not waiting on its verdict
+
+
+def _ewma(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else old + weight * (new - old)
