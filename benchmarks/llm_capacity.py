@@ -123,13 +123,15 @@ def start_fleet(stack: ExitStack, run_dir: Path, clients: int, rtt_ms: float,
                 f"dev-{i}", "device", upstreams=(UpstreamSpec("cloud-1", via),),
                 llms=drafter))
             pin(proc.pid, OTHER_CORE)
-        fleet["devices"].append({"url": url, "via": via})
+        fleet["devices"].append({"url": url, "via": via,
+                                 "pid": proc.pid if url is not None else None})
         if "cloud_speculative" in modes:
             co, proc = start_node(stack, run_dir, spec(
                 f"cdr-{i}", "cloud", upstreams=(UpstreamSpec("cloud-1", cloud),),
                 llms=drafter))
             pin(proc.pid, VERIFIER_CORE)  # the cloud drafting for itself
             fleet["co_drafters"].append(co)
+            fleet.setdefault("co_pids", []).append(proc.pid)
     return fleet
 
 
@@ -180,6 +182,8 @@ async def answer(http: httpx.AsyncClient, url: str, prompt: str, tierlink: dict 
 
 def run_cell(fleet: dict[str, Any], mode: str, n: int, args: argparse.Namespace
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from llm import passes
+
     prompts = [[PROMPTS[(i * args.requests + r) % len(PROMPTS)] for r in range(args.requests)]
                for i in range(n)]
 
@@ -191,7 +195,15 @@ def run_cell(fleet: dict[str, Any], mode: str, n: int, args: argparse.Namespace
         async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
             return list(await asyncio.gather(*[client(http, i) for i in range(n)]))
 
+    core0 = [fleet["cloud_pid"], *fleet.get("co_pids", [])]
+    devices = [d["pid"] for d in fleet["devices"] if d["pid"] is not None]
+    cpu0, wall0, passes0 = _cpu(core0), time.perf_counter(), passes(fleet["cloud"])
+    dev0 = _cpu(devices)
     per_client = asyncio.run(run())
+    wall = time.perf_counter() - wall0
+    busy = {"verifier_core": round((_cpu(core0) - cpu0) / wall, 3),
+            "devices": round((_cpu(devices) - dev0) / wall, 3)}
+    cloud_passes = passes(fleet["cloud"]) - passes0
     # a client's rate once its answers have begun: tokens after the first, over stream time
     rates = [sum(a["tokens"] - 1 for a in c) / max(sum(a["stream_s"] for a in c), 1e-9)
              for c in per_client]
@@ -202,7 +214,9 @@ def run_cell(fleet: dict[str, Any], mode: str, n: int, args: argparse.Namespace
     row = {"mode": mode, "clients": n, "tokens_per_s_min": round(min(rates), 2),
            "tokens_per_s": round(statistics.mean(rates), 2),
            "ttft_p50_ms": round(statistics.median(ttfts), 1),
-           "kept_floor": min(rates) >= args.floor}
+           "kept_floor": min(rates) >= args.floor, "busy_cores": busy,
+           "verifier_passes_per_token": round(cloud_passes / max(
+               sum(a["tokens"] for a in answers), 1), 3)}
     if drafted:
         rounds = sum(m.get("rounds", 0) for m in metas)
         row |= {"acceptance": round(sum(m.get("accepted", 0) for m in metas) / drafted, 3),
@@ -211,6 +225,12 @@ def run_cell(fleet: dict[str, Any], mode: str, n: int, args: argparse.Namespace
                                     / max(rounds, 1), 3),
                 "degraded": sum(bool(m.get("degraded")) for m in metas)}
     return row, answers
+
+
+def _cpu(pids: list[int]) -> float:
+    from llm import cpu_s
+
+    return sum(cpu_s(pid) for pid in pids)
 
 
 def first_divergence(a: str, b: str) -> int | None:
@@ -234,6 +254,7 @@ def sweep(fleet: dict[str, Any], mode: str, args: argparse.Namespace,
         cells.append(row)
         print(f"  {mode:<20} {n} clients  min {row['tokens_per_s_min']:>6.2f} tok/s  "
               f"mean {row['tokens_per_s']:>6.2f}  ttft p50 {row['ttft_p50_ms']:>7.1f} ms"
+              + f"  busy {row['busy_cores']}  passes/token {row['verifier_passes_per_token']}"
               + (f"  acc {row['acceptance']:.2f} k {row['mean_k']:.1f} "
                  f"ahead {row['ahead_hits']:.2f}" if "acceptance" in row else ""), flush=True)
         for a in answers:
