@@ -258,7 +258,7 @@ def sweep(fleet: dict[str, Any], mode: str, args: argparse.Namespace,
           reference: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Cells of ``mode`` for 1, 2, ... clients until one falls below the floor; the
     capacity row and every cell's."""
-    cells, best, diverged = [], None, []
+    cells, best, diverged, compared = [], None, [], 0
     for n in range(1, args.max_clients + 1):
         row, answers = run_cell(fleet, mode, n, args)
         cells.append(row)
@@ -271,6 +271,7 @@ def sweep(fleet: dict[str, Any], mode: str, args: argparse.Namespace,
             if mode == "cloud_only":
                 reference.setdefault(a["prompt"], a["text"])
             elif a["prompt"] in reference:
+                compared += 1
                 at = first_divergence(a["text"], reference[a["prompt"]])
                 if at is not None:
                     diverged.append({"prompt": a["prompt"], "first_divergent_char": at})
@@ -285,7 +286,7 @@ def sweep(fleet: dict[str, Any], mode: str, args: argparse.Namespace,
                 "tokens_per_s": best["tokens_per_s"] if best else None,
                 "tokens_per_s_min": best["tokens_per_s_min"] if best else None,
                 "ttft_p50_ms": best["ttft_p50_ms"] if best else None,
-                "diverged": diverged}
+                "compared": compared, "diverged": diverged}
     return capacity, cells
 
 
