@@ -16,7 +16,10 @@ client kept the floor. Modes:
 * ``speculative`` — each client's device drafts (INT8, its own node) and the cloud verifies
   over the device's link, one round after another;
 * ``speculative_overlap`` — the same, the device drafting the next round while the current
-  one is verified (``draft_ahead``).
+  one is verified (``draft_ahead``);
+* ``speculative_replayed``, ``speculative_overlap_replayed`` — the two device modes with
+  replayed devices (``llm_replay.py``): the same proposals and rounds, the drafting time
+  slept as on a device with a core of its own.
 
 Devices, the link emulator and the clients share core 1: on this two-core machine the
 devices' drafting is bounded by one core for all of them, which a fleet of real devices is
@@ -51,7 +54,9 @@ import httpx
 
 from tierlink.llm.prompts import QUESTIONS
 
-MODES = ("cloud_only", "cloud_speculative", "speculative", "speculative_overlap")
+MODES = ("cloud_only", "cloud_speculative", "speculative", "speculative_overlap",
+         "speculative_replayed", "speculative_overlap_replayed")
+REPLAY_PROMPTS = 8  # replayed clients cycle through the first eight prompts
 PROMPTS = QUESTIONS[:16]
 VERIFIER_CORE, OTHER_CORE = 0, 1
 
@@ -120,7 +125,7 @@ def start_fleet(stack: ExitStack, run_dir: Path, clients: int, rtt_ms: float,
         httpx.put(f"{control}/links/{name}", json={"delay_ms": rtt_ms / 2})
     fleet: dict[str, Any] = {"cloud": cloud, "cloud_pid": cloud_proc.pid, "devices": [],
                              "co_drafters": []}
-    device_modes = {"cloud_only", "speculative", "speculative_overlap"}
+    device_modes = {"speculative", "speculative_overlap"}
     for i in range(1, clients + 1):
         via = f"http://127.0.0.1:{links[f'dev-{i}->cloud-1']['listen_port']}"
         url = None
@@ -188,12 +193,21 @@ async def answer(http: httpx.AsyncClient, url: str, prompt: str, tierlink: dict 
 
 def run_cell(fleet: dict[str, Any], mode: str, n: int, args: argparse.Namespace
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from llm_replay import replay
+
     from llm import passes
 
-    prompts = [[PROMPTS[(i * args.requests + r) % len(PROMPTS)] for r in range(args.requests)]
+    replayed = mode.endswith("_replayed")
+    pool = REPLAY_PROMPTS if replayed else len(PROMPTS)
+    prompts = [[PROMPTS[(i * args.requests + r) % pool] for r in range(args.requests)]
                for i in range(n)]
 
     async def client(http: httpx.AsyncClient, i: int) -> list[dict[str, Any]]:
+        if replayed:
+            url = fleet["devices"][i]["via"] + "/tierlink/v1/llm/smollm2/verify"
+            ahead = mode == "speculative_overlap_replayed"
+            return [await replay(http, url, fleet["scripts"][p], f"replay-{i}-{j}",
+                                 fleet["draft_s"], ahead) for j, p in enumerate(prompts[i])]
         url, tierlink = _target(fleet, mode, i)
         return [await answer(http, url, p, tierlink, args.max_tokens) for p in prompts[i]]
 
@@ -215,7 +229,7 @@ def run_cell(fleet: dict[str, Any], mode: str, n: int, args: argparse.Namespace
              for c in per_client]
     answers = [a for c in per_client for a in c]
     ttfts = sorted(a["ttft_s"] * 1e3 for a in answers)
-    metas = [a["meta"] for a in answers]
+    metas = [a.get("meta") or a for a in answers]  # a replayed answer is its own record
     drafted = sum(m.get("drafted", 0) for m in metas)
     row = {"mode": mode, "clients": n, "tokens_per_s_min": round(min(rates), 2),
            "tokens_per_s": round(statistics.mean(rates), 2),
@@ -262,12 +276,18 @@ def sweep(fleet: dict[str, Any], mode: str, args: argparse.Namespace,
     for n in range(1, args.max_clients + 1):
         row, answers = run_cell(fleet, mode, n, args)
         cells.append(row)
-        print(f"  {mode:<20} {n} clients  min {row['tokens_per_s_min']:>6.2f} tok/s  "
+        print(f"  {mode:<28} {n} clients  min {row['tokens_per_s_min']:>6.2f} tok/s  "
               f"mean {row['tokens_per_s']:>6.2f}  ttft p50 {row['ttft_p50_ms']:>7.1f} ms"
               + f"  busy {row['busy_cores']}  passes/token {row['verifier_passes_per_token']}"
               + (f"  acc {row['acceptance']:.2f} k {row['mean_k']:.1f} "
                  f"ahead {row['ahead_hits']:.2f}" if "acceptance" in row else ""), flush=True)
         for a in answers:
+            if a.get("diverged_at") is not None:
+                diverged.append({"prompt": a["prompt"], "first_divergent_token":
+                                 a["diverged_at"]})
+            if "text" not in a:  # replayed: checked token by token against the target
+                compared += 1
+                continue
             if mode == "cloud_only":
                 reference.setdefault(a["prompt"], a["text"])
             elif a["prompt"] in reference:
@@ -295,7 +315,16 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
     reference: dict[str, str] = {}
     modes = sorted(args.modes, key=MODES.index)  # cloud-only first: the reference answers
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="tierlink-cap-") as tmp:
+        replays = {}
+        if any(m.endswith("_replayed") for m in modes):
+            from llm_replay import scripts
+
+            print("replay: the target's answers and the draft's chains ...", flush=True)
+            made, draft_s = scripts(list(PROMPTS[:REPLAY_PROMPTS]), args.max_tokens)
+            replays = {"scripts": {s.prompt: s for s in made}, "draft_s": draft_s}
+            print(f"replay: the draft takes {draft_s * 1e3:.1f} ms a token", flush=True)
         fleet = start_fleet(stack, Path(tmp), args.max_clients, args.rtt_ms, modes)
+        fleet |= replays
         os.sched_setaffinity(0, {OTHER_CORE})
         for mode in modes:
             row, mode_cells = sweep(fleet, mode, args, reference)
@@ -322,10 +351,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("capacity needs two cores: one for the verifier, one for the rest")
     result = capacity(args)
-    print(f"{'mode':<20} {'clients/verifier core':>22} {'projected':>10} {'tok/s':>7} "
+    print(f"{'mode':<28} {'clients/verifier core':>22} {'projected':>10} {'tok/s':>7} "
           f"{'ttft p50 ms':>12}")
     for r in result["capacity"]:
-        print(f"{r['mode']:<20} {r['clients_per_verifier_core']:>22} "
+        print(f"{r['mode']:<28} {r['clients_per_verifier_core']:>22} "
               f"{r['projected_clients_per_verifier_core']:>10.2f} "
               f"{r['tokens_per_s'] or 0:>7.2f} {r['ttft_p50_ms'] or 0:>12.1f}"
               + (f"  diverged: {r['diverged']}" if r["diverged"] else ""))
