@@ -337,9 +337,15 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
         ratio = round(by_mode["speculative_overlap"] / by_mode["cloud_speculative"], 2)
         projected_ratio = round(projected["speculative_overlap"]
                                 / projected["cloud_speculative"], 2)
+    replayed_ratio = None
+    if by_mode.get("cloud_speculative") and "speculative_overlap_replayed" in by_mode:
+        replayed_ratio = round(by_mode["speculative_overlap_replayed"]
+                               / by_mode["cloud_speculative"], 2)
     return {"capacity": rows, "capacity_cells": cells,
             "overlap_vs_cloud_speculative": ratio,
             "overlap_vs_cloud_speculative_projected": projected_ratio,
+            "overlap_replayed_vs_cloud_speculative": replayed_ratio,
+            "replay_draft_ms_per_token": round(fleet.get("draft_s", 0.0) * 1e3, 2) or None,
             "capacity_settings": {"rtt_ms": args.rtt_ms, "floor_tokens_per_s": args.floor,
                                   "requests": args.requests, "max_tokens": args.max_tokens,
                                   "max_clients": args.max_clients,
@@ -359,7 +365,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r['tokens_per_s'] or 0:>7.2f} {r['ttft_p50_ms'] or 0:>12.1f}"
               + (f"  diverged: {r['diverged']}" if r["diverged"] else ""))
     print(f"speculative_overlap / cloud_speculative: {result['overlap_vs_cloud_speculative']}"
-          f" (projected {result['overlap_vs_cloud_speculative_projected']})")
+          f" (projected {result['overlap_vs_cloud_speculative_projected']}; replayed devices "
+          f"{result['overlap_replayed_vs_cloud_speculative']})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
