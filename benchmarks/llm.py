@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from tierlink.client.chat_stream import ChatStream
 from tierlink.llm.prompts import QUESTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,24 +162,14 @@ async def one(http: httpx.AsyncClient, url: str, prompt: str, mode: str,
                             "stream_options": {"include_usage": True}}
     if mode != "cloud_only":
         body["tierlink"] = {"mode": "local" if mode == "device_only" else "speculative"}
-    start = time.perf_counter()
-    ttft, text, usage, meta = None, [], {}, {}
+    stream = ChatStream()
     async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            for choice in data.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    ttft = ttft if ttft is not None else time.perf_counter() - start
-                    text.append(piece)
-            usage = data.get("usage") or usage
-            meta = data.get("tierlink") or meta
-    return {"prompt": prompt, "text": "".join(text), "ttft_s": ttft or 0.0,
-            "wall_s": time.perf_counter() - start,
-            "tokens": int(usage.get("completion_tokens", 0)), "meta": meta}
+            stream.feed(line)
+    return {"prompt": prompt, "text": stream.text, "ttft_s": stream.ttft_s or 0.0,
+            "wall_s": time.perf_counter() - stream.started,
+            "tokens": stream.completion_tokens, "meta": stream.tierlink}
 
 
 async def device_run(http: httpx.AsyncClient, url: str, prompts: list[str], mode: str,

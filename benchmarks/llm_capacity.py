@@ -52,6 +52,7 @@ from typing import Any
 
 import httpx
 
+from tierlink.client.chat_stream import ChatStream
 from tierlink.llm.prompts import QUESTIONS
 
 MODES = ("cloud_only", "cloud_speculative", "speculative", "speculative_overlap",
@@ -167,28 +168,14 @@ async def answer(http: httpx.AsyncClient, url: str, prompt: str, tierlink: dict 
                             "stream_options": {"include_usage": True}}
     if tierlink is not None:
         body["tierlink"] = tierlink
-    start = time.perf_counter()
-    first = last = None
-    text: list[str] = []
-    usage: dict[str, Any] = {}
-    meta: dict[str, Any] = {}
+    stream = ChatStream()
     async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            for choice in data.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    last = time.perf_counter()
-                    first = first if first is not None else last
-                    text.append(piece)
-            usage = data.get("usage") or usage
-            meta = data.get("tierlink") or meta
-    return {"prompt": prompt, "text": "".join(text), "meta": meta,
-            "ttft_s": (first or start) - start, "stream_s": (last or start) - (first or start),
-            "tokens": int(usage.get("completion_tokens", 0))}
+            stream.feed(line)
+    return {"prompt": prompt, "text": stream.text, "meta": stream.tierlink,
+            "ttft_s": stream.ttft_s or 0.0, "stream_s": stream.stream_s,
+            "tokens": stream.completion_tokens}
 
 
 def run_cell(fleet: dict[str, Any], mode: str, n: int, args: argparse.Namespace

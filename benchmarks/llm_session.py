@@ -152,26 +152,18 @@ def _turn(http: httpx.Client, url: str, messages: list[dict[str, str]], session:
     body = {"model": "chat", "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
             "tierlink": {"session": session, "mode": mode, "deadline_ms": 600_000}}
-    start = time.perf_counter()
-    ttft, text, usage, meta = None, [], {}, {}
+    from tierlink.client.chat_stream import ChatStream
+
+    stream = ChatStream()
     with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code == 400 and b"not possible here" in r.read():
             raise _NotPlaced
         if r.status_code != 200:
             raise SystemExit(f"{url}: HTTP {r.status_code}: {r.read()[:500]!r}")
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            for choice in data.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    ttft = ttft if ttft is not None else time.perf_counter() - start
-                    text.append(piece)
-            usage = data.get("usage") or usage
-            meta = data.get("tierlink") or meta
-    return {"text": "".join(text), "ttft_ms": (ttft or 0.0) * 1e3, "usage": usage,
-            "meta": meta}
+            stream.feed(line)
+    return {"text": stream.text, "ttft_ms": (stream.ttft_s or 0.0) * 1e3,
+            "usage": stream.usage, "meta": stream.tierlink}
 
 
 def conversation(http: httpx.Client, urls: dict[str, str], codec: str, length: int,

@@ -22,7 +22,6 @@ prompts, the share answered right (the first label word in the answer is the lab
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import statistics
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from tierlink.client.chat_stream import ChatStream
 from tierlink.fleet.launcher import RunningFleet
 from tierlink.llm.prompts import QUESTIONS
 
@@ -92,10 +92,7 @@ def _body(item: ChatItem, run: str, max_tokens: int) -> dict[str, Any]:
 
 async def _ask(http: httpx.AsyncClient, url: str, item: ChatItem, run: str,
                max_tokens: int) -> dict[str, Any]:
-    start = time.perf_counter()
-    ttft: float | None = None
-    text: list[str] = []
-    meta: dict[str, Any] = {}
+    stream = ChatStream()
     error: str | None = None
     try:
         async with http.stream("POST", url + "/v1/chat/completions",
@@ -104,21 +101,15 @@ async def _ask(http: httpx.AsyncClient, url: str, item: ChatItem, run: str,
                 error = f"{r.status_code}"
             else:
                 async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    data = json.loads(line[6:])
-                    for choice in data.get("choices", []):
-                        piece = choice.get("delta", {}).get("content")
-                        if piece:
-                            ttft = ttft or time.perf_counter() - start
-                            text.append(piece)
-                    meta = data.get("tierlink") or meta
+                    stream.feed(line)
     except httpx.HTTPError as exc:
         error = type(exc).__name__
+    meta = stream.tierlink
+    ended = time.perf_counter() - stream.started
     return {"device": item.device, "prompt": item.text, "privacy": item.privacy,
-            "label": item.label, "text": "".join(text), "answered": error is None,
-            "error": error, "ttft_ms": 1e3 * (ttft or time.perf_counter() - start),
-            "latency_ms": 1e3 * (time.perf_counter() - start),
+            "label": item.label, "text": stream.text, "answered": error is None,
+            "error": error, "ttft_ms": 1e3 * (stream.ttft_s or ended),
+            "latency_ms": 1e3 * ended,
             "tier": meta.get("tier"), "mode": meta.get("mode"),
             "cost_usd": float(meta.get("cost_usd") or 0.0),
             "left_device": run == "cloud_only" or meta.get("mode") in ("speculative", "remote"),
