@@ -167,8 +167,8 @@ class KeptCopies:
     async def _fetch(self, session: str, copy: Copy) -> bytes:
         import aiohttp
 
-        from tierlink.chat.handover import kv_path
-        from tierlink.errors import UpstreamUnavailable, error_from_dict
+        from tierlink.chat.handover import kv_path, raise_unless_ok
+        from tierlink.errors import UpstreamUnavailable
 
         url = self._upstreams().get(copy.holder)
         if url is None:
@@ -180,12 +180,7 @@ class KeptCopies:
                 url.rstrip("/") + kv_path(copy.model), params=params,
                 timeout=aiohttp.ClientTimeout(total=COPY_TIMEOUT_S),
                 server_hostname=expect_node(copy.holder, self._tls())) as r:
-            if r.status != 200:
-                try:
-                    body = await r.json(content_type=None)
-                except ValueError:
-                    body = {}
-                raise error_from_dict(body if isinstance(body, dict) else {}, r.status)
+            await raise_unless_ok(r)
             return await r.read()
 
     async def ship(self, session: str, to: Destination, timeout_s: float

@@ -230,7 +230,7 @@ async def put_package(http: aiohttp.ClientSession, to: Destination, session: str
     """``blob`` (a package or a chain) held by ``to`` as conversation ``session``."""
     import aiohttp
 
-    from tierlink.errors import UpstreamTimeout, UpstreamUnavailable, error_from_dict
+    from tierlink.errors import UpstreamTimeout, UpstreamUnavailable
 
     url = to.url.rstrip("/") + kv_path(to.model.name)
     try:
@@ -238,16 +238,24 @@ async def put_package(http: aiohttp.ClientSession, to: Destination, session: str
                             headers={"Content-Type": "application/octet-stream"},
                             timeout=aiohttp.ClientTimeout(total=timeout_s),
                             server_hostname=to.server_hostname) as r:
-            if r.status != 200:
-                try:
-                    body = await r.json(content_type=None)
-                except ValueError:
-                    body = {}
-                raise error_from_dict(body if isinstance(body, dict) else {}, r.status)
+            await raise_unless_ok(r)
     except TimeoutError as exc:
         raise UpstreamTimeout(f"moving the cache to {to.node_id} timed out") from exc
     except aiohttp.ClientError as exc:
         raise UpstreamUnavailable(f"moving the cache to {to.node_id} failed: {exc}") from exc
+
+
+async def raise_unless_ok(r: aiohttp.ClientResponse) -> None:
+    """A peer's answer other than 200 as the tierlink error its body names."""
+    from tierlink.errors import error_from_dict
+
+    if r.status == 200:
+        return
+    try:
+        body = await r.json(content_type=None)
+    except ValueError:
+        body = {}
+    raise error_from_dict(body if isinstance(body, dict) else {}, r.status)
 
 
 def links_to(links: Iterable[LinkView], node_id: str) -> LinkView | None:
