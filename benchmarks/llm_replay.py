@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-CHAIN = 18  # draft tokens looked up per prefix: a round's k and the next round's, ahead
+CHAIN = 12  # draft tokens looked up per prefix: a round's k, then the next round's ahead
 
 
 @dataclass(frozen=True)
@@ -56,19 +56,26 @@ def scripts(prompts: list[str], max_tokens: int) -> tuple[list[Script], float]:
     for prompt in prompts:
         ids = codec.encode(codec.chat_prompt([{"role": "user", "content": prompt}]))
         answer = _greedy_ignoring_eos(target, ids, max_tokens)
+        # as the drafter computes them: the prompt but its last token as one block, then a
+        # position at a time (a block's INT8 rows share one activation scale: its logits
+        # differ from a row's)
+        cache = KVCache(draft.config)
         chains = []
-        for i in range(max_tokens + 1):
-            cache = KVCache(draft.config)
-            with torch.inference_mode():
-                logits = draft.forward([Step(cache, [*ids, *answer[:i]], block=True)])[0][-1]
+        with torch.inference_mode():
+            draft.forward([Step(cache, ids[:-1], block=True)])
+            last = ids[-1]
+            for i in range(max_tokens + 1):
+                base = cache.length
+                logits = draft.forward([Step(cache, [last])])[0][-1]
                 chain = []
                 for _ in range(CHAIN):
-                    token = int(torch.argmax(logits))
-                    chain.append(token)
+                    chain.append(int(torch.argmax(logits)))
                     t0 = time.perf_counter()
-                    logits = draft.forward([Step(cache, [token])])[0][-1]
+                    logits = draft.forward([Step(cache, [chain[-1]])])[0][-1]
                     step_s.append(time.perf_counter() - t0)
-            chains.append(tuple(chain))
+                chains.append(tuple(chain))
+                cache.crop(base + 1)
+                last = answer[i] if i < max_tokens else last
         out.append(Script(prompt, tuple(ids), tuple(answer), tuple(chains)))
     return out, statistics.median(step_s)
 
@@ -122,9 +129,10 @@ async def replay(http: httpx.AsyncClient, verify_url: str, script: Script, key: 
         reply.raise_for_status()
         verdict = reply.json()
         tokens = [int(t) for t in verdict["tokens"]]
-        expected = list(script.answer[pos:pos + len(tokens)])
-        if diverged is None and tokens != expected[:len(tokens)]:
-            diverged = pos
+        expected = list(script.answer[pos:pos + len(tokens)])  # the answer may end first
+        if diverged is None and tokens[:len(expected)] != expected:
+            diverged = pos + next(i for i, (a, b) in enumerate(zip(tokens, expected,
+                                                                   strict=False)) if a != b)
         est.observe(k, len(tokens) - 1, t1 - t0, time.perf_counter() - t1)
         rounds, drafted, accepted = rounds + 1, drafted + k, accepted + len(tokens) - 1
         ready = guess[1:] if len(guess) > 1 and len(tokens) == k + 1 \
