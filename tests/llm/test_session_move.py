@@ -96,3 +96,22 @@ def test_what_cannot_move(pair) -> None:
         finally:
             there.identity = here.identity
     asyncio.run(busy())
+
+
+def test_a_copy_being_packed_leaves_the_conversation_free(pair) -> None:
+    here, there = pair
+
+    async def run() -> None:
+        await _turn(here, FIRST, "copied")
+        copying = asyncio.ensure_future(here.export("copied", "fp32", since=(0, 0)))
+        await asyncio.sleep(0)  # the slots are taken; the packing runs in a thread
+        assert not here.sessions.get("copied").busy  # its next turn would not wait
+        blob, _ = await copying
+        moving = asyncio.ensure_future(here.export("copied", "fp32"))
+        await asyncio.sleep(0)
+        assert here.sessions.get("copied").busy  # a conversation moving away is held
+        await moving
+        await there.adopt("copied", blob)
+        assert there.sessions.get("copied").tokens == here.sessions.get("copied").tokens
+
+    asyncio.run(run())

@@ -75,24 +75,50 @@ def identity(weights_sha256: str, precision: str, exact: bool) -> str:
     return f"{weights_sha256}:{precision}:{'exact' if exact else 'fast'}"
 
 
-def pack(cache: KVCache, holder: Holder, model: str, codec: str = "fp16",
-         compress: bool = False, start: int = 0) -> bytes:
-    """``cache`` (its slots in use, from ``start`` on) as a package for ``model`` (an
-    :func:`identity`)."""
-    if codec not in CODECS:
-        raise InvalidRequest(f"unknown KV codec {codec!r}", hint=f"one of {', '.join(CODECS)}")
-    cfg, n = cache.config, cache.length
+@dataclass(frozen=True, slots=True)
+class Slots:
+    """A cache's slots [start, length) with its counters: what a package holds. Taken with
+    ``copy=True`` they are the cache's as it was, to pack off the event loop while the
+    conversation goes on."""
+
+    config: LlamaConfig
+    start: int
+    length: int
+    seen: int
+    evicted: int
+    k: tuple[torch.Tensor, ...]  # per layer: (kv_heads, length - start, head_dim)
+    v: tuple[torch.Tensor, ...]
+
+
+def slots(cache: KVCache, start: int = 0, copy: bool = False) -> Slots:
+    """``cache``'s slots from ``start`` on (copied with ``copy``: a few ms per thousand)."""
+    n = cache.length
     if not 0 <= start <= n:
         raise InvalidRequest(f"a package of slots from {start} on: the cache holds {n}")
+    k = tuple(t[:, start:n] for t in cache.k)
+    v = tuple(t[:, start:n] for t in cache.v)
+    if copy:
+        k, v = tuple(t.clone() for t in k), tuple(t.clone() for t in v)
+    return Slots(cache.config, start, n, cache.seen, cache.evicted, k, v)
+
+
+def pack(cache: KVCache | Slots, holder: Holder, model: str, codec: str = "fp16",
+         compress: bool = False, start: int = 0) -> bytes:
+    """``cache`` (its slots in use, from ``start`` on; or :class:`Slots` taken earlier) as a
+    package for ``model`` (an :func:`identity`)."""
+    if codec not in CODECS:
+        raise InvalidRequest(f"unknown KV codec {codec!r}", hint=f"one of {', '.join(CODECS)}")
+    got = cache if isinstance(cache, Slots) else slots(cache, start)
+    cfg = got.config
     if codec == "int4" and cfg.head_dim % GROUP:
         raise InvalidRequest(f"int4 packs groups of {GROUP} values: this model's heads have "
                              f"{cfg.head_dim}", hint="use int8")
-    body = b"".join(_encode(t[:, start:n], codec) for layer in range(cfg.num_layers)
-                    for t in (cache.k[layer], cache.v[layer]))
+    body = b"".join(_encode(t, codec) for layer in range(cfg.num_layers)
+                    for t in (got.k[layer], got.v[layer]))
     sent = zlib.compress(body, 1) if compress else body
     header = {"model": model, "codec": codec, "layers": cfg.num_layers,
-              "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "start": start,
-              "length": n, "seen": cache.seen, "evicted": cache.evicted,
+              "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "start": got.start,
+              "length": got.length, "seen": got.seen, "evicted": got.evicted,
               "tokens": list(holder.tokens), "privacy": holder.privacy.value,
               "origin": holder.origin, "sha256": hashlib.sha256(body).hexdigest(),
               "zlib": compress, "bytes": len(sent)}

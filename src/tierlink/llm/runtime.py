@@ -18,7 +18,7 @@ from tierlink.llm.card import load_or_measure
 from tierlink.llm.engine import Engine
 from tierlink.llm.jobs import Event, GenerateJob, VerifyJob
 from tierlink.llm.kvcache import CacheBounds
-from tierlink.llm.kvship import Holder, identity, pack, unpack
+from tierlink.llm.kvship import Holder, identity, pack, slots, unpack
 from tierlink.llm.model import LlamaModel
 from tierlink.llm.results import Chunk, Generation
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, generator
@@ -182,19 +182,24 @@ class LanguageModel:
     async def export(self, key: str, codec: str, since: tuple[int, int] | None = None,
                      ) -> tuple[bytes, Holder]:
         """Conversation ``key``'s cache as a package (``llm/kvship.py``), packed off the
-        event loop; the session is held (busy) while it is read. ``since`` (slots, evicted)
-        of a copy taken earlier: only the slots after them (a delta), unless the cache has
-        evicted since or holds fewer — then the whole cache."""
+        event loop. ``since`` (slots, evicted) of a copy taken earlier: only the slots after
+        them (a delta), unless the cache has evicted since or holds fewer — then the whole
+        cache. A session answering a turn is refused (409). A conversation moving away is
+        held (busy) while it is packed; a copy's slots are copied at once and packed while
+        the conversation goes on — taking a copy never holds up its next turn."""
         session = self.sessions.take(key)
         holder = Holder(tuple(session.tokens), session.privacy, session.origin)
         cache = session.cache
         start = since[0] if since is not None and since[1] == cache.evicted \
             and 0 <= since[0] <= cache.length else 0
+        taken = slots(cache, start, copy=since is not None)
         try:
-            blob = await asyncio.to_thread(pack, cache, holder, self.identity, codec,
-                                           start=start)
+            if since is not None:
+                self.sessions.untake(session)
+            blob = await asyncio.to_thread(pack, taken, holder, self.identity, codec)
         finally:
-            self.sessions.untake(session)
+            if since is None:
+                self.sessions.untake(session)
         return blob, holder
 
     async def adopt(self, key: str, blob: bytes) -> Holder:
