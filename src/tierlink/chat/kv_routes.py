@@ -48,10 +48,7 @@ def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
         start = time.perf_counter()
         try:
             _require_peer(request, "moving a conversation")
-            lm = models.get(name)
-            if lm is None:
-                raise ModelNotFound(f"no language model {name!r} here to hold a conversation",
-                                    hint=f"models: {sorted(models)}")
+            lm = _model(models, name)
             _check_session(session)
             blob = await _body(request, _limit(lm))
             holder = holder_of(read_header(blob))
@@ -73,10 +70,7 @@ def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
     async def copy(name: str, session: str, request: Request) -> Response:
         try:
             _require_peer(request, "copying a conversation")
-            lm = models.get(name)
-            if lm is None:
-                raise ModelNotFound(f"no language model {name!r} here",
-                                    hint=f"models: {sorted(models)}")
+            lm = _model(models, name)
             since, evicted, node = _copy_request(request)
             held = lm.sessions.get(session)
             if held is None:
@@ -121,6 +115,14 @@ def _ship_request(body: Any, chat: ChatService) -> tuple[str, Destination]:
     to = Destination.from_dict(body.get("to"), chat.handover.links(),
                                lambda node: expect_node(node, chat.tls))
     return session, to
+
+
+def _model(models: dict[str, LanguageModel], name: str) -> LanguageModel:
+    lm = models.get(name)
+    if lm is None:
+        raise ModelNotFound(f"no language model {name!r} here to hold a conversation",
+                            hint=f"models: {sorted(models)}")
+    return lm
 
 
 def _copy_request(request: Request) -> tuple[int, int, str]:
