@@ -55,15 +55,9 @@ class Copy:
     holder: str  # the node whose cache it copies
     model: str  # that node's model name
     packages: list[bytes] = field(default_factory=list)
-
-    @property
-    def header(self) -> dict[str, Any]:
-        """The last package's header: the copy's identity, slots, tokens, privacy."""
-        return read_header(self.packages[-1])
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(p) for p in self.packages)
+    # the last package's header: the copy's identity, slots, tokens, privacy
+    header: dict[str, Any] = field(default_factory=dict)
+    nbytes: int = 0
 
     def chain(self) -> bytes:
         return b"".join(self.packages)
@@ -71,12 +65,15 @@ class Copy:
     def add(self, blob: bytes) -> None:
         """A package taken from the holder: a delta extends the chain, a whole one
         replaces it."""
-        if read_header(blob).get("start", 0) == 0:
-            self.packages = [blob]
-        elif self.packages and read_header(blob)["start"] == self.header["length"]:
+        header = read_header(blob)
+        if header.get("start", 0) == 0:
+            self.packages, self.nbytes = [blob], len(blob)
+        elif self.packages and header["start"] == self.header["length"]:
             self.packages.append(blob)
+            self.nbytes += len(blob)
         else:
             raise ValueError("a delta that does not continue the copy")
+        self.header = header
 
 
 class KeptCopies:
@@ -149,8 +146,9 @@ class KeptCopies:
         self._copies[session] = copy
         self._copies.move_to_end(session)
         self._count(model, "kept", len(blob))
-        while self.nbytes > self.max_bytes and len(self._copies) > 1:
-            self._copies.popitem(last=False)
+        held = self.nbytes
+        while held > self.max_bytes and len(self._copies) > 1:
+            held -= self._copies.popitem(last=False)[1].nbytes
 
     async def _fetch_when_free(self, session: str, copy: Copy) -> bytes:
         """:meth:`_fetch`, again a little later while the holder is still finishing the

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tierlink.chat.copies import KeptCopies
 from tierlink.core.types import LanguageModelView, LinkView, Tier
 from tierlink.errors import InvalidRequest, TierlinkError
 from tierlink.llm.kvship import package_bytes
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     import aiohttp
 
     from tierlink.chat.affinity import SessionAffinity
-    from tierlink.chat.copies import KeptCopies
     from tierlink.chat.openai import ChatRequest
     from tierlink.chat.service import Prepared
     from tierlink.llm.runtime import LanguageModel
@@ -118,7 +118,7 @@ class Handover:
                  tls: Callable[[], ssl.SSLContext | None],
                  links: Callable[[], Iterable[LinkView]],
                  upstreams: Callable[[], Mapping[str, str]], affinity: SessionAffinity,
-                 metrics: LLMMetrics | None = None, copies: KeptCopies | None = None) -> None:
+                 metrics: LLMMetrics | None = None, keep_copies: bool = False) -> None:
         self.node_id = node_id
         self._http = http
         self._tls = tls
@@ -126,7 +126,9 @@ class Handover:
         self._upstreams = upstreams
         self._affinity = affinity
         self._metrics = metrics
-        self.copies = copies
+        # copies of the conversations this node relays (chat/copies.py), when it keeps them
+        self.copies = KeptCopies(node_id, http, tls, upstreams, metrics) \
+            if keep_copies else None
 
     async def before_relay(self, req: ChatRequest, prep: Prepared, option: ChatOption,
                            url: str) -> dict[str, Any] | None:

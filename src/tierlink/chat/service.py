@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from tierlink.chat.copies import KeptCopies
 from tierlink.chat.handover import Handover
 from tierlink.chat.openai import ChatRequest, answer, chunk, new_id, sse, usage
 from tierlink.chat.peers import PeerModels
@@ -84,12 +83,10 @@ class ChatService:
             PeerModels(lambda: self.upstreams, self.http,
                        peer=lambda node_id: expect_node(node_id, self.tls))
         self.placer = ChatPlacer(node_id, tier, node or NodeLink(), peers)
-        # copies of the conversations this node relays (chat/copies.py), when it keeps them
-        self.copies = KeptCopies(node_id, self.http, lambda: self.tls, lambda: self.upstreams,
-                                 metrics) if kv_copies else None
         self.handover = Handover(node_id, self.http, lambda: self.tls,
                                  lambda: self.placer.node.links(), lambda: self.upstreams,
-                                 self.placer.affinity, metrics, self.copies)
+                                 self.placer.affinity, metrics, keep_copies=kv_copies)
+        self.copies = self.handover.copies
         if metrics is not None:
             for name, lm in models.items():
                 stats = lm.engine.stats
