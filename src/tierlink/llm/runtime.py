@@ -190,16 +190,16 @@ class LanguageModel:
         session = self.sessions.take(key)
         holder = Holder(tuple(session.tokens), session.privacy, session.origin)
         cache = session.cache
-        start = since[0] if since is not None and since[1] == cache.evicted \
-            and 0 <= since[0] <= cache.length else 0
-        taken = slots(cache, start, copy=since is not None)
+        if since is not None:  # a copy: the slots as they are now
+            start = since[0] if since[1] == cache.evicted and 0 <= since[0] <= cache.length \
+                else 0
+            taken = slots(cache, start, copy=True)
+            self.sessions.untake(session)
+            return await asyncio.to_thread(pack, taken, holder, self.identity, codec), holder
         try:
-            if since is not None:
-                self.sessions.untake(session)
-            blob = await asyncio.to_thread(pack, taken, holder, self.identity, codec)
+            blob = await asyncio.to_thread(pack, cache, holder, self.identity, codec)
         finally:
-            if since is None:
-                self.sessions.untake(session)
+            self.sessions.untake(session)
         return blob, holder
 
     async def adopt(self, key: str, blob: bytes) -> Holder:
