@@ -22,18 +22,16 @@ SAME = "weights:fp32:exact"
 
 
 @dataclass
-class _Model:
-    config: LlamaConfig = CFG
-
-
-@dataclass
 class _LM:
     """What the handover reads of a LanguageModel."""
 
     source: LMSource
     identity: str = SAME
-    model: _Model = field(default_factory=_Model)
+    config: LlamaConfig = CFG
     sessions: SessionStore = field(default_factory=lambda: SessionStore(CFG))
+
+    def held(self, key: str) -> Session | None:
+        return self.sessions.get(key)
 
     def hold(self, key: str, tokens: int, privacy: Privacy = Privacy.ANY) -> None:
         cache = KVCache(CFG, initial=1)

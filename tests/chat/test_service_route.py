@@ -63,6 +63,9 @@ class _Model:
     def chat_ids(self, _messages: list[dict[str, Any]]) -> list[int]:
         return [1, 2, 3]
 
+    def draft_model(self) -> None:
+        return None
+
     def check_length(self, _ids: list[int], _params: object) -> None:
         return None
 

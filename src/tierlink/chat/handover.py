@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from tierlink.chat.affinity import SessionAffinity
     from tierlink.chat.openai import ChatRequest
     from tierlink.chat.service import Prepared
-    from tierlink.llm.runtime import LanguageModel
+    from tierlink.llm.face import ServedModel
     from tierlink.policy.chat import ChatOption
     from tierlink.telemetry.llm_metrics import LLMMetrics
 
@@ -101,11 +101,11 @@ def kv_path(model: str) -> str:
     return f"/tierlink/v1/llm/{model}/kv"
 
 
-def worth_moving(lm: LanguageModel, tokens: int, slots: int, to: Destination) -> bool:
+def worth_moving(lm: ServedModel, tokens: int, slots: int, to: Destination) -> bool:
     """Whether shipping the cache is expected to beat the destination prefilling it."""
     if to.link is None or to.model.prefill_tok_s <= 0:
         return False
-    size = package_bytes(lm.model.config, slots, lm.source.kv_codec)
+    size = package_bytes(lm.config, slots, lm.source.kv_codec)
     move_s = 2 * to.link.rtt_ms / 1e3 + size * 8 / (to.link.bandwidth_mbit * 1e6)
     return move_s < tokens / to.model.prefill_tok_s
 
@@ -139,7 +139,7 @@ class Handover:
         lm, session = prep.lm, req.tierlink.session
         if session is None:
             return None
-        held = lm.sessions.get(session) if lm is not None else None
+        held = lm.held(session) if lm is not None else None
         timeout_s = req.tierlink.deadline_ms / 1e3
         if lm is not None and held is not None and not held.busy and held.tokens:
             outcome = await move(self._http(), lm, session,
@@ -200,11 +200,11 @@ class Handover:
                            expect_node(option.node_id, self._tls()))
 
 
-async def move(http: aiohttp.ClientSession, lm: LanguageModel, session: str, to: Destination,
+async def move(http: aiohttp.ClientSession, lm: ServedModel, session: str, to: Destination,
                timeout_s: float) -> dict[str, Any]:
     """Ship conversation ``session``'s cache to ``to`` if it should go, and say what
     happened."""
-    held = lm.sessions.get(session)
+    held = lm.held(session)
     if held is None:
         return {"moved": False, "reason": "no longer held here"}
     if lm.source.kv_move == "never":

@@ -36,7 +36,7 @@ from tierlink.security.names import expect_node
 
 if TYPE_CHECKING:
     from tierlink.chat.service import ChatService
-    from tierlink.llm.runtime import LanguageModel
+    from tierlink.llm.face import ServedModel
 
 
 
@@ -72,7 +72,7 @@ def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
             _require_peer(request, "copying a conversation")
             lm = _model(models, name)
             since, evicted, node = _copy_request(request)
-            held = lm.sessions.get(session)
+            held = lm.held(session)
             if held is None:
                 raise SessionNotFound(f"conversation {session!r} is not held here")
             if node != (held.origin or chat.node_id):
@@ -91,7 +91,7 @@ def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
         try:
             _require_peer(request, "moving a conversation")
             session, to = _ship_request(await _json(request), chat)
-            held = next((lm for lm in models.values() if lm.sessions.get(session) is not None),
+            held = next((lm for lm in models.values() if lm.held(session) is not None),
                         None)
             if held is None:
                 return JSONResponse({"moved": False, "reason": "no longer held here"})
@@ -117,7 +117,7 @@ def _ship_request(body: Any, chat: ChatService) -> tuple[str, Destination]:
     return session, to
 
 
-def _model(models: dict[str, LanguageModel], name: str) -> LanguageModel:
+def _model(models: dict[str, ServedModel], name: str) -> ServedModel:
     lm = models.get(name)
     if lm is None:
         raise ModelNotFound(f"no language model {name!r} here to hold a conversation",
@@ -161,8 +161,8 @@ async def _json(request: Request) -> Any:
         raise InvalidRequest(f"the body is not JSON: {exc}") from None
 
 
-def _limit(lm: LanguageModel) -> int:
-    cfg = lm.model.config
+def _limit(lm: ServedModel) -> int:
+    cfg = lm.config
     slots = (lm.bounds.max_tokens if lm.bounds is not None else None) or cfg.context_length
     return package_bytes(cfg, slots, "fp32") + MAX_HEADER_BYTES
 

@@ -39,7 +39,7 @@ from tierlink.telemetry.llm_metrics import LLMMetrics
 if TYPE_CHECKING:
     import aiohttp
 
-    from tierlink.llm.runtime import LanguageModel
+    from tierlink.llm.face import ServedModel
 
 MODES = ("auto", "local", "speculative", "remote")
 RELAY_FAILURES = (UpstreamUnavailable, UpstreamTimeout)  # fall back down the plan on these
@@ -50,7 +50,7 @@ class Prepared:
     """A request that passed every check on arrival, with its plan: what a stream starts
     from (refusals come before it, as a status)."""
 
-    lm: LanguageModel | None  # this node's model, when it has the one asked for
+    lm: ServedModel | None  # this node's model, when it has the one asked for
     ids: list[int] | None  # the prompt's tokens (None without a local tokenizer)
     plan: ChatPlan
     meta: dict[str, Any] = field(default_factory=dict)
@@ -58,7 +58,7 @@ class Prepared:
 
 
 class ChatService:
-    def __init__(self, node_id: str, tier: Tier, models: dict[str, LanguageModel],
+    def __init__(self, node_id: str, tier: Tier, models: dict[str, ServedModel],
                  tasks: dict[str, str], metrics: LLMMetrics | None = None,
                  verifiers: dict[str, VerifierLink] | None = None,
                  upstreams: Mapping[str, str] | None = None,
@@ -128,7 +128,7 @@ class ChatService:
         """This node's language models as placement (here and in heartbeats) sees them."""
         return tuple(self._view(name, lm) for name, lm in self.models.items())
 
-    def _view(self, name: str, lm: LanguageModel) -> LanguageModelView:
+    def _view(self, name: str, lm: ServedModel) -> LanguageModelView:
         lang, stats = lm.card.language, lm.engine.stats
         return LanguageModelView(
             name, tuple(t for t, m in sorted(self.tasks.items()) if m == name),
@@ -140,7 +140,7 @@ class ChatService:
             acceptance=self.speculation.acceptance.get(name, 0.7),
             price_per_1k=self.price, identity=lm.identity)
 
-    def resolve(self, name: str) -> LanguageModel:
+    def resolve(self, name: str) -> ServedModel:
         found = self.local_model(name)
         if found is None:
             raise ModelNotFound(f"{name!r} is neither a language model on {self.node_id} nor "
@@ -149,7 +149,7 @@ class ChatService:
                                      f"{sorted(self.tasks)}", param="model")
         return found
 
-    def local_model(self, name: str) -> LanguageModel | None:
+    def local_model(self, name: str) -> ServedModel | None:
         if name in self.models:
             return self.models[name]
         return self.models.get(self.tasks[name]) if name in self.tasks else None
@@ -210,7 +210,7 @@ class ChatService:
         plan = await self._plan(req, lm, ids, meta, view)
         return Prepared(lm, ids, plan, meta, view)
 
-    async def _plan(self, req: ChatRequest, lm: LanguageModel | None, ids: list[int] | None,
+    async def _plan(self, req: ChatRequest, lm: ServedModel | None, ids: list[int] | None,
                     meta: dict[str, Any], view: ClusterView) -> ChatPlan:
         """The policy's plan over ``view``, with the router's verdict."""
         mode = req.tierlink.mode
@@ -236,7 +236,7 @@ class ChatService:
         return plan
 
     async def _routed(self, plan: ChatPlan, ask: ChatAsk, view: ClusterView,
-                      lm: LanguageModel | None, ids: list[int] | None,
+                      lm: ServedModel | None, ids: list[int] | None,
                       meta: dict[str, Any]) -> ChatPlan:
         """Re-planned with the difficulty router's verdict, when this model has a router
         and the plan leaves a choice between it and another."""
@@ -249,7 +249,7 @@ class ChatService:
         meta["difficulty"] = round(score, 4)
         return self.placer.plan(replace(ask, easy=score <= router.threshold), view)
 
-    def _missing_verifier(self, req: ChatRequest, lm: LanguageModel | None,
+    def _missing_verifier(self, req: ChatRequest, lm: ServedModel | None,
                           view: ClusterView) -> ChatOption | None:
         """This model's verifier, when the prompt may go there but the view lacks it (down,
         or never heard from)."""
@@ -308,7 +308,7 @@ class ChatService:
             return self._speculative(req, lm, ids, report, meta)
         return self._local(req, lm, ids, report, meta)
 
-    async def _local(self, req: ChatRequest, lm: LanguageModel, ids: list[int],
+    async def _local(self, req: ChatRequest, lm: ServedModel, ids: list[int],
                      report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
         meta.update(self.meta(lm, report))
         t = req.tierlink
@@ -317,7 +317,7 @@ class ChatService:
             yield piece
         meta.update(self.meta(lm, report))
 
-    async def _speculative(self, req: ChatRequest, lm: LanguageModel, ids: list[int],
+    async def _speculative(self, req: ChatRequest, lm: ServedModel, ids: list[int],
                            report: Generation, meta: dict[str, Any]) -> AsyncIterator[Chunk]:
         meta.update(self.meta(lm, report))
         async for piece in self.speculation.answer(req, lm, ids, report, meta):
@@ -401,7 +401,7 @@ class ChatService:
             yield sse(tail)
         yield sse("[DONE]")
 
-    def meta(self, lm: LanguageModel, report: Generation) -> dict[str, Any]:
+    def meta(self, lm: ServedModel, report: Generation) -> dict[str, Any]:
         tokens = report.completion_tokens + (report.prompt_tokens - report.cached_tokens) / 5
         return {"served_by": self.node_id, "tier": self.tier.label, "model": lm.name,
                 "path": [self.node_id], "mode": "local",

@@ -23,7 +23,7 @@ from tierlink.security.names import expect_node
 if TYPE_CHECKING:
     import aiohttp
 
-    from tierlink.llm.runtime import LanguageModel
+    from tierlink.llm.face import ServedModel
     from tierlink.llm.speculative import SpecReport
     from tierlink.telemetry.llm_metrics import LLMMetrics
 
@@ -43,7 +43,7 @@ class VerifierLink:
 
 
 class Speculation:
-    def __init__(self, node_id: str, tier: Tier, models: Mapping[str, LanguageModel],
+    def __init__(self, node_id: str, tier: Tier, models: Mapping[str, ServedModel],
                  verifiers: Mapping[str, VerifierLink], metrics: LLMMetrics | None,
                  http: Callable[[], aiohttp.ClientSession],
                  tls: Callable[[], ssl.SSLContext | None]) -> None:
@@ -57,7 +57,7 @@ class Speculation:
         self.acceptance: dict[str, float] = {}  # EWMA per drafting model
         self._background: set[asyncio.Future[None]] = set()
 
-    async def answer(self, req: Any, lm: LanguageModel, ids: list[int], report: Generation,
+    async def answer(self, req: Any, lm: ServedModel, ids: list[int], report: Generation,
                      meta: dict[str, Any]) -> AsyncIterator[Chunk]:
         """``req`` (a ``ChatRequest``) answered by drafting with ``lm`` here; ``meta`` gets
         who served it, its cost and the round's timings."""
@@ -84,7 +84,7 @@ class Speculation:
                                  "round_trips": round(spec.verify_s, 4),
                                  "verifier_server": round(verifier.server_s, 4)}
 
-    def _meta(self, lm: LanguageModel, link: VerifierLink, report: Generation,
+    def _meta(self, lm: ServedModel, link: VerifierLink, report: Generation,
               spec: SpecReport) -> dict[str, Any]:
         # The verifier's passes, each of k+1 rows costing 1 + 0.1·k single-token steps.
         steps = spec.rounds + BATCH_SLOWDOWN * spec.drafted
@@ -108,12 +108,12 @@ class Speculation:
                 "degraded_reason": spec.reason}
 
 
-def _drafters(models: Mapping[str, LanguageModel], verifiers: Mapping[str, VerifierLink]
+def _drafters(models: Mapping[str, ServedModel], verifiers: Mapping[str, VerifierLink]
               ) -> dict[str, Any]:
     if not verifiers:
         return {}
     from tierlink.llm.speculative import SpeculativeDrafter
 
-    return {name: SpeculativeDrafter(models[name].model, models[name].codec,
+    return {name: SpeculativeDrafter(models[name].draft_model(), models[name].codec,
                                      models[name].source.k_max, models[name].source.draft_ahead)
             for name in verifiers}

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from tierlink.errors import InvalidRequest, TierlinkError, UpstreamTimeout, UpstreamUnavailable
-from tierlink.llm.runtime import LanguageModel
+from tierlink.llm.face import ServedModel
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict
 from tierlink.transport.openapi import request_body
 
@@ -37,7 +37,7 @@ VERIFY_REQUEST = {  # a drafting node's round (chat/remote.py)
             "top_p": {"type": "number"}, "seed": {"type": "integer"}}}}}
 
 
-def install_verify_route(app: FastAPI, models: dict[str, LanguageModel]) -> None:
+def install_verify_route(app: FastAPI, models: dict[str, ServedModel]) -> None:
     @app.post("/tierlink/v1/llm/{name}/verify", openapi_extra=request_body(VERIFY_REQUEST))
     async def verify(name: str, request: Request) -> Response:
         start = time.perf_counter()
@@ -71,14 +71,14 @@ def install_verify_route(app: FastAPI, models: dict[str, LanguageModel]) -> None
         return Response(status_code=204)
 
 
-def parse_verify(body: Any, lm: LanguageModel) -> tuple[str, list[int], list[Proposal],
+def parse_verify(body: Any, lm: ServedModel) -> tuple[str, list[int], list[Proposal],
                                                          SamplingParams]:
     if not isinstance(body, dict):
         raise InvalidRequest("verify: the body must be an object")
     key = body.get("session")
     if not isinstance(key, str) or not 0 < len(key) <= 200:
         raise InvalidRequest("verify: session must be a string")
-    vocab = lm.model.config.vocab_size
+    vocab = lm.config.vocab_size
     tokens = _ids(body.get("tokens"), vocab, "tokens")
     raw = body.get("drafts")
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_DRAFTS:

@@ -9,6 +9,8 @@
         models:
           - name: smollm2          # what requests and /v1/models call it
             model: smollm2-135m    # a packaged model (tierlink llm list) or a directory
+            runtime: torch         # optional: torch (default) or llama.cpp (the GGUF as it
+                                   # ships; ./scripts/setup.sh --llama builds it)
             quantize: int8         # optional: serve an INT8 copy (a device's own model)
             verifier: cloud-1/smollm2   # optional: draft for that upstream's model
             draft_ahead: true      # optional: draft the next round while one is verified
@@ -34,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tierlink.errors import ConfigError
-from tierlink.llm.source import CODECS, MOVES, LMSource
+from tierlink.llm.source import CODECS, MOVES, RUNTIMES, LMSource
 from tierlink.settings.fields import known_keys
 
 
@@ -59,7 +61,7 @@ class ChatConfig:
 def _source_dict(src: LMSource) -> dict[str, Any]:
     out: dict[str, Any] = {"name": src.name, "model": src.path,
                            "max_sequences": src.max_sequences}
-    optional = {"quantize": src.quantize, "verifier": src.verifier, "router": src.router,
+    optional = {"runtime": None if src.runtime == "torch" else src.runtime,"quantize": src.quantize, "verifier": src.verifier, "router": src.router,
                 "quality": src.quality,
                 "kv_move": None if src.kv_move == "auto" else src.kv_move,
                 "kv_codec": None if src.kv_codec == "int8" else src.kv_codec,
@@ -94,8 +96,18 @@ def _source(raw: Any, where: str) -> LMSource:
             or not isinstance(raw.get("model"), str):
         raise ConfigError(f"{where} needs a name and a model, e.g. "
                           "{name: smollm2, model: smollm2-135m}")
-    known_keys(raw, ("name", "model", "quantize", "verifier", "kv_cache_mib", "max_sequences",
-                     "router", "quality", "kv_move", "kv_codec", "draft_ahead"), where)
+    known_keys(raw, ("name", "model", "runtime", "quantize", "verifier", "kv_cache_mib",
+                     "max_sequences", "router", "quality", "kv_move", "kv_codec",
+                     "draft_ahead"), where)
+    runtime = raw.get("runtime", "torch")
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"{where}.runtime must be one of {', '.join(RUNTIMES)}, got "
+                          f"{runtime!r}")
+    if runtime == "llama.cpp":
+        given = [k for k in ("quantize", "kv_cache_mib", "router") if k in raw]
+        if given:
+            raise ConfigError(f"{where}: the llama.cpp runtime takes no {', '.join(given)}",
+                              hint="a GGUF is served as it ships (its own quantization)")
     quantize = raw.get("quantize")
     if quantize not in (None, "int8"):
         raise ConfigError(f"{where}.quantize must be int8 (or left out)")
@@ -124,7 +136,8 @@ def _source(raw: Any, where: str) -> LMSource:
     if not isinstance(sequences, int) or isinstance(sequences, bool) or sequences < 1:
         raise ConfigError(f"{where}.max_sequences must be a whole number >= 1, got "
                           f"{sequences!r}")
-    return LMSource(name=raw["name"], path=raw["model"], quantize=quantize, verifier=verifier,
+    return LMSource(name=raw["name"], path=raw["model"], runtime=runtime, quantize=quantize,
+                    verifier=verifier,
                     router=router, quality=None if quality is None else float(quality),
                     kv_cache_bytes=int(mib * 2**20) if mib else None,
                     max_sequences=sequences, kv_move=move, kv_codec=wire,

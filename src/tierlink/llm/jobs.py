@@ -57,6 +57,46 @@ def prefill_steps(cache: KVCache, tokens: list[int]) -> list[list[int]]:
 
 
 @dataclass
+class Decoding:
+    """A generation's choices, whichever runtime computes its logits: each row sampled,
+    the end at an end-of-sequence token or ``max_tokens``, each token reported through
+    ``emit`` (the last with its finish reason)."""
+
+    params: SamplingParams
+    emit: Callable[[Event], None]
+    eos_ids: frozenset[int]
+    timing: Timing
+    clock: Callable[[], float] = time.monotonic
+    gen: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gen = generator(self.params.seed)
+
+    def choose(self, row: torch.Tensor) -> int | None:
+        """The next token, to feed; None when the generation ended with this row."""
+        token = sample(row, self.params, self.gen)
+        if self.timing.first_token is None:
+            self.timing.first_token = self.clock()
+        if token in self.eos_ids and not self.params.ignore_eos:
+            self.finish("stop", [])
+            return None
+        self.timing.generated += 1
+        if self.timing.generated >= self.params.max_tokens:
+            self.finish("length", [token])
+            return None
+        self.emit(Event([token]))
+        return token
+
+    def finish(self, reason: str, tokens: list[int]) -> None:
+        self.timing.finished = self.clock()
+        self.emit(Event(tokens, reason))
+
+    def fail(self, exc: BaseException) -> None:
+        self.timing.finished = self.clock()
+        self.emit(Event([], "error", exc))
+
+
+@dataclass
 class GenerateJob:
     cache: KVCache
     prompt: list[int]
@@ -70,7 +110,7 @@ class GenerateJob:
     timing: Timing = field(init=False)
     _chunks: list[list[int]] = field(init=False)
     _last: int = field(default=0, init=False)
-    _gen: torch.Generator = field(init=False)
+    _decoding: Decoding = field(init=False)
 
     def __post_init__(self) -> None:
         # All but the last prompt token prefill in chunks; the last is fed as a decode row,
@@ -78,7 +118,8 @@ class GenerateJob:
         self.timing = Timing(self.clock(), prompt_tokens=len(self.prompt))
         self._chunks = prefill_steps(self.cache, self.prompt[:-1])
         self._last = self.prompt[-1]
-        self._gen = generator(self.params.seed)
+        self._decoding = Decoding(self.params, self.emit, self.eos_ids, self.timing,
+                                  self.clock)
 
     def next_step(self) -> Step:
         if self._chunks:
@@ -91,33 +132,20 @@ class GenerateJob:
             self.fed.extend(self._chunks.pop(0))
             return False
         self.fed.append(self._last)
-        token = sample(logits[-1], self.params, self._gen)
-        now = self.clock()
-        if self.timing.first_token is None:
-            self.timing.first_token = now
-        if token in self.eos_ids and not self.params.ignore_eos:
-            return self._finish("stop", [])
-        self.timing.generated += 1
+        token = self._decoding.choose(logits[-1])
+        if token is None:
+            return True
         self._last = token
-        if self.timing.generated >= self.params.max_tokens:
-            return self._finish("length", [token])
-        self.emit(Event([token]))
         return False
-
-    def _finish(self, reason: str, tokens: list[int]) -> bool:
-        self.timing.finished = self.clock()
-        self.emit(Event(tokens, reason))
-        return True
 
     def cancel_if_asked(self) -> bool:
         if self.cancelled or self.stop_now:
-            self._finish("stop" if self.stop_now else "cancelled", [])
+            self._decoding.finish("stop" if self.stop_now else "cancelled", [])
             return True
         return False
 
     def fail(self, exc: BaseException) -> None:
-        self.timing.finished = self.clock()
-        self.emit(Event([], "error", exc))
+        self._decoding.fail(exc)
 
 
 @dataclass

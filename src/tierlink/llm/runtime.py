@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from tierlink.core.types import Privacy
-from tierlink.errors import ConfigError, ContextTooLong, InvalidRequest, TierlinkError
+from tierlink.errors import ConfigError, ContextTooLong, InvalidRequest
 from tierlink.llm import weights
 from tierlink.llm.card import load_or_measure
 from tierlink.llm.engine import Engine
+from tierlink.llm.face import TextFace, as_error, settle
 from tierlink.llm.jobs import Event, GenerateJob, VerifyJob
 from tierlink.llm.kvcache import CacheBounds
 from tierlink.llm.kvship import Holder, identity, pack, slots, unpack
@@ -24,11 +25,13 @@ from tierlink.llm.results import Chunk, Generation
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, generator
 from tierlink.llm.sessions import Session, SessionStore
 from tierlink.llm.source import LMSource
+from tierlink.llm.speculative import TorchDraft
 from tierlink.llm.text import Detokenizer, TextCodec
+from tierlink.llm.weights import LlamaConfig
 from tierlink.models.card import ModelCard
 
 
-class LanguageModel:
+class LanguageModel(TextFace):
     def __init__(self, source: LMSource, model: LlamaModel, codec: TextCodec,
                  card: ModelCard, source_dir: Path | None = None) -> None:
         self.source = source
@@ -76,22 +79,6 @@ class LanguageModel:
     def context_length(self) -> int:
         return self.model.config.context_length
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.codec.encode(self.codec.chat_prompt(messages))
-
-    def text_ids(self, prompt: str) -> list[int]:
-        if not prompt:
-            raise InvalidRequest("prompt is empty")
-        return self.codec.encode(prompt)
-
-    def check_length(self, prompt: list[int], params: SamplingParams) -> None:
-        if self.bounds is not None:
-            return  # a bounded cache slides: any length generates
-        if len(prompt) + params.max_tokens > self.context_length:
-            raise ContextTooLong(
-                f"the prompt has {len(prompt)} tokens and max_tokens is {params.max_tokens}: "
-                f"over this model's context length of {self.context_length}")
-
     async def generate(self, prompt: list[int], params: SamplingParams,
                        session_key: str | None = None,
                        report: Generation | None = None, privacy: Privacy = Privacy.ANY,
@@ -121,7 +108,7 @@ class LanguageModel:
                 event = await events.get()
                 finished = event.finish_reason is not None
                 if event.error is not None:
-                    raise _as_error(event.error)
+                    raise as_error(event.error)
                 text = detok.push(event.tokens)
                 if detok.stopped and not finished:
                     job.stop_now = True  # the engine ends it at its next step
@@ -158,7 +145,7 @@ class LanguageModel:
             done: asyncio.Future[Verdict] = loop.create_future()
 
             def resolve(verdict: Verdict | None, exc: BaseException | None) -> None:
-                loop.call_soon_threadsafe(_settle, done, verdict, exc)
+                loop.call_soon_threadsafe(settle, done, verdict, exc)
 
             job = VerifyJob(session.cache, feed, drafts, params, resolve, gen)
             self.engine.submit(job)
@@ -212,6 +199,18 @@ class LanguageModel:
         self.sessions.put(key, session)
         return holder
 
+    @property
+    def config(self) -> LlamaConfig:
+        return self.model.config
+
+    def held(self, key: str) -> Session | None:
+        """Conversation ``key``'s session, if held here (what a move or a copy takes)."""
+        return self.sessions.get(key)
+
+    def draft_model(self) -> TorchDraft:
+        """A draft on this model (its weights; a KV cache per answer)."""
+        return TorchDraft(self.model)
+
     def _drafting_devices(self) -> int:
         """Verifier sessions used in the last second: devices drafting right now."""
         return self.verifiers.recent(1.0)
@@ -244,26 +243,6 @@ class LanguageModel:
 
     def kv_bytes_in_use(self) -> int:
         return self.sessions.bytes_in_use() + self.verifiers.bytes_in_use()
-
-
-def _settle(fut: asyncio.Future[Verdict], verdict: Verdict | None,
-            exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(_as_error(exc))
-    elif verdict is None:
-        fut.cancel()
-    else:
-        fut.set_result(verdict)
-
-
-def _as_error(exc: BaseException) -> TierlinkError:
-    if isinstance(exc, TierlinkError):
-        return exc
-    from tierlink.errors import RuntimeFailure
-
-    return RuntimeFailure(f"language model failed: {exc}")
 
 
 async def _drain(events: asyncio.Queue[Event]) -> None:

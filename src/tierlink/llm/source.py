@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 MOVES = ("auto", "always", "never")  # when a conversation's cache follows its next turn
 CODECS = ("fp32", "fp16", "int8", "int4")  # a cache on the wire (llm/kvship.py)
+# what computes a model, and the card format the runtime registry serves it by
+# (tierlink.models.runtimes): our torch decoder, or llama.cpp on the GGUF as it ships
+RUNTIMES = {"torch": "llm", "llama.cpp": "gguf"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +17,7 @@ class LMSource:
 
     name: str  # what requests and /v1/models call the model
     path: str  # a packaged model (`tierlink llm list`) or a model directory
+    runtime: str = "torch"  # one of RUNTIMES
     kv_cache_bytes: int | None = None  # bounded cache per sequence (sliding window + sinks)
     sinks: int = 4
     max_sequences: int = 16  # sequences generated at once; more requests wait their turn
@@ -41,3 +45,8 @@ class LMSource:
     # codec on the wire (fp32: exact; fp16; int8: a quarter of the bytes; int4: 16%)
     kv_move: str = "auto"
     kv_codec: str = "int8"
+
+    @property
+    def format(self) -> str:
+        """The card format its runtime is registered under."""
+        return RUNTIMES[self.runtime]

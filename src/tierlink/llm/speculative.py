@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -57,12 +57,53 @@ class SpecReport:
     ahead_hits: int = 0  # rounds whose proposals were drafted during the round before
 
 
+class DraftModel(Protocol):
+    """What drafts: proposals after a sequence, on whichever runtime holds the draft."""
+
+    def new_cache(self) -> Any:
+        """An answer's own draft state (passed back to every :meth:`propose` of it)."""
+
+    def propose(self, cache: Any, tokens: list[int], k: int, params: SamplingParams,
+                gen: torch.Generator, stop: threading.Event | None = None) -> list[Proposal]:
+        """k proposals after ``tokens`` (fewer, at least one, once ``stop`` is set)."""
+
+
+class TorchDraft:
+    """A draft on the torch runtime (``llm/model.py``): one KV cache per answer."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.model.config)
+
+    @torch.inference_mode()
+    def propose(self, cache: KVCache, tokens: list[int], k: int, params: SamplingParams,
+                gen: torch.Generator, stop: threading.Event | None = None) -> list[Proposal]:
+        """Feed what the draft cache lacks, then propose k tokens (the last one unfed)."""
+        if cache.length > len(tokens) - 1:
+            cache.crop(len(tokens) - 1)
+        pending = tokens[cache.length:]
+        if len(pending) > 1:
+            self.model.forward([Step(cache, pending[:-1], block=True)])
+        proposals: list[Proposal] = []
+        last = pending[-1]
+        for _ in range(k):
+            if proposals and stop is not None and stop.is_set():
+                break
+            logits = self.model.forward([Step(cache, [last])])[0][-1]
+            proposal = propose(logits, params, gen)
+            proposals.append(proposal)
+            last = proposal.token
+        return proposals
+
+
 class SpeculativeDrafter:
     """One device's draft model; drafts run one at a time in a worker thread."""
 
-    def __init__(self, draft: LlamaModel, codec: TextCodec, k_max: int = 8,
+    def __init__(self, draft: LlamaModel | DraftModel, codec: TextCodec, k_max: int = 8,
                  ahead: bool = True) -> None:
-        self.draft = draft
+        self.draft: DraftModel = TorchDraft(draft) if isinstance(draft, LlamaModel) else draft
         self.codec = codec
         self.k_max = k_max
         self.ahead = ahead  # draft the next round while this one is verified
@@ -73,7 +114,7 @@ class SpeculativeDrafter:
                        ) -> AsyncIterator[Chunk]:
         """The answer's chunks; ``ahead`` overrides :attr:`ahead` for this answer."""
         ahead = self.ahead if ahead is None else ahead
-        cache = KVCache(self.draft.config)
+        cache = self.draft.new_cache()
         draft_params = params if params.greedy else _with_top_k(params, DRAFT_TOP_K)
         gen = generator(params.seed)
         est = SpecEstimator(k_max=self.k_max)
@@ -134,7 +175,7 @@ class SpeculativeDrafter:
         spec.ks = est.ks
         spec.mean_k = est.mean_k
 
-    async def _drafted(self, cache: KVCache, tokens: list[int], k: int,
+    async def _drafted(self, cache: Any, tokens: list[int], k: int,
                        params: SamplingParams, gen: torch.Generator,
                        until: asyncio.Future[Any] | None = None) -> list[Proposal]:
         """k proposals after ``tokens`` (drafts run one at a time, in a worker thread);
@@ -143,7 +184,8 @@ class SpeculativeDrafter:
         if until is not None:
             until.add_done_callback(lambda _: stop.set())
         async with self._lock:
-            return await asyncio.to_thread(self._draft, cache, tokens, k, params, gen, stop)
+            return await asyncio.to_thread(self.draft.propose, cache, tokens, k, params, gen,
+                                           stop)
 
     async def _judge(self, tokens: list[int], proposals: list[Proposal],
                      params: SamplingParams, verify: Verifier, spec: SpecReport) -> list[int]:
@@ -166,27 +208,6 @@ class SpeculativeDrafter:
         if len(new) >= room:
             return new[:room], "length"
         return new, None
-
-    @torch.inference_mode()
-    def _draft(self, cache: KVCache, tokens: list[int], k: int, params: SamplingParams,
-               gen: torch.Generator, stop: threading.Event | None = None) -> list[Proposal]:
-        """Feed what the draft cache lacks, then propose k tokens (the last one unfed);
-        fewer (at least one) once ``stop`` is set."""
-        if cache.length > len(tokens) - 1:
-            cache.crop(len(tokens) - 1)
-        pending = tokens[cache.length:]
-        if len(pending) > 1:
-            self.draft.forward([Step(cache, pending[:-1], block=True)])
-        proposals: list[Proposal] = []
-        last = pending[-1]
-        for _ in range(k):
-            if proposals and stop is not None and stop.is_set():
-                break
-            logits = self.draft.forward([Step(cache, [last])])[0][-1]
-            proposal = propose(logits, params, gen)
-            proposals.append(proposal)
-            last = proposal.token
-        return proposals
 
 
 def _with_top_k(params: SamplingParams, top_k: int) -> SamplingParams:

@@ -8,7 +8,8 @@ group in tierlink's ``pyproject.toml``; a user's package adds its own there):
 onnx       one ONNX graph in ONNX Runtime, on the node's execution providers
 multi-exit a multi-exit model's ONNX segments, answering at the first sure exit
 python     a user's Python class with ``load()`` and ``predict(inputs) -> outputs``
-llm        a decoder language model (chat; not a tensor runtime)
+llm        a decoder language model on tierlink's torch decoder (chat; not a tensor runtime)
+gguf       a GGUF language model as it ships, on llama.cpp (``./scripts/setup.sh --llama``)
 ========== ==================================================================
 
 A runtime factory takes a :class:`LoadSpec` and returns the runtime. Who hosts it is the

@@ -172,7 +172,7 @@ def _chat_service(spec: NodeSpec, metrics: NodeMetrics, service: NodeService) ->
     from tierlink.telemetry.llm_metrics import LLMMetrics
 
     models = {src.name: model_runtimes.load(LoadSpec(card=Path(src.path) / "card.json",
-                                                     options={"source": src}), fmt="llm")
+                                                     options={"source": src}), fmt=src.format)
               for src in spec.llms}  # torch is imported by the first one
     chat = ChatService(spec.node_id, spec.tier, models, dict(spec.chat_tasks),
                        LLMMetrics(spec.tier.label, metrics.registry),
