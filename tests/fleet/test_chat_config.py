@@ -44,6 +44,19 @@ def test_chat_models_and_their_verifier() -> None:
     assert kept.to_dict()["models"][0]["draft_ahead"] is False
 
 
+def test_a_model_on_the_llama_cpp_runtime() -> None:
+    fleet = parse_fleet(yaml.safe_load(FLEET.replace(
+        "quantize: int8,", "runtime: llama.cpp,").replace(", kv_cache_mib: 12", "")))
+    device = next(n for n in fleet.nodes if n.node_id == "dev-1")
+    assert device.chat is not None
+    source = device.chat.models[0]
+    assert (source.runtime, source.format, source.quantize) == ("llama.cpp", "gguf", None)
+    assert device.chat.to_dict()["models"][0]["runtime"] == "llama.cpp"
+    cloud = next(n for n in fleet.nodes if n.node_id == "cloud-1").chat
+    assert cloud is not None and cloud.models[0].format == "llm"  # torch, the default
+    assert "runtime" not in cloud.to_dict()["models"][0]
+
+
 @pytest.mark.parametrize(("old", "new"), [
     ("verifier: cloud-1/smollm2", "verifier: cloud-1/other"),  # not served there
     ("{from: [dev-1], to: [cloud-1], delay_ms: 10}", "{from: [cloud-1], to: [dev-1]}"),
@@ -56,6 +69,9 @@ def test_chat_models_and_their_verifier() -> None:
     ("kv_cache_mib: 12", "kv_cache_mib: 12, draft_ahead: sometimes"),
     ("kv_cache_mib: 12}]}", "kv_cache_mib: 12}], kv_copies: yes please}"),
     ("kv_cache_mib: 12}]}", "kv_cache_mib: 12}], kv_copy: true}"),  # misspelled
+    ("quantize: int8,", "quantize: int8, runtime: llamacpp,"),  # misspelled
+    ("quantize: int8,", "quantize: int8, runtime: llama.cpp,"),  # a GGUF is quantized
+    ("quantize: int8,", "runtime: llama.cpp,"),  # ... and slides no bounded cache
 ])
 def test_bad_chat_blocks_are_refused(old: str, new: str) -> None:
     with pytest.raises(ConfigError):

@@ -131,7 +131,7 @@ class LlamaCppModel(TextFace):
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         run = _Run(session_key, prompt, Decoding(params, emit, self.codec.eos_ids,
-                                                 Timing(time.monotonic(), len(prompt))))
+                                                 Timing(time.monotonic(), prompt_tokens=len(prompt))))
         report.prompt_tokens, report.timing = len(prompt), run.decoding.timing
         detok = Detokenizer(self.codec, params.stop)
         self.engine.submit(lambda: self._generate(run))
