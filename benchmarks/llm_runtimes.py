@@ -5,7 +5,8 @@ target's own (the first divergent token wherever they differ).
 
 SmolLM2-135M-Instruct on one thread. Memory: each runtime loaded alone in a fresh process
 (resident bytes after loading, weights bytes). Speed: prefill of a ~300-token prompt and
-decoding through the runtime's own ``generate`` (its engine, its sessions). Speculation
+decoding through the runtime's own ``generate`` (its engine; a new prompt each run, so no
+cached prefix is reused). Speculation
 in process (the verifier called directly, no link), greedy, the same prompts for every pair.
 
     .venv/bin/python benchmarks/llm_runtimes.py [--json PATH] [--prompts 8] [--tokens 48]
@@ -125,9 +126,10 @@ async def _speed(model: Any, tokens: int) -> dict[str, Any]:
     from tierlink.llm.results import Generation
     from tierlink.llm.sampling import SamplingParams
 
-    long = model.chat_ids([{"role": "user", "content": " ".join(PROMPTS * 3)}])
     rows = []
-    for i in range(3):
+    for i in range(3):  # a new prompt each time: no runtime reuses a cached prefix
+        long = model.chat_ids([{"role": "user", "content": f"Question set {i + 1}: "
+                                + " ".join(PROMPTS * 3)}])
         report = Generation()
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
         async for _ in model.generate(long, params, None, report):

@@ -57,6 +57,18 @@ def test_a_model_on_the_llama_cpp_runtime() -> None:
     assert "runtime" not in cloud.to_dict()["models"][0]
 
 
+def test_a_model_split_toward_an_upstream() -> None:
+    fleet = parse_fleet(yaml.safe_load(FLEET.replace(
+        "quantize: int8,", "split: {to: cloud-1/smollm2, cut: 6, codec: fp32},")))
+    device = next(n for n in fleet.nodes if n.node_id == "dev-1").chat
+    assert device is not None
+    source = device.models[0]
+    assert (source.split, source.split_cut, source.split_codec, source.split_tier) == \
+        ("cloud-1/smollm2", 6, "fp32", "cloud")
+    assert device.to_dict()["models"][0]["split"] == {"to": "cloud-1/smollm2", "cut": 6,
+                                                      "codec": "fp32"}
+
+
 @pytest.mark.parametrize(("old", "new"), [
     ("verifier: cloud-1/smollm2", "verifier: cloud-1/other"),  # not served there
     ("{from: [dev-1], to: [cloud-1], delay_ms: 10}", "{from: [cloud-1], to: [dev-1]}"),
@@ -72,6 +84,11 @@ def test_a_model_on_the_llama_cpp_runtime() -> None:
     ("quantize: int8,", "quantize: int8, runtime: llamacpp,"),  # misspelled
     ("quantize: int8,", "quantize: int8, runtime: llama.cpp,"),  # a GGUF is quantized
     ("quantize: int8,", "runtime: llama.cpp,"),  # ... and slides no bounded cache
+    ("quantize: int8,", "split: {to: cloud-1/other},"),  # not served there
+    ("quantize: int8,", "split: {to: cloud-1/smollm2, cut: 0},"),
+    ("quantize: int8,", "split: {to: cloud-1/smollm2, codec: int4},"),
+    ("quantize: int8,", "split: {to: cloud-1/smollm2, cutt: 8},"),  # misspelled
+    ("quantize: int8,", "split: cloud-1/smollm2,"),
 ])
 def test_bad_chat_blocks_are_refused(old: str, new: str) -> None:
     with pytest.raises(ConfigError):

@@ -53,3 +53,50 @@ def test_first_divergence() -> None:
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_a_node_s_tail_continues_a_device_s_head_as_the_engine_would(target, codec) -> None:
+    """The two sides as nodes run them (``head_rows`` on the device, the upstream's
+    ``split_tail`` keeping its cache between messages): the answer is the upstream model's
+    own greedy answer (its engine, prompt chunks and decode rows), token for token."""
+    import asyncio
+
+    import torch
+
+    from tierlink.errors import InvalidRequest
+    from tierlink.llm.kvcache import KVCache
+    from tierlink.llm.layer_split import head_rows
+    from tierlink.llm.runtime import LanguageModel
+    from tierlink.llm.sampling import SamplingParams
+    from tierlink.llm.source import LMSource
+    from tierlink.split.codecs import decode_any, get_codec
+
+    lm = LanguageModel(LMSource("smollm2", "smollm2-135m"), target, codec, card={})
+    greedy_params = SamplingParams(max_tokens=16, temperature=0.0)
+    wire = get_codec("fp16")
+
+    async def run(ids: list[int]) -> tuple[list[int], list[int]]:
+        own = [t async for c in lm.generate(ids, greedy_params) for t in c.tokens]
+        cache, rows, out = KVCache(target.config), ids, []
+        while len(out) < greedy_params.max_tokens:
+            hidden = torch.from_numpy(decode_any(wire.encode(
+                head_rows(target, cache, rows, 8).numpy())))
+            token = await lm.split_tail("dev-1:x", hidden, 8, greedy_params)
+            if token in codec.eos_ids:
+                break
+            out.append(token)
+            rows = [token]
+        assert lm.release_tail("dev-1:x") and not lm.release_tail("dev-1:x")
+        return own, out
+    lm.start()
+    try:
+        for prompt in ("What is the capital of France?", "Write a haiku about the sea."):
+            own, split = asyncio.run(run(codec.encode(codec.chat_prompt(
+                [{"role": "user", "content": prompt}]))))
+            assert split == own
+        with pytest.raises(InvalidRequest):  # rows of another width
+            asyncio.run(lm.split_tail("k", torch.zeros(2, 7), 8, greedy_params))
+        with pytest.raises(InvalidRequest):  # a cut past the layers
+            asyncio.run(lm.split_tail("k", torch.zeros(2, 576), 30, greedy_params))
+    finally:
+        lm.stop()

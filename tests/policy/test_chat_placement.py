@@ -151,3 +151,25 @@ def test_a_pinned_conversation_leaves_a_node_too_loaded_to_answer_in_time() -> N
     assert plan_chat(ask, _view()).options[0].node_id == "cloud-1"
     moved = plan_chat(ask, _view(cloud=jammed))
     assert moved.options and all(o.node_id != "cloud-1" for o in moved.options)
+
+
+def test_a_split_goes_where_the_prompt_s_features_may() -> None:
+    head = replace(DRAFT, verifier="", split="cloud-1/smollm2", split_share=8 / 30)
+    me = NodeView("dev-1", Tier.DEVICE, (), language_models=(head,))
+    # a local prompt's hidden states leave its device only where the fleet allows it
+    assert _kinds(plan_chat(_ask(privacy=Privacy.LOCAL), _view(me))) == [("local", "dev-1")]
+    allowed = plan_chat(_ask(privacy=Privacy.LOCAL, features_may_leave=True), _view(me))
+    assert set(_kinds(allowed)) == {("local", "dev-1"), ("split", "cloud-1")}
+    assert all(o.kind != "remote" for o in allowed.options)  # the text itself stays
+    # a site prompt's features never reach the cloud; an `any` prompt's may
+    assert ("split", "cloud-1") not in _kinds(plan_chat(_ask(privacy=Privacy.SITE,
+                                                             features_may_leave=True),
+                                                        _view(me)))
+    split = next(o for o in plan_chat(_ask(), _view(me)).options if o.kind == "split")
+    assert split.model == "smollm2" and split.local_model == "smollm2"
+    # every token crosses the link: slower than relaying the whole answer
+    remote = next(o for o in plan_chat(_ask(), _view(me)).options if o.kind == "remote")
+    assert split.est.tokens_per_s < remote.est.tokens_per_s
+    assert split.est.tokens_per_s < 1000.0 / 20.0  # at most one token per 20 ms round trip
+    gone = NodeView("cloud-1", Tier.CLOUD, (), language_models=(LARGE,), healthy=False)
+    assert ("split", "cloud-1") not in _kinds(plan_chat(_ask(), _view(me, cloud=gone)))

@@ -27,6 +27,8 @@ class NodeLink:
     links: Callable[[], Iterable[LinkView]] = tuple  # this node's link estimates
     healthy: Callable[[str], bool] = lambda _node: True  # its circuit breakers
     url_of: Callable[[str], str | None] = lambda _node: None  # an upstream's base URL
+    features_may_leave: bool = False  # routing.local_features_may_leave: a split may carry
+    # a local prompt's hidden states upstream
 
 
 class ChatPlacer:
@@ -67,7 +69,8 @@ class ChatPlacer:
                        else guess_tokens(req),
                        max_tokens=req.params.max_tokens, deadline_ms=t.deadline_ms,
                        ttft_ms=t.ttft_ms, min_tokens_per_s=t.min_tokens_per_s, hops=t.hops,
-                       sticky=self.affinity.node_of(t.session), easy=easy)
+                       sticky=self.affinity.node_of(t.session), easy=easy,
+                       features_may_leave=self.node.features_may_leave)
 
     def plan(self, ask: ChatAsk, view: ClusterView) -> ChatPlan:
         return plan_chat(ask, view, self.weights, self.max_hops)

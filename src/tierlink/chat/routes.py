@@ -36,9 +36,11 @@ from tierlink.transport.openapi import (
 def install_chat_routes(app: FastAPI, chat: ChatService) -> None:
     if chat.models:  # a node with language models verifies drafts for its devices
         from tierlink.chat.kv_routes import install_kv_routes
+        from tierlink.chat.splitting import install_split_routes
         from tierlink.chat.verify import install_verify_route
 
         install_verify_route(app, chat.models)
+        install_split_routes(app, chat.models)
         install_kv_routes(app, chat)
 
     @app.get("/v1/models")

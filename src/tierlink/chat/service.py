@@ -20,6 +20,7 @@ from tierlink.chat.peers import PeerModels
 from tierlink.chat.placing import ChatPlacer, NodeLink
 from tierlink.chat.router import load_router
 from tierlink.chat.speculating import BATCH_SLOWDOWN, TIER_PRICES, Speculation, VerifierLink
+from tierlink.chat.splitting import Splitting
 from tierlink.core.types import ClusterView, LanguageModelView, Tier
 from tierlink.errors import (
     InvalidRequest,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
     from tierlink.llm.face import ServedModel
 
-MODES = ("auto", "local", "speculative", "remote")
+MODES = ("auto", "local", "speculative", "split", "remote")
 RELAY_FAILURES = (UpstreamUnavailable, UpstreamTimeout)  # fall back down the plan on these
 
 
@@ -62,7 +63,8 @@ class ChatService:
                  tasks: dict[str, str], metrics: LLMMetrics | None = None,
                  verifiers: dict[str, VerifierLink] | None = None,
                  upstreams: Mapping[str, str] | None = None,
-                 node: NodeLink | None = None, kv_copies: bool = False) -> None:
+                 node: NodeLink | None = None, kv_copies: bool = False,
+                 splits: dict[str, VerifierLink] | None = None) -> None:
         self.node_id = node_id
         self.tier = tier
         self.models = models
@@ -72,11 +74,13 @@ class ChatService:
         self.verifiers = verifiers or {}  # model -> where its drafts are verified
         # node id -> base URL, read through: a node's upstreams follow the registry
         self._live: Mapping[str, str] = upstreams if upstreams is not None else {}
-        self._fixed = {link.node_id: link.url for link in self.verifiers.values()}
+        self._fixed = {link.node_id: link.url
+                       for link in (*self.verifiers.values(), *(splits or {}).values())}
         self._http: aiohttp.ClientSession | None = None
         self.tls: ssl.SSLContext | None = None  # HTTPS peers: the node's client context
         self.speculation = Speculation(node_id, tier, models, self.verifiers, metrics,
                                        self.http, lambda: self.tls)
+        self.splitting = Splitting(node_id, splits or {}, self.http, lambda: self.tls)
         self.routers = {name: load_router(lm.source.router) for name, lm in models.items()
                         if lm.source.router}
         peers = None if upstreams is None and not self._fixed else \
@@ -138,7 +142,8 @@ class ChatService:
             queued=stats.queued, max_sequences=lm.source.max_sequences,
             verifier=lm.source.verifier or "",
             acceptance=self.speculation.acceptance.get(name, 0.7),
-            price_per_1k=self.price, identity=lm.identity)
+            price_per_1k=self.price, identity=lm.identity,
+            **self.splitting.view_fields(lm))
 
     def resolve(self, name: str) -> ServedModel:
         found = self.local_model(name)
@@ -306,6 +311,8 @@ class ChatService:
         assert lm is not None and ids is not None  # local options come from local models
         if option.kind == "speculative":
             return self._speculative(req, lm, ids, report, meta)
+        if option.kind == "split":
+            return self.splitting.answer(req, lm, ids, report, meta)
         return self._local(req, lm, ids, report, meta)
 
     async def _local(self, req: ChatRequest, lm: ServedModel, ids: list[int],

@@ -229,7 +229,9 @@ class LanguageModelView:
     with the ``acceptance`` its drafts have had there. ``price_per_1k``: USD per 1,000
     generated tokens on this node (a prompt token counts a fifth). ``identity``: which KV
     caches it computes (its weights file's hash, precision and kernels): a conversation's
-    cache moves only between models of equal identity."""
+    cache moves only between models of equal identity. ``split``: "NODE/MODEL" that runs
+    the rest of this model when it runs only its first ``split_share`` of the layers here
+    (``llm/layer_split.py``)."""
 
     name: str
     tasks: tuple[str, ...] = ()
@@ -245,6 +247,8 @@ class LanguageModelView:
     acceptance: float = 0.7
     price_per_1k: float = 0.0
     identity: str = ""
+    split: str = ""
+    split_share: float = 0.0
 
     def serves(self, name: str) -> bool:
         """Whether a request naming ``name`` (a model or a chat task) may run here."""
@@ -258,7 +262,8 @@ class LanguageModelView:
                 "batch_slowdown": round(self.batch_slowdown, 4), "running": self.running,
                 "queued": self.queued, "max_sequences": self.max_sequences,
                 "verifier": self.verifier, "acceptance": round(self.acceptance, 4),
-                "price_per_1k": self.price_per_1k, "identity": self.identity}
+                "price_per_1k": self.price_per_1k, "identity": self.identity,
+                "split": self.split, "split_share": round(self.split_share, 4)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LanguageModelView:
@@ -269,7 +274,8 @@ class LanguageModelView:
                    float(d.get("batch_slowdown", 0.1)), int(d.get("running", 0)),
                    int(d.get("queued", 0)), int(d.get("max_sequences", 16)),
                    str(d.get("verifier", "")), float(d.get("acceptance", 0.7)),
-                   float(d.get("price_per_1k", 0.0)), str(d.get("identity", "")))
+                   float(d.get("price_per_1k", 0.0)), str(d.get("identity", "")),
+                   str(d.get("split", "")), float(d.get("split_share", 0.0)))
 
 
 # A device's heat, in Apple's ``ProcessInfo.ThermalState`` words (Android's thermal status

@@ -13,6 +13,10 @@ the link between the nodes:
   acceptance the drafts have had (``estimate/speculation.py``); the first token waits for
   the verifier's prefill of the prompt too.
 
+* **split**: this node runs the first layers (a ``split_share`` of them) over the prompt and
+  each new token, the upstream the rest: every token costs a round trip; the first token
+  waits for both shares of the prefill.
+
 Cost per 1,000 generated tokens: the answering node's price per decoding step of one
 sequence; for speculation the verifier's passes, each of k+1 rows costing
 ``1 + batch_slowdown·k`` steps, spread over the ``expected_tokens`` a round yields (a CPU
@@ -92,6 +96,19 @@ def speculative(draft: LanguageModelView, target: LanguageModelView, prompt_toke
     cost = generated + target.price_per_1k * PROMPT_TOKEN_WEIGHT * prompt_tokens \
         / max(max_tokens, 1)
     return ChatEstimate(ttft, 1000.0 * tokens / round_ms, cost, target.quality)
+
+
+def split(head: LanguageModelView, target: LanguageModelView, prompt_tokens: int,
+          max_tokens: int, rtt_ms: float) -> ChatEstimate:
+    """``head`` runs its ``split_share`` of the layers here, ``target`` the rest there."""
+    share = head.split_share
+    here = share * step_ms(head, min(head.running + 1, head.max_sequences))
+    there = (1.0 - share) * step_ms(target, min(target.running + 1, target.max_sequences))
+    prefill = 1000.0 * prompt_tokens * (share / max(head.prefill_tok_s, 1e-6)
+                                        + (1.0 - share) / max(target.prefill_tok_s, 1e-6))
+    ttft = queue_wait_ms(head) + queue_wait_ms(target) + prefill + here + rtt_ms + there
+    cost = _cost(target.price_per_1k * (1.0 - share), prompt_tokens, max_tokens)
+    return ChatEstimate(ttft, 1000.0 / (here + rtt_ms + there), cost, target.quality)
 
 
 def _cost(price_per_1k: float, prompt_tokens: int, max_tokens: int) -> float:

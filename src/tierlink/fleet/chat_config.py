@@ -22,11 +22,15 @@
                                    # there), always or never
             kv_codec: int8         # optional: the cache on the wire: fp32 (exact), fp16, int8,
                                    # int4
+            split:                 # optional: run only the first `cut` layers here and the rest
+              to: cloud-1/smollm2  # on that upstream's model (the same weights), sending the
+              cut: 8               # rows' hidden states (codec fp16, fp32, int8 or int8c):
+              codec: fp16          # where routing.local_features_may_leave lets them go
         kv_copies: false           # optional: keep a copy of each conversation this node
                                    # relays (its new KV slots fetched after every turn), so
                                    # the next turn can go elsewhere if the holder fails
 
-A verifier must be a node this one has a link to, serving that model.
+A verifier (and a split's `to`) must be a node this one has a link to, serving that model.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ def _source_dict(src: LMSource) -> dict[str, Any]:
                 "kv_move": None if src.kv_move == "auto" else src.kv_move,
                 "kv_codec": None if src.kv_codec == "int8" else src.kv_codec,
                 "draft_ahead": None if src.draft_ahead else False,
+                "split": None if src.split is None else
+                {"to": src.split, "cut": src.split_cut, "codec": src.split_codec},
                 "kv_cache_mib": None if src.kv_cache_bytes is None
                 else src.kv_cache_bytes / 2**20}
     return out | {k: v for k, v in optional.items() if v is not None}
@@ -98,13 +104,13 @@ def _source(raw: Any, where: str) -> LMSource:
                           "{name: smollm2, model: smollm2-135m}")
     known_keys(raw, ("name", "model", "runtime", "quantize", "verifier", "kv_cache_mib",
                      "max_sequences", "router", "quality", "kv_move", "kv_codec",
-                     "draft_ahead"), where)
+                     "draft_ahead", "split"), where)
     runtime = raw.get("runtime", "torch")
     if runtime not in RUNTIMES:
         raise ConfigError(f"{where}.runtime must be one of {', '.join(RUNTIMES)}, got "
                           f"{runtime!r}")
     if runtime == "llama.cpp":
-        given = [k for k in ("quantize", "kv_cache_mib", "router") if k in raw]
+        given = [k for k in ("quantize", "kv_cache_mib", "router", "split") if k in raw]
         if given:
             raise ConfigError(f"{where}: the llama.cpp runtime takes no {', '.join(given)}",
                               hint="a GGUF is served as it ships (its own quantization)")
@@ -136,37 +142,56 @@ def _source(raw: Any, where: str) -> LMSource:
     if not isinstance(sequences, int) or isinstance(sequences, bool) or sequences < 1:
         raise ConfigError(f"{where}.max_sequences must be a whole number >= 1, got "
                           f"{sequences!r}")
+    split, cut, split_codec = _split(raw.get("split"), f"{where}.split")
     return LMSource(name=raw["name"], path=raw["model"], runtime=runtime, quantize=quantize,
-                    verifier=verifier,
+                    verifier=verifier, split=split, split_cut=cut, split_codec=split_codec,
                     router=router, quality=None if quality is None else float(quality),
                     kv_cache_bytes=int(mib * 2**20) if mib else None,
                     max_sequences=sequences, kv_move=move, kv_codec=wire,
                     draft_ahead=ahead)
 
 
+SPLIT_CODECS = ("fp32", "fp16", "int8", "int8c")
+
+
+def _split(raw: Any, where: str) -> tuple[str | None, int, str]:
+    if raw is None:
+        return None, 8, "fp16"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping, e.g. {{to: cloud-1/smollm2, cut: 8}}")
+    known_keys(raw, ("to", "cut", "codec"), where)
+    to, cut, codec = raw.get("to"), raw.get("cut", 8), raw.get("codec", "fp16")
+    if not isinstance(to, str) or to.count("/") != 1:
+        raise ConfigError(f"{where}.to must be NODE/MODEL, e.g. cloud-1/smollm2")
+    if not isinstance(cut, int) or isinstance(cut, bool) or cut < 1:
+        raise ConfigError(f"{where}.cut must be a whole number of layers >= 1, got {cut!r}")
+    if codec not in SPLIT_CODECS:
+        raise ConfigError(f"{where}.codec must be one of {', '.join(SPLIT_CODECS)}, got "
+                          f"{codec!r}", hint="fp16 keeps the unsplit model's greedy output")
+    return to, cut, codec
+
+
 def check_verifiers(chats: Mapping[str, ChatConfig], tiers: Mapping[str, str],
                     links: Sequence[tuple[str, str]]) -> dict[str, ChatConfig]:
-    """Each verifier is an upstream of its node serving the model; fills its tier in."""
+    """Each verifier (and split target) is an upstream of its node serving the model; fills
+    its tier in."""
     out: dict[str, ChatConfig] = {}
     for node, chat in chats.items():
         fixed = []
         for src in chat.models:
-            if src.verifier is None:
-                fixed.append(src)
-                continue
-            target, model = src.verifier.split("/")
-            served = {m.name for m in chats[target].models} if target in chats else set()
-            if (node, target) not in links or model not in served:
-                raise ConfigError(
-                    f"node {node}: verifier {src.verifier} must be a node it links to that "
-                    f"serves {model!r} in its chat.models",
-                    hint=f"add a link {node} -> {target} and {model} to {target}'s chat")
-            fixed.append(_with_tier(src, tiers[target]))
+            for role in ("verifier", "split"):
+                named = getattr(src, role)
+                if named is None:
+                    continue
+                target, model = named.split("/")
+                served = {m.name for m in chats[target].models} if target in chats else set()
+                if (node, target) not in links or model not in served:
+                    raise ConfigError(
+                        f"node {node}: {role} {named} must be a node it links to that "
+                        f"serves {model!r} in its chat.models",
+                        hint=f"add a link {node} -> {target} and {model} to {target}'s chat")
+                src = replace(src, verifier_tier=tiers[target]) if role == "verifier" \
+                    else replace(src, split_tier=tiers[target])
+            fixed.append(src)
         out[node] = replace(chat, models=tuple(fixed))
     return out
-
-
-def _with_tier(src: LMSource, tier: str) -> LMSource:
-    from dataclasses import replace
-
-    return replace(src, verifier_tier=tier)

@@ -11,7 +11,10 @@ its rule on features leaving a device does (``Privacy.features_allowed``,
 ``routing.local_features_may_leave``), as for a CNN's split.
 
 Pure of I/O: :func:`split_greedy` returns what the wire carried and the time each side
-computed; the caller prices the link.
+computed; the caller prices the link. :func:`head_rows` and :func:`tail_rows` are the two
+sides as nodes run them (``chat/splitting.py``): a prompt's rows fed as the engine feeds a
+prompt (all but the last in fixed chunks, the last as a decode row), so the split's logits
+are the unsplit model's wherever the hidden states cross exactly (``fp32``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from tierlink.llm.kvcache import KVCache
 from tierlink.llm.model import LlamaModel, Step
 from tierlink.split.codecs import get_codec
 
-__all__ = ["SplitRun", "first_divergence", "greedy", "split_greedy"]
+__all__ = ["SplitRun", "first_divergence", "greedy", "head_rows", "split_greedy",
+           "tail_rows"]
 
 
 @dataclass(slots=True)
@@ -79,6 +83,34 @@ def split_greedy(device: LlamaModel, upstream: LlamaModel, prompt: list[int], cu
         if len(run.tokens) >= max_tokens or token in upstream.config.eos_token_ids:
             return run
         rows, block = [token], False
+
+
+@torch.inference_mode()
+def head_rows(model: LlamaModel, cache: KVCache, tokens: list[int], cut: int) -> torch.Tensor:
+    """The device's side: ``tokens`` (a prompt, or one new token) through the embedding and
+    layers below ``cut``; their hidden states, rows × hidden."""
+    from tierlink.llm.jobs import prefill_steps
+
+    parts = [model.head(Step(cache, chunk, block=True), cut)
+             for chunk in prefill_steps(cache, tokens[:-1])]
+    parts.append(model.head(Step(cache, tokens[-1:]), cut))
+    return torch.cat(parts)
+
+
+@torch.inference_mode()
+def tail_rows(model: LlamaModel, cache: KVCache, hidden: torch.Tensor, cut: int
+              ) -> torch.Tensor:
+    """The upstream's side: the rest of the model over ``hidden`` (fed as
+    :func:`head_rows` fed their tokens); the logits of the last row."""
+    from tierlink.llm.jobs import prefill_steps
+
+    chunks = [(c, True) for c in prefill_steps(cache, [-1] * (hidden.shape[0] - 1))]
+    at, logits = 0, None
+    for chunk, block in [*chunks, ([-1], False)]:
+        logits = model.tail(Step(cache, chunk, block=block), hidden[at:at + len(chunk)], cut)
+        at += len(chunk)
+    assert logits is not None
+    return logits[-1]
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

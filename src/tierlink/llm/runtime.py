@@ -46,6 +46,10 @@ class LanguageModel(TextFace):
         self.sessions = SessionStore(cfg, self.bounds, max_sessions=source.max_sessions)
         self.verifiers = SessionStore(cfg, None, max_sessions=source.max_sessions)
         self._verify_gens: dict[str, torch.Generator] = {}
+        # devices' split sequences: this model's layers past their cut (llm/layer_split.py)
+        self.tails = SessionStore(cfg, None, max_sessions=source.max_sessions)
+        self._tail_gens: dict[str, torch.Generator] = {}
+        self._tail_lock = asyncio.Lock()
         # Which KV caches this model computes (a moved conversation loads only where equal)
         self.identity = identity(weights.digest(source_dir), source.quantize or "fp32",
                                  model.exact) if source_dir is not None else ""
@@ -165,6 +169,39 @@ class LanguageModel(TextFace):
             self.verifiers.close(key, session)
             if key not in self.verifiers:
                 self._verify_gens.pop(key, None)
+
+    async def split_tail(self, key: str, hidden: torch.Tensor, cut: int,
+                         params: SamplingParams) -> int:
+        """A device's split sequence ``key``: its next rows' hidden states after layer
+        ``cut`` (fed as :func:`~tierlink.llm.layer_split.head_rows` fed them) through the
+        rest of this model; the next token it picks. Tails run one at a time, beside the
+        engine."""
+        from tierlink.llm.layer_split import tail_rows
+        from tierlink.llm.sampling import sample
+
+        if not 0 < cut < self.config.num_layers or hidden.ndim != 2 \
+                or hidden.shape[1] != self.config.hidden_size or not hidden.shape[0]:
+            raise InvalidRequest(f"split: hidden states must be rows x "
+                                 f"{self.config.hidden_size} after a cut in 1.."
+                                 f"{self.config.num_layers - 1}")
+        session = self.tails.open(key)
+        gen = self._tail_gens.setdefault(key, generator(params.seed))
+        try:
+            if session.cache.length + hidden.shape[0] > self.context_length:
+                raise ContextTooLong(f"split: over the context length of "
+                                     f"{self.context_length}")
+            async with self._tail_lock:
+                logits = await asyncio.to_thread(tail_rows, self.model, session.cache,
+                                                 hidden, cut)
+            session.tokens.extend([-1] * hidden.shape[0])
+            return sample(logits, params, gen)
+        finally:
+            self.tails.close(key, session)
+
+    def release_tail(self, key: str) -> bool:
+        """A device is done with split sequence ``key``: free its cache here."""
+        self._tail_gens.pop(key, None)
+        return self.tails.drop(key)
 
     async def export(self, key: str, codec: str, since: tuple[int, int] | None = None,
                      ) -> tuple[bytes, Holder]:

@@ -40,6 +40,13 @@ class LMSource:
     quality: float | None = None
     # a verifier holds a verification up to this long for other devices' (one pass for all)
     verify_batch_wait_ms: float = 10.0
+    # "NODE/MODEL": run only the embedding and the first `split_cut` layers here and send
+    # the hidden states (codec `split_codec`) to that upstream's copy of this model for the
+    # rest (llm/layer_split.py) — where the fleet lets a prompt's features leave
+    split: str | None = None
+    split_tier: str = "cloud"
+    split_cut: int = 8
+    split_codec: str = "fp16"
     # a conversation's cache shipped to the upstream that answers its next turn
     # (chat/handover.py): auto (when faster than prefilling there), always or never; and its
     # codec on the wire (fp32: exact; fp16; int8: a quarter of the bytes; int4: 16%)

@@ -179,14 +179,16 @@ def _chat_service(spec: NodeSpec, metrics: NodeMetrics, service: NodeService) ->
                        verifiers=_verifier_links(spec),
                        upstreams=UpstreamURLs(service.topology.upstreams),
                        node=NodeLink(view=lambda: service.view, links=service.link_views,
-                                     healthy=service.breakers.healthy),
-                       kv_copies=spec.kv_copies)
+                                     healthy=service.breakers.healthy,
+                                     features_may_leave=spec.routing.local_features_may_leave),
+                       kv_copies=spec.kv_copies, splits=_verifier_links(spec, "split"))
     service.language_models = chat.views
     return chat
 
 
-def _verifier_links(spec: NodeSpec) -> dict[str, VerifierLink]:
-    """Each drafting model's verifier: ``NODE/MODEL`` with NODE one of the upstreams."""
+def _verifier_links(spec: NodeSpec, role: str = "verifier") -> dict[str, VerifierLink]:
+    """Each model's upstream model in ``role``: its verifier (drafting) or the rest of its
+    layers (``split``), ``NODE/MODEL`` with NODE one of the upstreams."""
     from tierlink.chat.service import VerifierLink
     from tierlink.core.types import Tier
     from tierlink.errors import ConfigError
@@ -194,13 +196,15 @@ def _verifier_links(spec: NodeSpec) -> dict[str, VerifierLink]:
     urls = {u.node_id: u.url for u in spec.upstreams}
     links: dict[str, VerifierLink] = {}
     for src in spec.llms:
-        if not src.verifier:
+        named: str | None = getattr(src, role)
+        if not named:
             continue
-        node, _, model = src.verifier.partition("/")
+        node, _, model = named.partition("/")
         if node not in urls or not model:
-            raise ConfigError(f"llm {src.name}: verifier {src.verifier!r} must be NODE/MODEL "
+            raise ConfigError(f"llm {src.name}: {role} {named!r} must be NODE/MODEL "
                               f"with NODE one of this node's upstreams ({sorted(urls)})")
-        links[src.name] = VerifierLink(node, urls[node], model, Tier.parse(src.verifier_tier))
+        links[src.name] = VerifierLink(node, urls[node], model,
+                                       Tier.parse(getattr(src, f"{role}_tier")))
     return links
 
 

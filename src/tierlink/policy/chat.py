@@ -2,11 +2,14 @@
 for tensor requests (``policy/placement.py``).
 
 Options: this node's own language model (``local``), drafting here for the verifier its
-model names (``speculative``), or an upstream's model relayed here (``remote``). In order:
+model names (``speculative``), running its first layers here and the rest on the upstream
+its model names (``split``), or an upstream's model relayed here (``remote``). In order:
 
 1. **Privacy** first: the prompt *is* the private data. A ``local`` prompt is answered on
    its origin device only, a ``site`` prompt never reaches the cloud, and nothing reaches a
-   node whose breaker is open.
+   node whose breaker is open. A split sends the prompt's hidden states, not its text:
+   allowed where the prompt's *features* may go (``Privacy.features_allowed``: a ``local``
+   prompt's only where the fleet sets ``routing.local_features_may_leave``).
 2. **Hard limits**: the prompt and its ``max_tokens`` fit the model's context; the
    estimated time to first token fits ``ttft_ms`` (or the whole ``deadline_ms`` when no TTFT
    target is given), and the estimated tokens/s reaches ``min_tokens_per_s``.
@@ -32,7 +35,7 @@ from tierlink.core.types import ClusterView, LanguageModelView, NodeView, Privac
 from tierlink.estimate import chat as est
 from tierlink.policy.base import Weights
 
-ChatKind = Literal["local", "speculative", "remote"]
+ChatKind = Literal["local", "speculative", "split", "remote"]
 DEFAULT_TTFT_BUDGET_MS = 2000.0  # what "fast" is measured against without a TTFT target
 
 
@@ -52,6 +55,7 @@ class ChatAsk:
     sticky: str | None = None  # the node holding this conversation's cache
     easy: bool | None = None  # a difficulty router's verdict (None: no router)
     only: str | None = None  # the caller chose the kind (``tierlink.mode``): no time limits
+    features_may_leave: bool = False  # the fleet's routing.local_features_may_leave
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +106,9 @@ def _options(ask: ChatAsk, view: ClusterView, max_hops: int) -> Iterator[ChatOpt
             yield ChatOption("local", me.node_id, lm.name, lm.name,
                              est.local(lm, ask.prompt_tokens, ask.max_tokens))
     for lm in fits_context:
-        spec = _speculative(ask, view, lm)
-        if spec is not None:
-            yield spec
+        for option in (_speculative(ask, view, lm), _split(ask, view, lm)):
+            if option is not None:
+                yield option
     if ask.hops >= max_hops:
         return
     for node in view.upstream_of(me.node_id):
@@ -132,6 +136,24 @@ def _speculative(ask: ChatAsk, view: ClusterView, draft: LanguageModelView
     return ChatOption("speculative", node_id, model, draft.name,
                       est.speculative(draft, target, ask.prompt_tokens, ask.max_tokens,
                                       link.rtt_ms))
+
+
+def _split(ask: ChatAsk, view: ClusterView, head: LanguageModelView) -> ChatOption | None:
+    """Running ``head``'s first layers here and the rest on the upstream it names, when the
+    prompt's features may go there."""
+    if not head.split:
+        return None
+    node_id, _, model = head.split.partition("/")
+    node = view.nodes.get(node_id)
+    if node is None or not node.healthy or not ask.privacy.features_allowed(
+            node.tier, local_may_leave=ask.features_may_leave):
+        return None
+    target = next((lm for lm in node.language_models if lm.name == model), None)
+    link = view.link(view.self_id, node_id)
+    if target is None or link is None or not _context_ok(ask, target):
+        return None
+    return ChatOption("split", node_id, model, head.name,
+                      est.split(head, target, ask.prompt_tokens, ask.max_tokens, link.rtt_ms))
 
 
 def _may_hold(ask: ChatAsk, node: NodeView) -> bool:
