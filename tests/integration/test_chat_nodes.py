@@ -1,7 +1,9 @@
 """Chat on real node processes: the official ``openai`` client against a cloud node, errors
 in OpenAI's shape, a client that leaves mid-stream, prompts kept where their privacy says,
-and a device that drafts for the cloud (speculative decoding) — greedy output identical to
-the cloud's own, degraded to the device's model when the cloud is gone."""
+a device that drafts for the cloud (speculative decoding) — greedy output identical to
+the cloud's own, degraded to the device's model when the cloud is gone — and a device that
+runs its model's first layers and the cloud the rest (a split), for a local prompt only
+where the fleet lets its hidden states leave."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 from tierlink.core.types import Tier
 from tierlink.llm.source import LMSource
 from tierlink.node.spec import NodeSpec, UpstreamSpec
+from tierlink.settings.routing import parse_routing
 from tierlink.testing.processes import node_process
 
 pytestmark = pytest.mark.integration
@@ -227,3 +230,44 @@ def test_a_node_without_a_model_relays_and_keeps_a_conversation_together(
             gateway.chat.completions.create(
                 model="chat", messages=MSG, max_tokens=4,
                 extra_body={"tierlink": {"privacy": "local", "origin": "dev-1"}})
+
+
+@pytest.mark.parametrize("may_leave", [True, False])
+def test_a_device_runs_the_first_layers_and_the_cloud_the_rest(
+        cloud: tuple[str, subprocess.Popen[bytes]], client: openai.OpenAI, run_dir: Path,
+        may_leave: bool) -> None:
+    spec = _spec(f"dev-split-{may_leave}", "device", run_dir,
+                 llms=(LMSource("smollm2", "smollm2-135m", split="cloud-1/smollm2",
+                                split_cut=8, split_codec="fp16"),),
+                 chat_tasks={"chat": "smollm2"},
+                 upstreams=(UpstreamSpec("cloud-1", cloud[0]),),
+                 routing=parse_routing({"local_features_may_leave": may_leave}))
+    with llm_node(spec, run_dir) as (url, _):
+        device = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        local_split = {"tierlink": {"privacy": "local", "mode": "split"}}
+        if not may_leave:  # a local prompt's hidden states stay on its device
+            with pytest.raises(openai.BadRequestError, match="split is not possible"):
+                device.chat.completions.create(model="chat", messages=MSG, max_tokens=8,
+                                               temperature=0, extra_body=local_split)
+            return
+        for prompt in PROMPTS:
+            msgs = [{"role": "user", "content": prompt}]
+            own = client.chat.completions.create(model="chat", messages=msgs,
+                                                 max_tokens=24, temperature=0)
+            split = device.chat.completions.create(model="chat", messages=msgs,
+                                                   max_tokens=24, temperature=0,
+                                                   extra_body=local_split)
+            assert split.choices[0].message.content == own.choices[0].message.content
+            assert split.usage.completion_tokens == own.usage.completion_tokens
+            meta = (split.model_extra or {})["tierlink"]
+            assert meta["mode"] == "split" and meta["served_by"] == "cloud-1"
+            assert meta["path"] == [spec.node_id, "cloud-1"] and meta["cut"] == 8
+            # the prompt's rows once, then one row per token: 576 FP16 values each
+            assert meta["split_bytes"] > 576 * 2 * own.usage.prompt_tokens
+        stream = device.chat.completions.create(model="chat", messages=MSG, max_tokens=16,
+                                                temperature=0, stream=True,
+                                                extra_body=local_split)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        own = client.chat.completions.create(model="chat", messages=MSG, max_tokens=16,
+                                             temperature=0)
+        assert text == own.choices[0].message.content
