@@ -108,10 +108,20 @@ def _memory_here(name: str) -> dict[str, Any]:
     model = _load(name)
     card = model.card
     lang = card.language
-    return {"weights_bytes": int(lang.measured.get("model_bytes", 0)) or card.size_bytes,
-            "file_bytes": card.size_bytes, "rss_bytes": _rss() - before,
+    return {"weights_bytes": _weight_bytes(model), "file_bytes": card.size_bytes, "rss_bytes": _rss() - before,
             "card_prefill_tok_s": lang.prefill_tokens_per_s,
             "card_decode_tok_s": lang.decode_tokens_per_s, "precision": card.precision}
+
+
+def _weight_bytes(model: Any) -> int:
+    """What the weights take in memory: llama.cpp's tensors, or the torch model's (an
+    INT8 copy's matrices packed, its embedding and norms in FP32; a tied head once)."""
+    if model.runtime == "llama.cpp":
+        return int(model.ctx.model_bytes())
+    m = model.model
+    tensors = [m.embed, m.norm, m.lm_head, *(t for layer in m.layers for t in (
+        layer.attn_norm, layer.wqkv, layer.wo, layer.mlp_norm, layer.wgu, layer.wdown))]
+    return sum(int(t.nbytes) for t in {id(t): t for t in tensors}.values())
 
 
 def _rss() -> int:

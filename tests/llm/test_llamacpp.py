@@ -175,3 +175,23 @@ def test_llama_cpp_verifies_the_torch_draft(q4: LlamaCppModel, target, codec) ->
         at = _first_difference(out, own)
         assert at is None or at >= 3, (prompt, at)
         assert f"verify:t:{i}" not in q4.sessions  # released
+
+
+def test_the_cli_shows_the_card_per_runtime() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from tierlink.cli.main import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["llm", "card", "smollm2-135m", "--runtime", "llama.cpp",
+                                "--json"])
+    assert shown.exit_code == 0, shown.output
+    card = json.loads(shown.stdout)
+    assert card["format"] == "gguf" and card["language"]["measured"]["runtime"] == "llama.cpp"
+    listed = json.loads(runner.invoke(app, ["llm", "list", "--json"]).stdout)
+    assert {(r["name"], r["runtime"]) for r in listed} >= {("smollm2-135m", "torch"),
+                                                          ("smollm2-135m", "llama.cpp")}
+    refused = runner.invoke(app, ["llm", "card", "smollm2-135m", "--runtime", "llamacpp"])
+    assert refused.exit_code == 2 and "llama.cpp" in refused.output
