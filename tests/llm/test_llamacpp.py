@@ -195,3 +195,18 @@ def test_the_cli_shows_the_card_per_runtime() -> None:
                                                           ("smollm2-135m", "llama.cpp")}
     refused = runner.invoke(app, ["llm", "card", "smollm2-135m", "--runtime", "llamacpp"])
     assert refused.exit_code == 2 and "llama.cpp" in refused.output
+
+
+def test_answers_drafting_in_turn_keep_their_own_sequences(q4: LlamaCppModel) -> None:
+    from tierlink.llm.sampling import generator
+
+    draft = q4.draft_model()
+    a_ids, b_ids = _ids(q4, PROMPTS[0]), _ids(q4, PROMPTS[1])
+    alone = [p.token for p in draft.propose(draft.new_cache(), a_ids, 6, GREEDY,
+                                            generator(0))]
+    a, b = draft.new_cache(), draft.new_cache()
+    first = [p.token for p in draft.propose(a, a_ids, 3, GREEDY, generator(0))]
+    draft.propose(b, b_ids, 3, GREEDY, generator(0))  # b takes the context; a is parked
+    after = [p.token for p in draft.propose(a, [*a_ids, *first], 3, GREEDY, generator(0))]
+    assert first + after == alone  # a's second round went on from its restored sequence
+    assert a in draft.answers and b in draft.answers

@@ -76,19 +76,16 @@ def install_split_routes(app: FastAPI, models: Mapping[str, ServedModel]) -> Non
                 response_class=Response)
     async def release(name: str, session: str) -> Response:
         lm = models.get(name)
-        if lm is not None and hasattr(lm, "release_tail"):
+        if lm is not None:
             lm.release_tail(session)
         return Response(status_code=204)
 
 
-def _model(models: Mapping[str, ServedModel], name: str) -> Any:
+def _model(models: Mapping[str, ServedModel], name: str) -> ServedModel:
     lm = models.get(name)
     if lm is None:
         raise ModelNotFound(f"no language model {name!r} here to run a split's layers",
                             hint=f"models: {sorted(models)}")
-    if not hasattr(lm, "split_tail"):
-        raise InvalidRequest(f"model {name} (llama.cpp) does not run split layers",
-                             hint="split toward a torch-runtime model")
     return lm
 
 

@@ -13,7 +13,7 @@ next turn goes back to it), slide a bounded cache, or read prompt features for a
 Verification feeds the drafts as one batch (as the torch verifier does) and decoding one
 row at a time; llama.cpp's CPU kernels can round a batch's rows differently from single
 rows, so speculative greedy output may part from llama.cpp's own greedy output —
-``benchmarks/llm.py --runtimes`` reports the first divergent token wherever it does.
+``benchmarks/llm_runtimes.py`` reports the first divergent token wherever it does.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import functools
 import os
 import platform
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import MappingProxyType
@@ -42,7 +43,7 @@ from tierlink.llm.face import TextFace, as_error, settle
 from tierlink.llm.jobs import Decoding, Event
 from tierlink.llm.kvship import Holder
 from tierlink.llm.llama_context import LlamaContext
-from tierlink.llm.llama_engine import LlamaEngine, LlamaSessions, common_prefix
+from tierlink.llm.llama_engine import LlamaEngine, LlamaSessions
 from tierlink.llm.results import Chunk, Generation, Timing
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict, accept_drafts, generator
 from tierlink.llm.sampling import propose as propose_token
@@ -233,13 +234,22 @@ class LlamaCppModel(TextFace):
         raise PackageRefused(f"model {self.name} runs on llama.cpp, which does not take "
                              "moved conversations", hint="move it to a torch-runtime node")
 
+    async def split_tail(self, key: str, hidden: Any, cut: int,
+                         params: SamplingParams) -> int:
+        raise InvalidRequest(f"model {self.name} runs on llama.cpp, which does not run a "
+                             "split's upper layers", hint="split toward a torch-runtime model")
+
+    def release_tail(self, key: str) -> bool:
+        return False
+
     async def prompt_features(self, prompt: list[int]) -> Any:
         raise InvalidRequest(f"model {self.name} (llama.cpp) reads no prompt features")
 
     def draft_model(self) -> LlamaDraft:
         """A draft on this GGUF, with a context of its own (the weights are shared)."""
         if self._draft is None:
-            self._draft = LlamaDraft(LlamaContext(self.gguf, self.ctx.n_ctx))
+            self._draft = LlamaDraft(LlamaContext(self.gguf, self.ctx.n_ctx),
+                                     self.source.max_sessions)
         return self._draft
 
     def status(self) -> dict[str, Any]:
@@ -256,19 +266,20 @@ class LlamaCppModel(TextFace):
 
 class LlamaDraft:
     """A device's draft on llama.cpp (``llm/speculative.py``'s ``DraftModel``): one
-    context; an answer's sequence is what it holds, cut back to what the next round shares
-    with it (drafts run one at a time)."""
+    context, drafts one at a time; each answer's sequence is a conversation of its own
+    (:class:`LlamaSessions`: parked while another answer drafts, restored for its next
+    round), cut back each round to what the round shares with it."""
 
-    def __init__(self, ctx: LlamaContext) -> None:
+    def __init__(self, ctx: LlamaContext, max_answers: int = 64) -> None:
         self.ctx = ctx
+        self.answers = LlamaSessions(ctx, max_sessions=max_answers)
 
-    def new_cache(self) -> None:
-        return None
+    def new_cache(self) -> str:
+        return uuid.uuid4().hex  # the answer's key among the draft's sequences
 
-    def propose(self, cache: None, tokens: list[int], k: int, params: SamplingParams,
+    def propose(self, cache: str, tokens: list[int], k: int, params: SamplingParams,
                 gen: torch.Generator, stop: Any = None) -> list[Proposal]:
-        self.ctx.keep(min(common_prefix(self.ctx.tokens, tokens), len(tokens) - 1))
-        pending = tokens[len(self.ctx.tokens):]
+        pending = self.answers.enter(cache, tokens)
         if len(pending) > 1:
             self.ctx.prefill(pending[:-1])
         proposals: list[Proposal] = []
