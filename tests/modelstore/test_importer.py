@@ -754,6 +754,8 @@ def test_a_format_no_runtime_serves_is_refused_naming_the_installed_ones(
     assert "tierlink.runtimes" in info.value.hint
     with pytest.raises(ImportRefused, match="'llm'"):
         import_model(request("m", onnx, "t", data, model_format="llm"), model_store)
+    with pytest.raises(ImportRefused, match="'gguf'"):  # llama.cpp's: named in the fleet file
+        import_model(request("m", onnx, "t", data, model_format="gguf"), model_store)
     assert_clean(model_store, "m", "t")
 
 

@@ -65,7 +65,7 @@ from tierlink.models.tensors import TensorDecl, datatype_of
 from tierlink.modelstore.store import ModelStore
 
 TIERS = ("device", "edge", "cloud")
-NOT_IMPORTED = ("llm",)  # formats a fleet file names directly (``llms:``), never imported
+NOT_IMPORTED = ("llm", "gguf")  # formats a fleet file names directly (``llms:``), never imported
 LABELS_HINT = ("y holds one target per sample: a class id (classification), 0/1 per label "
                "(multilabel), boxes (N, G, 5) padded with class -1 (detection), values "
                "(regression), class ids (embedding)")
