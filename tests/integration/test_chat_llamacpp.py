@@ -74,7 +74,7 @@ def test_llama_cpp_drafts_and_the_torch_cloud_verifies(
         device: str, cloud: tuple[str, subprocess.Popen[bytes]]) -> None:
     on_device = openai.OpenAI(base_url=device + "/v1", api_key="unused", max_retries=0)
     on_cloud = openai.OpenAI(base_url=cloud[0] + "/v1", api_key="unused", max_retries=0)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS[:2]:
         msgs = [{"role": "user", "content": prompt}]
         own = on_cloud.chat.completions.create(model="chat", messages=msgs, max_tokens=32,
                                                temperature=0)

@@ -41,7 +41,8 @@ def faults() -> ModuleType:
 @pytest.fixture(params=["sqlite", "etcd"])
 def bench(request: pytest.FixtureRequest, faults: ModuleType, zoo_models: Models,
           fmnist_test: Labelled, hard_samples: np.ndarray, tmp_path: Path) -> Any:
-    """Every case on a SQLite control plane, and on two replicas over etcd."""
+    """A case on a SQLite control plane, and (where the store has a part) on two replicas
+    over etcd."""
     b = faults.Bench(zoo_models, fmnist_test.input, fmnist_test.labels, hard_samples,
                      tmp_path, rate=20.0, control_down_s=2.0, profile="test", scale=0.4,
                      control=request.param)
@@ -59,6 +60,10 @@ def test_uplink_cut_with_a_device_killed_delivers_every_result_once(
     assert result["duplicates"] == 0, result
 
 
+# A version that cannot load is refused by the nodes before the store is asked anything
+# new; the rollout's record on etcd (one live rollout, the leader) is tested in
+# tests/control/test_control_etcd_rollouts.py (SQLite only here).
+@pytest.mark.parametrize("bench", ["sqlite"], indirect=True)
 def test_a_canary_that_cannot_load_is_rolled_back_at_once(faults: ModuleType,
                                                           bench: Any) -> None:
     result = faults.bad_canary_crash(bench)
@@ -91,6 +96,9 @@ def test_tampered_artifacts_are_refused_everywhere(faults: ModuleType, bench: An
         assert "3-flipped" not in versions, result
 
 
+# The devices route around a killed edge by their own breakers and retries; the registry's
+# lease expiry on etcd is tested in tests/control/test_control_etcd_store.py (SQLite only).
+@pytest.mark.parametrize("bench", ["sqlite"], indirect=True)
 def test_killing_an_edge_under_load_loses_nothing(faults: ModuleType, bench: Any) -> None:
     result = faults.kill_edge(bench)
     assert result["requests"] > 200

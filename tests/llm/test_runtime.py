@@ -105,7 +105,7 @@ def test_speculative_greedy_equals_target_greedy(lm: LanguageModel, target, code
                                                  ahead: bool) -> None:
     drafter = SpeculativeDrafter(int8_draft(target), codec, ahead=ahead)
     hits = 0
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(PROMPTS[:2]):  # two answers: a dozen rounds or more each
         async def verify(tokens: list[int], drafts: list[Proposal], params: SamplingParams,
                          key: str = f"dev:{i}") -> Verdict:
             if ahead:  # a round trip: time to draft the next round ahead
