@@ -24,16 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROMPTS = (
-    "Name three colours of the rainbow.",
-    "What is the capital of France, and why is it famous?",
-    "Write one sentence about the sea.",
-    "Explain what a cache is to a child.",
-    "Give me a tip for learning to cook.",
-    "Why do leaves change colour in autumn?",
-    "Describe a cat in two sentences.",
-    "What should I pack for a day hike?",
-)
+from tierlink.llm.prompts import SHORT_PROMPTS
+
 RUNTIMES = ("torch-fp32", "torch-int8", "llama.cpp-q4_1")
 # (draft, target): the torch pairs are the fleet's today; the others put llama.cpp on a side
 PAIRS = (("torch-int8", "torch-fp32"), ("llama.cpp-q4_1", "torch-fp32"),
@@ -63,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for m in models.values():
         m.start()
     try:
-        prompts = list(PROMPTS[:args.prompts])
+        prompts = list(SHORT_PROMPTS[:args.prompts])
         speed = {name: asyncio.run(_speed(m, args.tokens)) for name, m in models.items()}
         own = {name: asyncio.run(_own(m, prompts, args.tokens)) for name, m in models.items()}
         spec = [asyncio.run(_speculate(models, draft, target, prompts, args.tokens,
@@ -139,7 +131,7 @@ async def _speed(model: Any, tokens: int) -> dict[str, Any]:
     rows = []
     for i in range(3):  # a new prompt each time: no runtime reuses a cached prefix
         long = model.chat_ids([{"role": "user", "content": f"Question set {i + 1}: "
-                                + " ".join(PROMPTS * 3)}])
+                                + " ".join(SHORT_PROMPTS * 3)}])
         report = Generation()
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
         async for _ in model.generate(long, params, None, report):

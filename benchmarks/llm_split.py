@@ -24,16 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROMPTS = (
-    "Name three colours of the rainbow.",
-    "What is the capital of France, and why is it famous?",
-    "Write one sentence about the sea.",
-    "Explain what a cache is to a child.",
-    "Give me a tip for learning to cook.",
-    "Why do leaves change colour in autumn?",
-    "Describe a cat in two sentences.",
-    "What should I pack for a day hike?",
-)
+from tierlink.llm.prompts import SHORT_PROMPTS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     directory = install_model("smollm2-135m")
     model, text = LlamaModel.load(directory), TextCodec(directory)
     prompts = [text.encode(text.chat_prompt([{"role": "user", "content": p}]))
-               for p in PROMPTS[:args.prompts]]
+               for p in SHORT_PROMPTS[:args.prompts]]
     link_s = args.rtt_ms / 1000.0
 
     def wire_s(nbytes: float) -> float:

@@ -28,13 +28,8 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from tierlink.errors import (
-    InvalidRequest,
-    ModelNotFound,
-    TierlinkError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
+from tierlink.chat.sequence import UpstreamSequence
+from tierlink.errors import InvalidRequest, ModelNotFound, TierlinkError
 from tierlink.llm.results import Chunk, Generation, Timing
 from tierlink.security.names import expect_node
 
@@ -109,51 +104,23 @@ def _rows(payload: bytes) -> Any:
     return torch.from_numpy(decode_any(payload).astype("float32", copy=False))
 
 
-class HttpTail:
+class HttpTail(UpstreamSequence):
     """A device's side of the wire: one sequence, over the node's pooled HTTP session."""
 
     def __init__(self, http: aiohttp.ClientSession, link: VerifierLink, key: str,
                  cut: int, params: SamplingParams, timeout_s: float,
                  server_hostname: str | None = None) -> None:
-        self.http = http
-        self.url = f"{link.url.rstrip('/')}{split_path(link.model)}"
-        self.key = key
+        super().__init__(http, f"{link.url.rstrip('/')}{split_path(link.model)}", key,
+                         timeout_s, server_hostname, "split upstream")
         self.query = {"session": key, "cut": str(cut),
                       "temperature": str(params.temperature), "top_p": str(params.top_p)}
         if params.seed is not None:
             self.query["seed"] = str(params.seed)
-        self.timeout_s = timeout_s
-        self.server_hostname = server_hostname
         self.sent_bytes = 0
-        self.server_s = 0.0
 
     async def next_token(self, payload: bytes) -> int:
         self.sent_bytes += len(payload)
-        try:
-            async with self.http.post(self.url, params=self.query, data=payload,
-                                      timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                      server_hostname=self.server_hostname) as r:
-                data = await r.json(content_type=None)
-                if r.status != 200:
-                    raise UpstreamUnavailable(f"split upstream answered {r.status}: "
-                                              f"{data.get('error', data)}")
-        except TimeoutError as exc:
-            raise UpstreamTimeout(f"split upstream did not answer in {self.timeout_s} s"
-                                  ) from exc
-        except (aiohttp.ClientError, ValueError) as exc:
-            raise UpstreamUnavailable(f"split upstream unreachable: {exc}") from exc
-        self.server_s += float(data.get("server_ms", 0.0)) / 1e3
-        return int(data["token"])
-
-    async def close(self) -> None:
-        """Free the sequence's cache there (best effort: it evicts idle ones anyway)."""
-        try:
-            async with self.http.delete(f"{self.url}/{self.key}",
-                                        timeout=aiohttp.ClientTimeout(total=2.0),
-                                        server_hostname=self.server_hostname):
-                pass
-        except (aiohttp.ClientError, TimeoutError):
-            pass
+        return int((await self.call(params=self.query, data=payload))["token"])
 
 
 class Splitting:

@@ -15,7 +15,8 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from tierlink.errors import InvalidRequest, TierlinkError, UpstreamTimeout, UpstreamUnavailable
+from tierlink.chat.sequence import UpstreamSequence
+from tierlink.errors import InvalidRequest, TierlinkError
 from tierlink.llm.face import ServedModel
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict
 from tierlink.transport.openapi import request_body
@@ -114,27 +115,13 @@ def _proposal(d: Any, vocab: int) -> Proposal:
     return Proposal(token, tuple(support), tuple(float(p) for p in probs))
 
 
-class HttpVerifier:
+class HttpVerifier(UpstreamSequence):
     """A device's side of the wire: one session per generation, over a pooled session."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str, model: str, key: str,
                  timeout_s: float = 10.0, server_hostname: str | None = None) -> None:
-        self.http = session
-        self.server_hostname = server_hostname  # the verifier's identity, checked by TLS
-        self.url = f"{url.rstrip('/')}/tierlink/v1/llm/{model}/verify"
-        self.key = key
-        self.timeout_s = timeout_s
-        self.server_s = 0.0
-
-    async def close(self) -> None:
-        """Tell the verifier this sequence is done (best effort: it evicts idle ones anyway)."""
-        try:
-            async with self.http.delete(f"{self.url}/{self.key}",
-                                        timeout=aiohttp.ClientTimeout(total=2.0),
-                                        server_hostname=self.server_hostname):
-                pass
-        except (aiohttp.ClientError, TimeoutError):
-            pass
+        super().__init__(session, f"{url.rstrip('/')}/tierlink/v1/llm/{model}/verify", key,
+                         timeout_s, server_hostname, "verifier")
 
     async def __call__(self, tokens: list[int], drafts: list[Proposal],
                        params: SamplingParams) -> Verdict:
@@ -143,17 +130,5 @@ class HttpVerifier:
                             "probs": list(d.probs)} for d in drafts],
                 "sampling": {"temperature": params.temperature, "top_p": params.top_p,
                              "seed": params.seed}}
-        try:
-            async with self.http.post(self.url, json=body,
-                                      timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                      server_hostname=self.server_hostname) as r:
-                data = await r.json(content_type=None)
-                if r.status != 200:
-                    raise UpstreamUnavailable(f"verifier answered {r.status}: "
-                                              f"{data.get('error', data)}")
-        except TimeoutError as exc:
-            raise UpstreamTimeout(f"verifier did not answer in {self.timeout_s} s") from exc
-        except (aiohttp.ClientError, ValueError) as exc:
-            raise UpstreamUnavailable(f"verifier unreachable: {exc}") from exc
-        self.server_s += float(data.get("server_ms", 0.0)) / 1e3
+        data = await self.call(json=body)
         return Verdict(int(data["accepted"]), tuple(int(t) for t in data["tokens"]))

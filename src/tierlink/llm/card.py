@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -28,17 +29,32 @@ def load_or_measure(name: str, directory: Path, model: LlamaModel, codec: TextCo
                     precision: str = "fp32") -> ModelCard:
     """The card beside the weights if it was measured for these weights on this machine;
     else measured now and written there."""
-    weights = directory / WEIGHTS
-    key = f"{weights.stat().st_size}-{int(weights.stat().st_mtime)}-{platform.node()}"
+    key = measured_for(directory / WEIGHTS)
     path = directory / (CARD if precision == "fp32" else f"card-{precision}.json")
+    return cached_card(path, key, lambda: measure(name, directory, model, codec,
+                                                  precision=precision, key=key))
+
+
+def measured_for(weights: Path) -> str:
+    """What a card's measurement holds for: these weights (size, mtime) on this machine."""
+    stat = weights.stat()
+    return f"{stat.st_size}-{int(stat.st_mtime)}-{platform.node()}"
+
+
+def cached_card(path: Path, key: str, measure: Callable[[], ModelCard]) -> ModelCard:
+    """The card at ``path`` if it was measured for ``key``; else ``measure()``'s, written
+    there (a read-only model directory: measured again on the next load)."""
     try:
         card = load_card(path)
         if card.language is not None and card.language.measured_for == key:
             return card
     except ModelError:
         pass
-    card = measure(name, directory, model, codec, precision=precision, key=key)
-    save_card(card, path)
+    card = measure()
+    try:
+        save_card(card, path)
+    except OSError:
+        pass
     return card
 
 

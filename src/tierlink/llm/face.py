@@ -4,13 +4,16 @@ templates and tokens in, the length check, the runtime's name."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tierlink.errors import ContextTooLong, InvalidRequest, RuntimeFailure, TierlinkError
+from tierlink.llm.jobs import Event
 from tierlink.llm.params import SamplingParams
+from tierlink.llm.results import Chunk, Generation, Timing
 from tierlink.llm.sampling import Verdict
 from tierlink.llm.source import LMSource
-from tierlink.llm.text import TextCodec
+from tierlink.llm.text import Detokenizer, TextCodec
 
 if TYPE_CHECKING:
     from tierlink.llm.llamacpp import LlamaCppModel
@@ -68,3 +71,41 @@ def as_error(exc: BaseException) -> TierlinkError:
     if isinstance(exc, TierlinkError):
         return exc
     return RuntimeFailure(f"language model failed: {exc}")
+
+
+class EventStream:
+    """A generation's events, emitted on the runtime's thread (:attr:`emit`), read on the
+    event loop as the answer's chunks: text detokenized, stop sequences honoured (``stop``
+    asks the runtime to end it), ``report`` kept current."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.finished = False
+
+    def emit(self, event: Event) -> None:
+        """From any thread: the event, queued on the loop."""
+        self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    async def chunks(self, detok: Detokenizer, report: Generation, timing: Timing,
+                     stop: Callable[[], None]) -> AsyncIterator[Chunk]:
+        while not self.finished:
+            event = await self.events.get()
+            self.finished = event.finish_reason is not None
+            if event.error is not None:
+                raise as_error(event.error)
+            text = detok.push(event.tokens)
+            if detok.stopped and not self.finished:
+                stop()
+            if self.finished:
+                text += detok.flush()
+                report.finish_reason = "stop" if detok.stopped else event.finish_reason
+            report.completion_tokens = timing.generated
+            report.text.append(text)
+            if text or self.finished:
+                yield Chunk(text, event.tokens, report.finish_reason if self.finished else None)
+
+    async def drain(self) -> None:
+        """Wait for a cancelled generation's last event (its cache is free after it)."""
+        while not self.finished:
+            self.finished = (await self.events.get()).finish_reason is not None

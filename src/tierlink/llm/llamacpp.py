@@ -39,8 +39,9 @@ from tierlink.errors import (
     SessionNotFound,
 )
 from tierlink.llm import weights
-from tierlink.llm.face import TextFace, as_error, settle
-from tierlink.llm.jobs import Decoding, Event
+from tierlink.llm.card import cached_card, measured_for
+from tierlink.llm.face import EventStream, TextFace, settle
+from tierlink.llm.jobs import Decoding
 from tierlink.llm.kvship import Holder
 from tierlink.llm.llama_context import LlamaContext
 from tierlink.llm.llama_engine import LlamaEngine, LlamaSessions
@@ -50,7 +51,7 @@ from tierlink.llm.sampling import propose as propose_token
 from tierlink.llm.source import LMSource
 from tierlink.llm.text import Detokenizer, TextCodec
 from tierlink.llm.weights import LlamaConfig
-from tierlink.models.card import LanguageInfo, ModelCard, load_card, save_card
+from tierlink.models.card import LanguageInfo, ModelCard
 
 RUNTIME = "llama.cpp"
 FORMAT = "gguf"  # the card format the runtime registry maps to this runtime
@@ -125,46 +126,27 @@ class LlamaCppModel(TextFace):
             raise InvalidRequest("the prompt is empty")
         self.check_length(prompt, params)
         report = report if report is not None else Generation()
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def emit(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        run = _Run(session_key, prompt, Decoding(params, emit, self.codec.eos_ids,
-                                                 Timing(time.monotonic(), prompt_tokens=len(prompt))))
-        report.prompt_tokens, report.timing = len(prompt), run.decoding.timing
-        detok = Detokenizer(self.codec, params.stop)
+        stream = EventStream()
+        timing = Timing(time.monotonic(), prompt_tokens=len(prompt))
+        run = _Run(session_key, prompt, Decoding(params, stream.emit, self.codec.eos_ids,
+                                                 timing), report)
+        report.prompt_tokens, report.timing = len(prompt), timing
         self.engine.submit(lambda: self._generate(run))
-        finished = False
         try:
-            while not finished:
-                event = await events.get()
-                finished = event.finish_reason is not None
-                if event.error is not None:
-                    raise as_error(event.error)
-                report.cached_tokens = run.cached
-                text = detok.push(event.tokens)
-                if detok.stopped and not finished:
-                    run.stop_now = True
-                if finished:
-                    text += detok.flush()
-                    report.finish_reason = "stop" if detok.stopped else event.finish_reason
-                report.completion_tokens = run.decoding.timing.generated
-                report.text.append(text)
-                if text or finished:
-                    yield Chunk(text, event.tokens, report.finish_reason if finished else None)
+            async for chunk in stream.chunks(Detokenizer(self.codec, params.stop), report,
+                                             timing, functools.partial(setattr, run,
+                                                                       "stop_now", True)):
+                yield chunk
         finally:
-            if not finished:
+            if not stream.finished:
                 run.cancelled = True
-                while (await events.get()).finish_reason is None:
-                    pass  # the run's last event: the context is free again
+                await stream.drain()  # the run's last event: the context is free again
 
     def _generate(self, run: _Run) -> None:
         """On the engine's thread: prefill what the context lacks, then decode."""
         try:
             feed = self.sessions.enter(run.key, run.prompt)
-            run.cached = len(run.prompt) - len(feed)
+            run.report.cached_tokens = len(run.prompt) - len(feed)  # before any event
             if len(feed) > 1:
                 self.engine.timed(len(feed) - 1, lambda: self.ctx.prefill(feed[:-1]))
             last: int | None = feed[-1]
@@ -300,9 +282,9 @@ class LlamaDraft:
 class _Run:
     """One generation on the engine's thread; ``cancelled``/``stop_now`` set by the caller."""
 
-    def __init__(self, key: str | None, prompt: list[int], decoding: Decoding) -> None:
-        self.key, self.prompt, self.decoding = key, prompt, decoding
-        self.cached = 0
+    def __init__(self, key: str | None, prompt: list[int], decoding: Decoding,
+                 report: Generation) -> None:
+        self.key, self.prompt, self.decoding, self.report = key, prompt, decoding, report
         self.cancelled = False
         self.stop_now = False
 
@@ -311,21 +293,9 @@ def card_for(name: str, gguf: Path, directory: Path, ctx: LlamaContext, codec: T
              rss_bytes: int) -> ModelCard:
     """The card beside the tokenizer if measured for this GGUF on this machine; else
     measured now (prefill and decode tokens/s on one thread, memory) and written there."""
-    stat = gguf.stat()
-    key = f"{stat.st_size}-{int(stat.st_mtime)}-{platform.node()}"
-    path = directory / CARD
-    try:
-        card = load_card(path)
-        if card.language is not None and card.language.measured_for == key:
-            return card
-    except ModelError:
-        pass
-    card = measure(name, gguf, ctx, codec, rss_bytes, key)
-    try:
-        save_card(card, path)
-    except OSError:
-        pass  # a read-only model directory: measured again on the next load
-    return card
+    key = measured_for(gguf)
+    return cached_card(directory / CARD, key,
+                       lambda: measure(name, gguf, ctx, codec, rss_bytes, key))
 
 
 def measure(name: str, gguf: Path, ctx: LlamaContext, codec: TextCodec, rss_bytes: int,

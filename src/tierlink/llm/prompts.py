@@ -1,5 +1,18 @@
 """Everyday questions a chat fleet is asked: the demo's chat phase and the chat benchmarks
-draw from the same list (torch-free)."""
+draw from the same lists (torch-free)."""
+
+# Short everyday prompts the model benchmarks compare runtimes and splits on
+# (benchmarks/llm_split.py, benchmarks/llm_runtimes.py)
+SHORT_PROMPTS = (
+    "Name three colours of the rainbow.",
+    "What is the capital of France, and why is it famous?",
+    "Write one sentence about the sea.",
+    "Explain what a cache is to a child.",
+    "Give me a tip for learning to cook.",
+    "Why do leaves change colour in autumn?",
+    "Describe a cat in two sentences.",
+    "What should I pack for a day hike?",
+)
 
 QUESTIONS = (
     "What is the capital of France?", "Write a haiku about the sea.",

@@ -16,8 +16,8 @@ from tierlink.errors import ConfigError, ContextTooLong, InvalidRequest
 from tierlink.llm import weights
 from tierlink.llm.card import load_or_measure
 from tierlink.llm.engine import Engine
-from tierlink.llm.face import TextFace, as_error, settle
-from tierlink.llm.jobs import Event, GenerateJob, VerifyJob
+from tierlink.llm.face import EventStream, TextFace, settle
+from tierlink.llm.jobs import GenerateJob, VerifyJob
 from tierlink.llm.kvcache import CacheBounds
 from tierlink.llm.kvship import Holder, identity, pack, slots, unpack
 from tierlink.llm.model import LlamaModel
@@ -96,40 +96,25 @@ class LanguageModel(TextFace):
         session = self.sessions.open(session_key)
         session.heard(privacy, origin)
         feed = session.reuse(prompt)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        def emit(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        job = GenerateJob(session.cache, feed, params, emit=emit, eos_ids=self.codec.eos_ids)
+        stream = EventStream()
+        job = GenerateJob(session.cache, feed, params, emit=stream.emit,
+                          eos_ids=self.codec.eos_ids)
         report.prompt_tokens, report.cached_tokens = len(prompt), len(prompt) - len(feed)
         report.timing = job.timing
-        detok = Detokenizer(self.codec, params.stop)
         self.engine.submit(job)
-        finished = False
+
+        def stop() -> None:  # a stop sequence matched: the engine ends it at its next step
+            job.stop_now = True
+            self.engine.wake()
         try:
-            while not finished:
-                event = await events.get()
-                finished = event.finish_reason is not None
-                if event.error is not None:
-                    raise as_error(event.error)
-                text = detok.push(event.tokens)
-                if detok.stopped and not finished:
-                    job.stop_now = True  # the engine ends it at its next step
-                    self.engine.wake()
-                if finished:
-                    text += detok.flush()
-                    reason = "stop" if detok.stopped else event.finish_reason
-                    report.finish_reason = reason
-                report.completion_tokens = job.timing.generated
-                report.text.append(text)
-                if text or finished:
-                    yield Chunk(text, event.tokens, report.finish_reason if finished else None)
+            async for chunk in stream.chunks(Detokenizer(self.codec, params.stop), report,
+                                             job.timing, stop):
+                yield chunk
         finally:
-            if not finished:
+            if not stream.finished:
                 job.cancelled = True
                 self.engine.wake()
-                await _drain(events)
+                await stream.drain()
             session.tokens.extend(job.fed)
             self.sessions.close(session_key, session)
 
@@ -280,14 +265,6 @@ class LanguageModel(TextFace):
 
     def kv_bytes_in_use(self) -> int:
         return self.sessions.bytes_in_use() + self.verifiers.bytes_in_use()
-
-
-async def _drain(events: asyncio.Queue[Event]) -> None:
-    """Wait for the cancelled job's last event, so its cache is free before reuse."""
-    while True:
-        event = await events.get()
-        if event.finish_reason is not None:
-            return
 
 
 __all__ = ["Chunk", "Generation", "LMSource", "LanguageModel", "Session"]

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from tierlink.core.types import ClusterView, LanguageModelView, NodeView, Privacy
+from tierlink.core.types import ClusterView, LanguageModelView, LinkView, NodeView, Privacy
 from tierlink.estimate import chat as est
 from tierlink.policy.base import Weights
 
@@ -125,15 +125,11 @@ def _options(ask: ChatAsk, view: ClusterView, max_hops: int) -> Iterator[ChatOpt
 def _speculative(ask: ChatAsk, view: ClusterView, draft: LanguageModelView
                  ) -> ChatOption | None:
     """Drafting with ``draft`` for the verifier it names, when the prompt may go there."""
-    node_id, _, model = draft.verifier.partition("/")
-    node = view.nodes.get(node_id)
-    if node is None or not _may_hold(ask, node):
+    found = _upstream_model(view, draft.verifier)
+    if found is None or not _may_hold(ask, found[0]) or not _context_ok(ask, found[1]):
         return None
-    target = next((lm for lm in node.language_models if lm.name == model), None)
-    link = view.link(view.self_id, node_id)
-    if target is None or link is None or not _context_ok(ask, target):
-        return None
-    return ChatOption("speculative", node_id, model, draft.name,
+    node, target, link = found
+    return ChatOption("speculative", node.node_id, target.name, draft.name,
                       est.speculative(draft, target, ask.prompt_tokens, ask.max_tokens,
                                       link.rtt_ms))
 
@@ -141,19 +137,29 @@ def _speculative(ask: ChatAsk, view: ClusterView, draft: LanguageModelView
 def _split(ask: ChatAsk, view: ClusterView, head: LanguageModelView) -> ChatOption | None:
     """Running ``head``'s first layers here and the rest on the upstream it names, when the
     prompt's features may go there."""
-    if not head.split:
+    found = _upstream_model(view, head.split)
+    if found is None or not _context_ok(ask, found[1]):
         return None
-    node_id, _, model = head.split.partition("/")
-    node = view.nodes.get(node_id)
-    if node is None or not node.healthy or not ask.privacy.features_allowed(
+    node, target, link = found
+    if not node.healthy or not ask.privacy.features_allowed(
             node.tier, local_may_leave=ask.features_may_leave):
         return None
-    target = next((lm for lm in node.language_models if lm.name == model), None)
-    link = view.link(view.self_id, node_id)
-    if target is None or link is None or not _context_ok(ask, target):
-        return None
-    return ChatOption("split", node_id, model, head.name,
+    return ChatOption("split", node.node_id, target.name, head.name,
                       est.split(head, target, ask.prompt_tokens, ask.max_tokens, link.rtt_ms))
+
+
+def _upstream_model(view: ClusterView, named: str
+                    ) -> tuple[NodeView, LanguageModelView, LinkView] | None:
+    """The node, model and link a ``NODE/MODEL`` reference names, when all three are in
+    the view."""
+    node_id, _, model = named.partition("/")
+    node = view.nodes.get(node_id)
+    link = view.link(view.self_id, node_id)
+    target = next((lm for lm in node.language_models if lm.name == model), None) \
+        if node is not None else None
+    if node is None or target is None or link is None:
+        return None
+    return node, target, link
 
 
 def _may_hold(ask: ChatAsk, node: NodeView) -> bool:
