@@ -9,21 +9,27 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tierlink.errors import ContextTooLong, PackageRefused, SessionNotFound
+from tierlink.llm.llamacpp import LlamaCppModel
 from tierlink.llm.results import Generation
+from tierlink.llm.runtime import LanguageModel
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict
 from tierlink.llm.source import LMSource
 from tierlink.llm.speculative import SpecReport, SpeculativeDrafter
 
 pytestmark = pytest.mark.llama
-llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp runtime is built by "
-                                                    "./scripts/setup.sh --llama")
 
-from tierlink.llm.llamacpp import LlamaCppModel
-from tierlink.llm.runtime import LanguageModel
+
+@pytest.fixture(scope="module", autouse=True)
+def llama_cpp() -> Any:
+    """The bindings, checked when a test here runs (CI deselects these while it builds
+    them: a module-level skip would fail its collection)."""
+    return pytest.importorskip("llama_cpp", reason="the llama.cpp runtime is built by "
+                                                   "./scripts/setup.sh --llama")
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
@@ -73,7 +79,8 @@ def test_the_card_is_the_gguf_as_it_ships_measured_on_llama_cpp(q4: LlamaCppMode
     assert lang.measured["model_bytes"] < (lm_dir / "model.safetensors").stat().st_size / 4
 
 
-def test_greedy_output_equals_llama_cpp_python_s_own(q4: LlamaCppModel) -> None:
+def test_greedy_output_equals_llama_cpp_python_s_own(q4: LlamaCppModel,
+                                                    llama_cpp: Any) -> None:
     ref = llama_cpp.Llama(str(q4.gguf), n_ctx=512, n_threads=1, verbose=False)
     try:
         for prompt in PROMPTS:
