@@ -509,6 +509,7 @@ def _section_classes() -> dict[str, tuple[tuple[type, ...], dict[str, str]]]:
         "nodes[].ray": ((EngineConfig,), {}),
         "nodes[].chat": ((ChatConfig,), {}),
         "nodes[].chat.models[]": ((LMSource,), {"model": "path"}),
+        "nodes[].chat.models[].split": ((LMSource,), {"to": "split"}),
         "links[]": ((LinkConfig,), {"from": "src", "to": "dst"}),
         "routing": ((RoutingConfig,), {"bandit": "reward"}),
         "routing.policy": policy,

@@ -44,8 +44,10 @@ class LMSource:
     # the hidden states (codec `split_codec`) to that upstream's copy of this model for the
     # rest (llm/layer_split.py) — where the fleet lets a prompt's features leave
     split: str | None = None
-    split_tier: str = "cloud"
-    split_cut: int = 8
+    split_tier: str = "cloud"  # the split target's tier (filled in from the fleet file)
+    split_cut: int = 8  # decoder layers run here: the embedding and layers 0..cut-1
+    # the hidden states on the wire: fp16 (the unsplit greedy output in our runs, half of
+    # fp32's bytes), fp32 (exact), int8 or int8c (per channel)
     split_codec: str = "fp16"
     # a conversation's cache shipped to the upstream that answers its next turn
     # (chat/handover.py): auto (when faster than prefilling there), always or never; and its
