@@ -25,12 +25,12 @@ from fastapi.responses import JSONResponse, Response
 from tierlink.chat.handover import SHIP_PATH, Destination, kv_path, move
 from tierlink.errors import (
     InvalidRequest,
-    ModelNotFound,
     PrivacyViolation,
     SessionNotFound,
     TierlinkError,
 )
 from tierlink.llm.kvship import MAX_HEADER_BYTES, holder_of, package_bytes, read_header
+from tierlink.llm.source import model_named
 from tierlink.routing.privacy import may_hold
 from tierlink.security.names import expect_node
 
@@ -48,7 +48,7 @@ def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
         start = time.perf_counter()
         try:
             _require_peer(request, "moving a conversation")
-            lm = _model(models, name)
+            lm = model_named(models, name, "to hold a conversation")
             _check_session(session)
             blob = await _body(request, _limit(lm))
             holder = holder_of(read_header(blob))
@@ -70,7 +70,7 @@ def install_kv_routes(app: FastAPI, chat: ChatService) -> None:
     async def copy(name: str, session: str, request: Request) -> Response:
         try:
             _require_peer(request, "copying a conversation")
-            lm = _model(models, name)
+            lm = model_named(models, name, "to hold a conversation")
             since, evicted, node = _copy_request(request)
             held = lm.held(session)
             if held is None:
@@ -115,14 +115,6 @@ def _ship_request(body: Any, chat: ChatService) -> tuple[str, Destination]:
     to = Destination.from_dict(body.get("to"), chat.handover.links(),
                                lambda node: expect_node(node, chat.tls))
     return session, to
-
-
-def _model(models: dict[str, ServedModel], name: str) -> ServedModel:
-    lm = models.get(name)
-    if lm is None:
-        raise ModelNotFound(f"no language model {name!r} here to hold a conversation",
-                            hint=f"models: {sorted(models)}")
-    return lm
 
 
 def _copy_request(request: Request) -> tuple[int, int, str]:

@@ -29,8 +29,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from tierlink.chat.sequence import UpstreamSequence
-from tierlink.errors import InvalidRequest, ModelNotFound, TierlinkError
+from tierlink.errors import InvalidRequest, TierlinkError
 from tierlink.llm.results import Chunk, Generation, Timing
+from tierlink.llm.source import model_named
 from tierlink.security.names import expect_node
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def install_split_routes(app: FastAPI, models: Mapping[str, ServedModel]) -> Non
             guard = getattr(request.app.state, "peers", None)
             if guard is not None:  # on a node with TLS: a device's certificate
                 guard.require(request.scope, "running a split model's layers")
-            lm = _model(models, name)
+            lm = model_named(models, name, "to run a split's layers")
             params = _sampling(request.query_params)
             hidden = _rows(await read_bounded(request, MAX_BODY, lambda size: InvalidRequest(
                 f"split: {size} bytes of rows is over {MAX_BODY}")))
@@ -74,14 +75,6 @@ def install_split_routes(app: FastAPI, models: Mapping[str, ServedModel]) -> Non
         if lm is not None:
             lm.release_tail(session)
         return Response(status_code=204)
-
-
-def _model(models: Mapping[str, ServedModel], name: str) -> ServedModel:
-    lm = models.get(name)
-    if lm is None:
-        raise ModelNotFound(f"no language model {name!r} here to run a split's layers",
-                            hint=f"models: {sorted(models)}")
-    return lm
 
 
 def _sampling(query: Mapping[str, str]) -> SamplingParams:

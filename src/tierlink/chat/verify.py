@@ -19,6 +19,7 @@ from tierlink.chat.sequence import UpstreamSequence
 from tierlink.errors import InvalidRequest, TierlinkError
 from tierlink.llm.face import ServedModel
 from tierlink.llm.sampling import Proposal, SamplingParams, Verdict
+from tierlink.llm.source import model_named
 from tierlink.transport.openapi import request_body
 
 MAX_DRAFTS = 16
@@ -46,12 +47,7 @@ def install_verify_route(app: FastAPI, models: dict[str, ServedModel]) -> None:
             guard = getattr(request.app.state, "peers", None)
             if guard is not None:  # on a node with TLS: a drafting node's certificate
                 guard.require(request.scope, "verifying drafts")
-            lm = models.get(name)
-            if lm is None:
-                from tierlink.errors import ModelNotFound
-
-                raise ModelNotFound(f"no language model {name!r} here to verify with",
-                                    hint=f"models: {sorted(models)}")
+            lm = model_named(models, name, "to verify with")
             key, tokens, drafts, params = parse_verify(await request.json(), lm)
             verdict = await lm.verify(key, tokens, drafts, params)
         except TierlinkError as exc:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+from tierlink.errors import ModelNotFound
+
+M = TypeVar("M")
 
 MOVES = ("auto", "always", "never")  # when a conversation's cache follows its next turn
 CODECS = ("fp32", "fp16", "int8", "int4")  # a cache on the wire (llm/kvship.py)
@@ -59,3 +65,13 @@ class LMSource:
     def format(self) -> str:
         """The card format its runtime is registered under."""
         return RUNTIMES[self.runtime]
+
+
+def model_named(models: Mapping[str, M], name: str, purpose: str) -> M:
+    """This node's language model ``name`` (a route's path names it), or a 404 saying what
+    it was wanted for and which models are here."""
+    lm = models.get(name)
+    if lm is None:
+        raise ModelNotFound(f"no language model {name!r} here {purpose}",
+                            hint=f"models: {sorted(models)}")
+    return lm
