@@ -73,6 +73,10 @@ def test_a_canary_that_cannot_load_is_rolled_back_at_once(faults: ModuleType,
     assert result["failed"] == 0, result
 
 
+# The quality gates are the rollout controller's own; on etcd the rollout's record and the
+# leader that drives it are tested in tests/control/test_control_etcd_rollouts.py (SQLite
+# only here).
+@pytest.mark.parametrize("bench", ["sqlite"], indirect=True)
 def test_a_canary_that_loses_accuracy_is_rolled_back_within_its_share(
         faults: ModuleType, bench: Any) -> None:
     result = faults.bad_canary_accuracy(bench)
