@@ -138,6 +138,8 @@ class Splitting:
     async def answer(self, req: Any, lm: Any, ids: list[int], report: Generation,
                      meta: dict[str, Any]) -> AsyncIterator[Chunk]:
         """``req`` (a ``ChatRequest``) answered with ``lm``'s first layers here."""
+        from tierlink.llm.face import piece
+        from tierlink.llm.jobs import Decoding, Event
         from tierlink.llm.kvcache import KVCache
         from tierlink.llm.text import Detokenizer
         from tierlink.split.codecs import get_codec
@@ -149,6 +151,8 @@ class Splitting:
                         expect_node(link.node_id, self._tls()))
         report.prompt_tokens = len(ids)
         report.timing = timing = Timing(time.monotonic(), prompt_tokens=len(ids))
+        events: list[Event] = []  # the upstream's tokens as the answer takes them
+        decoding = Decoding(params, events.append, lm.codec.eos_ids, timing)
         detok = Detokenizer(lm.codec, params.stop)
         rows, head_s = ids, 0.0
         meta.update(served_by=link.node_id, tier=link.tier.label, model=link.model,
@@ -156,24 +160,20 @@ class Splitting:
                     codec=src.split_codec)
         try:
             while report.finish_reason is None:
-                t0 = time.perf_counter()
-                payload = await asyncio.to_thread(_encoded_head, wire, lm.model, cache, rows,
-                                                  src.split_cut)
-                head_s += time.perf_counter() - t0
-                token = await tail.next_token(payload)
-                timing.first_token = timing.first_token or time.monotonic()
-                new, report.finish_reason = _decided(token, timing, lm.codec.eos_ids,
-                                                     params)
-                text = detok.push(new)
-                if detok.stopped:
-                    report.finish_reason = "stop"
-                if report.finish_reason is not None:
-                    text += detok.flush()
-                report.completion_tokens = timing.generated
-                report.text.append(text)
-                if text or report.finish_reason:
-                    yield Chunk(text, new, report.finish_reason)
-                rows = new
+                if detok.stopped:  # a stop sequence ended it
+                    decoding.finish("stop", [])
+                else:
+                    t0 = time.perf_counter()
+                    payload = await asyncio.to_thread(_encoded_head, wire, lm.model, cache,
+                                                      rows, src.split_cut)
+                    head_s += time.perf_counter() - t0
+                    token = decoding.take(await tail.next_token(payload))
+                    rows = [] if token is None else [token]
+                for event in events:
+                    chunk = piece(event, detok, report, timing)
+                    if chunk is not None:
+                        yield chunk
+                events.clear()
         finally:
             timing.finished = time.monotonic()
             task = asyncio.ensure_future(tail.close())
@@ -188,13 +188,3 @@ def _encoded_head(wire: Any, model: Any, cache: Any, rows: list[int], cut: int) 
     from tierlink.llm.layer_split import head_rows
 
     return bytes(wire.encode(head_rows(model, cache, rows, cut).numpy()))
-
-
-def _decided(token: int, timing: Timing, eos_ids: frozenset[int],
-             params: SamplingParams) -> tuple[list[int], str | None]:
-    """The upstream's token as the answer takes it: the end, or one more (the last one
-    at ``max_tokens``)."""
-    if token in eos_ids and not params.ignore_eos:
-        return [], "stop"
-    timing.generated += 1
-    return [token], "length" if timing.generated >= params.max_tokens else None

@@ -92,20 +92,31 @@ class EventStream:
         while not self.finished:
             event = await self.events.get()
             self.finished = event.finish_reason is not None
-            if event.error is not None:
-                raise as_error(event.error)
-            text = detok.push(event.tokens)
+            chunk = piece(event, detok, report, timing)
             if detok.stopped and not self.finished:
                 stop()
-            if self.finished:
-                text += detok.flush()
-                report.finish_reason = "stop" if detok.stopped else event.finish_reason
-            report.completion_tokens = timing.generated
-            report.text.append(text)
-            if text or self.finished:
-                yield Chunk(text, event.tokens, report.finish_reason if self.finished else None)
+            if chunk is not None:
+                yield chunk
 
     async def drain(self) -> None:
         """Wait for a cancelled generation's last event (its cache is free after it)."""
         while not self.finished:
             self.finished = (await self.events.get()).finish_reason is not None
+
+
+def piece(event: Event, detok: Detokenizer, report: Generation, timing: Timing
+          ) -> Chunk | None:
+    """One event of a generation as the answer's chunk (None: no text to send yet), with
+    ``report`` kept current; a failure raised as the error tree names it."""
+    if event.error is not None:
+        raise as_error(event.error)
+    finished = event.finish_reason is not None
+    text = detok.push(event.tokens)
+    if finished:
+        text += detok.flush()
+        report.finish_reason = "stop" if detok.stopped else event.finish_reason
+    report.completion_tokens = timing.generated
+    report.text.append(text)
+    if not text and not finished:
+        return None
+    return Chunk(text, event.tokens, report.finish_reason if finished else None)

@@ -74,7 +74,11 @@ class Decoding:
 
     def choose(self, row: torch.Tensor) -> int | None:
         """The next token, to feed; None when the generation ended with this row."""
-        token = sample(row, self.params, self.gen)
+        return self.take(sample(row, self.params, self.gen))
+
+    def take(self, token: int) -> int | None:
+        """``token`` chosen (here, or by the upstream of a split): the next token to feed;
+        None when the generation ended with it."""
         if self.timing.first_token is None:
             self.timing.first_token = self.clock()
         if token in self.eos_ids and not self.params.ignore_eos:
