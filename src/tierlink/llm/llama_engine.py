@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from tierlink.llm.engine import EngineStats
@@ -125,6 +125,12 @@ class LlamaSessions:
             self.live = None
             return True
         return self._saved.pop(key, None) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        """The conversations held: the live one, then the saved ones."""
+        if self.live is not None:
+            yield self.live
+        yield from self._saved
 
     def __len__(self) -> int:
         return len(self._saved) + (self.live is not None)

@@ -57,6 +57,7 @@ RUNTIME = "llama.cpp"
 FORMAT = "gguf"  # the card format the runtime registry maps to this runtime
 MAX_CONTEXT = 4096  # positions a context holds (the KV cache is allocated for all of them)
 CARD = "card-llama.cpp.json"
+VERIFYING = "verify:"  # a drafting device's sequence among the conversations
 
 
 def gguf_of(path: str) -> tuple[Path, Path]:
@@ -145,11 +146,9 @@ class LlamaCppModel(TextFace):
     def _generate(self, run: _Run) -> None:
         """On the engine's thread: prefill what the context lacks, then decode."""
         try:
-            feed = self.sessions.enter(run.key, run.prompt)
-            run.report.cached_tokens = len(run.prompt) - len(feed)  # before any event
-            if len(feed) > 1:
-                self.engine.timed(len(feed) - 1, lambda: self.ctx.prefill(feed[:-1]))
-            last: int | None = feed[-1]
+            reused, first = self._fed(run.key, run.prompt)
+            run.report.cached_tokens = reused  # before any event
+            last: int | None = first
             while last is not None:
                 if run.cancelled or run.stop_now:
                     run.decoding.finish("stop" if run.stop_now else "cancelled", [])
@@ -188,16 +187,23 @@ class LlamaCppModel(TextFace):
         the drafts as one batch (as the torch verifier feeds them)."""
         session = _verifier_key(key)
         try:
-            feed = self.sessions.enter(session, tokens)
-            if len(feed) > 1:
-                self.engine.timed(len(feed) - 1, lambda: self.ctx.prefill(feed[:-1]))
+            _, last = self._fed(session, tokens)
             rows = self.engine.timed(len(drafts) + 1, lambda: self.ctx.step(
-                [feed[-1], *(d.token for d in drafts)]))
+                [last, *(d.token for d in drafts)]))
             verdict = accept_drafts(torch.from_numpy(rows), drafts, params, gen)
             self.ctx.keep(len(tokens) + verdict.accepted)
             return verdict
         finally:
             self.sessions.leave(session)
+
+    def _fed(self, key: str | None, tokens: list[int]) -> tuple[int, int]:
+        """On the engine's thread: the context holding the most of ``tokens`` it can
+        (``key``'s sequence, or a shared prefix), then all but the last of the rest fed.
+        (Tokens reused, the last token: to step.)"""
+        feed = self.sessions.enter(key, tokens)
+        if len(feed) > 1:
+            self.engine.timed(len(feed) - 1, lambda: self.ctx.prefill(feed[:-1]))
+        return len(tokens) - len(feed), feed[-1]
 
     def release(self, key: str) -> bool:
         """A drafting device is done with ``key``: forget its sequence."""
@@ -236,10 +242,11 @@ class LlamaCppModel(TextFace):
 
     def status(self) -> dict[str, Any]:
         s = self.engine.stats
+        verifying = sum(1 for key in self.sessions if key.startswith(VERIFYING))
         return {"name": self.name, "runtime": RUNTIME, "running": s.running,
                 "queued": s.queued, "passes": s.passes, "rows": s.rows,
-                "busy_s": round(s.busy_s, 3), "sessions": len(self.sessions),
-                "verifier_sessions": 0, "kv_bytes": self.kv_bytes_in_use(),
+                "busy_s": round(s.busy_s, 3), "sessions": len(self.sessions) - verifying,
+                "verifier_sessions": verifying, "kv_bytes": self.kv_bytes_in_use(),
                 "kv_cap_bytes": None}
 
     def kv_bytes_in_use(self) -> int:
@@ -361,7 +368,7 @@ def _precision(description: str) -> str:
 
 
 def _verifier_key(key: str) -> str:
-    return f"verify:{key}"
+    return f"{VERIFYING}{key}"
 
 
 def _rss_bytes() -> int:
