@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,9 @@ from tierlink.control.client import ControlClient
 from tierlink.control.etcd_hard_examples import EtcdHardExampleStore
 from tierlink.control.schemas import HardExampleIn
 from tierlink.control.store import HardExampleStore, SqliteHardExampleStore, SqliteRegistryStore
-from tierlink.errors import ControlPlaneError, InvalidRequest
+from tierlink.errors import ControlPlaneError
 from tierlink.etcd.client import Etcd
+from tierlink.repo.blobs import BlobStore
 
 
 def example(rid: str = "r1", *, model: str = "fmnist-small", node: str = "dev-1",
@@ -47,7 +49,8 @@ def parsed(*bodies: dict[str, Any]) -> list[HardExampleIn]:
 
 
 @pytest.fixture
-def store(store_kind: str, request: pytest.FixtureRequest) -> Iterator[HardExampleStore]:
+def store(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path
+          ) -> Iterator[HardExampleStore]:
     """A store capped at 3 rows: in SQLite, and in etcd as control-plane replicas share it."""
     if store_kind == "sqlite":
         s = SqliteHardExampleStore(":memory:", max_rows=3)
@@ -55,8 +58,8 @@ def store(store_kind: str, request: pytest.FixtureRequest) -> Iterator[HardExamp
         s.close()
         return
     with Etcd(request.getfixturevalue("etcd_cluster").endpoints) as etcd:
-        yield EtcdHardExampleStore(etcd, prefix=request.getfixturevalue("etcd_prefix"),
-                                   max_rows=3)
+        yield EtcdHardExampleStore(etcd, BlobStore(tmp_path / "blobs"),
+                                   prefix=request.getfixturevalue("etcd_prefix"), max_rows=3)
 
 
 def test_store_keeps_the_newest_rows_under_its_cap(store: HardExampleStore) -> None:
@@ -94,13 +97,61 @@ def test_export_reads_the_tensors_back(store: HardExampleStore) -> None:
     assert [e.record.request_id for e in store.export(limit=1)] == ["a"]
 
 
-def test_on_etcd_an_example_too_large_for_an_entry_is_refused_naming_the_size(
-        etcd_cluster: Any, etcd_prefix: str) -> None:
+@pytest.fixture
+def on_etcd(etcd_cluster: Any, etcd_prefix: str, tmp_path: Path
+            ) -> Iterator[EtcdHardExampleStore]:
     with Etcd(etcd_cluster.endpoints) as etcd:
-        store = EtcdHardExampleStore(etcd, prefix=etcd_prefix)
-        with pytest.raises(InvalidRequest, match="larger than the etcd store takes"):
-            store.add(parsed(example("big", shape=(1, 600, 600))), now=1.0)
-        assert store.count() == 0
+        yield EtcdHardExampleStore(etcd, BlobStore(tmp_path / "blobs"), prefix=etcd_prefix,
+                                   max_rows=2)
+
+
+def _blobs(store: EtcdHardExampleStore) -> list[Path]:
+    return sorted(p for p in (store.blobs.root / "sha256").rglob("*") if p.is_file())
+
+
+def test_on_etcd_the_tensors_are_blobs_and_go_with_their_examples(
+        on_etcd: EtcdHardExampleStore) -> None:
+    """etcd holds the records (small), the shared blob folder the tensors: one blob per
+    example (the same input twice is two), removed when its example is trimmed."""
+    on_etcd.add(parsed(example("a"), example("b")), now=1.0)
+    entries = on_etcd.log.after(0, 10)
+    assert all(len(e.value) < 600 for e in entries)  # the record alone, not 3 KB of tensor
+    blob = {json.loads(e.value)["request_id"]: on_etcd.blobs.path(json.loads(e.value)["blob"])
+            for e in entries}
+    assert _blobs(on_etcd) == sorted(blob.values())
+    on_etcd.add(parsed(example("c")), now=2.0)  # "a" goes, and its blob with it
+    assert [r.request_id for r in on_etcd.page()] == ["b", "c"]
+    now = _blobs(on_etcd)
+    assert len(now) == 2 and blob["a"] not in now and blob["b"] in now
+    assert [e.record.request_id for e in on_etcd.export()] == ["b", "c"]
+
+
+def test_on_etcd_an_example_too_large_for_an_etcd_entry_is_kept(
+        on_etcd: EtcdHardExampleStore) -> None:
+    big = np.full((1, 600, 600), 0.75, np.float32)  # 1.4 MB: more than an etcd entry takes
+    on_etcd.add(parsed(example("big", shape=(1, 600, 600), fill=0.75)), now=1.0)
+    (got,) = on_etcd.export()
+    assert np.array_equal(np.frombuffer(got.data, "<f4").reshape(1, 600, 600), big)
+
+
+def test_on_etcd_an_example_whose_blob_is_gone_is_left_out_of_an_export(
+        on_etcd: EtcdHardExampleStore, caplog: pytest.LogCaptureFixture) -> None:
+    on_etcd.add(parsed(example("a"), example("b")), now=1.0)
+    _blobs(on_etcd)[0].unlink()  # a blob folder the replicas do not share, say
+    exported = [e.record.request_id for e in on_etcd.export()]
+    assert len(exported) == 1 and "not readable" in caplog.text
+    assert [r.request_id for r in on_etcd.page()] == ["a", "b"]  # the records stay listed
+
+
+def test_on_etcd_an_example_written_inline_by_an_earlier_version_is_read(
+        on_etcd: EtcdHardExampleStore) -> None:
+    x = np.full((1, 2, 2), 0.5, np.float32)
+    meta = dict(example("old", shape=(1, 2, 2)))
+    meta.pop("input")
+    meta.update(received_at=1.0, datatype="FP32", shape=[1, 2, 2])
+    on_etcd.log.append([("old-key", json.dumps(meta).encode() + b"\n" + x.tobytes())])
+    (got,) = on_etcd.export()
+    assert got.record.request_id == "old" and got.data == x.tobytes()
 
 
 def test_a_schema_1_database_is_upgraded_in_place(tmp_path: Path) -> None:

@@ -80,7 +80,10 @@ def http(tmp_path: Path, store_kind: str, request: pytest.FixtureRequest
 
         prefix = request.getfixturevalue("etcd_prefix")
         etcd = Etcd(request.getfixturevalue("etcd_cluster").endpoints)
-        shared = {"hard_examples": EtcdHardExampleStore(etcd, prefix=prefix + "hard/"),
+        from tierlink.repo.blobs import BlobStore
+
+        shared = {"hard_examples": EtcdHardExampleStore(etcd, BlobStore(tmp_path / "blobs"),
+                                                        prefix=prefix + "hard/"),
                   "results": EtcdResultStore(etcd, prefix=prefix + "results/")}
     app = create_app(registry, **shared)
     try:

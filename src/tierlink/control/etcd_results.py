@@ -69,7 +69,7 @@ class EtcdResultStore:
             numbers = self._with_lease(lambda lease: self.log.append(values, lease=lease), now)
             for (i, item), number in zip(stored, numbers, strict=True):
                 acks[i] = Ack(item.key, AckStatus.DUPLICATE if number is None else AckStatus.OK)
-            evicted = self.log.trim(self.max_rows, forget_keys=False)
+            evicted = len(self.log.trim(self.max_rows, forget_keys=False))
             with self._lock:
                 self._evicted += evicted
         return [acks[i] for i in range(len(batch.entries))]

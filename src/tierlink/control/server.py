@@ -139,7 +139,8 @@ def run_control(
             app = create_app(store, ttl_s=ttl_s, hard_example_max_rows=hard_example_rows,
                              result_max_rows=result_rows, identity=identity,
                              repository=repository, local_db=str(db_path),
-                             hard_examples=shared.hard_examples(hard_example_rows),
+                             hard_examples=shared.hard_examples(
+                                 hard_example_rows, repository.blobs.root),
                              results=shared.results(result_rows),
                              rollout_store=shared.rollouts, leader=shared.leader(
                                  f"{host}:{actual_port}"), routing_store=shared.routing,
@@ -214,13 +215,16 @@ class _Shared:
             self.rollouts = EtcdRolloutStore(etcd)
             self.routing = EtcdRoutingRevisions(etcd)
 
-    def hard_examples(self, max_rows: int) -> HardExampleStore | None:
-        """On etcd, the hard examples every replica shares (None: the app's SQLite file)."""
+    def hard_examples(self, max_rows: int, blob_root: Path) -> HardExampleStore | None:
+        """On etcd, the hard examples every replica shares, their tensors in the shared
+        blob folder (None: the app's SQLite file)."""
         if self.etcd is None:
             return None
         from tierlink.control.etcd_hard_examples import EtcdHardExampleStore
+        from tierlink.repo.blobs import BlobStore
 
-        return EtcdHardExampleStore(self.etcd, max_rows=max_rows)
+        return EtcdHardExampleStore(self.etcd, BlobStore(blob_root / "hard-examples"),
+                                    max_rows=max_rows)
 
     def results(self, max_rows: int) -> DeliveredResults | None:
         """On etcd, the delivered items every replica shares (None: the app's SQLite file)."""

@@ -105,12 +105,12 @@ class EtcdLog:
         """Entries in the log now."""
         return self.etcd.count(self._seq)
 
-    def trim(self, keep: int, *, forget_keys: bool) -> int:
-        """Delete the oldest entries beyond the newest ``keep``; how many went.
+    def trim(self, keep: int, *, forget_keys: bool) -> list[Entry]:
+        """Delete the oldest entries beyond the newest ``keep``; the entries that went.
         ``forget_keys``: their dedupe keys go too (the same content may come again);
         otherwise a replay of a trimmed entry stays a duplicate until its lease ends."""
         excess = self.count() - keep
-        trimmed = 0
+        trimmed: list[Entry] = []
         while excess > 0:
             oldest = self.after(0, min(excess, MAX_OPS // 2))
             if not oldest:
@@ -119,7 +119,7 @@ class EtcdLog:
             if forget_keys:
                 ops += [Op("delete", self._key + e.key) for e in oldest]
             self.etcd.txn([], ops)
-            trimmed += len(oldest)
+            trimmed += oldest
             excess -= len(oldest)
         return trimmed
 

@@ -96,6 +96,15 @@ class BlobStore:
             w.commit()
         return w.sha256
 
+    def remove(self, sha: str) -> None:
+        """Remove blob ``sha`` (nothing when it is not stored). The model repository never
+        does (a published version is immutable); a store whose blobs are its own records'
+        does when it drops the record (``control/etcd_hard_examples.py``)."""
+        try:
+            self._final(check_sha(sha)).unlink(missing_ok=True)
+        except OSError as exc:
+            raise _disk_error(f"cannot remove blob {sha}", exc) from exc
+
     def _final(self, sha: str) -> Path:
         return self.root / "sha256" / sha[:2] / sha
 
