@@ -10,11 +10,12 @@ etcd holds the records; the tensors are blobs in the replicas' shared blob store
 (``BlobStore`` under ``<repo_dir>/hard-examples``, beside the model repository's). etcd is
 made for small, slowly changing data: every byte written goes through its raft log (kept in
 its members' memory until a snapshot and thousands of entries after) and its database, and
-a 28×28 image in FP32 is ten times its record. Each tensor's blob is its example's own (the dedupe key,
-then the bytes: the same input kept twice is two blobs), so an example that goes takes
-exactly its blob with it. A blob is written before its record is appended (a record never
-names a missing blob; a replica killed in between leaves a blob no record names), and an
-entry written inline by an earlier version (record, newline, bytes) is still read.
+a 28×28 image in FP32 is ten times its record. Each tensor's blob is its example's own (the
+dedupe key, then the bytes: the same input kept twice is two blobs), so an example that
+goes takes exactly its blob with it. A blob is written before its record is appended (a
+record never names a missing blob; a replica killed in between leaves a blob no record
+names), and an entry written inline by an earlier version (record, newline, bytes) is
+still read.
 
 Filtered pages read the log in order and keep what matches, so a filter that matches
 little reads much: what a retraining export does once, not what a node does every second.
