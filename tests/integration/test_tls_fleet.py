@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -123,6 +124,42 @@ def test_every_hop_runs_tls_with_node_certificates(
         rogue = Authority.create("rogue", time.time())
         httpx.get(fleet.node_urls["edge-1"] + "/v2/health/live", verify=rogue_ctx(rogue),
                   timeout=2.0)
+
+
+def grpc_infer(target: str, ca: Path, x: np.ndarray, params: dict[str, Any],
+               pair: tuple[Path, Path] | None = None) -> Any:
+    """A routed request through the stock ``tritonclient.grpc`` client over TLS (trusting
+    ``ca``, presenting ``pair`` = (certificate, key) where given)."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    client = grpcclient.InferenceServerClient(
+        url=target, ssl=True, root_certificates=str(ca),
+        certificate_chain=str(pair[0]) if pair else None,
+        private_key=str(pair[1]) if pair else None)
+    try:
+        inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        return client.infer("fmnist", [inp], parameters=params, client_timeout=30.0)
+    finally:
+        client.close()
+
+
+def test_the_grpc_api_serves_tls_with_the_node_certificate(
+        tls_fleet: RunningFleet, fmnist_test: Labelled, cloud_samples: np.ndarray) -> None:
+    """The protocol's gRPC API on a fleet with TLS: the stock client trusting the fleet CA is
+    answered (its request routed over the nodes' TLS hops); plain gRPC is not served."""
+    from tritonclient.utils import InferenceServerException
+
+    fleet = tls_fleet
+    assert fleet.pki is not None and set(fleet.node_grpc) == set(fleet.node_urls)
+    x = fmnist_test.input[cloud_samples[0]: cloud_samples[0] + 1]
+    result = grpc_infer(fleet.node_grpc["dev-1"], fleet.pki.ca_file, x, ANY)
+    assert result.as_numpy("probabilities").shape == (1, 10)
+    assert result.get_response().parameters["tierlink.served_by"].string_param == "cloud-1"
+    plain = pytest.importorskip("tritonclient.grpc").InferenceServerClient(
+        url=fleet.node_grpc["dev-1"])
+    with pytest.raises(InferenceServerException):
+        plain.is_server_live(client_timeout=3.0)
+    plain.close()
 
 
 def rogue_ctx(rogue: Authority) -> ssl.SSLContext:
@@ -252,3 +289,18 @@ def test_required_client_certificates_turn_away_anonymous_callers(
         answer = infer(app, fleet.node_urls["dev-1"], "fmnist", x, ANY)
     assert answer.status == 200, answer.error
     assert answer.path == ["dev-1", "edge-1", "cloud-1"]
+    # The gRPC API asks for the certificate as well, and binds the caller's claims to it.
+    from tritonclient.utils import InferenceServerException
+
+    grpc_at = fleet.node_grpc["edge-1"]
+    with pytest.raises(InferenceServerException):
+        grpc_infer(grpc_at, fleet.pki.ca_file, x, ANY)  # no certificate: no handshake
+    app_pair = (tmp_path / "app.pem", tmp_path / "app.key")
+    served = grpc_infer(grpc_at, fleet.pki.ca_file, x, ANY, app_pair)
+    assert served.as_numpy("probabilities").shape == (1, 10)
+    node_cert(fleet, tmp_path, "dev-2", "device")  # a device that claims dev-1's input
+    with pytest.raises(InferenceServerException) as forged:
+        grpc_infer(grpc_at, fleet.pki.ca_file, x, {**ANY, "tierlink.origin": "dev-1"},
+                   (tmp_path / "dev-2.pem", tmp_path / "dev-2.key"))
+    assert "PERMISSION_DENIED" in str(forged.value.status()), forged.value.message()
+    assert "may not relay an input of dev-1" in forged.value.message()

@@ -452,7 +452,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     llms=node.chat.models if node.chat else (),
                     chat_tasks=node.chat.tasks() if node.chat else {},
                     kv_copies=node.chat.kv_copies if node.chat else False,
-                    grpc_port=None if fleet.pki else 0,
+                    grpc_port=0,
                     batching={m: b for m, b in cfg.batching.items() if m in node.models})
 
 

@@ -93,6 +93,13 @@ class NodeTls:
                 log.warning("certificate renewal failed (%s); retrying in %.1f s", exc, wait)
                 await asyncio.sleep(wait)
 
+    def grpc_credentials(self) -> Any:
+        """The gRPC API's server credentials: this node's pair, followed as it renews
+        (``security/grpc_tls.py``)."""
+        from tierlink.security.grpc_tls import server_credentials
+
+        return server_credentials(self.files, self._client_auth, lambda: self.renewals)
+
     def status(self) -> dict[str, object]:
         return {**self.facts, "managed": self.managed, "renewals": self.renewals,
                 "renewal_failures": self.failures, "client_auth": self._client_auth}

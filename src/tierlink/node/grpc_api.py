@@ -8,8 +8,9 @@ the REST error's: its message and its code as gRPC status details — ``InvalidR
 ``INVALID_ARGUMENT``, a refusal for load ``RESOURCE_EXHAUSTED``, a missed deadline
 ``DEADLINE_EXCEEDED`` (:data:`STATUS_OF`) — and the node keeps serving.
 
-A node with TLS does not open it yet (its certificate comes and renews through the REST
-stack's context); ``grpc_port: null`` in a node spec keeps it closed anywhere.
+On a fleet with TLS it serves TLS with the node's certificate, renewed in place, and binds
+a caller's claims to its certificate where the fleet requires client certificates
+(``security/grpc_tls.py``); ``grpc_port: null`` in a node spec keeps it closed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tierlink.node.answers import Answer, answer, metadata, observed
 from tierlink.node.overload import OverloadGate
 from tierlink.node.peers import PeerGuard
 from tierlink.node.service import NodeService
+from tierlink.security.grpc_tls import peer_of_call
 from tierlink.transport import grpc_codec as codec
 from tierlink.transport.proto import messages
 
@@ -88,14 +90,17 @@ class GrpcApi:
             inputs=[_tensor_meta(t) for t in meta["inputs"]],
             outputs=[_tensor_meta(t) for t in meta["outputs"]])
 
-    async def model_infer(self, req: Any, _ctx: grpc.aio.ServicerContext) -> Any:
+    async def model_infer(self, req: Any, ctx: grpc.aio.ServicerContext) -> Any:
         name, version = req.model_name, req.model_version or None
-        return await observed(self.service, name, lambda: self._infer(name, version, req))
+        return await observed(self.service, name, lambda: self._infer(name, version, req, ctx))
 
-    async def _infer(self, name: str, version: str | None, req: Any) -> Any:
+    async def _infer(self, name: str, version: str | None, req: Any,
+                     ctx: grpc.aio.ServicerContext) -> Any:
         data = codec.decode_request(req)
+        sender = peer_of_call(ctx) if self.guard.enabled else None
         done = await answer(self.service, name, version, data,
-                            lambda params: self.guard.bind({}, params), self.gate, None)
+                            lambda params: self.guard.bind_peer(sender, params), self.gate,
+                            None)
         return _response(done)
 
 
@@ -132,13 +137,18 @@ def _answering(fn: Handler) -> Handler:
     return call
 
 
-async def serve_grpc(api: GrpcApi, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A started gRPC server for ``api`` on ``host:port`` (0: any free port), and its port."""
+async def serve_grpc(api: GrpcApi, host: str, port: int,
+                     credentials: grpc.ServerCredentials | None = None
+                     ) -> tuple[grpc.aio.Server, int]:
+    """A started gRPC server for ``api`` on ``host:port`` (0: any free port), and its port;
+    over TLS with ``credentials``."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((api.handlers(),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = (server.add_insecure_port(address) if credentials is None
+             else server.add_secure_port(address, credentials))
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
     await server.start()

@@ -289,13 +289,12 @@ async def _start_grpc(spec: NodeSpec, service: NodeService, app: Any) -> int | N
     """The gRPC API beside REST (node/grpc_api.py), stopped before the service; its port."""
     if spec.grpc_port is None:
         return None
-    if spec.tls_ca:
-        log.warning("node %s: no gRPC API on a node with TLS yet (REST only)", spec.node_id)
-        return None
     from tierlink.node.grpc_api import GrpcApi, serve_grpc
 
     api = GrpcApi(service, app.state.overload, app.state.peers, lambda: bool(app.state.ready))
-    server, port = await serve_grpc(api, spec.host, spec.grpc_port)
+    tls = app.state.tls
+    server, port = await serve_grpc(api, spec.host, spec.grpc_port,
+                                    tls.grpc_credentials() if tls is not None else None)
 
     async def close() -> None:
         await server.stop(grace=2.0)

@@ -27,11 +27,17 @@ class PeerGuard:
         self._tier_of = tier_of
 
     def bind(self, scope: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-        """A routed request's parameters with its origin bound to the sender; raises
-        :class:`PeerRefused` (counted) when the sender may not claim them."""
+        """A routed request's parameters with its origin bound to the sender of the ASGI
+        request ``scope``; raises :class:`PeerRefused` (counted) when the sender may not
+        claim them."""
+        return self.bind_peer(peer_of(scope) if self.enabled else None, params)
+
+    def bind_peer(self, sender: CertIdentity | None, params: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+        """:meth:`bind` for a sender already known (a gRPC call's)."""
         if not self.enabled:
             return dict(params)
-        bound = bind_claims(self.node_id, peer_of(scope), params, self._tier_of)
+        bound = bind_claims(self.node_id, sender, params, self._tier_of)
         if isinstance(bound, Refusal):
             raise self.refuse(bound.reason, bound.message)
         return bound

@@ -5,7 +5,9 @@ fails ends in the error the server answered with, rebuilt from the error tree's 
 the head of a tierlink node's status message (``invalid_request: ...``); from another
 server, or when the server could not be reached or did not answer in time, in the class
 its gRPC status says (``UpstreamUnavailable``, ``UpstreamTimeout``, ``InvalidRequest``,
-``ModelNotFound``, ``AdmissionRefused``, ``UpstreamError``)."""
+``ModelNotFound``, ``AdmissionRefused``, ``UpstreamError``). With ``tls`` it verifies the
+server against the fleet CA and presents its own certificate where it has one
+(``security/grpc_tls.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any, Self
 import numpy as np
 
 from tierlink.errors import TierlinkError, error_from_dict
+from tierlink.security.tls import TlsFiles
 from tierlink.transport import grpc_codec as codec
 from tierlink.transport import oip
 
@@ -31,15 +34,23 @@ _CODED = re.compile(r"^(?P<code>[a-z_]+): (?P<message>.*?)(?: \(hint: (?P<hint>.
 
 
 class GrpcClient:
-    """``target``: ``host:port``. ``timeout_s`` bounds each call."""
+    """``target``: ``host:port``. ``timeout_s`` bounds each call. ``tls``: the fleet CA
+    (and the caller's certificate and key, where it has them)."""
 
-    def __init__(self, target: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, target: str, timeout_s: float = 10.0, tls: TlsFiles | None = None
+                 ) -> None:
         import grpc
 
         self.target, self.timeout_s = target, timeout_s
-        self._channel = grpc.aio.insecure_channel(target, options=[
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-            ("grpc.max_send_message_length", 256 * 1024 * 1024)])
+        options = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
+                   ("grpc.max_send_message_length", 256 * 1024 * 1024)]
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            from tierlink.security.grpc_tls import channel_credentials
+
+            self._channel = grpc.aio.secure_channel(target, channel_credentials(tls),
+                                                    options=options)
         self._calls = {name: self._channel.unary_unary(
             f"/{codec.SERVICE}/{name}", request_serializer=codec.method_types(name)[0]
             .SerializeToString, response_deserializer=codec.method_types(name)[1].FromString)
