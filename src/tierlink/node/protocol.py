@@ -11,7 +11,6 @@ version answered.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -255,12 +254,12 @@ def parse_outcome(params: Mapping[str, Any]) -> Outcome:
             served_by=str(params["tierlink.served_by"]),
             tier=Tier.parse(str(params["tierlink.tier"])),
             model=str(params["tierlink.model"]),
-            path=tuple(json.loads(params["tierlink.path"])),
+            path=tuple(orjson.loads(params["tierlink.path"])),
             confidence=float(params["tierlink.confidence"]),
             escalations=int(params.get("tierlink.escalations", 0)),
             fallbacks=tuple(Fallback(f["node"], f["reason"], f.get("detail", ""))
-                            for f in json.loads(params.get("tierlink.fallbacks", "[]"))),
-            bill=Bill.from_wire(json.loads(params.get(COST, "{}")),
+                            for f in orjson.loads(params.get("tierlink.fallbacks", "[]"))),
+            bill=Bill.from_wire(orjson.loads(params.get(COST, "{}")),
                                 float(params.get("tierlink.cost_usd", 0.0))),
             degraded=str(params.get("tierlink.degraded", "")),
             split=str(params.get("tierlink.split_plan", "")),
