@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,27 +15,11 @@ import grpc
 import pytest
 
 from tierlink.security.grpc_tls import channel_credentials, peer_of_call, server_credentials
-from tierlink.security.pki import Authority, CertIdentity, describe, write_file
+from tierlink.security.pki import CertIdentity, describe
 from tierlink.security.tls import TlsFiles
+from tls_support import Pki
 
 SERVICE, METHOD = "tierlink.test.Echo", "Peer"
-
-
-class Pki:
-    def __init__(self, root: Path) -> None:
-        self.root, self.ca = root, Authority.create("test", time.time())
-        self.ca.save(root / "ca")
-
-    def pair(self, identity: CertIdentity, name: str) -> TlsFiles:
-        key, issued = self.ca.issue_pair(identity, ("127.0.0.1",), time.time(), 600)
-        write_file(self.root / f"{name}.key", key, 0o600)
-        write_file(self.root / f"{name}.pem", issued.cert_pem, 0o644)
-        return TlsFiles(self.root / "ca" / "ca.pem", self.root / f"{name}.pem",
-                        self.root / f"{name}.key")
-
-    @property
-    def trust_only(self) -> TlsFiles:
-        return TlsFiles(self.root / "ca" / "ca.pem")
 
 
 @pytest.fixture

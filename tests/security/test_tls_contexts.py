@@ -17,25 +17,9 @@ import uvicorn
 
 from tierlink.errors import ConfigError
 from tierlink.security.asgi_tls import TlsHttpProtocol, peer_of
-from tierlink.security.pki import Authority, CertIdentity, write_file
+from tierlink.security.pki import Authority, CertIdentity
 from tierlink.security.tls import TlsFiles, client_context, reload, server_context
-
-
-class Pki:
-    def __init__(self, root: Path) -> None:
-        self.root, self.ca = root, Authority.create("test", time.time())
-        self.ca.save(root / "ca")
-
-    def pair(self, identity: CertIdentity, name: str, ca: Authority | None = None) -> TlsFiles:
-        key, issued = (ca or self.ca).issue_pair(identity, ("127.0.0.1",), time.time(), 600)
-        write_file(self.root / f"{name}.key", key, 0o600)
-        write_file(self.root / f"{name}.pem", issued.cert_pem, 0o644)
-        return TlsFiles(self.root / "ca" / "ca.pem", self.root / f"{name}.pem",
-                        self.root / f"{name}.key")
-
-    @property
-    def trust_only(self) -> TlsFiles:
-        return TlsFiles(self.root / "ca" / "ca.pem")
+from tls_support import Pki
 
 
 async def echo_peer(scope: Any, receive: Any, send: Any) -> None:
