@@ -90,9 +90,13 @@ class EtcdHardExampleStore:
         while limit is None or found < limit:
             entries = self.log.after(after, READ_PAGE)
             for entry in entries:
-                record, data = self._read(entry, tensors)
-                if data is None or (model is not None and record.model != model) or \
+                record, sha, inline = _parse(entry)
+                if (model is not None and record.model != model) or \
                         (node is not None and record.node_id != node):
+                    continue
+                data = (inline if sha is None else self._tensor(entry, sha)) if tensors \
+                    else b""
+                if data is None:
                     continue
                 yield record, data
                 found += 1
@@ -102,29 +106,22 @@ class EtcdHardExampleStore:
                 return
             after = entries[-1].seq
 
-    def _read(self, entry: Entry, tensors: bool) -> tuple[HardExampleRecord, bytes | None]:
-        meta, _, inline = entry.value.partition(b"\n")
-        doc = json.loads(meta)
-        sha = doc.pop("blob", None)
-        record = HardExampleRecord.model_validate({**doc, "id": entry.seq})
-        if not tensors:
-            return record, b""
-        if sha is None:
-            return record, inline  # written inline by an earlier version
+    def _tensor(self, entry: Entry, sha: str) -> bytes | None:
+        """The example's tensor from its blob (None, logged, when it cannot be read)."""
         try:
             blob = self.blobs.path(sha).read_bytes()
         except (RepositoryError, OSError) as exc:
             log.warning("hard example %d: its tensor is not readable (%s); left out",
                         entry.seq, exc)
-            return record, None
+            return None
         key = entry.key.encode()
         if not blob.startswith(key):
             log.warning("hard example %d: blob %s is not its own; left out", entry.seq, sha)
-            return record, None
-        return record, blob[len(key):]
+            return None
+        return blob[len(key):]
 
     def _drop_blob(self, entry: Entry) -> None:
-        sha = json.loads(entry.value.partition(b"\n")[0]).get("blob")
+        _, sha, _ = _parse(entry)
         if sha is not None:
             self.blobs.remove(sha)
 
@@ -147,3 +144,12 @@ def _record(e: HardExampleIn, now: float, blob: str) -> bytes:
             "created_at": e.created_at, "received_at": now, "datatype": e.input.datatype,
             "shape": list(e.input.shape), "blob": blob}
     return json.dumps(meta, separators=(",", ":")).encode()
+
+
+def _parse(entry: Entry) -> tuple[HardExampleRecord, str | None, bytes]:
+    """The record, its tensor's blob (None: an entry written inline by an earlier version)
+    and the inline bytes (empty otherwise)."""
+    meta, _, inline = entry.value.partition(b"\n")
+    doc = json.loads(meta)
+    sha = doc.pop("blob", None)
+    return HardExampleRecord.model_validate({**doc, "id": entry.seq}), sha, inline
