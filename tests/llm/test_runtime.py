@@ -4,6 +4,7 @@ and speculative decoding whose greedy output equals the target's own."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -66,6 +67,11 @@ def test_closing_the_stream_cancels_and_the_engine_keeps_serving(lm: LanguageMod
         await stream.aclose()
         return await _text(lm, PROMPTS[0])
     assert "Paris" in asyncio.run(run())
+    # The engine thread counts its sequences right after it hands out the last token, so
+    # the caller may see its answer a moment before the count; it must reach 0.
+    deadline = time.monotonic() + 5.0
+    while lm.engine.stats.running and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert lm.engine.stats.running == 0
 
 
