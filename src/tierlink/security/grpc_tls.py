@@ -25,7 +25,7 @@ import grpc
 from tierlink.errors import ConfigError
 from tierlink.security.asgi_tls import peer_identity
 from tierlink.security.pki import CertIdentity
-from tierlink.security.tls import TlsFiles
+from tierlink.security.tls import TlsFiles, require_pair
 
 __all__ = ["channel_credentials", "peer_of_call", "server_credentials"]
 
@@ -61,9 +61,7 @@ def peer_of_call(context: grpc.aio.ServicerContext) -> CertIdentity | None:
 
 
 def _configuration(files: TlsFiles) -> Any:
-    if not files.has_pair:
-        raise ConfigError("a TLS server needs a certificate and its key",
-                          hint="nodes get theirs at enrollment; others from `tierlink pki issue`")
+    require_pair(files)
     return grpc.ssl_server_certificate_configuration(
         [(_read(files.key), _read(files.cert))], root_certificates=_read(files.ca))
 

@@ -39,15 +39,20 @@ class TlsFiles:
 def server_context(files: TlsFiles, client_auth: str = "optional") -> ssl.SSLContext:
     if client_auth not in CLIENT_AUTH:
         raise ConfigError(f"tls client_auth must be one of {CLIENT_AUTH}, not {client_auth!r}")
-    if not files.has_pair:
-        raise ConfigError("a TLS server needs a certificate and its key",
-                          hint="nodes get theirs at enrollment; others from `tierlink pki issue`")
+    require_pair(files)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     _trust(ctx, files.ca)
     ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" else ssl.CERT_OPTIONAL
     reload([ctx], files)
     return ctx
+
+
+def require_pair(files: TlsFiles) -> None:
+    """A TLS server (REST's context, gRPC's credentials) needs a certificate and its key."""
+    if not files.has_pair:
+        raise ConfigError("a TLS server needs a certificate and its key",
+                          hint="nodes get theirs at enrollment; others from `tierlink pki issue`")
 
 
 def client_context(files: TlsFiles) -> ssl.SSLContext:
