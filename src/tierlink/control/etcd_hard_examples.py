@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from tierlink.control.schemas import HardExampleIn, HardExampleRecord
 from tierlink.control.store import AddResult, StoredExample
@@ -121,7 +122,7 @@ class EtcdHardExampleStore:
         return blob[len(key):]
 
     def _drop_blob(self, entry: Entry) -> None:
-        _, sha, _ = _parse(entry)
+        sha = _meta(entry)[0].get("blob")  # the record itself is not needed here
         if sha is not None:
             self.blobs.remove(sha)
 
@@ -149,7 +150,12 @@ def _record(e: HardExampleIn, now: float, blob: str) -> bytes:
 def _parse(entry: Entry) -> tuple[HardExampleRecord, str | None, bytes]:
     """The record, its tensor's blob (None: an entry written inline by an earlier version)
     and the inline bytes (empty otherwise)."""
-    meta, _, inline = entry.value.partition(b"\n")
-    doc = json.loads(meta)
+    doc, inline = _meta(entry)
     sha = doc.pop("blob", None)
     return HardExampleRecord.model_validate({**doc, "id": entry.seq}), sha, inline
+
+
+def _meta(entry: Entry) -> tuple[dict[str, Any], bytes]:
+    """The entry's record as JSON, and what follows it (the inline tensor, if any)."""
+    meta, _, inline = entry.value.partition(b"\n")
+    return json.loads(meta), inline
