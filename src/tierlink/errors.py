@@ -152,6 +152,15 @@ class AdmissionRefused(Refused):
     hint = "retry later, raise the deadline, or send it to another node"
 
 
+class EscalationShed(AdmissionRefused):
+    """An escalation (work whose caller already holds an answer) refused because the node's
+    queue is as deep as its ``escalation_queue``: the caller answers with what it holds,
+    the node keeps its workers for requests that have no answer yet."""
+
+    code = "escalation_shed"
+    hint = "the caller keeps the answer it holds; escalations resume once the queue drains"
+
+
 class Overloaded(Refused):
     """Every placement was refused or ran out of time: the fleet is busy, not broken."""
 

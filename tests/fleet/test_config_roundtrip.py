@@ -101,7 +101,7 @@ NODE_FILE = """
 name: every-node-key
 nodes:
   - {id: cloud-1, tier: cloud, models: [fmnist-large], heads: [], workers: 2, max_queue: 64,
-     engine: ray, ray: {min_replicas: 1, max_replicas: 3, num_cpus: 0.25},
+     escalation_queue: 6, engine: ray, ray: {min_replicas: 1, max_replicas: 3, num_cpus: 0.25},
      labels: {region: eu}, advertise_url: "http://10.0.0.1:9000",
      chat: {task: chat, models: [{name: smollm2, model: smollm2-135m}]}}
   - {id: dev-1, tier: device, models: [fmnist-small], heads: [fmnist-large], cpu_quota: 0.5,

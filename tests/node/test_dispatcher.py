@@ -105,6 +105,34 @@ def test_low_confidence_escalates_and_sums_cost():
     assert ("escalated", "s") in obs.events
 
 
+def test_what_goes_up_with_an_answer_in_hand_is_marked_an_escalation():
+    """The receiver refuses escalations first when busy (``escalation_queue``), so a call
+    made while holding an answer says so — its fallback too — and a first placement does
+    not."""
+    seen: list[tuple[str, bool]] = []
+
+    async def local(p, req, inputs, remaining):
+        return answer(p.node_id, p.tier, 0.5, cost=0.1)
+
+    async def remote(p, req, inputs, remaining, budget):
+        seen.append((p.node_id, req.escalation))
+        if p.node_id == "edge-1":
+            raise UpstreamUnavailable("down")
+        return answer(p.node_id, p.tier, 0.99)
+
+    def dispatcher() -> Dispatcher:  # breakers of its own: edge-1 is down for each
+        clock = Clock()
+        return Dispatcher("dev-1", Tier.DEVICE, local, remote, Boards(clock),
+                          RetryBudget(0.0), Obs(), clock)
+
+    assert run(dispatcher()).outcome.served_by == "edge-2"
+    assert seen == [("edge-1", True), ("edge-2", True)]
+    seen.clear()
+    direct = Plan(CASCADE.placements[1:], "tierlink")
+    assert run(dispatcher(), plan=direct).outcome.served_by == "edge-2"
+    assert seen == [("edge-1", False), ("edge-2", False)]
+
+
 def test_failed_upstream_falls_back_and_is_recorded():
     d, calls, obs, _ = make(remote={"edge-1": UpstreamUnavailable("refused")})
     out = run(d)

@@ -47,6 +47,25 @@ def test_only_a_node_mirrors_a_request_and_the_flag_travels_up():
     assert "tierlink.mirror" not in protocol.forward_params(req, 500.0, None)
 
 
+def test_an_escalation_says_so_upstream_and_a_client_may_say_it_too():
+    """A node that escalates marks what it sends (the receiver refuses it first when busy);
+    an application holding an answer of its own may set the flag; it must be a boolean."""
+    req = protocol.parse_request("t", {}, request_id="r", receiver="dev-1", input_bytes=0)
+    assert not req.escalation
+    assert "tierlink.escalation" not in protocol.forward_params(req, 500.0, None)
+    fwd = protocol.forward_params(replace(req, escalation=True), 500.0, None)
+    again = protocol.parse_request("t", fwd, request_id="r", receiver="edge-1", input_bytes=0)
+    assert again.escalation and again.hops == 1
+    # ...and it stays marked on the next hop
+    assert protocol.forward_params(again, 400.0, None)["tierlink.escalation"] is True
+    client = protocol.parse_request("t", {"tierlink.escalation": True}, request_id="r",
+                                    receiver="dev-1", input_bytes=0)
+    assert client.escalation and client.hops == 0
+    with pytest.raises(InvalidRequest, match="tierlink.escalation must be true or false"):
+        protocol.parse_request("t", {"tierlink.escalation": 1}, request_id="r",
+                               receiver="n", input_bytes=0)
+
+
 @pytest.mark.parametrize("params, name", [
     ({"tierlink.deadline_ms": "soon"}, "deadline"),
     ({"tierlink.privacy": "secret"}, "privacy"),

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tierlink.core.types import Priority
-from tierlink.errors import AdmissionRefused, ConfigError, DeadlineExceeded
+from tierlink.errors import AdmissionRefused, ConfigError, DeadlineExceeded, EscalationShed
 from tierlink.node.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
 RT, IA, BATCH = Priority.REALTIME, Priority.INTERACTIVE, Priority.BATCH
@@ -182,6 +182,39 @@ def test_full_queue_is_refused_at_once_with_numbers() -> None:
         stats = sched.snapshot()
         assert (stats.admitted, stats.refused, stats.completed) == (3, 1, 3)
         assert stats.refused_by_reason == {"queue_full": 1}
+        await sched.close()
+
+    run(main)
+
+
+def test_an_escalation_is_refused_once_the_queue_is_escalation_queue_deep() -> None:
+    """Work whose caller holds an answer (``optional``) waits only while fewer than
+    ``escalation_queue`` jobs do; work with no answer yet is still taken, up to max_queue."""
+    async def main() -> None:
+        obs = Observer()
+        sched, gate, rec = make(workers=1, max_queue=8, escalation_queue=2, observer=obs), \
+            Gate(), Recorder()
+        blocker = await occupy(sched, gate)
+        queued = [asyncio.create_task(sched.submit(rec.job(f"esc-{i}"), priority=IA,
+                                                   deadline_s=None, optional=True))
+                  for i in range(2)]
+        await until(lambda: sched.snapshot().queue_depth == 2)
+        with pytest.raises(EscalationShed) as info:
+            await sched.submit(rec.job("shed"), priority=RT, deadline_s=None, optional=True)
+        err = info.value
+        assert err.http_status == 429 and err.code == "escalation_shed"
+        assert err.details["reason"] == "escalation_shed" and err.details["queue_depth"] == 2
+        assert "caller holds an answer" in str(err)
+        assert ("refuse", RT, "escalation_shed") in obs.events
+        first = asyncio.create_task(sched.submit(rec.job("first"), priority=IA,
+                                                 deadline_s=None))
+        await until(lambda: sched.snapshot().queue_depth == 3)  # not an escalation: taken
+        gate.release.set()
+        await asyncio.gather(blocker, first, *queued)
+        assert sorted(rec.ran) == ["esc-0", "esc-1", "first"]
+        assert sched.snapshot().refused_by_reason == {"escalation_shed": 1}
+        # an empty queue takes an escalation again
+        assert await sched.submit(returns(7), priority=IA, deadline_s=None, optional=True) == 7
         await sched.close()
 
     run(main)
@@ -466,7 +499,8 @@ def test_context_manager_and_config_validation() -> None:
         assert not [t for t in threading.enumerate() if t.name.startswith("tierlink-worker")]
 
     run(main)
-    for bad in ({"workers": 0}, {"max_queue": -1}, {"ewma_alpha": 0.0},
+    for bad in ({"workers": 0}, {"max_queue": -1}, {"escalation_queue": -1},
+                {"ewma_alpha": 0.0},
                 {"initial_service_ms": float("nan")}):
         with pytest.raises(ConfigError):
             SchedulerConfig(**bad)

@@ -112,6 +112,9 @@ class Request:
     policy: str | None = None  # name of a policy override (benchmark baselines)
     # A mirrored answer asked again of the most capable model (routing/mirror.py)
     mirror: bool = False
+    # A cascade's escalation: a node on its way already holds an answer to it, so the work
+    # is optional and a busy node refuses it first (``escalation_queue``)
+    escalation: bool = False
 
 
 @dataclass(frozen=True, slots=True)

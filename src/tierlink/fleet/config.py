@@ -60,6 +60,9 @@ class NodeConfig:
     models: tuple[str, ...]  # the models it serves (zoo, imported or published names)
     workers: int = 1  # models run at once (the scheduler's workers)
     max_queue: int = 256  # requests waiting beyond which new ones are refused at once (429)
+    # requests waiting at which an escalation (its caller holds an answer) is refused (429)
+    # before work that has none; None: 4 per worker
+    escalation_queue: int | None = None
     threads: int = 1  # intra-op threads of each model's ONNX Runtime session, per worker
     cpu_quota: float | None = None  # fraction of one core, enforced with a cgroup
     heads: tuple[str, ...] = ()  # models whose head this node may run for a split plan
@@ -87,6 +90,7 @@ class NodeConfig:
             "providers": list(self.providers), "labels": dict(self.labels),
             "default_privacy": self.default_privacy, **self.engine.fleet_keys()}
         optional = {"cpu_quota": self.cpu_quota, "advertise_url": self.advertise_url,
+                    "escalation_queue": self.escalation_queue,
                     "chat": self.chat.to_dict() if self.chat else None,
                     "device_state_file": self.device_state_file}
         return out | {k: v for k, v in optional.items() if v is not None}
@@ -250,7 +254,8 @@ def load_fleet(path: str | Path) -> FleetConfig:
 FLEET_KEYS = ("name", "seed", "nodes", "links", "routing", "cost", "zoo", "control",
               "hard_examples", "trusted_keys", "fault_injection", "tasks", "topology",
               "tracing", "security", "batching")
-NODE_KEYS = ("id", "tier", "models", "heads", "workers", "max_queue", "threads", "cpu_quota",
+NODE_KEYS = ("id", "tier", "models", "heads", "workers", "max_queue", "escalation_queue",
+             "threads", "cpu_quota",
              "providers", "chat", "advertise_url", "labels", "default_privacy", "engine", "ray",
              "device_state_file")
 LINK_KEYS = ("from", "to", "delay_ms", "jitter_ms", "bandwidth_mbit", "loss")
@@ -389,6 +394,8 @@ def _node(raw: Any, where: str) -> NodeConfig:
         node_id=node_id, tier=tier, models=tuple(models), heads=tuple(heads),
         workers=as_int(raw.get("workers", 1), f"{where}.workers", 1),
         max_queue=as_int(raw.get("max_queue", 256), f"{where}.max_queue", 1),
+        escalation_queue=(None if raw.get("escalation_queue") is None else as_int(
+            raw["escalation_queue"], f"{where}.escalation_queue", 0)),
         threads=as_int(raw.get("threads", 1), f"{where}.threads", 1),
         cpu_quota=None if quota is None else as_float(quota, f"{where}.cpu_quota", 0.01, 64.0),
         providers=parse_providers(raw.get("providers"), f"{where}.providers"),

@@ -436,6 +436,7 @@ def _node_spec(fleet: RunningFleet, node: NodeConfig, port: int, link_ports: dic
                     control_url=",".join(fleet.control_urls), upstreams=upstreams,
                     routing=cfg.routing, routing_revision=fleet.routing_revision,
                     workers=node.workers, max_queue=node.max_queue, threads=node.threads,
+                    escalation_queue=node.escalation_queue,
                     seed=cfg.seed + zlib.crc32(node.node_id.encode()) % 1000,
                     ready_file=str(fleet.run_dir / f"{node.node_id}.ready"),
                     hard_examples=cfg.hard_examples,

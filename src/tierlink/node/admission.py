@@ -8,15 +8,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierlink.core.types import Priority
-from tierlink.errors import AdmissionRefused, DeadlineExceeded
+from tierlink.errors import AdmissionRefused, DeadlineExceeded, EscalationShed
 from tierlink.node.job_queue import Job, JobQueue
 from tierlink.node.service_times import ServiceTimes
 
-__all__ = ["Admission", "Ask", "expired", "shed"]
+__all__ = ["ESCALATION_QUEUE_PER_WORKER", "Admission", "Ask", "escalation_queue", "expired",
+           "shed"]
+
+# Escalations a node takes while fewer than this many jobs per worker wait, unless its
+# fleet entry says otherwise (``escalation_queue``).
+ESCALATION_QUEUE_PER_WORKER = 4
+
+
+def escalation_queue(configured: int | None, workers: int) -> int:
+    """The queue depth at which a node refuses escalations: the fleet entry's, or 4 per
+    worker."""
+    return ESCALATION_QUEUE_PER_WORKER * workers if configured is None else configured
 
 _HEADLINES = {"queue_full": "the queue is full",
               "deadline": "the deadline cannot be met here",
-              "shutting_down": "the node is shutting down"}
+              "shutting_down": "the node is shutting down",
+              "escalation_shed": "the queue is too deep for an escalation (its caller holds "
+                                 "an answer)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,16 +42,20 @@ class Ask:
     cost_hint_ms: float | None
     key: str
     now: float
+    optional: bool = False  # an escalation's: its caller holds an answer already
 
 
 class Admission:
     """``max_queue`` jobs may wait beyond the ``workers`` running; a job with a deadline is
-    taken only when its estimated wait and run fit in it. ``on_refuse`` hears each refusal
-    (priority, reason); ``refused_by_reason`` counts them."""
+    taken only when its estimated wait and run fit in it; an optional job (an escalation)
+    only while fewer than ``escalation_queue`` wait (None: as any other). ``on_refuse``
+    hears each refusal (priority, reason); ``refused_by_reason`` counts them."""
 
     def __init__(self, max_queue: int, workers: int, times: ServiceTimes,
-                 on_refuse: Callable[[Priority, str], None]) -> None:
+                 on_refuse: Callable[[Priority, str], None],
+                 escalation_queue: int | None = None) -> None:
         self._max_queue, self._workers, self._times = max_queue, workers, times
+        self._escalation_queue = escalation_queue
         self._on_refuse = on_refuse
         self.refused_by_reason: dict[str, int] = {}
 
@@ -63,6 +80,9 @@ class Admission:
         must_queue = busy >= self._workers or len(queue) > 0
         if must_queue and len(queue) >= self._max_queue:
             raise self._refuse("queue_full", ask, queue, inflight)
+        if (ask.optional and self._escalation_queue is not None
+                and len(queue) >= self._escalation_queue):
+            raise self._refuse("escalation_shed", ask, queue, inflight)
         if ask.deadline_s is None:
             return
         if (self.wait_ms(queue, inflight, ask.priority) + self._service_ms(ask)
@@ -85,7 +105,8 @@ class Admission:
         state = (f"queue {len(queue)}/{self._max_queue}, {inflight} in flight on "
                  f"{self._workers} workers, estimated wait {wait_ms:.1f} ms + service "
                  f"{service_ms:.1f} ms, {budget}")
-        return AdmissionRefused(
+        error = EscalationShed if reason == "escalation_shed" else AdmissionRefused
+        return error(
             f"admission refused ({reason}): {_HEADLINES[reason]}: {state}",
             reason=reason, priority=ask.priority.label, queue_depth=len(queue),
             max_queue=self._max_queue, inflight=inflight, workers=self._workers,

@@ -16,12 +16,13 @@ from tierlink.settings.batching import BatchSettings
 
 async def run_model(scheduler: Scheduler, rt: ModelRuntime, inputs: dict[str, np.ndarray],
                     priority: Priority, deadline_s: float | None, slowdown: float = 1.0,
-                    batching: BatchSettings | None = None,
+                    batching: BatchSettings | None = None, optional: bool = False,
                     ) -> tuple[dict[str, np.ndarray], float]:
     """``rt`` on ``inputs`` when the scheduler's turn comes: (outputs, compute ms — a
     batch's time shared by its requests' rows). ``slowdown`` > 1 is an injected fault: the
     run takes that many times as long, asleep on a worker thread (never on the event
-    loop), like a slow CPU."""
+    loop), like a slow CPU. ``optional``: an escalation's run, refused first when the queue
+    is deep (``SchedulerConfig.escalation_queue``)."""
 
     def call() -> tuple[dict[str, np.ndarray], float]:
         start = time.perf_counter()
@@ -35,5 +36,6 @@ async def run_model(scheduler: Scheduler, rt: ModelRuntime, inputs: dict[str, np
     inline = slowdown <= 1.0 and not getattr(rt, "remote", False)
     out, ms = await scheduler.submit(call, priority=priority, deadline_s=deadline_s,
                                      key=rt.info.name, inline=inline,
-                                     batch=for_run(rt, inputs, batching, slowdown))
+                                     batch=for_run(rt, inputs, batching, slowdown),
+                                     optional=optional)
     return out, ms

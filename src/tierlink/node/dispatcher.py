@@ -27,6 +27,7 @@ from tierlink.core.types import NO_BILL, Bill, Fallback, Placement, Plan, Reques
 from tierlink.errors import (
     AdmissionRefused,
     DeadlineExceeded,
+    EscalationShed,
     InvalidRequest,
     Overloaded,
     PeerRefused,
@@ -105,6 +106,8 @@ def reason_of(exc: TierlinkError) -> str:
     """A short, bounded label for metrics and outcomes."""
     if isinstance(exc, UpstreamTimeout | DeadlineExceeded):
         return "timeout"
+    if isinstance(exc, EscalationShed):
+        return EscalationShed.code
     if isinstance(exc, AdmissionRefused | Overloaded):
         return "refused"
     if isinstance(exc, UpstreamUnavailable):
@@ -224,7 +227,7 @@ class Dispatcher:
             self._fell_back(fallbacks, Fallback(placement.node_id, "breaker_open"))
             return None
         # Keep a margin to still return the answer in hand if this hop times out.
-        call = Call(placement, remaining_ms, remaining_ms - held_margin_ms)
+        call = Call(placement, remaining_ms, remaining_ms - held_margin_ms, holding)
         result, hedged = yield from self._first_try(call, req, fallbacks, hedge)
         if hedged and hedge is not None and tried is not None:
             tried.add(hedge[0])
@@ -275,7 +278,8 @@ class Dispatcher:
     ) -> Generator[Command, Any, StepResult | None]:
         elapsed_ms = (self._clock() - start) * 1000.0
         self._obs.hedged(second.node_id, "sent")
-        yield Start(1, Call(second, call.remaining_ms - elapsed_ms, call.budget_ms - elapsed_ms),
+        yield Start(1, Call(second, call.remaining_ms - elapsed_ms, call.budget_ms - elapsed_ms,
+                            call.escalation),
                     hedge_of=call.placement, after_ms=elapsed_ms)
         owner = (call.placement, second)
         pending = {0, 1}
@@ -328,9 +332,10 @@ class Dispatcher:
         # A step that failed here before reaching the upstream (a split plan's head
         # refused by this node's scheduler) says nothing about the upstream's health,
         # nor does an upstream that refused what was sent to it (a claim this node may
-        # not make, an input it may not hold): it is up and judging correctly.
+        # not make, an input it may not hold) or shed an escalation it had no room for:
+        # it is up and judging correctly.
         if placement.kind == "remote" and not exc.details.get("before_hop") \
-                and not isinstance(exc, PeerRefused | PrivacyViolation):
+                and not isinstance(exc, PeerRefused | PrivacyViolation | EscalationShed):
             self._breakers.failure(placement.node_id, reason)
 
     def _fell_back(self, fallbacks: list[Fallback], fallback: Fallback) -> None:
@@ -357,19 +362,23 @@ class Dispatcher:
 
 # Why a placement failed when the fleet is busy rather than broken: out of time, refused
 # for load, a breaker opened by timeouts, an upstream with no placement left in time.
-_BUSY = frozenset({"timeout", "deadline", "refused", "breaker_open", "no_feasible_placement"})
+_BUSY = frozenset({"timeout", "deadline", "refused", "breaker_open", "no_feasible_placement",
+                   EscalationShed.code})
 
 
 def _all_failed(req: Request, fallbacks: list[Fallback]) -> TierlinkError:
     """Every placement timed out: 504; each refused it for its privacy (an upstream's
-    router or receipt): 403; each was refused or out of time (overload): 503 with a retry
-    hint; anything else (an upstream broke or answered garbage): 502."""
+    router or receipt): 403; each shed it as an escalation: 429; each was refused or out of
+    time (overload): 503 with a retry hint; anything else (an upstream broke or answered
+    garbage): 502."""
     tried = ", ".join(f"{f.node_id}: {f.reason}" for f in fallbacks) or "no placement"
     reasons = {f.reason for f in fallbacks}
     cls: type[TierlinkError] = UpstreamError
     extra: dict[str, Any] = {}
     if reasons == {PrivacyViolation.code}:
         cls = PrivacyViolation
+    elif reasons == {EscalationShed.code}:  # the caller keeps the answer it holds
+        cls = EscalationShed
     elif reasons and reasons <= {"timeout", "deadline"}:
         cls = DeadlineExceeded
     elif reasons and reasons <= _BUSY:

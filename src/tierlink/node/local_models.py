@@ -93,7 +93,8 @@ class LocalModels:
         rt = self.pick(placement.model or "", req.version)
         try:
             out, compute_ms = await self.submit(rt, inputs, req.priority,
-                                                 self._clock() + remaining_ms / 1000.0)
+                                                 self._clock() + remaining_ms / 1000.0,
+                                                 optional=req.escalation)
         except Exception as exc:
             # The version's failure -- not a refusal, a deadline or a malformed input.
             if isinstance(exc, RuntimeFailure) or not isinstance(exc, TierlinkError):
@@ -122,9 +123,11 @@ class LocalModels:
         return StepResult(answer.outputs, outcome)
 
     async def submit(self, rt: ModelRuntime, inputs: dict[str, np.ndarray], priority: Priority,
-                      deadline_s: float | None) -> tuple[dict[str, np.ndarray], float]:
+                      deadline_s: float | None, optional: bool = False
+                      ) -> tuple[dict[str, np.ndarray], float]:
         out, ms = await run_model(self.scheduler, rt, inputs, priority, deadline_s,
-                                  self.slowdown, self.spec.batching.get(rt.info.name))
+                                  self.slowdown, self.spec.batching.get(rt.info.name),
+                                  optional)
         self.metrics.of(self.metrics.compute, self.spec.tier.label,
                         rt.info.name).observe(ms / 1000)
         return out, ms

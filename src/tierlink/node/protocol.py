@@ -29,6 +29,7 @@ HOPS = "tierlink.hops"
 VERSION = "tierlink.version"
 POLICY = "tierlink.policy"
 MIRROR = "tierlink.mirror"  # set by a node mirroring an answer (routing/mirror.py)
+ESCALATION = "tierlink.escalation"  # the sender holds an answer already: optional work
 CUT = "tierlink.cut"  # a split plan's tail request: the features' tensor in the model
 CODEC = "tierlink.codec"  # ...and how they are encoded (tierlink.split.codecs)
 SPLIT = "tierlink.split"  # ask for a split plan: "NODE/CUT/CODEC" (benchmarks, tests)
@@ -82,6 +83,11 @@ REQUEST_PARAMETERS: tuple[Parameter, ...] = (
     Parameter(MIRROR, "boolean", "false",
               "set by a node on a request it mirrors (``routing.mirror``): placed at the most "
               "capable model the request's privacy allows; refused from a client"),
+    Parameter(ESCALATION, "boolean", "false",
+              "the sender holds an answer already (a cascade's escalation, set by the node "
+              "that escalates; an application with an answer of its own may set it too): a "
+              "node whose queue is ``escalation_queue`` deep refuses it (``429``, "
+              "``escalation_shed``) before work that has no answer yet"),
     Parameter(LABEL, "integer, or a JSON list of integers", "",
               "the true class index when the client knows it (an eval workload does): an int, "
               "or a list (as JSON text) per batch row; ``-1`` = unknown. Only the "
@@ -158,13 +164,18 @@ def parse_request(
         hops=hops,
         policy=str(params[POLICY]) if params.get(POLICY) else None,
         mirror=_mirror(params.get(MIRROR, False), hops),
+        escalation=_flag(params.get(ESCALATION, False), ESCALATION),
     )
 
 
-def _mirror(value: Any, hops: int) -> bool:
+def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
-        raise InvalidRequest(f"{MIRROR} must be true or false, got {_short(value)}")
-    if value and hops == 0:
+        raise InvalidRequest(f"{name} must be true or false, got {_short(value)}")
+    return value
+
+
+def _mirror(value: Any, hops: int) -> bool:
+    if _flag(value, MIRROR) and hops == 0:
         raise InvalidRequest(f"{MIRROR} is set by the node that mirrors an answer, not by a "
                              "client", hint=f"leave {MIRROR} out; routing.mirror in the fleet "
                              "file sets how much is mirrored")
@@ -213,6 +224,8 @@ def forward_params(req: Request, deadline_ms: float, traceparent: str | None,
         params[POLICY] = req.policy
     if req.mirror:
         params[MIRROR] = True
+    if req.escalation:
+        params[ESCALATION] = True
     if traceparent:
         params[TRACEPARENT] = traceparent
     if labels is not None:

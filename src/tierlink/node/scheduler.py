@@ -13,7 +13,9 @@ Lifecycle, from the node's lifespan and its HTTP handlers::
 Contract of ``submit``:
 
 * It is refused AT ONCE with :class:`AdmissionRefused` (``details["reason"]`` is
-  ``"queue_full"``, ``"deadline"`` or ``"shutting_down"``) when the job cannot be taken.
+  ``"queue_full"``, ``"deadline"`` or ``"shutting_down"``) when the job cannot be taken, or
+  with its subclass :class:`EscalationShed` (``"escalation_shed"``) when an ``optional`` job
+  (an escalation) finds ``escalation_queue`` jobs waiting.
 * An admitted job is answered exactly once: with ``fn()``'s result, with the exception ``fn``
   raised (unchanged), with :class:`DeadlineExceeded` when its deadline passed while it waited
   (it is then not run), or with ``AdmissionRefused("shutting_down")`` when ``close()`` found it
@@ -128,11 +130,13 @@ class SchedulerConfig:
     ``inline_below_ms``: a job whose key's learned run time is below this, submitted while a
     worker is free and nothing waits, runs on the event loop itself: two thread hand-offs
     (each a wake-up that waits for a CPU on a busy machine) cost more than such a model's
-    run. 0 = always on a worker thread.
+    run. 0 = always on a worker thread. ``escalation_queue``: jobs waiting at which an
+    optional job (an escalation: its caller holds an answer) is refused; None = never.
     """
 
     workers: int = 1
     max_queue: int = 64
+    escalation_queue: int | None = None
     initial_service_ms: float = 5.0
     ewma_alpha: float = 0.2
     inline_below_ms: float = 1.0
@@ -142,6 +146,9 @@ class SchedulerConfig:
             raise ConfigError(f"scheduler.workers must be >= 1, got {self.workers}")
         if self.max_queue < 0:
             raise ConfigError(f"scheduler.max_queue must be >= 0, got {self.max_queue}")
+        if self.escalation_queue is not None and self.escalation_queue < 0:
+            raise ConfigError(f"scheduler.escalation_queue must be >= 0, got "
+                              f"{self.escalation_queue}")
         if not (self.initial_service_ms >= 0 and math.isfinite(self.initial_service_ms)):
             raise ConfigError(
                 f"scheduler.initial_service_ms must be a finite number >= 0, "
@@ -206,7 +213,8 @@ class Scheduler:
         self._times = ServiceTimes(self._config.initial_service_ms, self._config.ewma_alpha)
         self._admission = Admission(self._config.max_queue, self._workers, self._times,
                                     lambda p, reason: self._emit(self._observer.on_refuse, p,
-                                                                 reason))
+                                                                 reason),
+                                    self._config.escalation_queue)
         self._counts = {"admitted": 0, "expired": 0, "completed": 0, "failed": 0,
                         "cancelled": 0, "shed": 0}
 
@@ -255,6 +263,7 @@ class Scheduler:
         key: str = "",
         inline: bool = True,
         batch: Batchable | None = None,
+        optional: bool = False,
     ) -> T:
         """Run blocking ``fn`` on a worker thread and return its result (on the loop itself
         when it is short, see ``SchedulerConfig.inline_below_ms``; ``inline=False`` never).
@@ -264,11 +273,13 @@ class Scheduler:
         it better than the EWMA of ``key`` (e.g. a batch of 8). ``key``: what to learn the
         service time under, usually the model variant. ``batch``: the job may run together
         with waiting jobs of the same batch key (one call of ``batch.run`` instead of ``fn``:
-        see :meth:`_gather`). Raises as the module docstring says.
+        see :meth:`_gather`). ``optional``: an escalation's job (see ``escalation_queue``).
+        Raises as the module docstring says.
         """
         future: asyncio.Future[T] = self._bind_loop().create_future()
         job = self.admit(fn, priority=priority, deadline_s=deadline_s, future=future,
-                         cost_hint_ms=cost_hint_ms, key=key, inline=inline, batch=batch)
+                         cost_hint_ms=cost_hint_ms, key=key, inline=inline, batch=batch,
+                         optional=optional)
         try:
             return await future
         except asyncio.CancelledError:
@@ -286,6 +297,7 @@ class Scheduler:
         key: str = "",
         inline: bool = True,
         batch: Batchable | None = None,
+        optional: bool = False,
     ) -> Job:
         """What :meth:`submit` does before it waits: admit the job (or refuse it at once),
         queue it or start it; ``future`` gets its answer. For a caller that is not a
@@ -294,8 +306,8 @@ class Scheduler:
         loop = self._bind_loop()
         priority = Priority(priority)  # a plain int would break labels deep in a callback
         now = self._clock()
-        self._admission.check(Ask(priority, deadline_s, cost_hint_ms, key, now), self._queue,
-                              self._inflight, self._busy, self._closing)
+        self._admission.check(Ask(priority, deadline_s, cost_hint_ms, key, now, optional),
+                              self._queue, self._inflight, self._busy, self._closing)
         job = Job(fn, priority, math.inf if deadline_s is None else deadline_s, key,
                   future, now, trace=tracing.capture(), batch=batch)
         self._counts["admitted"] += 1

@@ -55,6 +55,7 @@ from tierlink.errors import (
 from tierlink.estimate.cost import DAY_S
 from tierlink.models.runtime import ModelRuntime, check_task_inputs
 from tierlink.node import protocol
+from tierlink.node.admission import escalation_queue
 from tierlink.node.async_requests import AsyncResults, is_async
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
 from tierlink.node.deferred import AsyncDesk, DeferredStore
@@ -132,8 +133,9 @@ class NodeService:
         self._client = client or OipClient()
         # The router under the fleet's routing revision, swapped when another arrives.
         self.live = NodeRouting(spec, self._rng, self.metrics)
-        self.scheduler = Scheduler(SchedulerConfig(workers=spec.workers, max_queue=spec.max_queue,
-                                                   initial_service_ms=self._initial_ms()),
+        self.scheduler = Scheduler(SchedulerConfig(
+            workers=spec.workers, max_queue=spec.max_queue, initial_service_ms=self._initial_ms(),
+            escalation_queue=escalation_queue(spec.escalation_queue, spec.workers)),
                                    clock=clock, observer=self.metrics)
         # The node's language models as chat placement sees them (set by its chat service).
         self.language_models: Callable[[], tuple[LanguageModelView, ...]] = tuple

@@ -49,7 +49,7 @@ class NodeSpec:
     host: str = "127.0.0.1"
     port: int = 0
     # The Open Inference Protocol's gRPC API on this port beside REST (0: any free one;
-    # None: none). Not yet on a node with TLS.
+    # None: none); over TLS on a node with TLS.
     grpc_port: int | None = None
     # What the node registers as its address (peers and the control plane use it), when it
     # is not the bind address: a NAT, a proxy, a DNS name.
@@ -60,6 +60,7 @@ class NodeSpec:
     routing_revision: int = 0  # the control plane's revision of ``routing`` (0: none)
     workers: int = 1
     max_queue: int = 256
+    escalation_queue: int | None = None  # None: 4 per worker (node/admission.py)
     threads: int = 1  # intra-op threads of each model's ONNX Runtime session
     seed: int = 0
     heartbeat_s: float = 1.0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from tierlink.errors import TierlinkError
 from tierlink.telemetry import tracing
 
 __all__ = ["Await", "Call", "Cancel", "Finished", "Inputs", "LocalStep", "RemoteStep",
-           "Start", "StepResult", "Steps", "observed", "run_steps"]
+           "Start", "StepResult", "Steps", "observed", "run_steps", "sent_request"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +53,22 @@ RemoteStep = Callable[[Placement, Request, Inputs, float, float], Awaitable[Step
 @dataclass(frozen=True, slots=True)
 class Call:
     """Run ``placement`` with ``remaining_ms`` of the deadline left; a remote one's hop may
-    take ``budget_ms`` (less than what is left when an answer in hand must still leave)."""
+    take ``budget_ms`` (less than what is left when an answer in hand must still leave).
+    ``escalation``: an answer is in hand already, so what goes upstream is optional work
+    (:func:`sent_request` marks it)."""
 
     placement: Placement
     remaining_ms: float
     budget_ms: float
+    escalation: bool = False
+
+
+def sent_request(call: Call, req: Request) -> Request:
+    """``req`` as ``call`` sends it upstream: marked as an escalation when an answer is in
+    hand here (or was already on its way here)."""
+    if call.escalation and not req.escalation:
+        return replace(req, escalation=True)
+    return req
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +163,8 @@ def _call(call: Call, local: LocalStep, remote: RemoteStep, req: Request,
     placement = call.placement
     if placement.kind == "local":
         return local(placement, req, inputs, call.remaining_ms)
-    return remote(placement, req, inputs, call.remaining_ms, call.budget_ms)
+    return remote(placement, sent_request(call, req), inputs, call.remaining_ms,
+                  call.budget_ms)
 
 
 def _started(start: Start, local: LocalStep, remote: RemoteStep, req: Request,

@@ -68,6 +68,7 @@ def build(config: FleetConfig, views: Mapping[str, ModelView],
         nodes[n.node_id] = SimNode(
             n.node_id, n.tier, models, config.routing, outcomes, counters,
             seeded(seed, "node", n.node_id), workers=n.workers, max_queue=n.max_queue,
+            escalation_queue=n.escalation_queue,
             compute=ComputeModel(speed=speed, jitter=sc.jitter,
                                  overhead_ms=sc.compute_overhead_ms), http=sc.http,
             clock=clock, heads={name: views[name] for name in n.heads

@@ -43,12 +43,13 @@ from tierlink.errors import (
 )
 from tierlink.estimate.cost import DAY_S
 from tierlink.estimate.latency import LinkEstimator
+from tierlink.node.admission import escalation_queue as shed_at
 from tierlink.node.breaker import BreakerBoard, BreakerSettings, DispatchBreakers
 from tierlink.node.dispatcher import Dispatcher, RetryBudget
 from tierlink.node.heads import head_factor, head_key, scaled
 from tierlink.node.hedging import Hedger
 from tierlink.node.scheduler import SchedulerConfig
-from tierlink.node.steps import Call, Inputs, StepResult, observed
+from tierlink.node.steps import Call, Inputs, StepResult, observed, sent_request
 from tierlink.policy.ope import Logged
 from tierlink.routing.deferral import deferral
 from tierlink.routing.desk import PolicyDesk
@@ -103,7 +104,8 @@ class SimNode:
     def __init__(self, node_id: str, tier: Tier, models: Mapping[str, ModelView],
                  routing: RoutingConfig, outcomes: Mapping[str, Outcomes],
                  counters: Counters, rng: random.Random, *, workers: int = 1,
-                 max_queue: int = 256, compute: ComputeModel | None = None,
+                 max_queue: int = 256, escalation_queue: int | None = None,
+                 compute: ComputeModel | None = None,
                  http: HttpCosts | None = None, clock: Callable[[], float],
                  heads: Mapping[str, ModelView] | None = None) -> None:
         self.node_id, self.tier = node_id, tier
@@ -124,8 +126,9 @@ class SimNode:
         self._policy_config = routing.policy_config()
         self.desk = PolicyDesk(node_id, self.tier, routing, self._count, self._policy_config)
         self.router = Router(self.desk, rng, refused=self._refused)
-        self.scheduler = SimScheduler(SchedulerConfig(workers=workers, max_queue=max_queue),
-                                      clock=clock)
+        self.scheduler = SimScheduler(SchedulerConfig(
+            workers=workers, max_queue=max_queue,
+            escalation_queue=shed_at(escalation_queue, workers)), clock=clock)
         self.scheduler.start()
         for name, m in self.models.items():
             self.scheduler.seed_service_ms(name, m.latency_ms / max(self.compute.speed, 1e-6))
@@ -276,7 +279,9 @@ class SimNode:
         placement = call.placement
         if placement.kind == "local":
             self._run_local(placement, req, inputs, call.remaining_ms, done, chain)
-        elif placement.cut:
+            return
+        req = sent_request(call, req)
+        if placement.cut:
             self._run_split(placement, req, inputs, call.budget_ms, done, chain)
         else:
             self._run_remote(placement, req, inputs, call.budget_ms, done, chain)
@@ -287,7 +292,7 @@ class SimNode:
         reply = Reply(then, self.scheduler)
         reply.job = self.scheduler.admit(Work(seconds), priority=req.priority,
                                          deadline_s=deadline_s, future=reply, key=key,
-                                         inline=False)
+                                         inline=False, optional=req.escalation)
         chain.now = reply
 
     def _run_local(self, placement: Placement, req: Request, inputs: Inputs,
