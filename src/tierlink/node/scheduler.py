@@ -27,9 +27,9 @@ Order of waiting jobs: ``(priority, deadline, seq)``: realtime before interactiv
 earliest deadline first within a class (no deadline sorts last), FIFO otherwise.
 
 Threading: all bookkeeping (the heap, counters, EWMAs) is touched only on the event-loop thread.
-Worker threads only run ``fn`` and hand the outcome back with one ``call_soon_threadsafe``, so
-there are no locks, and the observer is always called on the loop thread. Use one scheduler
-from one event loop.
+Worker threads (``node/workers.py``) only run ``fn`` and hand the outcome back with one
+``call_soon_threadsafe``, so there are no locks, and the observer is always called on the loop
+thread. Use one scheduler from one event loop.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, Self, TypeVar
@@ -61,6 +60,7 @@ from tierlink.node.job_queue import (
     hold_for,
 )
 from tierlink.node.service_times import ServiceTimes
+from tierlink.node.workers import Workers, WorkerThreads
 from tierlink.telemetry import tracing
 
 __all__ = [
@@ -198,12 +198,14 @@ class Scheduler:
         *,
         clock: Callable[[], float] = time.monotonic,
         observer: SchedulerObserver | None = None,
+        workers: Workers | None = None,
     ) -> None:
         self._config = config if config is not None else SchedulerConfig()
         self._clock = clock
         self._observer: SchedulerObserver = observer if observer is not None else NullObserver()
         self._workers = self._config.workers
-        self._executor: ThreadPoolExecutor | None = None
+        # where jobs run: threads, unless given others (the simulator's)
+        self._threads = workers if workers is not None else WorkerThreads(self._workers, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._idle: asyncio.Event | None = None  # set by the last finishing job during close()
@@ -224,10 +226,7 @@ class Scheduler:
         """Create the worker threads. Idempotent. The event loop is bound at the first submit."""
         if self._closing:
             raise RuntimeError("Scheduler.start() after close(): create a new Scheduler")
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=self._workers, thread_name_prefix="tierlink-worker"
-            )
+        self._threads.start()
 
     async def close(self) -> None:
         """Stop accepting, fail every queued job with ``AdmissionRefused("shutting_down")``,
@@ -239,10 +238,7 @@ class Scheduler:
             if self._idle is None:  # a second concurrent close() waits on the same event
                 self._idle = asyncio.Event()
             await self._idle.wait()
-        if self._executor is not None:
-            # Every thread is idle by now, so this join is immediate.
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self._threads.shutdown()  # every thread is idle by now: the join is immediate
 
     async def __aenter__(self) -> Self:
         self.start()
@@ -336,25 +332,24 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return loop
-        if self._executor is None and not self._closing:
+        if not self._threads.open and not self._closing:
             raise RuntimeError("Scheduler.submit() before start(): call start() first")
         if self._loop is not None:
             raise RuntimeError("a Scheduler serves one event loop; create one per loop")
         self._loop = loop
+        self._threads.bind(loop)
         return loop
 
     def _start(self, job: Job, now: float) -> None:
         self._begin_alone(job, now)
-        assert self._executor is not None  # invariant: jobs are only admitted while open
-        self._executor.submit(self._run, job)
+        self._threads.run(job, self._finish)
 
     def _start_batch(self, jobs: list[Job], now: float) -> None:
         """``jobs`` (two or more of one batch key) as one call on one worker."""
         for job in jobs:
             self._begin(job, now)
         self._busy += 1
-        assert self._executor is not None
-        self._executor.submit(self._run_batch, jobs)
+        self._threads.run_batch(jobs, self._finish_batch)
 
     def _begin(self, job: Job, now: float) -> None:
         job.state = RUNNING
@@ -374,47 +369,7 @@ class Scheduler:
         """Run a short job right here on the loop thread, accounted as a running job
         (only ``Exception``s are the job's: anything else belongs to the loop)."""
         self._begin_alone(job, now)
-        self._finish(job, *self._call(job, Exception))
-
-    def _run(self, job: Job) -> None:
-        """Worker thread: run ``fn``, measure it, hand the outcome to the loop thread."""
-        self._hand_back(self._finish, job, *self._call(job, BaseException))
-
-    def _run_batch(self, jobs: list[Job]) -> None:
-        """Worker thread: run a batch's items together, hand the outcomes to the loop."""
-        batch = jobs[0].batch
-        assert batch is not None
-        began = self._clock()
-        results: list[Any] = []
-        error: BaseException | None = None
-        try:
-            results = batch.run([job.batch.item for job in jobs if job.batch is not None])
-        except BaseException as exc:  # noqa: BLE001 -- every job of the batch gets it, unchanged
-            error = exc
-        run_s = self._clock() - began
-        for job in jobs:
-            job.began = began
-        self._hand_back(self._finish_batch, jobs, results, error, run_s)
-
-    def _hand_back(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            # The loop was closed without close(): nobody can be waiting for this answer.
-            log.warning("a job finished after its event loop closed; answer dropped")
-
-    def _call(self, job: Job, catch: type[BaseException]
-              ) -> tuple[Any, BaseException | None, float]:
-        """Run ``fn``: (its result, what it raised of ``catch``, its run time in seconds)."""
-        began = job.began = self._clock()
-        result: Any = None
-        error: BaseException | None = None
-        try:
-            result = job.fn()
-        except catch as exc:  # handed to the submitter unchanged
-            error = exc
-        return result, error, self._clock() - began
+        self._finish(job, *self._threads.here(job))
 
     def _finish(self, job: Job, result: Any, error: BaseException | None, run_s: float) -> None:
         """Loop thread: answer the submitter, learn the run time, start the next job."""
@@ -577,7 +532,7 @@ class Scheduler:
     @property
     def accepting(self) -> bool:
         """True between ``start()`` and ``close()``."""
-        return self._executor is not None and not self._closing
+        return self._threads.open and not self._closing
 
     @staticmethod
     def _emit(hook: Callable[..., None], *args: Any) -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tierlink.node.job_queue import Job
-from tierlink.node.scheduler import Scheduler
+from tierlink.node.scheduler import Scheduler, SchedulerConfig, SchedulerObserver
+from tierlink.node.workers import BatchDone, JobDone
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,27 +33,48 @@ class Work:
         return self.result
 
 
-class _NoThreads:
-    def shutdown(self, wait: bool = True) -> None:
-        return None
+class SimWorkers:
+    """Workers on simulated time (``node/workers.Workers``): a job keeps one busy for its
+    :class:`Work`'s seconds, then answers; no threads."""
+
+    def __init__(self) -> None:
+        self._open = False
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def start(self) -> None:
+        self._open = True
+
+    def shutdown(self) -> None:
+        self._open = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        return None  # answers come from the loop's own timers
+
+    def run(self, job: Job, done: JobDone) -> None:
+        work = job.fn
+        seconds = work.seconds if isinstance(work, Work) else 0.0
+        asyncio.get_running_loop().call_later(seconds, self._done, job, seconds, done)
+
+    def run_batch(self, jobs: list[Job], done: BatchDone) -> None:
+        raise RuntimeError("a simulated node does not batch: give its models no batching")
+
+    def here(self, job: Job) -> tuple[Any, BaseException | None, float]:
+        raise RuntimeError("a simulated job takes simulated time: submit it with inline=False")
+
+    @staticmethod
+    def _done(job: Job, seconds: float, done: JobDone) -> None:
+        done(job, job.fn(), None, seconds)
 
 
 class SimScheduler(Scheduler):
-    """The node's scheduler with workers on simulated time (no threads)."""
+    """The node's scheduler with :class:`SimWorkers`."""
 
-    def start(self) -> None:
-        if self._executor is None:
-            self._executor = _NoThreads()  # type: ignore[assignment]
-
-    def _start(self, job: Job, now: float) -> None:
-        self._begin_alone(job, now)
-        work = job.fn
-        seconds = work.seconds if isinstance(work, Work) else 0.0
-        loop = asyncio.get_running_loop()
-        loop.call_later(seconds, self._done, job, seconds)
-
-    def _done(self, job: Job, seconds: float) -> None:
-        self._finish(job, job.fn(), None, seconds)
+    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float],
+                 observer: SchedulerObserver | None = None) -> None:
+        super().__init__(config, clock=clock, observer=observer, workers=SimWorkers())
 
 
 class Reply:
