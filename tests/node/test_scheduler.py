@@ -216,6 +216,15 @@ def test_an_escalation_is_refused_once_the_queue_is_escalation_queue_deep() -> N
         # an empty queue takes an escalation again
         assert await sched.submit(returns(7), priority=IA, deadline_s=None, optional=True) == 7
         await sched.close()
+        # escalation_queue 0: an escalation runs on a free worker, never waits
+        never, gate = make(workers=1, escalation_queue=0), Gate()
+        assert await never.submit(returns(8), priority=IA, deadline_s=None, optional=True) == 8
+        blocker = await occupy(never, gate)
+        with pytest.raises(EscalationShed):
+            await never.submit(returns(9), priority=IA, deadline_s=None, optional=True)
+        gate.release.set()
+        await blocker
+        await never.close()
 
     run(main)
 

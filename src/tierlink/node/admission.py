@@ -48,7 +48,8 @@ class Ask:
 class Admission:
     """``max_queue`` jobs may wait beyond the ``workers`` running; a job with a deadline is
     taken only when its estimated wait and run fit in it; an optional job (an escalation)
-    only while fewer than ``escalation_queue`` wait (None: as any other). ``on_refuse``
+    only while fewer than ``escalation_queue`` wait (0: only when a worker is free; None: as
+    any other). ``on_refuse``
     hears each refusal (priority, reason); ``refused_by_reason`` counts them."""
 
     def __init__(self, max_queue: int, workers: int, times: ServiceTimes,
@@ -80,7 +81,7 @@ class Admission:
         must_queue = busy >= self._workers or len(queue) > 0
         if must_queue and len(queue) >= self._max_queue:
             raise self._refuse("queue_full", ask, queue, inflight)
-        if (ask.optional and self._escalation_queue is not None
+        if (ask.optional and must_queue and self._escalation_queue is not None
                 and len(queue) >= self._escalation_queue):
             raise self._refuse("escalation_shed", ask, queue, inflight)
         if ask.deadline_s is None:
