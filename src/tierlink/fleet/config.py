@@ -61,7 +61,7 @@ class NodeConfig:
     workers: int = 1  # models run at once (the scheduler's workers)
     max_queue: int = 256  # requests waiting beyond which new ones are refused at once (429)
     # requests waiting at which an escalation (its caller holds an answer) is refused (429)
-    # before work that has none; 0: an escalation never waits; None: 4 per worker
+    # before work that has none; 0: an escalation never waits; not set: 4 per worker
     escalation_queue: int | None = None
     threads: int = 1  # intra-op threads of each model's ONNX Runtime session, per worker
     cpu_quota: float | None = None  # fraction of one core, enforced with a cgroup
