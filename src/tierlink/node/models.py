@@ -359,6 +359,46 @@ class _Model:
     weight: float = 0.0  # the standby's share; 0 without a standby
 
 
+class FailedVersions:
+    """The versions of each model that could not be installed, with why: reported (in the
+    heartbeat, and not retried) until ``desired`` stops asking for that version; kept in
+    the state files, so a restart remembers them (``files`` None: in memory only)."""
+
+    def __init__(self, files: _StateFiles | None) -> None:
+        self._files = files
+        self._by_model: dict[str, dict[str, str]] = {}
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        name, version = key
+        return version in self._by_model.get(name, {})
+
+    def copy(self) -> dict[str, dict[str, str]]:
+        """``{model: {version: why}}``."""
+        return {name: dict(versions) for name, versions in self._by_model.items() if versions}
+
+    async def load(self) -> None:
+        if self._files is not None:
+            self._by_model = await asyncio.to_thread(self._files.read_failures)
+
+    async def add(self, name: str, version: str, message: str) -> None:
+        self._by_model.setdefault(name, {})[version] = message
+        await self._save()
+
+    async def keep_wanted(self, wanted: Mapping[str, Desired]) -> None:
+        """Forget every failure of a version ``wanted`` no longer asks for."""
+        kept = {name: {v: msg for v, msg in versions.items()
+                       if name in wanted and wanted[name].version == v}
+                for name, versions in self._by_model.items()}
+        kept = {name: versions for name, versions in kept.items() if versions}
+        if kept != self.copy():
+            self._by_model = kept
+            await self._save()
+
+    async def _save(self) -> None:
+        if self._files is not None:
+            await asyncio.to_thread(self._files.write_failures, self.copy())
+
+
 class ModelManager:
     """The versions a node serves, per model name; see the module docstring.
 
@@ -391,7 +431,7 @@ class ModelManager:
         self._clock = clock
         self._hook = hook
         self._retry_s = retry_s
-        self._failures: dict[str, dict[str, str]] = {}
+        self._failures = FailedVersions(self._files)
         self._wanted: dict[str, Desired] = {}
         self._retry_at: dict[tuple[str, str], float] = {}
         self._warned: set[str] = set()
@@ -454,7 +494,7 @@ class ModelManager:
 
     def failures(self) -> dict[str, dict[str, str]]:
         """``{model: {version: why it could not be installed}}`` (a copy)."""
-        return {name: dict(versions) for name, versions in self._failures.items() if versions}
+        return self._failures.copy()
 
     # ---- start, answers, stop ------------------------------------------------------------
 
@@ -463,7 +503,7 @@ class ModelManager:
         serves its last good version (see the module docstring). Blocking work in threads."""
         if self._files is None:
             return
-        self._failures = await asyncio.to_thread(self._files.read_failures)
+        await self._failures.load()
         for name in self._models:
             await self._recover(name)
 
@@ -479,7 +519,7 @@ class ModelManager:
                                    for name in wanted if name not in self._models]:
             self._warn_once(problem)
         self._wanted = {n: w for n, w in wanted.items() if n in self._models}
-        await self._forget_failures()
+        await self._failures.keep_wanted(self._wanted)
         if self._next_job() is not None and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._work(), name="tierlink-model-installs")
 
@@ -554,7 +594,7 @@ class ModelManager:
     def _next_job(self) -> tuple[str, Desired] | None:
         now = self._clock()
         for name, want in self._wanted.items():
-            if self._settle(name, want) or want.version in self._failures.get(name, {}):
+            if self._settle(name, want) or (name, want.version) in self._failures:
                 continue
             if self._retry_at.get((name, want.version), -math.inf) > now:
                 continue
@@ -687,24 +727,11 @@ class ModelManager:
             message = f"{exc.code}: {exc.message}"
         else:
             message = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        self._failures.setdefault(name, {})[version] = message
-        if self._files is not None:
-            await asyncio.to_thread(self._files.write_failures, self.failures())
+        await self._failures.add(name, version, message)
         outcome = outcome or ("rejected" if isinstance(exc, ArtifactRejected) else "failed")
         self.installs[(name, outcome)] += 1
         log.error("%s version %s cannot be installed (not retried while desired asks for "
                   "it): %s", name, version, message)
-
-    async def _forget_failures(self) -> None:
-        """Failures are reported until ``desired`` stops asking for that version."""
-        kept = {name: {v: msg for v, msg in versions.items()
-                       if name in self._wanted and self._wanted[name].version == v}
-                for name, versions in self._failures.items()}
-        kept = {name: versions for name, versions in kept.items() if versions}
-        if kept != self.failures():
-            self._failures = kept
-            if self._files is not None:
-                await asyncio.to_thread(self._files.write_failures, kept)
 
     async def _recover(self, name: str) -> None:
         slots, state = self._disk(name, "")
@@ -740,7 +767,7 @@ class ModelManager:
         files = slots.recover(name)
         if files is None:
             return None
-        if not pinned and files.version not in self._failures.get(name, {}):
+        if not pinned and (name, files.version) not in self._failures:
             return files
         if not pinned:
             log.warning("%s: version %s in the active slot failed before; serving the base "
