@@ -121,8 +121,27 @@ def test_parent_stays_while_another_run_uses_it(tmp_path: Path) -> None:
     assert first.group != second.group
     first.close()
     assert (cpu / "tierlink" / "a-2").is_dir()
+    assert (cpu / "tierlink" / "cpu.shares").read_text() == "1024"
     second.close()
     assert not (cpu / "tierlink").exists()
+
+
+@pytest.mark.parametrize("mode", ["cgroup-v1", "cgroup-v2"])
+def test_the_parent_weighs_as_much_as_its_groups_together(tmp_path: Path, mode: str) -> None:
+    """Each throttled node competes for a busy machine like one process outside the
+    parent: the parent's weight is the default times its groups, as they come and go."""
+    hierarchy = _v1_tree(tmp_path) if mode == "cgroup-v1" else _v2_tree(tmp_path, "cpu")
+    weight, each = ("cpu.shares", 1024) if mode == "cgroup-v1" else ("cpu.weight", 100)
+    fs = FakeKernelFs(tmp_path)
+    throttles = [CpuThrottle.create(f"dev-{i}", 0.5, root=tmp_path, run_id="r", fs=fs)
+                 for i in range(4)]
+    assert {t.mode for t in throttles} == {mode}
+    assert (hierarchy / "tierlink" / weight).read_text() == str(4 * each)
+    for t in throttles[:3]:
+        t.close()
+    assert (hierarchy / "tierlink" / weight).read_text() == str(each)
+    throttles[3].close()
+    assert not (hierarchy / "tierlink").exists()
 
 
 def test_no_cgroups_warns_and_does_nothing(tmp_path: Path,

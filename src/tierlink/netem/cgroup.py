@@ -15,7 +15,11 @@ CPU, instead of running at full speed for 100 ms and then freezing. (The kernel 
 at least 1 ms, so fractions under 0.1 use a longer period.)
 
 Groups live under ``<hierarchy>/tierlink/<name>-<run id>``: unique per run, so concurrent runs and
-leftovers of a crashed run never collide. :meth:`CpuThrottle.close` moves any process still in
+leftovers of a crashed run never collide. The ``tierlink`` parent weighs as much as its groups
+together (``cpu.shares`` 1024 or ``cpu.weight`` 100 each, the kernel's defaults): the
+scheduler shares a busy machine among the parent and the processes outside it first, so at the
+default weight every throttled node together would count as one process — four emulated
+devices starved to a quarter of one process's share while an unthrottled neighbour starts up. :meth:`CpuThrottle.close` moves any process still in
 the group back to the hierarchy's root group (unthrottled), removes the group, and removes the
 ``tierlink`` parent if no other run uses it. It never kills anything.
 """
@@ -41,6 +45,8 @@ Mode = Literal["cgroup-v2", "cgroup-v1", "none"]
 
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
 PARENT = "tierlink"
+# A group's weight by default (v1 ``cpu.shares``, v2 ``cpu.weight``) and the largest allowed.
+WEIGHT = {"cgroup-v1": ("cpu.shares", 1024, 262_144), "cgroup-v2": ("cpu.weight", 100, 10_000)}
 PERIOD_US = 10_000  # short: throttling shows up as many small stalls, not a few 100 ms ones
 MIN_QUOTA_US = 1_000  # the kernel refuses smaller quotas
 MAX_PERIOD_US = 1_000_000  # the kernel refuses longer periods
@@ -161,7 +167,22 @@ def _make_group(fs: CgroupFs, hierarchy: _Hierarchy, leaf: str, quota: CpuQuota)
     except OSError:
         fs.rmdir(group)
         raise
+    _weigh_parent(fs, hierarchy.mode, parent)
     return group
+
+
+def _weigh_parent(fs: CgroupFs, mode: Mode, parent: Path) -> None:
+    """Give ``parent`` the weight of its groups together (at least one group's): each
+    throttled node competes for a busy machine like one process outside the parent, never
+    all of them together like a single one. Best effort: a failure only logs."""
+    if mode == "none" or not parent.is_dir():
+        return
+    name, each, most = WEIGHT[mode]
+    groups = sum(1 for child in parent.iterdir() if child.is_dir())
+    try:
+        fs.write(parent / name, str(min(most, each * max(1, groups))))
+    except OSError as exc:
+        log.warning("cpu throttle: could not weigh %s: %s", parent, exc)
 
 
 def _enable_cpu(fs: CgroupFs, group: Path) -> None:
@@ -274,8 +295,8 @@ class CpuThrottle:
             return
         try:
             self._fs.rmdir(self.group.parent)
-        except OSError:
-            pass  # another run still has a group there
+        except OSError:  # another run still has a group there
+            _weigh_parent(self._fs, self.mode, self.group.parent)
 
     def _release(self, root: Path, pid: int) -> None:
         try:
