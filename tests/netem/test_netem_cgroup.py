@@ -192,3 +192,35 @@ def test_real_throttle_holds_a_busy_loop_to_a_fifth_of_a_core() -> None:
     assert 0.08 <= used <= 0.30, f"busy loop used {used:.3f} core under a 0.2 quota"
     assert throttled > 50  # ~150 periods of 10 ms, most of them throttled
     assert throttle.group is not None and not throttle.group.exists()
+
+
+def test_real_throttled_loops_get_a_process_turn_on_a_busy_machine() -> None:
+    """Busy loops throttled to half a core each, beside as many unthrottled busy loops as
+    the machine has cores twice over (each its own session, as a fleet's nodes are): each
+    throttled loop gets about an unthrottled one's share, not a fraction of it (at the
+    parent's default weight the throttled loops together would weigh as one process)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create cgroups")
+    throttles = [CpuThrottle.create(f"pytest-share-{i}", 0.5) for i in range(2)]
+    if throttles[0].mode == "none":
+        pytest.skip(f"no usable cgroup cpu controller: {throttles[0].reason}")
+    loop = [sys.executable, "-c", "while True: pass"]
+    busy = [subprocess.Popen(loop, start_new_session=True)
+            for _ in range(2 * (os.cpu_count() or 1))]
+    held = [subprocess.Popen(loop, start_new_session=True) for _ in throttles]
+    try:
+        for throttle, child in zip(throttles, held, strict=True):
+            throttle.add(child.pid)
+        before = [_cpu_seconds(p.pid) for p in busy + held]
+        time.sleep(2.0)  # measuring shares over a window, not waiting for an event
+        used = [_cpu_seconds(p.pid) - b for p, b in zip(busy + held, before, strict=True)]
+    finally:
+        for throttle in throttles:
+            throttle.close()
+        for child in busy + held:
+            child.kill()
+            child.wait(timeout=10)
+    free = sorted(used[:len(busy)])[len(busy) // 2]  # the median unthrottled loop
+    throttled = min(used[len(busy):])
+    assert throttled >= 0.75 * free, (
+        f"a throttled loop used {throttled:.2f} s of CPU, an unthrottled one {free:.2f} s")
