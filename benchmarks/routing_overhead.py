@@ -23,6 +23,10 @@ requests on loopback, every process real (control plane + three nodes, no link e
     (e) edge_routed    POST edge-1 /v2/models/fmnist/infer directly (d minus the device's hop)
     (f) http_floor     GET dev-1 /v2/health/ready: the HTTP floor of this client and machine
 
+Beside them, the node's own share without sockets (``app_inprocess_ms``): (f), (b) and (c)
+through a node's ASGI app in this process (``NodeService`` with the same model, driven on
+uvloop as a node runs, no server and no client): what the node's code costs per request.
+
 Each case runs with ``OipClient`` (what nodes use between themselves), with a plain sync
 ``httpx.Client``, and over the protocol's gRPC API (``GrpcClient``: the JSON's ``grpc_ms``,
 the floor there is ``ServerLive``); ratios are p50/p50 and p99/p99 against (a) and (b). Beside wall time the
@@ -462,6 +466,70 @@ def time_inprocess(onnx: Path, card: Path, x: np.ndarray, n: int, warmup: int,
     samples.add_cpu("inprocess", meter, before, n)
 
 
+APP_CASES = (("app_floor", "GET", "/v2/health/ready", None),
+             ("app_model", "POST", f"/v2/models/{MODEL}/infer", {}),
+             ("app_routed", "POST", f"/v2/models/{TASK}/infer",
+              {"tierlink.deadline_ms": 1000, "tierlink.privacy": "local"}))
+
+
+def time_app(onnx: Path, card: Path, x: np.ndarray, n: int, warmup: int,
+             samples: Samples) -> None:
+    """The floor, the model endpoint and a routed request through a node's ASGI app in this
+    process: the node's code alone, no sockets (``APP_CASES``)."""
+    import uvloop
+
+    from tierlink.core.types import Tier
+    from tierlink.models.onnx import OnnxModel
+    from tierlink.models.runtime import ModelInfo
+    from tierlink.node.app import create_app
+    from tierlink.node.service import NodeService
+    from tierlink.node.spec import NodeSpec
+    from tierlink.transport import oip
+
+    async def main() -> None:
+        model = OnnxModel(onnx, ModelInfo.from_card(card), threads=1)
+        app = create_app(NodeService(NodeSpec("dev-1", Tier.DEVICE, ()), {MODEL: model}),
+                         ready=True)
+        async with app.router.lifespan_context(app):
+            for key, method, path, params in APP_CASES:
+                body, headers = (b"", {}) if params is None else \
+                    oip.encode_infer_request({"input": x}, params or None, None)
+                for i in range(warmup + n):
+                    start = time.perf_counter_ns()
+                    await asgi_call(app, method, path, body, headers)
+                    if i >= warmup:
+                        samples.add(key, (time.perf_counter_ns() - start) / 1e6, {})
+
+    uvloop.run(main())
+
+
+async def asgi_call(app: Any, method: str, path: str, body: bytes,
+                    headers: dict[str, str]) -> None:
+    """One request through ``app`` as a server would hand it over; raises unless 200."""
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:  # the app reads no further: a request's body came in one message
+            raise RuntimeError("the app asked for more than the request's body")
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in
+           {**headers, "content-length": str(len(body))}.items()]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "headers": raw,
+             "server": (HOST, 0), "client": (HOST, 0), "state": {}}
+    await app(scope, receive, send)
+    if sent[0]["status"] != 200:
+        raise RuntimeError(f"{method} {path} answered {sent[0]['status']}: {sent[1:]}")
+
+
 @dataclass
 class Samples:
     """Per-case latencies (ms), the node's own ``tierlink.server_ms`` when it sends one,
@@ -650,6 +718,7 @@ def run_rounds(fleet: Fleet, onnx: Path, card: Path, x: np.ndarray, per_round: i
             if meter:
                 meter.idle(block.samples)
             time_inprocess(onnx, card, x, per_round, warmup, block.samples, meter)
+            time_app(onnx, card, x, per_round, warmup, block.samples)
             asyncio.run(run_round(fleet, x, block, sync_client))
             say(f"round {r + 1}/{rounds} done")
     return block.samples
@@ -666,6 +735,7 @@ def hop_result(samples: Samples, requests: int) -> dict[str, Any]:
     out["node_http_sync_ms"] = pq(samples.ms["node_http_sync"])
     out["sync_client_ms"] = {c.key: pq(samples.ms[f"{c.key}_sync"]) for c in hop_cases()}
     out["grpc_ms"] = {c.key: pq(samples.ms[f"{c.key}_grpc"]) for c in hop_cases()}
+    out["app_inprocess_ms"] = {key: pq(samples.ms[key]) for key, *_ in APP_CASES}
     out["server_ms"] = {k: pq(v) for k, v in samples.server_ms.items()
                         if not k.endswith(("_sync", "_grpc"))}
     out["served_by"] = {k: sorted(v) for k, v in samples.answered_by.items()
@@ -834,6 +904,9 @@ def print_hops(console: Any, hop: dict[str, Any]) -> None:
     console.print(f"sync httpx client, p50/p99 ms: {sync}")
     grpc = ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in hop["grpc_ms"].items())
     console.print(f"gRPC (GrpcClient), p50/p99 ms: {grpc}")
+    app = ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in
+                    hop["app_inprocess_ms"].items())
+    console.print(f"the node's ASGI app in process (no sockets), p50/p99 ms: {app}")
     lean = hop["lean_hop"]
     console.print(f"lean hop ({lean['bound']}): routed local x{lean['routed_local_over_floor']}"
                   f", forwarded x{lean['forwarded_over_floor']}: "
