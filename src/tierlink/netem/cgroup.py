@@ -19,9 +19,10 @@ leftovers of a crashed run never collide. The ``tierlink`` parent weighs as much
 together (``cpu.shares`` 1024 or ``cpu.weight`` 100 each, the kernel's defaults): the
 scheduler shares a busy machine among the parent and the processes outside it first, so at the
 default weight every throttled node together would count as one process — four emulated
-devices starved to a quarter of one process's share while an unthrottled neighbour starts up. :meth:`CpuThrottle.close` moves any process still in
-the group back to the hierarchy's root group (unthrottled), removes the group, and removes the
-``tierlink`` parent if no other run uses it. It never kills anything.
+devices starved to a quarter of one process's share while an unthrottled neighbour starts up.
+:meth:`CpuThrottle.close` moves any process still in the group back to the hierarchy's root
+group (unthrottled), removes the group, and removes the ``tierlink`` parent if no other run
+uses it (else weighs it again). It never kills anything.
 """
 
 from __future__ import annotations
@@ -178,8 +179,8 @@ def _weigh_parent(fs: CgroupFs, mode: Mode, parent: Path) -> None:
     if mode == "none" or not parent.is_dir():
         return
     name, each, most = WEIGHT[mode]
-    groups = sum(1 for child in parent.iterdir() if child.is_dir())
     try:
+        groups = sum(1 for child in parent.iterdir() if child.is_dir())
         fs.write(parent / name, str(min(most, each * max(1, groups))))
     except OSError as exc:
         log.warning("cpu throttle: could not weigh %s: %s", parent, exc)
