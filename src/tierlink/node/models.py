@@ -386,10 +386,9 @@ class FailedVersions:
 
     async def keep_wanted(self, wanted: Mapping[str, Desired]) -> None:
         """Forget every failure of a version ``wanted`` no longer asks for."""
-        kept = {name: {v: msg for v, msg in versions.items()
-                       if name in wanted and wanted[name].version == v}
-                for name, versions in self._by_model.items()}
-        kept = {name: versions for name, versions in kept.items() if versions}
+        kept = {name: {want.version: versions[want.version]}
+                for name, versions in self._by_model.items()
+                if (want := wanted.get(name)) is not None and want.version in versions}
         if kept != self.copy():
             self._by_model = kept
             await self._save()
@@ -665,8 +664,7 @@ class ModelManager:
         """``version`` loaded and warmed up: from a slot that holds it, else installed
         into the inactive slot (held locked until the caller is done: it may switch)."""
         slots = self._disk(name, version)[0]
-        files = await asyncio.to_thread(verified_slot, self._disk(name, version)[0], name,
-                                        version, self._verify)
+        files = await asyncio.to_thread(verified_slot, slots, name, version, self._verify)
         if files is not None:
             yield await self._load(name, files)
             return
